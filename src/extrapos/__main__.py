@@ -1,0 +1,3 @@
+from extrapos.cli import main
+
+raise SystemExit(main())

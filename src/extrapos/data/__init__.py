@@ -1,0 +1,1 @@
+"""Corpora, tokenizers, token shards on disk and window samplers."""

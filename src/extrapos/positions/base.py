@@ -1,0 +1,142 @@
+"""The positional-encoding protocol: four hooks, each a no-op by default.
+
+A positional encoding is an ``nn.Module`` that may act at four places of the decoder:
+
+| hook          | where                                                    | who                    |
+|---------------|----------------------------------------------------------|------------------------|
+| ``embed``     | once, on the token embeddings                            | sinusoidal, learned    |
+| ``attn_input``| every block, on the normed input of the Q/K/V projections| ExPE, ExQPE            |
+| ``rotate``    | every block, on q and k after the projections            | RoPE family            |
+| ``bias``      | every block, an additive attention-logit bias, described | ALiBi, Kerple, FIRE,   |
+|               | (never a T x T tensor) and applied by ``attention.py``   | T5, CABLE family       |
+
+Positions are explicit everywhere: ``positions`` is an int64 tensor (batch, time) holding the
+position of each *new* token (during cached decoding only the new tokens are passed). No hook may
+assume ``positions == arange(T)``.
+
+Options: every encoding declares a dataclass ``Options``; the registry builds it from the config
+dict, so an unknown option or a wrong type is a clear error. Inference-time changes (ExPE's scale,
+RoPE scalings, learned-table interpolation) are options too, changed without retraining through
+``set_options``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from extrapos.errors import UserError
+
+
+@dataclass(frozen=True)
+class EncodingContext:
+    """What an encoding may know about the model it sits in."""
+
+    d_model: int
+    n_heads: int
+    head_dim: int
+    n_layers: int
+    train_length: int  # L_t: the training sequence length (ExPE's theta and FIRE's L derive from it)
+
+
+@dataclass
+class FoldedBias:
+    """An additive bias of rank one up to row constants: ``bias[b,h,i,j] = q_feat[b,h,i] * k_feat[b,h,j]``.
+
+    Anything constant along j (the key axis) may be dropped, because softmax ignores row constants;
+    e.g. ALiBi's ``-m (i - j)`` is ``m * j`` plus a row constant and CABLE's ``-g_i (S_i - S_j)`` is
+    ``g_i * S_j`` plus one. ``attention.py`` folds it into one extra q/k dimension
+    (q' = [q, q_feat * sqrt(d_h)], k' = [k, k_feat], v' = [v, 0]) and runs fused attention.
+
+    q_feat: (B, H, Tq) for the new queries; k_feat: (B, H, Tk) for the new keys only (the KV cache
+    keeps and concatenates past k_feat).
+    """
+
+    q_feat: Tensor
+    k_feat: Tensor
+
+
+@dataclass
+class PairwiseBias:
+    """A general additive bias ``bias[b,h,i,j] = fn(q_feat[b,:,i,:], k_feat[b,:,j,:])``.
+
+    ``fn(qf, kf)`` takes qf (B, Hq, tq, F) for a block of queries and kf (B, Hk, Tk, F) for all keys
+    (Hq, Hk in {1, H}) and returns the bias block (B, H or 1, tq, Tk). ``attention.py`` calls it one
+    block of queries at a time for long sequences, so no T x T tensor is ever needed.
+    Distance biases (Kerple, FIRE, T5) use the float positions as features (F = 1); K-CABLE uses
+    (g_i, S_i) for queries and S_j for keys. k_feat covers the new keys only (the cache concatenates).
+    """
+
+    q_feat: Tensor
+    k_feat: Tensor
+    fn: Callable[[Tensor, Tensor], Tensor]
+
+
+Bias = FoldedBias | PairwiseBias
+
+
+class PositionalEncoding(nn.Module):
+    """Base class: identity hooks. Subclasses override only what they need."""
+
+    #: registry metadata, set by subclasses
+    family: ClassVar[str] = "none"
+    paper: ClassVar[str] = ""
+
+    @dataclass
+    class Options:
+        pass
+
+    def __init__(self, ctx: EncodingContext, options: Any = None):
+        super().__init__()
+        self.ctx = ctx
+        self.options = options if options is not None else self.Options()
+
+    # ---- hooks -----------------------------------------------------------------------------
+    def embed(self, h: Tensor, positions: Tensor) -> Tensor:
+        """Called once on the token embeddings h (B, T, d). Default: unchanged."""
+        return h
+
+    def attn_input(self, x: Tensor, positions: Tensor, layer: int) -> tuple[Tensor, Tensor]:
+        """Inputs of the (Q, K) and V projections from the normed block input x (B, T, d)."""
+        return x, x
+
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Transform q (B, H, T, d_h) and k (B, H_kv, T, d_h) of the new tokens. Default: unchanged."""
+        return q, k
+
+    def bias(self, x: Tensor, positions: Tensor, layer: int, state: dict | None) -> Bias | None:
+        """Describe the additive attention-logit bias for the new tokens, or None.
+
+        x is the normed block input (B, T, d). ``state`` is a per-layer dict owned by the KV cache
+        (None without a cache) for running quantities such as CABLE's cumulative sum.
+        """
+        return None
+
+    # ---- options ---------------------------------------------------------------------------
+    def set_options(self, **changes: Any) -> None:
+        """Change options in place (inference-time scaling etc.); unknown names are a UserError."""
+        names = {f.name for f in dataclasses.fields(self.options)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise UserError(
+                f"encoding '{type(self).__name__}' has no option {', '.join(unknown)}; "
+                f"its options are: {', '.join(sorted(names)) or '(none)'}."
+            )
+        self.options = dataclasses.replace(self.options, **changes)
+        self.options_changed()
+
+    def options_changed(self) -> None:
+        """Hook for subclasses that cache derived tensors (e.g. RoPE inverse frequencies)."""
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(self.options).items())
+
+
+def float_positions(positions: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Positions as floats (exact up to 2**24 in fp32)."""
+    return positions.to(dtype)
