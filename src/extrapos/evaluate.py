@@ -1,0 +1,353 @@
+"""`extrapos eval`: train short, test long, measured the way the papers do.
+
+Protocol (``ev = k`` means windows of k x L_t tokens):
+
+1. Take held-out documents with at least ``max(k) * L_t + 1`` tokens (shorter ones are skipped and
+   counted) and cut each into non-overlapping spans of ``max(k) * L_t`` targets.
+2. Split every span into non-overlapping windows of each length; every window starts at position 0.
+   So every length scores exactly the same target tokens, and only the context differs.
+3. Report per length: mean token loss, perplexity, bits per byte (nats of the scored tokens over
+   the UTF-8 bytes they decode to), and the loss of each window's last L_t tokens ("tail": does
+   a longer context help the tokens that have the most of it?).
+4. Per-position loss in the longest windows, in buckets: where the model breaks.
+
+Inference-time changes (ExPE/ExQPE ``scale``, RoPE scalings, learned-table interpolation) are
+options of the encoding, set with ``set_options`` before scoring and recorded in the result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from extrapos.errors import UserError
+
+DEFAULT_LENGTHS = (1, 2, 4, 8, 16)
+
+
+@dataclass
+class EvalRequest:
+    """Everything that defines an evaluation (the result file records it; equal requests reuse it)."""
+
+    lengths: list[int] = field(default_factory=lambda: list(DEFAULT_LENGTHS))
+    base_length: int | None = None          # L_t; None -> the run's training length
+    corpus: str | None = None               # None -> the run's own held-out split
+    data_dir: str | None = None
+    split: str = "test"
+    max_tokens: int = 65_536                # target tokens scored per length (at most)
+    position_options: dict[str, Any] = field(default_factory=dict)  # inference-time encoding changes
+    stride: int | None = None               # sliding-window mode: score the last `stride` tokens per window
+    buckets: int = 32                       # per-position loss buckets over the longest window
+    precision: str = "fp32"
+    step: int | None = None                 # checkpoint step (None: latest)
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def default_name(req: EvalRequest) -> str:
+    parts = [req.split if req.corpus is None and req.data_dir is None else _slug(req.corpus or Path(req.data_dir).name)]
+    for k, v in sorted(req.position_options.items()):
+        parts.append(f"{k}{v}")
+    if req.stride:
+        parts.append(f"stride{req.stride}")
+    if req.precision != "fp32":
+        parts.append(req.precision)
+    if req.step is not None:
+        parts.append(f"step{req.step}")
+    return "-".join(_slug(str(p)) for p in parts)
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in ".+_" else "_" for c in text).strip("_")[:60] or "eval"
+
+
+# ---- data --------------------------------------------------------------------------------------------
+
+def _eval_split(run, req: EvalRequest, progress: bool):
+    """The token split to score: the run's held-out split, or another corpus tokenized with the run's tokenizer."""
+    from extrapos.data import open_split, prepare_data
+
+    if req.data_dir:
+        return open_split(req.data_dir, req.split), req.data_dir
+    if req.corpus:
+        # every document of a foreign corpus is held out for this model: put them all in `test`
+        tok_spec = str(_tokenizer_file(run.path))
+        data_dir = prepare_data(req.corpus, tok_spec, None, split_fractions=(0.0, 0.0, 1.0), progress=progress)
+        return open_split(data_dir, "test"), str(data_dir)
+    data_dir = run.data_dir
+    if data_dir is None:
+        cfg = run.cfg
+        from extrapos.train import prepare_run_data
+
+        data_dir = prepare_run_data(cfg, progress=progress)
+    return open_split(data_dir, req.split), str(data_dir)
+
+
+def _tokenizer_file(run_dir: Path) -> Path:
+    for name in ("tokenizer.json", "tokenizer.model", "tokenizer.tiktoken"):
+        if (run_dir / name).is_file():
+            return run_dir / name
+    return run_dir
+
+
+def collect_spans(split, span_len: int, max_tokens: int) -> tuple[np.ndarray, int, int]:
+    """Non-overlapping spans of ``span_len + 1`` tokens from documents long enough, up to a target budget.
+
+    Returns (spans (n, span_len + 1) int64, documents used, documents skipped as too short).
+    """
+    lengths = np.asarray(split.doc_lengths)
+    long_enough = np.flatnonzero(lengths >= span_len + 1)
+    skipped = int(len(lengths) - len(long_enough))
+    if len(long_enough) == 0:
+        longest = int(lengths.max()) if len(lengths) else 0
+        raise UserError(
+            f"no held-out document has the {span_len + 1} tokens the longest length needs (the longest has "
+            f"{longest}); use lengths whose longest window is at most {max(longest - 1, 0)} tokens, or another corpus."
+        )
+    spans, used = [], 0
+    budget = max(1, max_tokens // span_len)
+    for d in long_enough:  # documents in their deterministic order; spans from each until the budget is met
+        doc = np.asarray(split.doc(int(d)))
+        used += 1
+        for s in range((len(doc) - 1) // span_len):
+            spans.append(doc[s * span_len: s * span_len + span_len + 1].astype(np.int64))
+            if len(spans) >= budget:
+                return np.stack(spans), used, skipped
+    return np.stack(spans), used, skipped
+
+
+# ---- scoring -----------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def token_losses(model, tokens: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor,
+                 precision: str = "fp32", logit_chunk: int = 1024) -> torch.Tensor:
+    """Per-token cross-entropy (B, T) in fp32; logits are formed in chunks of positions to save memory."""
+    from extrapos.train import autocast
+
+    device = tokens.device
+    with autocast(device, precision):
+        h = model.hidden_states(tokens, positions)
+    out = torch.empty(targets.shape, dtype=torch.float32, device=device)
+    for s in range(0, h.shape[1], logit_chunk):
+        with autocast(device, precision):
+            logits = model.logits(h[:, s:s + logit_chunk])
+        out[:, s:s + logit_chunk] = F.cross_entropy(
+            logits.float().flatten(0, 1), targets[:, s:s + logit_chunk].flatten(), reduction="none"
+        ).view(targets.shape[0], -1)
+    return out
+
+
+def score_windows(model, spans: torch.Tensor, window: int, batch_tokens: int, precision: str,
+                  stride: int | None = None, bar=None) -> torch.Tensor:
+    """Loss of every target of every span, scored in windows of ``window`` tokens: (n_spans, span_len).
+
+    Plain mode: non-overlapping windows, each starting at position 0. Sliding mode (``stride``):
+    windows advance by ``stride`` and each scores only its last ``stride`` targets (the first window
+    scores all of its own), so every target is scored once with up to ``window - 1`` tokens of context.
+    """
+    n, span_plus = spans.shape
+    span_len = span_plus - 1
+    out = torch.empty(n, span_len)
+    device = next(model.parameters()).device
+    if stride is None or stride >= window:
+        starts = [(s, s, s + window) for s in range(0, span_len, window)]  # (window start, score from, to)
+    else:
+        starts = [(0, 0, window)] + [(s - window + stride, s, s + stride)
+                                     for s in range(window, span_len, stride)]
+    # all (span, window) pairs, scored in batches of about batch_tokens
+    jobs = [(i, w) for i in range(n) for w in starts]
+    per_batch = max(1, batch_tokens // window)
+    positions = torch.arange(window, device=device).unsqueeze(0)
+    for b in range(0, len(jobs), per_batch):
+        chunk = jobs[b:b + per_batch]
+        toks = torch.stack([spans[i, w0:w0 + window] for i, (w0, _, _) in chunk]).to(device)
+        tgts = torch.stack([spans[i, w0 + 1:w0 + window + 1] for i, (w0, _, _) in chunk]).to(device)
+        losses = token_losses(model, toks, positions.expand(len(chunk), -1), tgts, precision).cpu()
+        for row, (i, (w0, s0, s1)) in enumerate(chunk):
+            out[i, s0:s1] = losses[row, s0 - w0:s1 - w0]
+        if bar is not None:
+            bar.update(sum(s1 - s0 for _, (_, s0, s1) in chunk))
+    return out
+
+
+def evaluate(run_dir: str | Path, req: EvalRequest | None = None, name: str | None = None,
+             overwrite: bool = False, device: str = "cpu", batch_tokens: int = 16_384,
+             progress: bool = True) -> dict[str, Any]:
+    """Evaluate a run at every length of ``req``; writes and returns ``RUN/eval/<name>.json``."""
+    from tqdm.auto import tqdm
+
+    from extrapos.runs import load_run
+
+    req = req or EvalRequest()
+    if not req.lengths or any(k < 1 for k in req.lengths):
+        raise UserError("evaluation lengths must be positive multiples of the training length, e.g. 1,2,4,8,16.")
+    run_dir = Path(run_dir)
+    name = name or default_name(req)
+    out_path = run_dir / "eval" / f"{name}.json"
+    if out_path.is_file() and not overwrite:
+        previous = json.loads(out_path.read_text())
+        if previous.get("request_key") == req.key():
+            return previous  # the same evaluation was done: reuse it
+        raise UserError(
+            f"{out_path} holds a different evaluation; pass --name to keep both or --overwrite to replace it."
+        )
+
+    t0 = time.perf_counter()
+    run = load_run(run_dir, device=device, step=req.step)
+    lengths = sorted(set(req.lengths))
+    L = req.base_length or run.cfg.model.train_length
+    max_len = max(lengths) * L
+    if req.position_options:
+        run.model.pos.set_options(**_resolve_options(req.position_options, max_len))
+    split, data_dir = _eval_split(run, req, progress)
+    spans_np, docs_used, docs_skipped = collect_spans(split, max_len, req.max_tokens)
+    spans = torch.from_numpy(spans_np)
+    n_targets = spans.shape[0] * max_len
+    n_bytes = sum(len(run.tokenizer.decode(s[1:].tolist()).encode("utf-8")) for s in spans_np)
+
+    rows, per_position = [], None
+    bar = tqdm(total=n_targets * len(lengths), unit="tok", disable=not progress, desc=f"eval {run_dir.name}")
+    for k in lengths:
+        window = k * L
+        losses = score_windows(run.model, spans, window, batch_tokens, req.precision, req.stride, bar)
+        tail = losses.view(spans.shape[0], -1, window)[:, :, -L:] if req.stride is None else losses[:, -L:]
+        mean = float(losses.mean())
+        rows.append({
+            "ev": k, "window": window, "windows": spans.shape[0] * (max_len // window),
+            "tokens": int(losses.numel()), "loss": mean, "ppl": math.exp(mean),
+            "bpb": float(losses.double().sum()) / (math.log(2) * max(n_bytes, 1)),
+            "tail_loss": float(tail.mean()),
+        })
+        if k == max(lengths):
+            per_position = _bucketed(losses.mean(0), req.buckets)
+    bar.close()
+
+    result = {
+        "name": name, "run": str(run_dir), "request": asdict(req), "request_key": req.key(),
+        "encoding": run.cfg.model.positions["name"],
+        "encoding_options": _jsonable(asdict(run.model.pos.options)),
+        "applied": _jsonable(req.position_options),
+        "train_length": L, "checkpoint_step": run.step,
+        "data_dir": data_dir, "split": req.split if not req.corpus else "test",
+        "documents_used": docs_used, "documents_skipped": docs_skipped, "spans": int(spans.shape[0]),
+        "target_tokens": int(n_targets), "target_bytes": int(n_bytes),
+        "results": rows, "per_position": per_position, "wall_time": time.perf_counter() - t0,
+    }
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    os.replace(tmp, out_path)
+    return result
+
+
+def _resolve_options(options: dict[str, Any], max_len: int) -> dict[str, Any]:
+    # "interpolate_to = max" (the CLI's --interpolate) means: stretch to the longest evaluated window
+    return {k: (max_len if v == "max" else v) for k, v in options.items()}
+
+
+def _bucketed(curve: torch.Tensor, buckets: int) -> dict[str, Any]:
+    n = curve.numel()
+    buckets = max(1, min(buckets, n))
+    edges = np.linspace(0, n, buckets + 1).astype(int)
+    return {
+        "window": n,
+        "starts": edges[:-1].tolist(),
+        "ends": edges[1:].tolist(),
+        "loss": [float(curve[a:b].mean()) for a, b in zip(edges[:-1], edges[1:])],
+    }
+
+
+def _jsonable(d: Any) -> Any:
+    return json.loads(json.dumps(d, default=str))
+
+
+def format_result(result: dict[str, Any]) -> str:
+    lines = [f"{result['run']}  encoding={result['encoding']}  L_t={result['train_length']}  "
+             f"applied={result['applied'] or 'nothing'}",
+             f"scored {result['target_tokens']:,} target tokens per length from {result['documents_used']} documents "
+             f"({result['documents_skipped']} too short, skipped)",
+             "| ev | window | loss | ppl | bits/byte | tail loss |", "|---:|---:|---:|---:|---:|---:|"]
+    for r in result["results"]:
+        lines.append(f"| {r['ev']} | {r['window']} | {r['loss']:.4f} | {r['ppl']:.2f} | {r['bpb']:.4f} | {r['tail_loss']:.4f} |")
+    return "\n".join(lines)
+
+
+# ---- CLI ---------------------------------------------------------------------------------------------
+
+def _parse_lengths(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--lengths must be integers separated by commas (e.g. 1,2,4,8,16), got {text!r}.") from None
+
+
+def _parse_value(text: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("eval", help="evaluate a run at 1x..16x its training length",
+                       description="Score the same held-out tokens with windows of k x L_t for each k.")
+    p.add_argument("run", help="a run directory")
+    p.add_argument("--lengths", default="1,2,4,8,16", help="multiples of the training length (default 1,2,4,8,16)")
+    p.add_argument("--scale", type=float, default=None, help="ExPE/ExQPE inference-time scale (the paper's 0.5)")
+    p.add_argument("--rope-scaling", choices=["linear", "ntk", "dynamic", "yarn"], default=None)
+    p.add_argument("--factor", type=float, default=None, help="RoPE scaling factor (default: max length)")
+    p.add_argument("--interpolate", action="store_true", help="interpolate a learned table to the longest window")
+    p.add_argument("--position-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="set any option of the encoding for this evaluation (repeatable)")
+    p.add_argument("--corpus", default=None, help="another corpus spec, tokenized with the run's tokenizer")
+    p.add_argument("--data", default=None, help="a prepared data directory to score instead")
+    p.add_argument("--split", default="test", help="split of the run's data (default test)")
+    p.add_argument("--max-tokens", type=int, default=65_536, help="target tokens scored per length")
+    p.add_argument("--stride", type=int, default=None, help="sliding-window mode with this stride")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    p.add_argument("--name", default=None, help="result name in RUN/eval/ (default: from the options)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing different result")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args) -> int:
+    lengths = _parse_lengths(args.lengths)
+    options: dict[str, Any] = {}
+    if args.scale is not None:
+        options["scale"] = args.scale
+    if args.rope_scaling:
+        options["scaling"] = args.rope_scaling
+        options["factor"] = args.factor if args.factor is not None else float(max(lengths))
+    elif args.factor is not None:
+        raise UserError("--factor needs --rope-scaling (linear, ntk, dynamic or yarn).")
+    if args.interpolate:
+        options["interpolate_to"] = "max"
+    for text in args.position_option:
+        key, sep, value = text.partition("=")
+        if not sep:
+            raise UserError(f"--position-option '{text}' must look like key=value.")
+        options[key.strip()] = _parse_value(value.strip())
+    req = EvalRequest(lengths=lengths, corpus=args.corpus, data_dir=args.data, split=args.split,
+                      max_tokens=args.max_tokens, position_options=options, stride=args.stride,
+                      precision=args.precision, step=args.step)
+    result = evaluate(args.run, req, name=args.name, overwrite=args.overwrite, device=args.device,
+                      progress=not args.no_progress)
+    print(format_result(result))
+    print(f"-> {Path(args.run) / 'eval' / (result['name'] + '.json')}")
+    return 0
