@@ -1,1 +1,150 @@
-"""placeholder: filled in by the encodings work."""
+"""Absolute encodings added once to the token embeddings: none, sinusoidal, learned (+ interpolation).
+
+* ``nope``: no positional information at all (causal attention still leaks some, Haviv et al. 2022).
+* ``sinusoidal`` (Vaswani et al. 2017): p[n, 2t] = sin(n / 10000^(2t/d)), p[n, 2t+1] = cos(...).
+* ``learned``: a trainable table of ``max_length`` vectors (default L_t). Longer inputs need the
+  table extended by linear interpolation (segmented-sequences §3.2), either on the fly
+  (option ``interpolate_to``, no retraining) or permanently (``extend_table``, for extension training).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from extrapos.errors import UserError
+from extrapos.positions.base import EncodingContext, PositionalEncoding
+from extrapos.positions.registry import register
+
+
+class NoPE(PositionalEncoding):
+    """No positional encoding: every hook is the identity."""
+
+    family = "none"
+    paper = "Haviv et al. 2022, Transformer LMs without positional encodings still learn positional information"
+
+
+class Sinusoidal(PositionalEncoding):
+    """Fixed sine/cosine table added once to the embeddings (Vaswani et al. 2017, §3.5)."""
+
+    family = "absolute"
+    paper = "Vaswani et al. 2017, Attention is all you need"
+
+    @dataclass
+    class Options:
+        base: float = 10000.0
+
+    def table(self, positions: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        """p[n, 2t] = sin(n / base^(2t/d)), p[n, 2t+1] = cos(n / base^(2t/d)); (B, T, d) in dtype."""
+        d = self.ctx.d_model
+        inv_freq = self.options.base ** (-torch.arange(0, d, 2, device=positions.device, dtype=torch.float64) / d)
+        angles = positions.to(dtype).unsqueeze(-1) * inv_freq.to(dtype)  # (B, T, ceil(d/2))
+        p = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # interleave sin, cos
+        return p[..., :d]
+
+    def embed(self, h: Tensor, positions: Tensor) -> Tensor:
+        # fp32 at least: angles of long positions need the precision even under bf16 autocast
+        p = self.table(positions, torch.float64 if h.dtype == torch.float64 else torch.float32)
+        return h + p.to(h.dtype)
+
+
+def interpolation_weights(positions: Tensor, old_length: int, new_length: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Rows and weights of segmented-sequences §3.2 linear interpolation from old_length to new_length rows.
+
+    e'_i = ((beta - i % beta) / beta) e_{floor(i/beta)} + ((i % beta) / beta) e_{floor(i/beta)+1}, beta = L_e / L_t,
+    with rows past the last original one (i > beta (L_t - 1)) set to the last row.
+
+    Computed as the fractional row u = i * L_t / L_e in exact integer arithmetic: lo = (i L_t) // L_e and
+    frac = ((i L_t) % L_e) / L_e. For integral beta this is exactly the paper's formula; for a
+    non-integral beta it is the same linear interpolation at u = i / beta (the natural extension: the
+    paper only states the integral case). Returns (lo, hi, frac) with hi = min(lo + 1, L_t - 1) and
+    frac zeroed where lo is the last row.
+    """
+    num = positions.long() * old_length
+    lo = torch.div(num, new_length, rounding_mode="floor")
+    frac = (num - lo * new_length).to(torch.float64) / new_length
+    last = old_length - 1
+    past = lo >= last
+    lo = lo.clamp(max=last)
+    hi = (lo + 1).clamp(max=last)
+    frac = frac.masked_fill(past, 0.0)
+    return lo, hi, frac
+
+
+class LearnedAbsolute(PositionalEncoding):
+    """A trainable table of position vectors added once to the embeddings (GPT-2, BERT)."""
+
+    family = "absolute"
+    paper = "Radford et al. 2019 (GPT-2); interpolation: Karypis et al., segmented sequences §3.2"
+
+    @dataclass
+    class Options:
+        max_length: int | None = None  # rows of the table; None: L_t
+        interpolate_to: int | None = None  # L_e: read the table linearly interpolated to this length
+        init_std: float = 0.02
+
+    def __init__(self, ctx: EncodingContext, options=None):
+        super().__init__(ctx, options)
+        length = self.options.max_length or ctx.train_length
+        self.table = nn.Parameter(torch.randn(length, ctx.d_model) * self.options.init_std)
+        self.options_changed()
+
+    @property
+    def length(self) -> int:
+        return self.table.shape[0]
+
+    def options_changed(self) -> None:
+        target = self.options.interpolate_to
+        if target is not None and target < self.length:
+            raise UserError(
+                f"interpolate_to={target} is shorter than the learned position table ({self.length} rows); "
+                f"set interpolate_to to a length of at least {self.length} or leave it unset."
+            )
+
+    def interpolated(self, new_length: int) -> Tensor:
+        """The whole table interpolated to new_length rows (new_length, d); differentiable."""
+        idx = torch.arange(new_length, device=self.table.device)
+        return self._rows(idx, new_length)
+
+    def _rows(self, positions: Tensor, new_length: int) -> Tensor:
+        lo, hi, frac = interpolation_weights(positions, self.length, new_length)
+        frac = frac.to(self.table.dtype).unsqueeze(-1)
+        return self.table[lo] * (1 - frac) + self.table[hi] * frac
+
+    @torch.no_grad()
+    def extend_table(self, new_length: int) -> None:
+        """Permanently replace the table by its interpolation to new_length rows (for extension training).
+
+        The parameter object changes: build the optimizer after calling this.
+        """
+        if new_length < self.length:
+            raise UserError(f"cannot shrink the learned position table from {self.length} to {new_length} rows.")
+        new = self.interpolated(new_length).detach().clone()
+        self.table = nn.Parameter(new)
+        self.options = dataclasses.replace(self.options, max_length=new_length, interpolate_to=None)
+
+    def embed(self, h: Tensor, positions: Tensor) -> Tensor:
+        limit = self.options.interpolate_to or self.length
+        if positions.numel():
+            hi, lo = int(positions.max()), int(positions.min())
+            if lo < 0:
+                raise UserError("learned absolute positions must be non-negative.")
+            if hi >= limit:
+                raise UserError(
+                    f"position {hi} is beyond the learned position table ({limit} positions); set the "
+                    f"encoding option interpolate_to to a longer length (e.g. {max(2 * self.length, hi + 1)}) "
+                    "or extend the table with extend_table before training longer."
+                )
+        if self.options.interpolate_to is None or self.options.interpolate_to == self.length:
+            p = self.table[positions]
+        else:
+            p = self._rows(positions, self.options.interpolate_to)
+        return h + p.to(h.dtype)
+
+
+register("nope", NoPE, "no positional encoding")
+register("sinusoidal", Sinusoidal, "fixed sine/cosine vectors added once to the embeddings")
+register("learned", LearnedAbsolute, "trainable absolute table added once; linear interpolation to longer lengths")

@@ -1,1 +1,172 @@
-"""placeholder: filled in by the encodings work."""
+"""RoPE (Su et al. 2021) and its context-extension scalings, as Hugging Face names them.
+
+Rotation: the first ``d_rot = rotary_fraction * d_h`` dims of each query/key head (rounded down to
+an even number) are split into halves (x1, x2) and rotated pairwise, (x1_i, x2_i) -> angle
+n * inv_freq_i, with ``rotate_half`` pairing as in Llama / Hugging Face; the rest pass through.
+inv_freq_i = base^(-2i / d_rot).
+
+Scalings (``scaling`` option, with ``factor`` s and ``original_length`` L, default L_t):
+
+* ``linear`` (position interpolation, Chen et al. 2023): angle n / s, i.e. inv_freq / s.
+* ``ntk`` (NTK-aware): base' = base * s^(d_rot / (d_rot - 2)).
+* ``dynamic`` (dynamic NTK): with T = max position + 1 of the current call, when T > L,
+  base' = base * (s T / L - (s - 1))^(d_rot / (d_rot - 2)); otherwise plain RoPE. With a KV cache the
+  keys keep the frequencies they were rotated with (as in Hugging Face), so cached decoding past L
+  differs slightly from one full forward.
+* ``yarn`` (Peng et al. 2023): per-frequency blend of interpolation (inv_freq / s) and extrapolation
+  (inv_freq) by a linear ramp over the dims between the correction dims of beta_fast = 32 and
+  beta_slow = 1 rotations within L (floor/ceil as in the reference code); plus the attention factor
+  m = 0.1 ln(s) + 1: q and k are each multiplied by m, so the logits by m^2 = 1/t, the paper's
+  temperature (Hugging Face does the same by scaling cos and sin). With ``rotary_fraction`` < 1 we
+  scale the whole head (the paper's temperature is on the whole logit; Hugging Face scales only the
+  rotated part).
+
+Angles are computed in fp32 (fp64 for fp64 inputs) and cos/sin cast to q's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from extrapos.errors import UserError
+from extrapos.positions.base import EncodingContext, PositionalEncoding
+from extrapos.positions.registry import register
+
+SCALINGS = (None, "linear", "ntk", "dynamic", "yarn")
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(x1, x2) -> (-x2, x1) over the two halves of the last dim."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def default_inv_freq(base: float, dim: int) -> Tensor:
+    """inv_freq_i = base^(-2i/dim), i = 0 .. dim/2 - 1, in fp64."""
+    return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+
+def yarn_correction_range(beta_fast: float, beta_slow: float, dim: int, base: float, length: int) -> tuple[int, int]:
+    """Dims [low, high] between which YaRN's ramp runs (reference code: floor / ceil, clamped).
+
+    The dim index whose wavelength fits ``r`` rotations in ``length`` positions solves
+    length / (2 pi base^(2i/dim)) = r, i.e. i = dim ln(length / (2 pi r)) / (2 ln base).
+    """
+
+    def dim_for(rotations: float) -> float:
+        return dim * math.log(length / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = math.floor(dim_for(beta_fast))
+    high = math.ceil(dim_for(beta_slow))
+    return max(low, 0), min(high, dim - 1)
+
+
+def yarn_inv_freq(base: float, dim: int, factor: float, length: int, beta_fast: float = 32.0,
+                  beta_slow: float = 1.0) -> Tensor:
+    """YaRN's blended inverse frequencies (fp64)."""
+    extrapolation = default_inv_freq(base, dim)
+    interpolation = extrapolation / factor
+    low, high = yarn_correction_range(beta_fast, beta_slow, dim, base, length)
+    if low == high:
+        high += 0.001  # a single-dim ramp: avoid dividing by zero
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: high frequency, extrapolated as is; 0: low frequency, interpolated
+    return interpolation * (1 - keep) + extrapolation * keep
+
+
+class RoPE(PositionalEncoding):
+    """Rotary position embedding on q and k (Su et al. 2021), with HF-style scalings."""
+
+    family = "rotary"
+    paper = "Su et al. 2021, RoFormer; scalings: Chen et al. 2023 (PI), bloc97 (NTK), Peng et al. 2023 (YaRN)"
+
+    @dataclass
+    class Options:
+        base: float = 10000.0
+        rotary_fraction: float = 1.0
+        scaling: str | None = None  # None | "linear" | "ntk" | "dynamic" | "yarn"
+        factor: float = 1.0
+        original_length: int | None = None  # L of the scalings; None: L_t
+        beta_fast: float = 32.0
+        beta_slow: float = 1.0
+
+    def __init__(self, ctx: EncodingContext, options=None):
+        super().__init__(ctx, options)
+        self.options_changed()
+
+    # ---- derived quantities ----------------------------------------------------------------
+    @property
+    def rot_dim(self) -> int:
+        return int(self.ctx.head_dim * self.options.rotary_fraction) // 2 * 2
+
+    @property
+    def original_length(self) -> int:
+        return self.options.original_length or self.ctx.train_length
+
+    def options_changed(self) -> None:
+        o = self.options
+        if o.scaling not in SCALINGS:
+            raise UserError(f"unknown RoPE scaling {o.scaling!r}; choose one of: none, linear, ntk, dynamic, yarn.")
+        if not 0 < o.rotary_fraction <= 1 or self.rot_dim < 2:
+            raise UserError(f"rotary_fraction={o.rotary_fraction} leaves no pair of dims to rotate in heads of "
+                            f"{self.ctx.head_dim}; use a value in (0, 1] covering at least 2 dims.")
+        if o.factor <= 0 or (o.scaling is not None and o.factor < 1):
+            raise UserError(f"RoPE scaling factor must be >= 1, got {o.factor}.")
+        self.attention_factor = 1.0
+        self.inv_freq = self.inverse_frequencies()
+        self._memo = None
+
+    def inverse_frequencies(self, seq_len: int | None = None) -> Tensor:
+        """inv_freq (fp64, d_rot / 2) for the configured scaling; ``seq_len`` matters for ``dynamic`` only."""
+        o, dim, L = self.options, self.rot_dim, self.original_length
+        if o.scaling is None:
+            return default_inv_freq(o.base, dim)
+        if o.scaling == "linear":
+            return default_inv_freq(o.base, dim) / o.factor
+        if o.scaling == "ntk":
+            return default_inv_freq(o.base * o.factor ** (dim / (dim - 2)), dim)
+        if o.scaling == "dynamic":
+            T = max(seq_len or L, L)
+            return default_inv_freq(o.base * (o.factor * T / L - (o.factor - 1)) ** (dim / (dim - 2)), dim)
+        # yarn
+        self.attention_factor = 0.1 * math.log(o.factor) + 1.0
+        return yarn_inv_freq(o.base, dim, o.factor, L, o.beta_fast, o.beta_slow)
+
+    def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos and sin of the angles (B, 1, T, d_rot) in dtype (YaRN's attention factor is applied in rotate)."""
+        inv_freq = self.inv_freq
+        if self.options.scaling == "dynamic" and positions.numel():
+            inv_freq = self.inverse_frequencies(int(positions.max()) + 1)
+        work = torch.float64 if dtype == torch.float64 else torch.float32
+        angles = positions.to(work).unsqueeze(-1) * inv_freq.to(device=positions.device, dtype=work)
+        angles = torch.cat((angles, angles), dim=-1).unsqueeze(1)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    # ---- hook ------------------------------------------------------------------------------
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        # every block calls rotate with the same positions tensor: compute cos/sin once per forward
+        memo = self._memo
+        if memo is not None and memo[0] is positions and memo[1] == positions._version and memo[2] == q.dtype:
+            cos, sin = memo[3], memo[4]
+        else:
+            cos, sin = self.cos_sin(positions, q.dtype)
+            self._memo = (positions, positions._version, q.dtype, cos, sin)
+        return self._apply(q, cos, sin), self._apply(k, cos, sin)
+
+    def _apply(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        r = self.rot_dim
+        if r == x.shape[-1]:
+            out = x * cos + rotate_half(x) * sin
+        else:
+            xr, xp = x[..., :r], x[..., r:]
+            out = torch.cat((xr * cos + rotate_half(xr) * sin, xp), dim=-1)
+        if self.attention_factor != 1.0:
+            out = out * self.attention_factor
+        return out
+
+
+register("rope", RoPE, "rotary embedding of q and k (half-split pairs); linear/ntk/dynamic/yarn scalings")

@@ -1,0 +1,368 @@
+"""A decoder-only transformer with pluggable positional encodings and a KV cache.
+
+Two flavours share one code path:
+
+* ``gpt2``: pre-LayerNorm blocks, GELU (tanh) MLP of 4d, dropout, biases, tied embeddings.
+* ``llama``: pre-RMSNorm (eps 1e-5), SwiGLU MLP (hidden 8d/3 rounded up to a multiple of 256), no
+  biases, tied or untied embeddings, optional grouped-query attention (``n_kv_heads``).
+
+The positional encoding (``self.pos``, see positions/base.py) is called at its four hooks:
+
+    h = pos.embed(tok_emb(tokens), positions)                       # once
+    per block:  x = norm1(h)
+                xq, xv = pos.attn_input(x, positions, layer)         # ExPE overrides the Q/K input
+                q, k, v = Wq xq, Wk xq, Wv xv
+                q, k = pos.rotate(q, k, positions)                   # RoPE
+                bias = pos.bias(x, positions, layer, state)          # ALiBi, CABLE, ... (described)
+                K, V, bias = cache.update(k, v, bias)                # new keys appended to the past
+                h = h + Wo attention(q, K, V, bias)
+                h = h + mlp(norm2(h))
+
+``positions`` (B, T) are explicit: the position of every *new* token. With a cache only the new
+tokens and their positions are passed; keys are cached after rotation (RoPE rotates each key at its
+own position once), and the bias hook's cumulative state lives in the cache (``state`` dict per layer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from extrapos.attention import attention
+from extrapos.errors import UserError
+from extrapos.positions.base import EncodingContext, PositionalEncoding
+from extrapos.positions.registry import build_encoding
+
+FLAVOURS = ("gpt2", "llama")
+
+
+@dataclass
+class ModelConfig:
+    flavour: str = "gpt2"  # "gpt2" | "llama"
+    n_layers: int = 4
+    d_model: int = 128
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # grouped-query attention (llama); None: n_heads
+    vocab_size: int = 8192
+    dropout: float = 0.0
+    tie_embeddings: bool = True
+    mlp_hidden: int | None = None  # None: gpt2 4d; llama 8d/3 rounded up to a multiple of 256
+    bias: bool | None = None  # None: gpt2 yes, llama no
+    train_length: int = 64  # L_t, passed to encodings via EncodingContext
+    positions: dict = field(default_factory=lambda: {"name": "rope"})  # {"name": ..., **options}
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+
+    # ---- derived ---------------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def use_bias(self) -> bool:
+        return self.flavour == "gpt2" if self.bias is None else self.bias
+
+    @property
+    def hidden(self) -> int:
+        if self.mlp_hidden is not None:
+            return self.mlp_hidden
+        if self.flavour == "gpt2":
+            return 4 * self.d_model
+        return 256 * math.ceil(int(8 * self.d_model / 3) / 256)  # Llama's multiple_of = 256
+
+    def validate(self) -> ModelConfig:
+        if self.flavour not in FLAVOURS:
+            raise UserError(f"unknown model flavour {self.flavour!r}; choose gpt2 or llama.")
+        for name in ("n_layers", "d_model", "n_heads", "vocab_size", "train_length"):
+            if getattr(self, name) < 1:
+                raise UserError(f"model.{name} must be a positive integer, got {getattr(self, name)}.")
+        if self.d_model % self.n_heads:
+            raise UserError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; change one of them.")
+        if self.n_heads % self.kv_heads:
+            raise UserError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.kv_heads}.")
+        if not 0 <= self.dropout < 1:
+            raise UserError(f"dropout must be in [0, 1), got {self.dropout}.")
+        if not isinstance(self.positions, dict) or "name" not in self.positions:
+            raise UserError('model.positions must be a table with a "name" (e.g. {name = "rope"}).')
+        return self
+
+
+# Size presets: ModelConfig field overrides. Parameter counts are in tests/test_model.py.
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    # CPU scale (METHODS.md budgets use cpu-small: 4 layers, d 128, L_t 64)
+    "cpu-tiny": dict(flavour="gpt2", n_layers=2, d_model=64, n_heads=4, train_length=64),
+    "cpu-small": dict(flavour="gpt2", n_layers=4, d_model=128, n_heads=4, train_length=64),
+    "cpu-llama": dict(flavour="llama", n_layers=4, d_model=128, n_heads=4, train_length=64),
+    # GPT-2 family (Radford et al. 2019; gpt2-tiny is a 6-layer d 512 model for quick GPU runs)
+    "gpt2-tiny": dict(flavour="gpt2", n_layers=6, d_model=512, n_heads=8, train_length=256),
+    "gpt2-small": dict(flavour="gpt2", n_layers=12, d_model=768, n_heads=12, vocab_size=50257, train_length=1024),
+    "gpt2-medium": dict(flavour="gpt2", n_layers=24, d_model=1024, n_heads=16, vocab_size=50257,
+                        train_length=1024),
+    # ExPE App. B, Table 6: 35M total / 23M non-embedding needs an untied head (vocab 32000, d 384)
+    "expe-35m": dict(flavour="gpt2", n_layers=6, d_model=384, n_heads=12, vocab_size=32000, dropout=0.1,
+                     tie_embeddings=False, train_length=512),
+    # ExPE App. C, Table 8 (Llama 3 architecture, Mistral tokenizer: vocab 32768). 135M needs the small
+    # model's head untied; "the embedding weights of the medium models are shared" (§4.2): 342M.
+    "llama-s": dict(flavour="llama", n_layers=12, d_model=768, n_heads=12, vocab_size=32768,
+                    tie_embeddings=False, train_length=512),
+    "llama-m": dict(flavour="llama", n_layers=24, d_model=1024, n_heads=16, vocab_size=32768,
+                    tie_embeddings=True, train_length=512),
+}
+
+
+def model_config(preset: str | None = None, **overrides: Any) -> ModelConfig:
+    """A ModelConfig from a size preset (or the defaults) plus field overrides."""
+    values: dict[str, Any] = {}
+    if preset is not None:
+        if preset not in MODEL_PRESETS:
+            raise UserError(f"unknown model preset {preset!r}; choose one of: {', '.join(MODEL_PRESETS)}.")
+        values.update(MODEL_PRESETS[preset])
+    values.update(overrides)
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise UserError(f"unknown model option {', '.join(unknown)}; model options are: {', '.join(sorted(names))}.")
+    if "positions" in values:
+        values["positions"] = dict(values["positions"])
+    return ModelConfig(**values).validate()
+
+
+# ---- KV cache ----------------------------------------------------------------------------------
+class _Growing:
+    """A tensor that grows along dim 2, with amortized O(1) appends (capacity doubles)."""
+
+    def __init__(self) -> None:
+        self.buf: Tensor | None = None
+        self.n = 0
+
+    def append(self, x: Tensor) -> Tensor:
+        t = x.shape[2]
+        if self.buf is None or self.buf.shape[:2] != x.shape[:2] or self.buf.shape[3:] != x.shape[3:]:
+            if self.buf is not None and self.n:
+                raise ValueError(f"cached shape {tuple(self.buf.shape)} does not match new {tuple(x.shape)}")
+            self.buf, self.n = None, 0
+        need = self.n + t
+        if self.buf is None or need > self.buf.shape[2]:
+            cap = max(need, 2 * (self.buf.shape[2] if self.buf is not None else 0), 16)
+            new = x.new_empty(*x.shape[:2], cap, *x.shape[3:])
+            if self.buf is not None:
+                new[:, :, : self.n] = self.buf[:, :, : self.n]
+            self.buf = new
+        self.buf[:, :, self.n: need] = x
+        self.n = need
+        return self.buf[:, :, :need]
+
+
+class LayerCache:
+    """One layer's past: rotated keys, values, the bias's key features and the bias hook's state."""
+
+    def __init__(self) -> None:
+        self.k, self.v, self.k_feat = _Growing(), _Growing(), _Growing()
+        self.state: dict = {}
+
+    @property
+    def length(self) -> int:
+        return self.k.n
+
+    def update(self, k: Tensor, v: Tensor, bias):
+        """Append the new keys/values (and bias key features); return everything seen so far."""
+        K, V = self.k.append(k), self.v.append(v)
+        if bias is not None:
+            # FoldedBias k_feat (B, H, Tk) and PairwiseBias k_feat (B, Hk, Tk, F): concatenate along dim 2
+            feat = bias.k_feat
+            kf = self.k_feat.append(feat.unsqueeze(-1) if feat.dim() == 3 else feat)
+            bias = dataclasses.replace(bias, k_feat=kf.squeeze(-1) if feat.dim() == 3 else kf)
+        return K, V, bias
+
+
+class KVCache:
+    """Per-layer caches for incremental decoding; pass the same object to every forward call."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.layers = [LayerCache() for _ in range(n_layers)]
+
+    @property
+    def length(self) -> int:
+        """Number of tokens already cached."""
+        return self.layers[0].length
+
+    def __len__(self) -> int:
+        return self.length
+
+
+# ---- blocks ------------------------------------------------------------------------------------
+def _norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.flavour == "llama":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.use_bias)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.q_out = cfg.n_heads * cfg.head_dim
+        self.kv_out = cfg.kv_heads * cfg.head_dim
+        # one fused projection [Wq; Wk; Wv]: a single matmul when Q/K and V read the same input
+        self.qkv = nn.Linear(cfg.d_model, self.q_out + 2 * self.kv_out, bias=cfg.use_bias)
+        self.proj = nn.Linear(self.q_out, cfg.d_model, bias=cfg.use_bias)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: Tensor, positions: Tensor, layer: int, pos: PositionalEncoding,
+                cache: LayerCache | None) -> Tensor:
+        B, T, _ = x.shape
+        xq, xv = pos.attn_input(x, positions, layer)
+        if xq is xv:
+            q, k, v = self.qkv(xq).split((self.q_out, self.kv_out, self.kv_out), dim=-1)
+        else:
+            qk_rows = self.q_out + self.kv_out
+            w, b = self.qkv.weight, self.qkv.bias
+            q, k = F.linear(xq, w[:qk_rows], None if b is None else b[:qk_rows]).split(
+                (self.q_out, self.kv_out), dim=-1)
+            v = F.linear(xv, w[qk_rows:], None if b is None else b[qk_rows:])
+        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = pos.rotate(q, k, positions)
+        bias = pos.bias(x, positions, layer, cache.state if cache is not None else None)
+        if cache is not None:
+            k, v, bias = cache.update(k, v, bias)
+        y = attention(q, k, v, bias, self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).reshape(B, T, self.q_out))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.swiglu = cfg.flavour == "llama"
+        if self.swiglu:
+            self.gate = nn.Linear(cfg.d_model, cfg.hidden, bias=cfg.use_bias)
+        self.up = nn.Linear(cfg.d_model, cfg.hidden, bias=cfg.use_bias)
+        self.down = nn.Linear(cfg.hidden, cfg.d_model, bias=cfg.use_bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.swiglu:
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.down(F.gelu(self.up(x), approximate="tanh"))  # GPT-2's gelu_new
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.norm1, self.norm2 = _norm(cfg), _norm(cfg)
+        self.attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, h: Tensor, positions: Tensor, pos: PositionalEncoding, cache: LayerCache | None) -> Tensor:
+        h = h + self.drop(self.attn(self.norm1(h), positions, self.layer, pos, cache))
+        return h + self.drop(self.mlp(self.norm2(h)))
+
+
+# ---- the decoder -------------------------------------------------------------------------------
+class Decoder(nn.Module):
+    """Decoder-only LM. ``forward(tokens, positions, cache=None)`` -> logits (B, T, V)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg.validate()
+        ctx = EncodingContext(d_model=cfg.d_model, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
+                              n_layers=cfg.n_layers, train_length=cfg.train_length)
+        options = {k: v for k, v in cfg.positions.items() if k != "name"}
+        self.pos: PositionalEncoding = build_encoding(cfg.positions["name"], ctx, options)
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = _norm(cfg)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """GPT-2 / Llama init: N(0, 0.02) weights, zero biases, unit norms; the residual output projections
+        (attention out, MLP down) use 0.02 / sqrt(2 n_layers). The positional encoding keeps its own init."""
+        std = self.cfg.init_std
+        for name, module in self.named_modules():
+            if name.startswith("pos"):
+                continue
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                residual = name.endswith("attn.proj") or name.endswith("mlp.down")
+                nn.init.normal_(module.weight, 0.0, std / math.sqrt(2 * self.cfg.n_layers) if residual else std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+                nn.init.ones_(module.weight)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.cfg.n_layers)
+
+    def hidden_states(self, tokens: Tensor, positions: Tensor, cache: KVCache | None = None) -> Tensor:
+        """Final-normed hidden states (B, T, d) of the new tokens."""
+        if tokens.shape != positions.shape:
+            raise ValueError(f"tokens {tuple(tokens.shape)} and positions {tuple(positions.shape)} differ in shape")
+        h = self.drop(self.pos.embed(self.tok_emb(tokens), positions))
+        for i, block in enumerate(self.blocks):
+            h = block(h, positions, self.pos, cache.layers[i] if cache is not None else None)
+        return self.norm(h)
+
+    def logits(self, h: Tensor) -> Tensor:
+        return self.lm_head(h)
+
+    def forward(self, tokens: Tensor, positions: Tensor, cache: KVCache | None = None) -> Tensor:
+        return self.logits(self.hidden_states(tokens, positions, cache))
+
+
+# ---- accounting --------------------------------------------------------------------------------
+def count_parameters(model: Decoder) -> dict[str, int]:
+    """Parameter counts (shared tensors counted once).
+
+    total; embedding: the token table plus a learned absolute position table if any; non_embedding:
+    total - embedding (an untied output head counts as non-embedding, as in ExPE App. B: 35M total,
+    23M non-embedding); positional: the learnable parameters of the positional encoding.
+    """
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    positional = sum(p.numel() for p in model.pos.parameters())
+    table = getattr(model.pos, "table", None)
+    embedding = model.tok_emb.weight.numel() + (table.numel() if isinstance(table, nn.Parameter) else 0)
+    return {"total": total, "embedding": embedding, "non_embedding": total - embedding, "positional": positional}
+
+
+def matmul_parameters(cfg: ModelConfig) -> int:
+    """Weights that multiply every token: attention and MLP matrices plus the output head (tied or not)."""
+    d, dh = cfg.d_model, cfg.head_dim
+    attn = d * (cfg.n_heads + 2 * cfg.kv_heads) * dh + cfg.n_heads * dh * d
+    mlp = (3 if cfg.flavour == "llama" else 2) * d * cfg.hidden
+    return cfg.n_layers * (attn + mlp) + d * cfg.vocab_size
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward) at sequence length seq_len.
+
+    6 N + 12 n_layers d_attn T (PaLM, Chowdhery et al. 2022, App. B): N = matmul_parameters(cfg), the
+    weights each token is multiplied by (2 FLOPs per weight forward, 4 backward); the attention term
+    is q k^T and (softmax) v, 2 T d_attn FLOPs each per token per layer forward, x3 for training,
+    counted without the causal halving as is customary. Norms, biases, softmax and the positional
+    encoding's own arithmetic (small: RoPE, ALiBi, ExPE, CABLE's d x h projections) are ignored.
+    """
+    d_attn = cfg.n_heads * cfg.head_dim
+    return 6.0 * matmul_parameters(cfg) + 12.0 * cfg.n_layers * d_attn * seq_len
