@@ -1,21 +1,51 @@
 """The one place that turns q, k, v (+ a bias description) into attention outputs.
 
-STUB: only the materialized reference for now; the fast paths (fused SDPA, folded bias, query
-chunking, FlexAttention on CUDA) replace the body of ``attention`` behind the same signature.
-
 Shapes: q (B, H, Tq, d_h); k, v (B, H_kv, Tk, d_h) with H % H_kv == 0; Tq <= Tk. Attention is
 causal with the queries aligned to the END of the keys (query t sees keys j <= t + Tk - Tq),
 which covers both full forwards (Tq == Tk) and cached decoding (Tq new tokens after Tk - Tq).
+
+Which kernel runs (``attention`` picks; every path equals ``attention_reference`` in the tests):
+
+- no bias: fused ``scaled_dot_product_attention`` (``is_causal`` when Tq == Tk, an explicit
+  bottom-right (Tq, Tk) mask when decoding, none when Tq == 1).
+- ``FoldedBias`` (ALiBi, CABLE, CABLE-NW): the bias is rank one up to row constants, so it becomes
+  one extra q/k dimension, q' = [q, q_feat * sqrt(d_h), 0...], k' = [k, k_feat, 0...],
+  v' = [v, 0...] (head dim padded to a multiple of 8 for the fused kernels; the softmax scale
+  stays 1/sqrt(d_h)), and fused SDPA runs with no T x T tensor. Precision: k_feat grows with the
+  position (ALiBi's j, CABLE's cumulative S), so the last key's k_feat is subtracted first (exact:
+  ``q_feat_i * c`` is a row constant) which makes the logits of the latest queries -- the ones that
+  matter when decoding -- small and precise. The fold always runs in at least fp32: in bf16 the
+  extra dimension cannot hold positions (spacing 128 at 16k), see ``_fold_dtype`` and
+  ``docs/attention.md`` for measured errors.
+- ``PairwiseBias`` (Kerple, FIRE, T5, K-CABLE): query chunks. Each chunk computes its scores
+  against the keys it can see, adds its bias block ``fn(q_feat[chunk], k_feat)``, masks, softmaxes
+  in fp32, applies dropout and multiplies by v, so memory is O(chunk * Tk), never O(Tq * Tk).
+  With autograd on and several chunks, each chunk is checkpointed (recomputed in backward) so that
+  training memory stays O(chunk * Tk) too. Short sequences take a single block.
+- CUDA: FlexAttention with a ``score_mod`` for pairwise biases, and for folded biases in half
+  precision (where the fp32 fold would lose the fast bf16 kernels); any failure falls back to the
+  CPU paths above, which also run on CUDA.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from extrapos.positions.base import Bias, FoldedBias, PairwiseBias
+
+#: elements (B * H * chunk * Tk) of one query-chunk score block in the pairwise path: 4M floats =
+#: 16 MB per block; the bias functions keep a few blocks alive (FIRE's MLP hidden layer is
+#: 32 / H blocks), so a 16k-token evaluation peaks at a few hundred MB per layer.
+CHUNK_ELEMENTS = 1 << 22
+#: never use chunks smaller than this many queries (matmul efficiency)
+MIN_CHUNK = 16
 
 
 def _expand_kv(k: Tensor, n_heads: int) -> Tensor:
@@ -52,6 +82,206 @@ def attention_reference(q: Tensor, k: Tensor, v: Tensor, bias: Bias | None = Non
     return weights @ v
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, bias: Bias | None = None, dropout_p: float = 0.0) -> Tensor:
-    """Causal attention (see module docstring); dropout_p applies to the attention weights."""
-    return attention_reference(q, k, v, bias, dropout_p)
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Bias | None = None,
+    dropout_p: float = 0.0,
+    *,
+    chunk_size: int | None = None,
+) -> Tensor:
+    """Causal attention (see module docstring); dropout_p applies to the attention weights.
+
+    ``chunk_size`` (queries per block of the pairwise path) defaults to ``CHUNK_ELEMENTS`` worth.
+    """
+    _check_shapes(q, k, v)
+    if bias is None:
+        return _sdpa(q, k, v, dropout_p)
+    if q.device.type == "cuda" and not dropout_p and _flex_wanted(q, bias):
+        out = _flex_or_none(q, k, v, bias)
+        if out is not None:
+            return out
+    if isinstance(bias, FoldedBias):
+        return folded_attention(q, k, v, bias, dropout_p)
+    if isinstance(bias, PairwiseBias):
+        return chunked_attention(q, k, v, bias, dropout_p, chunk_size=chunk_size)
+    raise TypeError(f"unknown bias description {type(bias).__name__}")
+
+
+def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"attention wants q (B,H,Tq,d), k/v (B,H_kv,Tk,d); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[1] % k.shape[1] or q.shape[2] > k.shape[2]:
+        raise ValueError(f"need H % H_kv == 0 and Tq <= Tk; got q {tuple(q.shape)}, k {tuple(k.shape)}")
+
+
+def _causal_mask(Tq: int, Tk: int, device: torch.device) -> Tensor:
+    """Boolean (Tq, Tk) mask, True where query t may attend key j (bottom-right aligned)."""
+    i = torch.arange(Tq, device=device).unsqueeze(-1) + (Tk - Tq)
+    return torch.arange(Tk, device=device) <= i
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, scale: float | None = None) -> Tensor:
+    """Fused SDPA, causal with bottom-right alignment; GQA without copying k/v."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    kwargs = {"dropout_p": dropout_p, "scale": scale, "enable_gqa": q.shape[1] != k.shape[1]}
+    if Tq == Tk:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, **kwargs)
+    if Tq == 1:  # the one new token sees every key
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=_causal_mask(Tq, Tk, q.device), **kwargs)
+
+
+# ---- folded bias ------------------------------------------------------------------------------
+
+
+def _fold_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The fold runs in at least fp32: bf16 has 8 mantissa bits, so k_feat = j (ALiBi) or S_j
+    (CABLE) would be rounded to multiples of 128 near 16k and the bias would be wrong by whole
+    logits. fp64 inputs stay fp64."""
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def folded_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: FoldedBias,
+    dropout_p: float = 0.0,
+    *,
+    subtract_reference: bool = True,
+    fold_dtype: torch.dtype | None = None,
+) -> Tensor:
+    """Fused SDPA with a rank-one bias folded into one extra q/k dimension (exact, see module doc).
+
+    ``subtract_reference`` and ``fold_dtype`` exist for the precision measurements in
+    ``benchmarks/bench_attention.py``; the defaults are the right choice.
+    """
+    B, H, Tq, Dh = q.shape
+    Tk, Hkv = k.shape[2], k.shape[1]
+    out_dtype = q.dtype
+    dtype = fold_dtype or _fold_dtype(q.dtype)
+    qf = bias.q_feat.to(dtype).expand(B, H, Tq)
+    kf = bias.k_feat.to(dtype)
+    if subtract_reference:
+        kf = kf - kf[..., -1:].detach()  # a per-(b, h) constant: a row constant of the bias, exact
+    if kf.shape[1] not in (1, Hkv):  # per-query-head key features: k and v need all H heads
+        k, v, Hkv = _expand_kv(k, H), _expand_kv(v, H), H
+    kf = kf.expand(B, Hkv, Tk)
+    pad = 8 - Dh % 8  # >= 1 extra dims: fused kernels want head dims that are multiples of 8
+    q2 = torch.cat([q.to(dtype), (qf * math.sqrt(Dh)).unsqueeze(-1), q.new_zeros(B, H, Tq, pad - 1, dtype=dtype)], -1)
+    k2 = torch.cat([k.to(dtype), kf.unsqueeze(-1), k.new_zeros(B, Hkv, Tk, pad - 1, dtype=dtype)], -1)
+    v2 = F.pad(v.to(dtype), (0, pad))
+    # autocast would cast the fp32 fold back to half precision: keep it off here
+    with torch.autocast(q.device.type, enabled=False):
+        out = _sdpa(q2, k2, v2, dropout_p, scale=1.0 / math.sqrt(Dh))
+    return out[..., :Dh].to(out_dtype)
+
+
+# ---- pairwise bias: query chunks -------------------------------------------------------------
+
+
+def default_chunk_size(B: int, H: int, Tq: int, Tk: int) -> int:
+    """Queries per block so that one (B, H, chunk, Tk) score block has ~CHUNK_ELEMENTS elements."""
+    return max(MIN_CHUNK, min(Tq, CHUNK_ELEMENTS // max(1, B * H * Tk)))
+
+
+def _chunk(
+    q: Tensor, k: Tensor, v: Tensor, qf: Tensor, kf: Tensor, fn: Callable, offset: int, dropout_p: float
+) -> Tensor:
+    """One block of queries (the last of which sits at key index ``offset + tq - 1``) vs its keys."""
+    tq, Tk = q.shape[2], k.shape[2]
+    scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(q.shape[-1])
+    scores = scores + fn(qf, kf).float()
+    i = torch.arange(tq, device=q.device).unsqueeze(-1) + offset
+    scores = scores.masked_fill(torch.arange(Tk, device=q.device) > i, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).to(v.dtype)
+    if dropout_p:
+        weights = torch.dropout(weights, dropout_p, train=True)
+    return weights @ v
+
+
+def chunked_attention(
+    q: Tensor, k: Tensor, v: Tensor, bias: PairwiseBias, dropout_p: float = 0.0, *, chunk_size: int | None = None
+) -> Tensor:
+    """Pairwise-bias attention in blocks of queries: memory O(chunk * Tk) (see module doc)."""
+    B, H, Tq, Dh = q.shape
+    Tk = k.shape[2]
+    k, v = _expand_kv(k, H), _expand_kv(v, H)  # O(T * d) copies at most; the scores dominate
+    chunk = chunk_size or default_chunk_size(B, H, Tq, Tk)
+    past = Tk - Tq
+    if chunk >= Tq:
+        return _chunk(q, k, v, bias.q_feat, bias.k_feat, bias.fn, past, dropout_p)
+    # recompute each block in backward instead of storing its (chunk, Tk) weights
+    use_ckpt = torch.is_grad_enabled()
+    outs = []
+    for s in range(0, Tq, chunk):
+        e = min(s + chunk, Tq)
+        kend = past + e  # keys after the block's last query are all masked: skip them
+        args = (q[:, :, s:e], k[:, :, :kend], v[:, :, :kend], bias.q_feat[:, :, s:e], bias.k_feat[:, :, :kend])
+        if use_ckpt:
+            out = checkpoint(_chunk, *args, bias.fn, past + s, dropout_p, use_reentrant=False)
+        else:
+            out = _chunk(*args, bias.fn, past + s, dropout_p)
+        outs.append(out)
+    return torch.cat(outs, dim=2)
+
+
+# ---- CUDA: FlexAttention ---------------------------------------------------------------------
+
+_flex_state: dict = {}
+
+
+def _flex_wanted(q: Tensor, bias: Bias) -> bool:
+    # fp32 folded biases are best served by the fused SDPA fold; half-precision folds would have to
+    # run SDPA in fp32 (see _fold_dtype), whereas flex computes the score_mod in fp32 on bf16 inputs
+    return isinstance(bias, PairwiseBias) or q.dtype in (torch.float16, torch.bfloat16)
+
+
+def _flex_or_none(q: Tensor, k: Tensor, v: Tensor, bias: Bias) -> Tensor | None:
+    """FlexAttention on CUDA, or None (caller falls back) when it is missing or fails."""
+    if _flex_state.get("broken"):
+        return None
+    try:
+        if "fn" not in _flex_state:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+            _flex_state["fn"] = torch.compile(flex_attention, dynamic=False)
+            _flex_state["mask"] = create_block_mask
+        return _flex(q, k, v, bias, _flex_state["fn"], _flex_state["mask"])
+    except Exception as e:  # import errors, compile errors, unsupported captures: use the fallback
+        _flex_state["broken"] = True
+        warnings.warn(f"FlexAttention unavailable ({type(e).__name__}: {e}); using the chunked path", stacklevel=3)
+        return None
+
+
+def _flex(q: Tensor, k: Tensor, v: Tensor, bias: Bias, flex_attention: Callable, create_block_mask: Callable) -> Tensor:
+    B, H, Tq, _ = q.shape
+    Tk = k.shape[2]
+    past = Tk - Tq
+
+    def causal(b, h, qi, kj):
+        return kj <= qi + past
+
+    block_mask = None if Tq == 1 else create_block_mask(causal, None, None, Tq, Tk, device=q.device)
+    if isinstance(bias, FoldedBias):
+        kf = bias.k_feat.float()
+        qf = bias.q_feat.float().expand(B, H, Tq)
+        kf = (kf - kf[..., -1:].detach()).expand(B, H, Tk)
+
+        def score_mod(score, b, h, qi, kj):
+            return score + qf[b, h, qi] * kf[b, h, kj]
+
+    else:
+        qf, kf, fn = bias.q_feat, bias.k_feat, bias.fn
+        hq, hk = qf.shape[1] > 1, kf.shape[1] > 1
+
+        def score_mod(score, b, h, qi, kj):
+            # fn on one (query, key) pair, features kept 4-D as fn expects
+            a = qf[b, h if hq else 0, qi].reshape(1, 1, 1, -1)
+            c = kf[b, h if hk else 0, kj].reshape(1, 1, 1, -1)
+            out = fn(a, c)
+            return score + out[0, h if out.shape[1] > 1 else 0, 0, 0]
+
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])

@@ -1,1 +1,253 @@
-"""placeholder: filled in by the encodings work."""
+"""Static relative biases added to the attention logits: ALiBi, Kerple, FIRE, T5.
+
+Each returns a bias *description* from the ``bias`` hook and never a T x T tensor:
+
+* ``alibi`` (Press et al. 2022): -m_h (i - j) = m_h * j + row constant, a ``FoldedBias``
+  (q_feat = m_h, k_feat = j) that ``attention.py`` folds into fused attention.
+* ``kerple-log`` / ``kerple-power`` (Chi et al. 2022): -r1 log(1 + r2 |i - j|) and -r1 |i - j|^r2.
+* ``fire`` (Li et al. 2023): f(psi(i - j) / psi(max(L, i))), psi(x) = log(c x + 1), f an MLP.
+* ``t5`` (Raffel et al. 2020): a learned scalar per (bucket of j - i, head).
+
+The last three are ``PairwiseBias`` (features: float positions, F = 1) evaluated in query chunks.
+Distances always come from the ``positions`` argument, never from indices, so segmented training,
+random positions and cached decoding get the right biases. Features are float32 (float64 when the
+model runs in float64): positions are exact in fp32 up to 2**24.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from extrapos.errors import UserError
+from extrapos.positions.base import EncodingContext, FoldedBias, PairwiseBias, PositionalEncoding
+from extrapos.positions.registry import register
+
+
+def feature_dtype(x: Tensor) -> torch.dtype:
+    """fp32 for bias features (also under bf16 autocast), fp64 for fp64 models."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _position_features(positions: Tensor, dtype: torch.dtype) -> Tensor:
+    """(B, T) int positions -> (B, 1, T, 1) float features, shared by all heads."""
+    return positions.to(dtype)[:, None, :, None]
+
+
+def _distance(qf: Tensor, kf: Tensor) -> Tensor:
+    """|i - j| for a block of queries (B, 1, tq, 1) and all keys (B, 1, Tk, 1): (B, 1, tq, Tk)."""
+    return (qf - kf.transpose(-1, -2)).abs()
+
+
+def clamp_straight_through(p: Tensor, min: float | None = None, max: float | None = None) -> Tensor:
+    """p clamped to [min, max] in value with the gradient of the identity.
+
+    The Kerple reference clamps the parameter's ``.data`` in place before every use, so a clamped
+    parameter keeps receiving gradients and can come back; a plain ``clamp`` would zero them
+    forever. This does the same without mutating parameters inside forward.
+    """
+    return p + (p.clamp(min=min, max=max) - p).detach()
+
+
+# ---- ALiBi ------------------------------------------------------------------------------------
+
+
+def alibi_slopes(n_heads: int) -> list[float]:
+    """Press et al.'s slopes: a geometric sequence start^(k+1), start = 2^(-8/h), for h a power of
+    two; otherwise those of the closest lower power of two p, then every other slope of 2p."""
+    p = 2 ** int(math.floor(math.log2(n_heads)))
+    slopes = [2.0 ** (-8.0 * (k + 1) / p) for k in range(p)]
+    if p < n_heads:
+        slopes += [2.0 ** (-8.0 * (k + 1) / (2 * p)) for k in range(0, 2 * p, 2)][: n_heads - p]
+    return slopes
+
+
+class ALiBi(PositionalEncoding):
+    """Bias -m_h (i - j) with fixed per-head slopes m_h (Press et al. 2022, §3)."""
+
+    family = "bias"
+    paper = "Press et al. 2022, Train short, test long: attention with linear biases (ALiBi)"
+
+    def __init__(self, ctx: EncodingContext, options=None):
+        super().__init__(ctx, options)
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(ctx.n_heads), dtype=torch.float64), persistent=False)
+
+    def bias(self, x: Tensor, positions: Tensor, layer: int, state: dict | None) -> FoldedBias:
+        dtype = feature_dtype(x)
+        B, T = positions.shape
+        m = self.slopes.to(dtype)[None, :, None].expand(B, -1, T)
+        # -m (i - j) = m * j - m * i, and -m * i is a row constant the softmax ignores
+        j = positions.to(dtype)[:, None, :].expand(B, self.ctx.n_heads, T)
+        return FoldedBias(q_feat=m, k_feat=j)
+
+
+# ---- Kerple -----------------------------------------------------------------------------------
+
+
+class Kerple(PositionalEncoding):
+    """Kernelized relative biases (Chi et al. 2022; cable.txt §2), per head and per layer:
+
+    log form: -r1 log(1 + r2 |i - j|); power form: -r1 |i - j|^r2; r1, r2 > 0 (>= 1e-2), r2 <= 2.
+
+    Each layer has its own r1, r2 (option ``per_layer``). Note: the authors' gpt-neox code builds
+    one Kerple module and hands it to every layer, i.e. shares the parameters; set
+    ``per_layer = false`` for that. Init as their code: log form r1 ~ U(0, 2), r2 ~ U(0, 1);
+    power form r1 ~ U(0, 1), r2 ~ U(0, 2).
+    """
+
+    family = "bias"
+    paper = "Chi et al. 2022, KERPLE: kernelized relative positional embedding for length extrapolation"
+    EPS = 1e-2
+
+    @dataclass
+    class Options:
+        form: str = "log"  # "log" or "power"
+        per_layer: bool = True
+
+    def __init__(self, ctx: EncodingContext, options=None):
+        super().__init__(ctx, options)
+        if self.options.form not in ("log", "power"):
+            raise UserError(f"kerple option form must be 'log' or 'power', got {self.options.form!r}.")
+        n = ctx.n_layers if self.options.per_layer else 1
+        r1_scale, r2_scale = (2.0, 1.0) if self.options.form == "log" else (1.0, 2.0)
+        self.r1 = nn.Parameter(torch.rand(n, ctx.n_heads) * r1_scale)
+        self.r2 = nn.Parameter(torch.rand(n, ctx.n_heads) * r2_scale)
+
+    def params(self, layer: int) -> tuple[Tensor, Tensor]:
+        """Clamped (r1, r2) of one layer, each (H,)."""
+        idx = layer if self.options.per_layer else 0
+        r1 = clamp_straight_through(self.r1[idx], min=self.EPS)
+        r2 = clamp_straight_through(self.r2[idx], min=self.EPS, max=2.0 if self.options.form == "power" else None)
+        return r1, r2
+
+    def bias(self, x: Tensor, positions: Tensor, layer: int, state: dict | None) -> PairwiseBias:
+        dtype = feature_dtype(x)
+        p = _position_features(positions, dtype)
+        r1, r2 = (t.to(dtype)[:, None, None] for t in self.params(layer))
+        if self.options.form == "log":
+
+            def fn(qf: Tensor, kf: Tensor) -> Tensor:
+                return -r1 * torch.log1p(r2 * _distance(qf, kf))
+
+        else:
+
+            def fn(qf: Tensor, kf: Tensor) -> Tensor:
+                return -r1 * _distance(qf, kf).pow(r2)
+
+        return PairwiseBias(q_feat=p, k_feat=p, fn=fn)
+
+
+# ---- FIRE -------------------------------------------------------------------------------------
+
+
+class FIRE(PositionalEncoding):
+    """b(i, j) = f(psi(i - j) / psi(max(L, i))), psi(x) = log(c x + 1) (Li et al. 2023, eq. 7).
+
+    f: MLP 1 -> 32 -> h with ReLU; c (init 0.1) and L (init L_t) learnable, one set per layer.
+    Following the FIRE paper's reference code, psi uses |c x| (c cannot flip the log's sign), and
+    L = L_t * |l_scale| with l_scale a learnable multiplier initialised to 1 (learning L on the
+    scale of 1 rather than of L_t); the normaliser gets ``eps`` so psi(max(L, i)) = 0 (e.g. L -> 0
+    at i = 0) cannot divide by zero. max, not min: queries before L share one normaliser, later
+    ones are normalised by their own position (the paper; one public implementation has min).
+    """
+
+    family = "bias"
+    paper = "Li et al. 2024, Functional interpolation for relative positions improves long context transformers (FIRE)"
+
+    @dataclass
+    class Options:
+        mlp_width: int = 32
+        init_c: float = 0.1
+        init_L: float | None = None  # None: the training length L_t
+        eps: float = 1e-6
+
+    def __init__(self, ctx: EncodingContext, options=None):
+        super().__init__(ctx, options)
+        o, n = self.options, ctx.n_layers
+        self.mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(1, o.mlp_width), nn.ReLU(), nn.Linear(o.mlp_width, ctx.n_heads)) for _ in range(n)
+        )
+        self.c = nn.Parameter(torch.full((n,), o.init_c))
+        self.l_scale = nn.Parameter(torch.ones(n))
+        self.register_buffer("init_L", torch.tensor(float(o.init_L or ctx.train_length)), persistent=False)
+
+    def threshold(self, layer: int) -> Tensor:
+        """The learnable L of one layer."""
+        return self.init_L * self.l_scale[layer].abs()
+
+    def bias(self, x: Tensor, positions: Tensor, layer: int, state: dict | None) -> PairwiseBias:
+        dtype = feature_dtype(x)
+        p = _position_features(positions, dtype)
+        c, L, eps = self.c[layer].abs().to(dtype), self.threshold(layer).to(dtype), self.options.eps
+        mlp = self.mlps[layer]
+
+        def fn(qf: Tensor, kf: Tensor) -> Tensor:
+            num = torch.log1p(c * _distance(qf, kf))  # psi(i - j), (B, 1, tq, Tk)
+            den = torch.log1p(c * torch.maximum(qf, L)) + eps  # psi(max(L, i)), (B, 1, tq, 1)
+            out = mlp((num / den).unsqueeze(-1).to(mlp[0].weight.dtype))  # (B, 1, tq, Tk, H)
+            return out.squeeze(1).permute(0, 3, 1, 2)
+
+        return PairwiseBias(q_feat=p, k_feat=p, fn=fn)
+
+
+# ---- T5 ---------------------------------------------------------------------------------------
+
+
+def t5_bucket(relative_position: Tensor, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
+    """Causal T5 bucket of relative_position = j - i (Raffel et al. 2020; bidirectional=False).
+
+    n = max(i - j, 0); n < num_buckets / 2 gets its own bucket, larger n are log-spaced over the
+    other half up to max_distance and clamped to the last bucket.
+    """
+    n = (-relative_position).clamp(min=0)
+    max_exact = num_buckets // 2
+    n_safe = n.clamp(min=1).to(torch.float32)  # log(0) is never selected, keep it finite
+    large = max_exact + (
+        torch.log(n_safe / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    ).to(torch.long)
+    large = large.clamp(max=num_buckets - 1)
+    return torch.where(n < max_exact, n.to(torch.long), large)
+
+
+class T5Bias(PositionalEncoding):
+    """Learned scalar per (bucket of j - i, head), one table for all layers (Raffel et al. 2020, §2.1).
+
+    Init: zeros by default, so an untrained model is exactly NoPE and every run starts the same;
+    ``init_std > 0`` draws N(0, init_std^2) as T5 does (HF uses std d_model^-1/2).
+    """
+
+    family = "bias"
+    paper = "Raffel et al. 2020, Exploring the limits of transfer learning with a unified text-to-text transformer (T5)"
+
+    @dataclass
+    class Options:
+        num_buckets: int = 32
+        max_distance: int = 128
+        init_std: float = 0.0
+
+    def __init__(self, ctx: EncodingContext, options=None):
+        super().__init__(ctx, options)
+        self.table = nn.Parameter(torch.zeros(self.options.num_buckets, ctx.n_heads))
+        if self.options.init_std > 0:
+            nn.init.normal_(self.table, std=self.options.init_std)
+
+    def bias(self, x: Tensor, positions: Tensor, layer: int, state: dict | None) -> PairwiseBias:
+        p = _position_features(positions, feature_dtype(x))  # integers are exact in fp32 below 2**24
+        o, table = self.options, self.table.to(feature_dtype(x))
+
+        def fn(qf: Tensor, kf: Tensor) -> Tensor:
+            rel = (kf.transpose(-1, -2) - qf).round().to(torch.long)  # j - i, (B, 1, tq, Tk)
+            b = t5_bucket(rel, o.num_buckets, o.max_distance)
+            return table[b.squeeze(1)].permute(0, 3, 1, 2)  # (B, H, tq, Tk)
+
+        return PairwiseBias(q_feat=p, k_feat=p, fn=fn)
+
+
+register("alibi", ALiBi, "ALiBi: linear bias -m_h (i - j), fixed geometric slopes (folded into fused attention)")
+register("kerple-log", Kerple, "Kerple, log kernel: -r1 log(1 + r2 |i - j|), learned per head and layer", form="log")
+register("kerple-power", Kerple, "Kerple, power kernel: -r1 |i - j|^r2, learned per head and layer", form="power")
+register("fire", FIRE, "FIRE: MLP of the log distance normalised by log(max(L, i)), learned per layer")
+register("t5", T5Bias, "T5 relative bias: learned scalar per (log-spaced distance bucket, head), shared by layers")

@@ -1,1 +1,142 @@
-"""placeholder: filled in by the encodings work."""
+"""CABLE: context-aware biases for length extrapolation (cable.txt §3), and its variants.
+
+Per layer and head, from the normed block input X (B, T, d):
+
+    f = ReLU(X w_c) >= 0              (eq. 2)   per-token "distance" increments
+    S = cumsum(f) over positions       (eq. 3-4) inclusive, so S_i - S_j = f_{j+1} + ... + f_i
+    g = Softplus(X w_s) > 0            (eq. 6)   per-query weights
+    B_ij = -g_i (S_i - S_j), j <= i    (eq. 7 with METHODS.md's sign: a penalty growing with the
+                                                 "context distance", as in the authors' code)
+
+Registered names: ``cable`` (the above), ``cable-nw`` (g = 1, ``weighted = false``), ``k-cable``
+(``kernel = true``: B_ij = -log(1 + (g_i (S_i - S_j))^2)) and ``cable-official``
+(``variant = "official"``, the authors' public code, see below).
+
+Efficiency: -g_i S_i is a row constant, so B_ij = g_i S_j up to it: a ``FoldedBias`` (q_feat = g,
+k_feat = S) that runs through fused attention. K-CABLE's kernel is not rank one: a ``PairwiseBias``
+(q_feat = (g_i, S_i), k_feat = S_j) evaluated in query chunks. KV cache: the per-layer ``state``
+dict keeps the running sum S of the tokens seen so far (``state["cable_S"]``, (B, H)); the new
+tokens' S continues from it, so decoding token by token equals one full forward.
+
+Choices the paper leaves open (documented here, tested in tests/positions/test_cable.py):
+
+- w_c, w_s are ``Linear(d, h, bias=False)``: the paper's parameters are theta = {w_c in R^d} and
+  {w_s in R^d} per head, with no bias term (eq. 2, 6). The official variant's single projection
+  has a bias, as in the authors' code.
+- Init: weights N(0, 0.02^2) and zero biases, the authors' nanoGPT-style init for every Linear.
+  With unit-variance X this gives f ~ 0.1 and g ~ softplus(0) = 0.69 per token at the start.
+- Parameters are per layer (a ModuleList over ``ctx.n_layers``), like the authors' per-block
+  ``h_attn``.
+
+The official variant (axiomlab/Cable, ``CausalSelfAttention``): one ``Linear(d, h)`` with bias,
+b = cumsum(-softplus(X w + beta)), B_ij = b_i - b_j = -(S_i - S_j) with S = cumsum(softplus(.)),
+i.e. CABLE-NW with softplus increments. Its logits are ``baddbmm(B, q / sqrt(C / n_embd),
+k^T / sqrt(C / n_embd))`` with C = n_embd, so q.k is divided by 1 instead of sqrt(d_h): the bias is
+added to *unscaled* q.k logits (METHODS.md's "no 1/sqrt(d_h) scaling (a bug)"). Our attention adds
+biases to q.k / sqrt(d_h), so to replicate it exactly the official variant multiplies q by
+sqrt(d_h) in the ``rotate`` hook (option ``unscaled_logits``, default true for that variant);
+then q.k / sqrt(d_h) + B equals their q.k + B.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from extrapos.errors import UserError
+from extrapos.positions.base import EncodingContext, FoldedBias, PairwiseBias, PositionalEncoding
+from extrapos.positions.bias import feature_dtype
+from extrapos.positions.registry import register
+
+STATE_KEY = "cable_S"
+
+
+def _linear(d: int, h: int, bias: bool) -> nn.Linear:
+    lin = nn.Linear(d, h, bias=bias)
+    nn.init.normal_(lin.weight, std=0.02)
+    if bias:
+        nn.init.zeros_(lin.bias)
+    return lin
+
+
+def k_cable_fn(qf: Tensor, kf: Tensor) -> Tensor:
+    """K-CABLE block: -log(1 + (g_i (S_i - S_j))^2) from qf (.., tq, 2) = (g, S) and kf (.., Tk, 1) = S."""
+    g, s_i = qf[..., 0:1], qf[..., 1:2]
+    return -torch.log1p((g * (s_i - kf.transpose(-1, -2))) ** 2)
+
+
+class CABLE(PositionalEncoding):
+    """Context-aware additive biases B_ij = -g_i (S_i - S_j) (cable.txt §3, eq. 2-7); see module doc."""
+
+    family = "cable"
+    paper = "CABLE: Context-aware biases for length extrapolation (cable.txt)"
+
+    @dataclass
+    class Options:
+        weighted: bool = True  # g = Softplus(X w_s); false: g = 1 (CABLE-NW)
+        kernel: bool = False  # K-CABLE: -log(1 + (g_i (S_i - S_j))^2)
+        variant: str = "paper"  # "paper" or "official" (the authors' public code)
+        unscaled_logits: bool = True  # official variant only: replicate its missing 1/sqrt(d_h)
+
+    def __init__(self, ctx: EncodingContext, options=None):
+        super().__init__(ctx, options)
+        o = self.options
+        if o.variant not in ("paper", "official"):
+            raise UserError(f"cable option variant must be 'paper' or 'official', got {o.variant!r}.")
+        if o.variant == "official" and (o.weighted or o.kernel):
+            raise UserError(
+                "the official CABLE code has no weights g and no kernel; use the encoding 'cable-official' "
+                "(or set weighted = false and kernel = false)."
+            )
+        d, h, n = ctx.d_model, ctx.n_heads, ctx.n_layers
+        if o.variant == "official":
+            self.w = nn.ModuleList(_linear(d, h, bias=True) for _ in range(n))
+        else:
+            self.w_c = nn.ModuleList(_linear(d, h, bias=False) for _ in range(n))
+            if o.weighted:
+                self.w_s = nn.ModuleList(_linear(d, h, bias=False) for _ in range(n))
+
+    def increments_and_weights(self, x: Tensor, layer: int) -> tuple[Tensor, Tensor | None]:
+        """f (B, H, T) >= 0 and g (B, H, T) > 0 (None when unweighted), in the feature dtype."""
+        dtype = feature_dtype(x)
+        if self.options.variant == "official":
+            return F.softplus(self.w[layer](x).to(dtype)).transpose(1, 2), None
+        f = F.relu(self.w_c[layer](x).to(dtype)).transpose(1, 2)
+        g = F.softplus(self.w_s[layer](x).to(dtype)).transpose(1, 2) if self.options.weighted else None
+        return f, g
+
+    def bias(self, x: Tensor, positions: Tensor, layer: int, state: dict | None) -> FoldedBias | PairwiseBias:
+        f, g = self.increments_and_weights(x, layer)
+        S = torch.cumsum(f, dim=-1)  # inclusive
+        if state is not None:
+            if STATE_KEY in state:  # continue the running sum of the cached tokens
+                S = S + state[STATE_KEY].unsqueeze(-1)
+            state[STATE_KEY] = S[..., -1]
+        if g is None:
+            g = torch.ones_like(S)
+        if self.options.kernel:
+            return PairwiseBias(q_feat=torch.stack((g, S), dim=-1), k_feat=S.unsqueeze(-1), fn=k_cable_fn)
+        # -g_i (S_i - S_j) = g_i S_j - g_i S_i, the last a row constant
+        return FoldedBias(q_feat=g, k_feat=S)
+
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        if self.options.variant == "official" and self.options.unscaled_logits:
+            # cancel attention's 1/sqrt(d_h): the authors' logits are q.k + B (see module doc)
+            return q * math.sqrt(q.shape[-1]), k
+        return q, k
+
+
+register("cable", CABLE, "CABLE: context-aware bias -g_i (S_i - S_j), S a cumsum of ReLU(X w_c) (folded)")
+register("cable-nw", CABLE, "CABLE-NW: CABLE without the per-token weights g (g = 1)", weighted=False)
+register("k-cable", CABLE, "K-CABLE: kernelised CABLE bias -log(1 + (g_i (S_i - S_j))^2) (query-chunked)", kernel=True)
+register(
+    "cable-official",
+    CABLE,
+    "CABLE as in the authors' public code: softplus increments with bias, no g, unscaled q.k logits",
+    variant="official",
+    weighted=False,
+)
