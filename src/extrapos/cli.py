@@ -20,6 +20,8 @@ COMMAND_MODULES = [
     "extrapos.positions.commands",
     "extrapos.train",
     "extrapos.evaluate",
+    "extrapos.compare",
+    "extrapos.report",
 ]
 
 

@@ -197,6 +197,7 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
 
 
 def validate(cfg: RunConfig) -> None:
+    cfg.model.validate()
     t = cfg.train
     budgets = [b for b in (t.steps, t.tokens, t.epochs) if b is not None]
     if len(budgets) > 1:
@@ -215,7 +216,9 @@ def validate(cfg: RunConfig) -> None:
 # ---- files, presets and overrides -----------------------------------------------------------------
 
 def preset_names() -> list[str]:
-    return sorted(str(p.relative_to(PRESETS_DIR).with_suffix("")) for p in PRESETS_DIR.rglob("*.toml"))
+    # comparison sweeps live in configs/compare/ and are not training presets
+    return sorted(str(p.relative_to(PRESETS_DIR).with_suffix("")) for p in PRESETS_DIR.rglob("*.toml")
+                  if p.relative_to(PRESETS_DIR).parts[0] != "compare")
 
 
 def find_config(spec: str) -> Path:

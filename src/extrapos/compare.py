@@ -1,0 +1,211 @@
+"""`extrapos compare`: train several encodings on identical data, size, budget and seed; evaluate all
+at the same lengths; write one report.
+
+A sweep preset (``configs/compare/<name>.toml``) names a training preset, overrides shared by every
+row, the evaluation lengths, and the rows::
+
+    title = "Quick comparison"
+    train = "cpu/small"
+    set = ["train.tokens=800000"]
+    lengths = [1, 2, 4, 8, 16]
+
+    [[rows]]
+    name = "ExPE"
+    positions = { name = "expe" }
+
+    [[rows]]
+    name = "ExPE x0.5"
+    reuse = "ExPE"              # no training: the ExPE run, evaluated with an inference-time change
+    eval = { scale = 0.5 }
+
+Each trained row is a run directory under ``OUT/runs/``; a finished run is reused and a partial one
+resumed, so an interrupted sweep picks up where it stopped. Results are the runs' own
+``eval/*.json`` files; the report is rebuilt from them (`extrapos report OUT` does the same).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from extrapos.config import PRESETS_DIR, RunConfig, load_config, read_toml
+from extrapos.errors import UserError
+from extrapos.evaluate import EvalRequest, default_name, evaluate, format_result
+from extrapos.report import Row, markdown_table, write_report
+
+SWEEPS_DIR = PRESETS_DIR / "compare"
+
+
+@dataclass
+class SweepRow:
+    name: str
+    positions: dict[str, Any] | None = None
+    set: list[str] = field(default_factory=list)
+    eval: dict[str, Any] = field(default_factory=dict)
+    reuse: str | None = None
+
+
+@dataclass
+class Sweep:
+    title: str
+    train: str
+    set: list[str]
+    lengths: list[int]
+    rows: list[SweepRow]
+    max_eval_tokens: int = 65_536
+    notes: str = ""
+
+
+def sweep_names() -> list[str]:
+    return sorted(str(p.relative_to(SWEEPS_DIR).with_suffix("")) for p in SWEEPS_DIR.rglob("*.toml"))
+
+
+def load_sweep(spec: str) -> Sweep:
+    path = Path(spec)
+    if not (path.suffix == ".toml" and path.is_file()):
+        path = SWEEPS_DIR / f"{spec.removesuffix('.toml')}.toml"
+    if not path.is_file():
+        raise UserError(f"no comparison preset named '{spec}'; presets are: {', '.join(sweep_names())}.")
+    raw = read_toml(path)
+    known = {"title", "train", "set", "lengths", "rows", "max_eval_tokens", "notes"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise UserError(f"{path}: unknown key '{unknown[0]}'; a sweep has {', '.join(sorted(known))}.")
+    rows = []
+    for r in raw.get("rows", []):
+        extra = sorted(set(r) - {"name", "positions", "set", "eval", "reuse"})
+        if extra or "name" not in r:
+            raise UserError(f"{path}: each [[rows]] needs a name and may have positions, set, eval, reuse "
+                            f"(found {', '.join(extra) or 'no name'}).")
+        rows.append(SweepRow(**r))
+    names = [r.name for r in rows]
+    if len(set(names)) != len(names):
+        raise UserError(f"{path}: row names must be unique.")
+    for r in rows:
+        if r.reuse and r.reuse not in names:
+            raise UserError(f"{path}: row '{r.name}' reuses '{r.reuse}', which is not a row.")
+    if not rows:
+        raise UserError(f"{path} has no [[rows]].")
+    return Sweep(raw.get("title", path.stem), raw.get("train", "cpu/small"), list(raw.get("set", [])),
+                 list(raw.get("lengths", [1, 2, 4, 8, 16])), rows, int(raw.get("max_eval_tokens", 65_536)),
+                 raw.get("notes", ""))
+
+
+def slug(name: str) -> str:
+    return "".join(c.lower() if c.isalnum() else "-" for c in name).strip("-").replace("--", "-") or "row"
+
+
+def row_config(sweep: Sweep, row: SweepRow, extra: list[str]) -> RunConfig:
+    overrides = list(sweep.set) + list(row.set) + list(extra)
+    if row.positions:
+        # a whole positions table replaces the preset's (options of another encoding would not fit)
+        overrides = [o for o in overrides if not o.startswith("model.positions.")]
+        overrides.append("model.positions=" + _inline_table(row.positions))
+    return load_config(sweep.train, overrides)
+
+
+def _inline_table(d: dict[str, Any]) -> str:
+    return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in d.items()) + " }"
+
+
+def compare(spec: str, out: str | Path, extra: list[str] | None = None, progress: bool = True,
+            max_eval_tokens: int | None = None) -> Path:
+    """Run (or resume) a sweep into ``out``; returns the report path."""
+    from extrapos.train import run_is_complete, train
+
+    sweep = load_sweep(spec)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    trained = [r for r in sweep.rows if not r.reuse]
+    run_dirs: dict[str, Path] = {}
+    configs: dict[str, RunConfig] = {}
+    for i, row in enumerate(trained, 1):
+        cfg = row_config(sweep, row, list(extra or []))
+        run_dir = out / "runs" / slug(row.name)
+        run_dirs[row.name], configs[row.name] = run_dir, cfg
+        if run_is_complete(run_dir):
+            _check_same_config(run_dir, cfg)
+            print(f"[{i}/{len(trained)}] {row.name}: finished run reused ({run_dir})", flush=True)
+            continue
+        resume = (run_dir / "config.toml").is_file()
+        if resume:
+            _check_same_config(run_dir, cfg)
+        print(f"[{i}/{len(trained)}] {row.name}: {'resuming' if resume else 'training'} -> {run_dir}", flush=True)
+        train(cfg, run_dir, resume=resume, progress=progress)
+
+    entries, rows = [], []
+    for row in sweep.rows:
+        source = row.reuse or row.name
+        req = EvalRequest(lengths=sweep.lengths, position_options=dict(row.eval),
+                          max_tokens=max_eval_tokens or sweep.max_eval_tokens)
+        result = evaluate(run_dirs[source], req, progress=progress)
+        if progress:
+            print(f"{row.name}:\n{format_result(result)}", flush=True)
+        entries.append({"name": row.name, "run": str(run_dirs[source].relative_to(out)),
+                        "eval": str((run_dirs[source] / "eval" / f"{default_name(req)}.json").relative_to(out))})
+        rows.append(Row(row.name, result))
+    (out / "rows.json").write_text(json.dumps(entries, indent=1))
+    facts = _facts(sweep, configs, run_dirs, rows, time.perf_counter() - t0)
+    (out / "facts.json").write_text(json.dumps(facts, indent=1))
+    report = write_report(rows, out, sweep.title, facts)
+    print(markdown_table(rows))
+    print(f"-> {report}")
+    return report
+
+
+def _check_same_config(run_dir: Path, cfg: RunConfig) -> None:
+    saved = (run_dir / "config.toml").read_text()
+    if saved != cfg.to_toml():
+        raise UserError(f"{run_dir} was trained with a different config than this sweep asks for; "
+                        "delete that run directory or use another --out.")
+
+
+def _facts(sweep: Sweep, configs: dict[str, RunConfig], run_dirs: dict[str, Path], rows: list[Row],
+           wall: float) -> list[str]:
+    """What a reader needs to judge the table: model size, tokens, corpus, tokenizer, seed, time."""
+    first = next(iter(configs.values()))
+    m, d, t = first.model, first.data, first.train
+    summaries = {n: json.loads((p / "summary.json").read_text()) for n, p in run_dirs.items()
+                 if (p / "summary.json").is_file()}
+    params = sorted({s["parameters"]["total"] for s in summaries.values()})
+    tokens = sorted({s["tokens"] for s in summaries.values()})
+    facts = [
+        f"model: {m.flavour}, {m.n_layers} layers, d={m.d_model}, {m.n_heads} heads, "
+        f"{', '.join(f'{p / 1e6:.2f}M' for p in params)} parameters",
+        f"training: L_t={first.seq_len}, {', '.join(f'{x:,}' for x in tokens)} tokens per model, "
+        f"batch {t.batch_size}, lr {t.lr:g} -> {t.end_lr:g}, {t.precision}, seed {t.seed}",
+        f"data: corpus {d.corpus}, tokenizer {d.tokenizer}; evaluation on the held-out test split, "
+        f"{rows[0].result['target_tokens']:,} target tokens per length from {rows[0].result['documents_used']} documents",
+        f"every row trained with the same data order, budget and seed; no per-method tuning",
+        f"sweep wall time {wall / 60:.1f} min (this invocation; reused runs cost nothing)",
+    ]
+    if sweep.notes:
+        facts.append(sweep.notes.strip())
+    return facts
+
+
+def register(sub) -> None:
+    p = sub.add_parser("compare", help="train and evaluate a set of encodings; write a report",
+                       description="Run a comparison preset (default: quick) end to end; resumable.")
+    p.add_argument("preset", nargs="?", default="quick", help="a comparison preset or a sweep .toml")
+    p.add_argument("--out", default=None, help="output directory (default: runs/compare-<preset>)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a training key for every row (e.g. train.tokens=200000)")
+    p.add_argument("--max-eval-tokens", type=int, default=None, help="target tokens scored per length")
+    p.add_argument("--list", action="store_true", help="list the comparison presets")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args) -> int:
+    if args.list:
+        for name in sweep_names():
+            print(f"{name:28s} {load_sweep(name).title}")
+        return 0
+    out = Path(args.out) if args.out else Path("runs") / f"compare-{slug(Path(args.preset).stem)}"
+    compare(args.preset, out, args.overrides, progress=not args.no_progress, max_eval_tokens=args.max_eval_tokens)
+    return 0

@@ -1,0 +1,191 @@
+"""Tables and plots from saved evaluation results, in the papers' style.
+
+Rows are encodings or variants, columns are ev = 1, 2, 4, ...; the best value of each column is
+bold. The same numbers go to CSV and JSON, and two PNG plots show loss against evaluation length
+(log-scaled x) and loss by position in the longest windows. `extrapos report` rebuilds all of it
+from ``eval/*.json`` files, so a report never needs a model.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from extrapos.errors import UserError
+
+
+@dataclass
+class Row:
+    name: str
+    result: dict[str, Any]  # an eval/*.json document
+
+    def metric(self, ev: int, metric: str) -> float | None:
+        for r in self.result["results"]:
+            if r["ev"] == ev:
+                return r[metric]
+        return None
+
+
+def _columns(rows: list[Row]) -> list[int]:
+    return sorted({r["ev"] for row in rows for r in row.result["results"]})
+
+
+def markdown_table(rows: list[Row], metric: str = "loss") -> str:
+    cols = _columns(rows)
+    best = {}
+    for ev in cols:
+        values = [v for row in rows if (v := row.metric(ev, metric)) is not None]
+        best[ev] = min(values) if values else None
+    lines = ["| model | " + " | ".join(f"ev={ev}" for ev in cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    for row in rows:
+        cells = []
+        for ev in cols:
+            v = row.metric(ev, metric)
+            if v is None:
+                cells.append("–")
+            else:
+                text = f"{v:.2f}" if metric == "ppl" else f"{v:.3f}"
+                cells.append(f"**{text}**" if v == best[ev] else text)
+        lines.append(f"| {row.name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def rows_to_csv(rows: list[Row]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["model", "encoding", "applied", "ev", "window", "tokens", "loss", "ppl", "bpb", "tail_loss"])
+    for row in rows:
+        for r in row.result["results"]:
+            w.writerow([row.name, row.result["encoding"], json.dumps(row.result.get("applied") or {}), r["ev"],
+                        r["window"], r["tokens"], f"{r['loss']:.6f}", f"{r['ppl']:.4f}", f"{r['bpb']:.6f}",
+                        f"{r['tail_loss']:.6f}"])
+    return buf.getvalue()
+
+
+def plot(rows: list[Row], out_dir: Path, title: str = "") -> list[Path]:
+    """loss_vs_length.png and per_position.png; returns the files written (none without matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("report: matplotlib is not installed, skipping plots (pip install 'extrapos[plots]').")
+        return []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for row in rows:
+        evs = [r["ev"] for r in row.result["results"]]
+        ax.plot(evs, [r["loss"] for r in row.result["results"]], marker="o", label=row.name)
+    ax.set_xscale("log", base=2)
+    cols = _columns(rows)
+    ax.set_xticks(cols, [str(c) for c in cols])
+    ax.set_xlabel("evaluation length / training length (ev)")
+    ax.set_ylabel("mean token loss (nats)")
+    ax.set_title(title or "Loss vs evaluation length")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    p = out_dir / "loss_vs_length.png"
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    written.append(p)
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for row in rows:
+        pp = row.result.get("per_position")
+        if not pp:
+            continue
+        mids = [(a + b) / 2 for a, b in zip(pp["starts"], pp["ends"])]
+        ax.plot(mids, pp["loss"], label=row.name)
+    train_len = rows[0].result["train_length"] if rows else None
+    if train_len:
+        ax.axvline(train_len, color="grey", linestyle="--", linewidth=1, label="training length")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("position in the longest window")
+    ax.set_ylabel("mean token loss (nats)")
+    ax.set_title("Loss by position")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    p = out_dir / "per_position.png"
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    written.append(p)
+    return written
+
+
+def write_report(rows: list[Row], out_dir: Path, title: str, facts: list[str] | None = None) -> Path:
+    """report.md + results.csv + results.json + plots/ in ``out_dir``; returns the report path."""
+    if not rows:
+        raise UserError("nothing to report: no evaluation results were found; run `extrapos eval` first.")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = plot(rows, out_dir / "plots", title)
+    parts = [f"# {title}", ""]
+    if facts:
+        parts += [f"- {f}" for f in facts] + [""]
+    parts += ["Mean token loss (nats) on the same target tokens at every length; best per column in bold.", "",
+              markdown_table(rows, "loss"), "", "Perplexity:", "", markdown_table(rows, "ppl"), "",
+              "Loss of each window's last L_t tokens (does more context help?):", "",
+              markdown_table(rows, "tail_loss"), ""]
+    for p in plots:
+        parts.append(f"![{p.stem}](plots/{p.name})")
+    report = out_dir / "report.md"
+    _atomic_write(report, "\n".join(parts) + "\n")
+    _atomic_write(out_dir / "results.csv", rows_to_csv(rows))
+    _atomic_write(out_dir / "results.json", json.dumps([{"name": r.name, **r.result} for r in rows], indent=1))
+    return report
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def collect_rows(paths: list[str | Path]) -> tuple[list[Row], Path | None]:
+    """Rows from a compare directory (its rows.json order), run directories or eval JSON files."""
+    rows: list[Row] = []
+    compare_dir = None
+    for p in map(Path, paths):
+        if (p / "rows.json").is_file():
+            compare_dir = p
+            for entry in json.loads((p / "rows.json").read_text()):
+                f = p / entry["eval"]
+                if f.is_file():
+                    rows.append(Row(entry["name"], json.loads(f.read_text())))
+        elif (p / "eval").is_dir():
+            for f in sorted((p / "eval").glob("*.json")):
+                rows.append(Row(f"{p.name}/{f.stem}", json.loads(f.read_text())))
+        elif p.suffix == ".json" and p.is_file():
+            rows.append(Row(p.stem, json.loads(p.read_text())))
+        else:
+            raise UserError(f"{p} is neither a compare directory, a run with eval/ results, nor an eval JSON file.")
+    return rows, compare_dir
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="rebuild tables and plots from saved evaluation results")
+    p.add_argument("paths", nargs="+", help="a compare directory, run directories or eval JSON files")
+    p.add_argument("--out", default=None, help="output directory (default: the compare directory, else ./report)")
+    p.add_argument("--title", default="Length extrapolation")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args) -> int:
+    rows, compare_dir = collect_rows(args.paths)
+    out = Path(args.out) if args.out else (compare_dir or Path("report"))
+    facts = None
+    if compare_dir is not None and (compare_dir / "facts.json").is_file():
+        facts = json.loads((compare_dir / "facts.json").read_text())
+    report = write_report(rows, out, args.title, facts)
+    print(markdown_table(rows))
+    print(f"-> {report}")
+    return 0
