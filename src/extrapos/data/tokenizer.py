@@ -1,0 +1,332 @@
+"""Tokenizers: train a byte-level BPE, or load a tokenizer.json, sentencepiece or tiktoken file.
+
+Every kind is wrapped in the same small interface (``encode``, ``encode_batch``, ``decode``,
+``vocab_size``, ``eot_id``, ``save``, ``hash``) and saved under a fixed file name, so
+``load_tokenizer(dir)`` reloads whatever a data or run directory holds:
+
+=====================  ======================  =========================================
+kind                   spec                    saved as
+=====================  ======================  =========================================
+Hugging Face           ``bpe:N`` (trained),    ``tokenizer.json``
+                       ``path/tokenizer.json``
+sentencepiece          ``path/x.model``        ``tokenizer.model``
+tiktoken               ``path/x.tiktoken``     ``tokenizer.tiktoken`` (+ ``.json`` with the
+                                               split pattern and special tokens)
+=====================  ======================  =========================================
+
+A tiktoken file holds only "base64(token) rank" lines; the pre-tokenization regex is not in it.
+We pick it from the file name: ``cl100k`` or ``o200k`` in the name selects that encoding's
+pattern and special-token ids, anything else gets GPT-2's pattern (r50k/p50k files) with
+``<|endoftext|>`` right after the last rank, as GPT-2 numbers it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from extrapos.errors import UserError
+
+EOT_TOKEN, PAD_TOKEN, MASK_TOKEN = "<|endoftext|>", "<|pad|>", "<|mask|>"
+BPE_SPECIAL_TOKENS = [EOT_TOKEN, PAD_TOKEN, MASK_TOKEN]  # ids 0, 1, 2 in a trained bpe:N
+# End-of-text names used by common tokenizers, tried in order when loading one.
+EOT_CANDIDATES = [EOT_TOKEN, "</s>", "<eos>", "<|end_of_text|>", "<|eot_id|>", "[SEP]", "<|im_end|>"]
+BYTE_ALPHABET = 256
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer.tiktoken")
+
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|"""
+                  r"""\s*[\r\n]|\s+(?!\S)|\s+""")
+O200K_PATTERN = "|".join([
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+""",
+])
+
+
+def _threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+class Tokenizer:
+    """The interface every tokenizer kind offers. ``hash`` identifies the vocabulary and rules."""
+
+    kind: str
+    vocab_size: int
+    eot_id: int
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        raise NotImplementedError
+
+    def decode(self, ids: Iterable[int]) -> str:
+        raise NotImplementedError
+
+    def save(self, directory: str | Path) -> Path:
+        """Write what ``load_tokenizer(directory)`` needs; return the main file."""
+        raise NotImplementedError
+
+    def _canonical_bytes(self) -> bytes:
+        raise NotImplementedError
+
+    @property
+    def hash(self) -> str:
+        """Stable across processes and machines: sha256 of the saved content (first 16 hex)."""
+        if getattr(self, "_hash", None) is None:
+            self._hash = hashlib.sha256(self.kind.encode() + b"\0" + self._canonical_bytes()).hexdigest()[:16]
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(vocab_size={self.vocab_size}, eot_id={self.eot_id}, hash={self.hash})"
+
+
+class HFTokenizer(Tokenizer):
+    """A Hugging Face ``tokenizers.Tokenizer`` (our trained byte-level BPE, or any tokenizer.json)."""
+
+    kind = "hf"
+
+    def __init__(self, tokenizer, source: str = ""):
+        self.backend = tokenizer
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        vocab = tokenizer.get_vocab(with_added_tokens=True)
+        eot = next((vocab[name] for name in EOT_CANDIDATES if name in vocab), None)
+        if eot is None:
+            raise UserError(f"The tokenizer {source} has no end-of-text token (looked for "
+                            f"{', '.join(EOT_CANDIDATES)}); add one to its special tokens.")
+        self.eot_id = eot
+
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        # Rust side, multithreaded over the batch (RAYON_NUM_THREADS / all cores).
+        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=False)
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / "tokenizer.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.backend.to_str(), encoding="utf-8")
+        return path
+
+    def _canonical_bytes(self) -> bytes:
+        return self.backend.to_str().encode()
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A sentencepiece ``.model`` (Llama-1/2, T5 style); kept as the serialized model bytes."""
+
+    kind = "sentencepiece"
+
+    def __init__(self, model_bytes: bytes, source: str = ""):
+        try:
+            import sentencepiece as spm
+        except ImportError:
+            raise UserError("Loading a sentencepiece .model needs sentencepiece; run "
+                            "`pip install 'extrapos[hf]'`.") from None
+        self.model_bytes = model_bytes
+        self.backend = spm.SentencePieceProcessor()
+        try:
+            self.backend.LoadFromSerializedProto(model_bytes)
+        except Exception:  # sentencepiece raises RuntimeError/OSError with C++ text
+            raise UserError(f"'{source}' is not a valid sentencepiece model.") from None
+        self.vocab_size = self.backend.get_piece_size()
+        eot = self.backend.eos_id()
+        if eot < 0:
+            eot = next((self.backend.piece_to_id(n) for n in EOT_CANDIDATES
+                        if self.backend.piece_to_id(n) != self.backend.unk_id()), -1)
+        if eot < 0:
+            raise UserError(f"The sentencepiece model '{source}' has no end-of-text (eos) piece.")
+        self.eot_id = eot
+
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode(text, out_type=int)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.backend.encode(list(texts), out_type=int, num_threads=_threads())
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.backend.decode([int(i) for i in ids])
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / "tokenizer.model"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(self.model_bytes)
+        return path
+
+    def _canonical_bytes(self) -> bytes:
+        return self.model_bytes
+
+
+class TiktokenTokenizer(Tokenizer):
+    """A tiktoken BPE: byte-level ranks + a split regex + special tokens (see the module docstring)."""
+
+    kind = "tiktoken"
+
+    def __init__(self, ranks: dict[bytes, int], pattern: str, special_tokens: dict[str, int], name: str):
+        try:
+            import tiktoken
+        except ImportError:
+            raise UserError("Loading a .tiktoken file needs tiktoken; run `pip install 'extrapos[hf]'`.") from None
+        self.ranks, self.pattern, self.special_tokens = ranks, pattern, special_tokens
+        self.backend = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks,
+                                         special_tokens=special_tokens)
+        self.vocab_size = self.backend.n_vocab
+        self.eot_id = special_tokens[EOT_TOKEN]
+
+    @classmethod
+    def from_file(cls, path: Path) -> TiktokenTokenizer:
+        ranks = read_tiktoken_ranks(path)
+        sidecar = path.with_name(path.name + ".json")
+        if sidecar.exists():
+            meta = json.loads(sidecar.read_text())
+            return cls(ranks, meta["pattern"], meta["special_tokens"], path.stem)
+        name = path.name.lower()
+        top = max(ranks.values()) + 1
+        if "o200k" in name:
+            pattern, specials = O200K_PATTERN, {EOT_TOKEN: 199999}
+        elif "cl100k" in name:
+            pattern, specials = CL100K_PATTERN, {EOT_TOKEN: 100257}
+        else:
+            pattern, specials = GPT2_PATTERN, {EOT_TOKEN: top}
+        if specials[EOT_TOKEN] < top:  # a file named like cl100k but holding another vocabulary
+            specials = {EOT_TOKEN: top}
+        return cls(ranks, pattern, specials, path.stem)
+
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.backend.encode_ordinary_batch(list(texts), num_threads=_threads())
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.backend.decode([int(i) for i in ids], errors="replace")
+
+    def _rank_lines(self) -> bytes:
+        return b"".join(base64.b64encode(token) + b" " + str(rank).encode() + b"\n"
+                        for token, rank in sorted(self.ranks.items(), key=lambda kv: kv[1]))
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / "tokenizer.tiktoken"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(self._rank_lines())
+        meta = {"pattern": self.pattern, "special_tokens": self.special_tokens}
+        path.with_name(path.name + ".json").write_text(json.dumps(meta, indent=2))
+        return path
+
+    def _canonical_bytes(self) -> bytes:
+        meta = json.dumps({"pattern": self.pattern, "special_tokens": self.special_tokens}, sort_keys=True)
+        return self._rank_lines() + meta.encode()
+
+
+def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
+    """Parse ``base64(token) rank`` lines (the format of tiktoken's published files)."""
+    ranks: dict[bytes, int] = {}
+    for number, line in enumerate(path.read_bytes().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except ValueError:  # also binascii.Error, a ValueError subclass
+            raise UserError(f"Line {number} of '{path}' is not 'base64-token rank'; is it a tiktoken file?") \
+                from None
+    if not ranks:
+        raise UserError(f"The tiktoken file '{path}' holds no tokens.")
+    return ranks
+
+
+# --- building and loading -----------------------------------------------------------------------
+
+def parse_bpe_spec(spec: str) -> int:
+    """``bpe:8192`` -> 8192 (the target vocabulary size, special tokens included)."""
+    size = spec.split(":", 1)[1]
+    if not size.isdigit():
+        raise UserError(f"Cannot read the vocabulary size in '{spec}'; write e.g. bpe:8192.")
+    n = int(size)
+    minimum = BYTE_ALPHABET + len(BPE_SPECIAL_TOKENS)
+    if n < minimum:
+        raise UserError(f"A byte-level BPE needs a vocabulary of at least {minimum} (256 bytes + "
+                        f"{len(BPE_SPECIAL_TOKENS)} special tokens); got {spec}.")
+    return n
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> HFTokenizer:
+    """Train a GPT-2 style byte-level BPE: no unknown tokens, lossless decoding.
+
+    Special tokens come first (end-of-text 0, padding 1, mask 2). Training is deterministic for
+    the same texts in the same order, so a cache keyed by corpus and spec stays valid.
+    """
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = RustTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=BPE_SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return HFTokenizer(tok, source=f"bpe:{vocab_size}")
+
+
+def is_trained_spec(spec: str) -> bool:
+    """True for specs that need a corpus to train on (``bpe:N``)."""
+    return spec.strip().startswith("bpe:")
+
+
+def build_tokenizer(spec: str, corpus_docs: Iterable[str] | Iterable[tuple[str, str]] | None = None) -> Tokenizer:
+    """A tokenizer from a spec: ``bpe:N`` trains on ``corpus_docs`` (texts or (id, text) pairs);
+    a path to tokenizer.json / .model / .tiktoken (or a directory holding one) loads it."""
+    spec = (spec or "").strip()
+    if is_trained_spec(spec):
+        size = parse_bpe_spec(spec)
+        if corpus_docs is None:
+            raise UserError(f"The tokenizer {spec} is trained on a corpus; none was given.")
+        texts = (d if isinstance(d, str) else d[1] for d in corpus_docs)
+        return train_bpe(texts, size)
+    return load_tokenizer(spec)
+
+
+def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
+    """Reload a tokenizer from a file, or from a data / run directory that holds one."""
+    path = Path(path_or_dir).expanduser()
+    if str(path_or_dir).strip() == "" or not path.exists():
+        hint = "" if any(c in str(path_or_dir) for c in "/.") else "; use bpe:N or a path to tokenizer.json, .model or .tiktoken"
+        raise UserError(f"Unknown tokenizer '{path_or_dir}': no such file or directory{hint}.")
+    if path.is_dir():
+        found = next((path / name for name in TOKENIZER_FILES if (path / name).exists()), None)
+        if found is None:
+            raise UserError(f"The directory '{path}' holds no tokenizer ({', '.join(TOKENIZER_FILES)}).")
+        path = found
+    name = path.name.lower()
+    if name.endswith(".json"):
+        from tokenizers import Tokenizer as RustTokenizer
+
+        try:
+            backend = RustTokenizer.from_file(str(path))
+        except Exception:  # tokenizers raises a bare Exception with serde's message
+            raise UserError(f"'{path}' is not a Hugging Face tokenizer.json file.") from None
+        return HFTokenizer(backend, source=str(path))
+    if name.endswith(".model"):
+        return SentencePieceTokenizer(path.read_bytes(), source=str(path))
+    if name.endswith(".tiktoken"):
+        return TiktokenTokenizer.from_file(path)
+    raise UserError(f"Unknown tokenizer file '{path}'; use a tokenizer.json, a sentencepiece .model "
+                    "or a .tiktoken file, or bpe:N to train one.")
+
+
+def token_dtype(vocab_size: int) -> str:
+    """uint16 while every id fits (vocab <= 65536), else uint32: half the disk and page cache."""
+    return "uint16" if vocab_size <= 2**16 else "uint32"
