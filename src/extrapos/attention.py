@@ -54,6 +54,11 @@ def _expand_kv(k: Tensor, n_heads: int) -> Tensor:
     return k.repeat_interleave(n_heads // k.shape[1], dim=1)
 
 
+def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Softmax (and bias addition) in fp32 for half-precision inputs, fp64 stays fp64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def bias_block(bias: Bias, q_slice: slice | None = None) -> Tensor:
     """Materialize the bias for a block of queries: (B, H or 1, tq, Tk)."""
     if isinstance(bias, FoldedBias):
@@ -76,7 +81,7 @@ def attention_reference(q: Tensor, k: Tensor, v: Tensor, bias: Bias | None = Non
     i = torch.arange(Tq, device=q.device).unsqueeze(-1) + (Tk - Tq)
     j = torch.arange(Tk, device=q.device)
     scores = scores.masked_fill(j > i, float("-inf"))
-    weights = torch.softmax(scores.float(), dim=-1).to(v.dtype)
+    weights = torch.softmax(scores.to(_softmax_dtype(scores.dtype)), dim=-1).to(v.dtype)
     if dropout_p:
         weights = torch.dropout(weights, dropout_p, train=True)
     return weights @ v
@@ -192,8 +197,9 @@ def _chunk(
 ) -> Tensor:
     """One block of queries (the last of which sits at key index ``offset + tq - 1``) vs its keys."""
     tq, Tk = q.shape[2], k.shape[2]
-    scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(q.shape[-1])
-    scores = scores + fn(qf, kf).float()
+    dtype = _softmax_dtype(q.dtype)
+    scores = (q @ k.transpose(-1, -2)).to(dtype) / math.sqrt(q.shape[-1])
+    scores = scores + fn(qf, kf).to(dtype)
     i = torch.arange(tq, device=q.device).unsqueeze(-1) + offset
     scores = scores.masked_fill(torch.arange(Tk, device=q.device) > i, float("-inf"))
     weights = torch.softmax(scores, dim=-1).to(v.dtype)

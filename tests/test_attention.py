@@ -1,0 +1,303 @@
+"""Every fast path of ``attention`` equals the materialized ``attention_reference``.
+
+Forward and gradients (q, k, v, bias features, bias parameters), for full forwards (Tq == Tk),
+decoding with a cache (Tq < Tk, including Tq == 1) and grouped-query attention (H_kv < H).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import extrapos.attention as attn_mod
+from extrapos.attention import (
+    attention,
+    attention_reference,
+    chunked_attention,
+    default_chunk_size,
+    folded_attention,
+)
+from extrapos.positions.base import FoldedBias, PairwiseBias
+
+F64 = torch.float64
+
+# (B, H, H_kv, Tq, Tk, d_h)
+SHAPES = {
+    "full": (2, 4, 4, 23, 23, 8),
+    "decode": (2, 4, 4, 5, 23, 8),
+    "decode1": (1, 4, 4, 1, 23, 8),
+    "gqa": (2, 4, 2, 23, 23, 12),
+    "gqa-decode": (1, 6, 2, 7, 30, 16),
+}
+
+
+def _qkv(B, H, Hkv, Tq, Tk, Dh, dtype=F64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, Tq, Dh, generator=g, dtype=dtype)
+    k = torch.randn(B, Hkv, Tk, Dh, generator=g, dtype=dtype)
+    v = torch.randn(B, Hkv, Tk, Dh, generator=g, dtype=dtype)
+    return q, k, v
+
+
+def _positions(B, Tq, Tk, dtype=F64, seed=1):
+    """Sorted, non-contiguous positions: the query positions are the last Tq key positions."""
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.sort(torch.randperm(4 * Tk, generator=g)[:Tk])[0].to(dtype)
+    pos = pos.expand(B, Tk)
+    return pos[:, Tk - Tq :], pos
+
+
+def _folded(B, H, Tq, Tk, seed=2):
+    """A CABLE-like folded bias: g_i > 0 per query, S_j increasing per key (both learnable leaves)."""
+    g = torch.Generator().manual_seed(seed)
+    qf = torch.rand(B, H, Tq, generator=g, dtype=F64) + 0.1
+    kf = torch.cumsum(torch.rand(B, H, Tk, generator=g, dtype=F64), -1) * 3
+    return FoldedBias(q_feat=qf, k_feat=kf)
+
+
+def _pairwise(B, H, Tq, Tk):
+    """A Kerple-like pairwise bias with learnable per-head parameters."""
+    r1 = torch.linspace(0.3, 1.5, H, dtype=F64)[:, None, None].clone()
+    r2 = torch.linspace(0.2, 0.9, H, dtype=F64)[:, None, None].clone()
+    qpos, kpos = _positions(B, Tq, Tk)
+
+    def fn(qf, kf):
+        return -r1 * torch.log1p(r2 * (qf - kf.transpose(-1, -2)).abs())
+
+    return PairwiseBias(q_feat=qpos[:, None, :, None], k_feat=kpos[:, None, :, None], fn=fn), (r1, r2)
+
+
+def _pairwise_per_head(B, H, Tq, Tk, seed=3):
+    """A K-CABLE-like pairwise bias whose features are per head (F = 2 for queries, 1 for keys)."""
+    g = torch.Generator().manual_seed(seed)
+    S = torch.cumsum(torch.rand(B, H, Tk, generator=g, dtype=F64), -1)
+    w = torch.rand(B, H, Tq, generator=g, dtype=F64) + 0.2
+
+    def fn(qf, kf):
+        return -torch.log1p((qf[..., :1] * (qf[..., 1:] - kf.transpose(-1, -2))) ** 2)
+
+    bias = PairwiseBias(q_feat=torch.stack((w, S[..., Tk - Tq :]), -1), k_feat=S.unsqueeze(-1), fn=fn)
+    return bias, (bias.q_feat, bias.k_feat)
+
+
+def _check(fast, bias_kind, shape, **kwargs):
+    B, H, Hkv, Tq, Tk, Dh = SHAPES[shape]
+    q, k, v = _qkv(B, H, Hkv, Tq, Tk, Dh)
+    params = ()
+    if bias_kind == "none":
+        bias = None
+    elif bias_kind == "folded":
+        bias = _folded(B, H, Tq, Tk)
+        params = (bias.q_feat, bias.k_feat)
+    elif bias_kind == "pairwise":
+        bias, params = _pairwise(B, H, Tq, Tk)
+    else:
+        bias, params = _pairwise_per_head(B, H, Tq, Tk)
+    leaves = [q, k, v, *params]
+    for t in leaves:
+        t.requires_grad_(True)
+    out_ref = attention_reference(q, k, v, bias)
+    grads_ref = torch.autograd.grad((out_ref * out_ref.detach().cos()).sum(), leaves, allow_unused=True)
+    out = fast(q, k, v, bias, **kwargs)
+    grads = torch.autograd.grad((out * out_ref.detach().cos()).sum(), leaves, allow_unused=True)
+    assert out.shape == out_ref.shape and out.dtype == q.dtype
+    torch.testing.assert_close(out, out_ref, rtol=1e-9, atol=1e-9)
+    for g, g_ref in zip(grads, grads_ref):
+        assert g is not None and g_ref is not None
+        torch.testing.assert_close(g, g_ref, rtol=1e-8, atol=1e-9)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("bias_kind", ["none", "folded", "pairwise", "pairwise-per-head"])
+def test_dispatch_equals_reference(bias_kind, shape):
+    _check(attention, bias_kind, shape)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("bias_kind", ["pairwise", "pairwise-per-head"])
+@pytest.mark.parametrize("chunk", [1, 4, 16])
+def test_chunked_equals_reference(bias_kind, shape, chunk):
+    """Several query chunks (checkpointed, since autograd is on) equal one materialized block."""
+    _check(chunked_attention, bias_kind, shape, chunk_size=chunk)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_folded_without_reference_shift_equals_reference(shape):
+    _check(folded_attention, "folded", shape, subtract_reference=False)
+
+
+def test_folded_head_dims_are_padded_to_multiple_of_8():
+    seen = []
+    real = attn_mod.F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append((q.shape[-1], k.shape[-1], v.shape[-1], kw.get("scale")))
+        return real(q, k, v, **kw)
+
+    q, k, v = _qkv(1, 2, 2, 9, 9, 16)
+    try:
+        attn_mod.F.scaled_dot_product_attention = spy
+        attention(q, k, v, _folded(1, 2, 9, 9))
+    finally:
+        attn_mod.F.scaled_dot_product_attention = real
+    assert seen == [(24, 24, 24, 1 / math.sqrt(16))]
+
+
+def test_folded_bf16_inputs_are_folded_in_fp32():
+    """bf16 q, k, v (as under autocast): the extra dimension stays fp32, so a 4k-position ALiBi-like
+    bias is exact to bf16 output rounding; folding in bf16 itself is off by whole logits."""
+    B, H, T, Dh = 1, 2, 4096, 16
+    q, k, v = (t.to(torch.bfloat16) for t in _qkv(B, H, H, T, T, Dh, dtype=torch.float32))
+    pos = torch.arange(T, dtype=torch.float32).expand(B, H, T)
+    bias = FoldedBias(q_feat=torch.tensor([0.5, 0.0625])[None, :, None].expand(B, H, T), k_feat=pos)
+    rows = slice(T - 64, T)  # compare the last block of queries against a float64 reference
+    ref_bias = FoldedBias(bias.q_feat[:, :, rows].double(), bias.k_feat.double())
+    ref = attention_reference(q[:, :, rows].double(), k.double(), v.double(), ref_bias)
+    out = attention(q, k, v, bias)
+    assert out.dtype == torch.bfloat16
+    assert (out[:, :, rows].double() - ref).abs().max() < 2e-2
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_autocast = attention(q, k, v, bias)
+    torch.testing.assert_close(out_autocast, out)
+    # first rows: the reference shift does not help there (k_feat ~ -T), fp32 still keeps them right
+    ref0 = attention_reference(q[:, :, :64].double(), k[:, :, :64].double(), v[:, :, :64].double(),
+                               FoldedBias(bias.q_feat[:, :, :64].double(), bias.k_feat[:, :, :64].double()))
+    assert (out[:, :, :64].double() - ref0).abs().max() < 2e-2
+    naive = folded_attention(q, k, v, bias, fold_dtype=torch.bfloat16, subtract_reference=False)
+    assert (naive[:, :, rows].double() - ref).abs().max() > 0.1
+
+
+# ---- dropout ----------------------------------------------------------------------------------
+
+
+def test_dropout_single_block_matches_reference_rng():
+    """One chunk draws the same dropout mask as the reference for the same seed."""
+    B, H, T, Dh = 1, 2, 12, 8
+    q, k, v = _qkv(B, H, H, T, T, Dh)
+    bias, _ = _pairwise(B, H, T, T)
+    torch.manual_seed(5)
+    ref = attention_reference(q, k, v, bias, dropout_p=0.3)
+    torch.manual_seed(5)
+    out = attention(q, k, v, bias, dropout_p=0.3)
+    torch.testing.assert_close(out, ref)
+    assert not torch.allclose(out, attention_reference(q, k, v, bias))
+
+
+@pytest.mark.parametrize("bias_kind", ["none", "folded", "pairwise"])
+def test_dropout_is_unbiased(bias_kind):
+    """E[dropout(w) / (1 - p)] = w: the mean over many draws approaches the dropout-free output."""
+    B, H, T, Dh = 1, 2, 6, 4
+    q, k, v = _qkv(B, H, H, T, T, Dh)
+    bias = {"none": None, "folded": _folded(B, H, T, T), "pairwise": _pairwise(B, H, T, T)[0]}[bias_kind]
+    torch.manual_seed(0)
+    n = 10000
+    qs, ks, vs = (t.expand(n, *t.shape[1:]) for t in (q, k, v))  # n independent draws in one batch
+    if bias is not None:
+        if isinstance(bias, FoldedBias):
+            bias = FoldedBias(bias.q_feat.expand(n, H, T), bias.k_feat.expand(n, H, T))
+        else:
+            bias = PairwiseBias(bias.q_feat.expand(n, 1, T, 1), bias.k_feat.expand(n, 1, T, 1), bias.fn)
+    out = attention(qs, ks, vs, bias, dropout_p=0.5)
+    ref = attention_reference(q, k, v, None if bias is None else _first(bias))
+    assert not torch.allclose(out[0], ref[0])
+    torch.testing.assert_close(out.mean(0), ref[0], atol=0.1, rtol=0)
+
+
+def _first(bias):
+    return type(bias)(bias.q_feat[:1], bias.k_feat[:1], *([bias.fn] if isinstance(bias, PairwiseBias) else []))
+
+
+def test_dropout_checkpointed_chunks_recompute_the_same_masks(monkeypatch):
+    """Checkpointed chunks redraw the same dropout masks in backward (preserved RNG state)."""
+    B, H, T, Dh = 1, 2, 20, 8
+    q, k, v = _qkv(B, H, H, T, T, Dh)
+    bias, params = _pairwise(B, H, T, T)
+    leaves = [q, k, v]
+    for t in leaves:
+        t.requires_grad_(True)
+
+    def run():
+        torch.manual_seed(11)
+        out = chunked_attention(q, k, v, bias, dropout_p=0.4, chunk_size=6)
+        return out, torch.autograd.grad(out.square().sum(), leaves)
+
+    out_ckpt, grads_ckpt = run()
+    monkeypatch.setattr(attn_mod, "checkpoint", lambda f, *a, use_reentrant: f(*a))
+    out_plain, grads_plain = run()
+    torch.testing.assert_close(out_ckpt, out_plain)
+    for a, b in zip(grads_ckpt, grads_plain):
+        torch.testing.assert_close(a, b)
+
+
+# ---- long sequences: no T x T tensor ----------------------------------------------------------
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any op produces (forward and backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_chunked_long_sequence_never_allocates_t_by_t():
+    B, H, T, Dh, chunk = 1, 2, 4096, 16, 256
+    q, k, v = _qkv(B, H, H, T, T, Dh, dtype=torch.float32)
+    bias, _ = _pairwise(B, H, T, T)
+    bias = PairwiseBias(bias.q_feat.float(), bias.k_feat.float(), lambda a, b, fn=bias.fn: fn(a, b).float())
+    with torch.no_grad(), _LargestTensor() as guard:
+        out = attention(q, k, v, bias, chunk_size=chunk)
+    assert guard.largest <= B * H * chunk * T  # one score block, nothing of size T * T
+    assert guard.largest < T * T // 4
+    # the reference, one block of rows at a time (rows [s, e) see keys [:e])
+    for s, e in [(0, 64), (2000, 2064), (T - 64, T)]:
+        blk = PairwiseBias(bias.q_feat[:, :, s:e], bias.k_feat[:, :, :e], bias.fn)
+        ref = attention_reference(q[:, :, s:e], k[:, :, :e], v[:, :, :e], blk)
+        torch.testing.assert_close(out[:, :, s:e], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_chunked_training_memory_is_per_chunk():
+    """With autograd the chunks are checkpointed: backward also never holds a (T, T) block."""
+    B, H, T, Dh, chunk = 1, 1, 2048, 8, 128
+    q, k, v = (t.float().requires_grad_(True) for t in _qkv(B, H, H, T, T, Dh))
+    bias, _ = _pairwise(B, H, T, T)
+    bias = PairwiseBias(bias.q_feat.float(), bias.k_feat.float(), lambda a, b, fn=bias.fn: fn(a, b).float())
+    with _LargestTensor() as guard:
+        out = attention(q, k, v, bias, chunk_size=chunk)
+        out.sum().backward()
+    assert guard.largest <= B * H * chunk * T
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_folded_long_sequence_has_no_t_by_t_op_output():
+    B, H, T, Dh = 1, 2, 4096, 16
+    q, k, v = _qkv(B, H, H, T, T, Dh, dtype=torch.float32)
+    bias = FoldedBias(torch.rand(B, H, T), torch.arange(T, dtype=torch.float32).expand(B, H, T))
+    with torch.no_grad(), _LargestTensor() as guard:
+        attention(q, k, v, bias)
+    assert guard.largest <= B * H * T * 24  # q', k', v' and the output: O(T d), never T * T
+
+
+def test_default_chunk_size():
+    assert default_chunk_size(1, 4, 256, 256) == 256  # short: one block
+    c = default_chunk_size(1, 4, 16384, 16384)
+    assert 16 <= c < 16384 and 1 * 4 * c * 16384 <= attn_mod.CHUNK_ELEMENTS
+
+
+def test_shape_errors():
+    q, k, v = _qkv(1, 3, 2, 4, 4, 8)
+    with pytest.raises(ValueError):
+        attention(q, k, v)
+    q, k, v = _qkv(1, 2, 2, 5, 4, 8)
+    with pytest.raises(ValueError):
+        attention(q, k, v)
