@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -266,9 +267,7 @@ def run_is_complete(run_dir: Path) -> bool:
 def _start_run_dir(run_dir: Path, cfg: RunConfig, resume: bool, is_main: bool) -> RunConfig:
     """Create RUN (fresh) or check it (resume); returns the config to use."""
     existing = (run_dir / "config.toml").is_file()
-    if resume:
-        if not existing:
-            raise UserError(f"cannot resume: {run_dir} has no config.toml; start it without --resume.")
+    if resume and existing:
         return load_run_config(run_dir)
     if existing:
         raise UserError(
@@ -283,7 +282,7 @@ def _start_run_dir(run_dir: Path, cfg: RunConfig, resume: bool, is_main: bool) -
 
 
 def train(
-    cfg: RunConfig,
+    cfg: RunConfig | None,
     run_dir: str | Path,
     resume: bool = False,
     progress: bool = True,
@@ -296,10 +295,17 @@ def train(
     from extrapos.data import load_tokenizer, open_split
 
     run_dir = Path(run_dir)
+    if cfg is None:
+        if not (run_dir / "config.toml").is_file():
+            raise UserError(f"{run_dir} holds no run to resume; start it with --config FILE_OR_PRESET.")
+        cfg = load_run_config(run_dir)
     device = resolve_device(cfg.train.device)
     rank, world, device = init_distributed(device)
     is_main = rank == 0
     cfg = _start_run_dir(run_dir, cfg, resume, is_main)
+    if resume and run_is_complete(run_dir):
+        s = json.loads((run_dir / "summary.json").read_text())
+        return TrainResult(run_dir, s["steps"], s["tokens"], s["final_loss"], s["val_loss"], s["wall_time"])
     t = cfg.train
     if t.threads and device.type == "cpu":
         torch.set_num_threads(t.threads)
@@ -365,12 +371,13 @@ def train(
 
     def save(step: int, loss: float) -> None:
         if is_main:
-            ckpt_io.save_checkpoint(
+            path = ckpt_io.save_checkpoint(
                 run_dir, step, model, optimizer,
                 {"sampler": sampler.state_dict(), "elapsed": elapsed_before + (time.perf_counter() - t_start),
                  "tokens": tokens_seen, "loss": loss, "config": cfg.to_dict()},
                 keep=t.keep_checkpoints,
             )
+            _say(f"checkpoint saved: {path}")
         if world > 1:
             torch.distributed.barrier()
 
@@ -449,6 +456,13 @@ def train(
     return result
 
 
+def _say(message: str) -> None:
+    from tqdm.auto import tqdm
+
+    tqdm.write(message, file=sys.stdout)
+    sys.stdout.flush()
+
+
 def _remove_summary(run_dir: Path) -> None:
     (run_dir / "summary.json").unlink(missing_ok=True)
 
@@ -483,7 +497,7 @@ def _cli(args) -> int:
         overrides.append(f"data.dir={json.dumps(str(args.data))}")
     out = Path(args.out) if args.out else Path("runs") / (Path(args.config).stem if args.config else "default")
     if args.resume and not args.config:
-        cfg = load_run_config(out)  # the run's own config
+        cfg = None  # the run's own config.toml
     else:
         cfg = load_config(args.config, overrides)
     result = train(cfg, out, resume=args.resume, progress=not args.no_progress)

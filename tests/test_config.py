@@ -1,0 +1,63 @@
+"""Config: presets, dotted overrides, clear errors, and a resolved config that round-trips."""
+
+import pytest
+
+from extrapos.config import find_config, from_dict, load_config, parse_override, preset_names, read_toml
+from extrapos.errors import UserError
+
+
+def test_every_shipped_preset_loads():
+    names = preset_names()
+    assert {"cpu/tiny", "cpu/small", "expe-app-b", "expe-app-c-s", "cable-gpt2-tiny"} <= set(names)
+    for name in names:
+        cfg = load_config(name)
+        assert cfg.seq_len > 0
+
+
+def test_paper_presets_match_the_papers():
+    b = load_config("expe-app-b")
+    assert (b.model.d_model, b.model.n_layers, b.model.n_heads, b.model.dropout) == (384, 6, 12, 0.1)
+    assert b.model.positions == {"name": "expe", "l": 24}
+    assert (b.train.lr, b.train.end_lr, b.train.warmup, b.train.precision) == (1e-3, 3e-6, 0.1, "fp32")
+    assert b.train.batch_tokens == 512 * 512 and b.seq_len == 512
+    c = load_config("cable-gpt2-medium")
+    assert (c.model.n_layers, c.model.d_model, c.seq_len, c.train.batch_tokens) == (24, 1024, 1024, 524_288)
+    assert (c.train.lr, c.train.end_lr, c.train.warmup) == (6e-4, 6e-5, 750)
+
+
+def test_overrides_and_round_trip():
+    cfg = load_config("cpu/tiny", ["train.lr=3e-4", "model.positions.name=expe", "model.positions.scale=0.5",
+                                   "train.schedule=linear"])
+    assert cfg.train.lr == 3e-4 and cfg.train.schedule == "linear"
+    assert cfg.model.positions == {"name": "expe", "scale": 0.5}
+    import tomllib
+
+    assert from_dict(tomllib.loads(cfg.to_toml())) == cfg
+
+
+@pytest.mark.parametrize("override, words", [
+    (["train.lrr=1"], "unknown config key 'train.lrr'"),
+    (["train.steps=ten"], "train.steps' must be int"),
+    (["train.precision=fp16"], "train.precision"),
+    (["model.positions.name=nosuch"], "unknown positional encoding"),
+    (["model.positions.nosuch=1"], "has no option nosuch"),
+    (["train.steps=10", "train.tokens=1000"], "only one of"),
+    (["trainsteps"], "section.key=value"),
+])
+def test_bad_configs_are_one_clear_sentence(override, words):
+    with pytest.raises(UserError, match=words.replace("(", r"\(")):
+        load_config("cpu/tiny", override)
+
+
+def test_unknown_preset_and_bad_toml(tmp_path):
+    with pytest.raises(UserError, match="presets are"):
+        find_config("no/such")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train\nsteps = 1")
+    with pytest.raises(UserError, match="not valid TOML"):
+        read_toml(bad)
+
+
+def test_bare_word_override_is_a_string():
+    assert parse_override("model.positions.name=rope") == (["model", "positions", "name"], "rope")
+    assert parse_override("train.lr=1e-3") == (["train", "lr"], 1e-3)
