@@ -41,12 +41,20 @@ def test_overrides_and_round_trip():
     (["train.precision=fp16"], "train.precision"),
     (["model.positions.name=nosuch"], "unknown positional encoding"),
     (["model.positions.nosuch=1"], "has no option nosuch"),
-    (["train.steps=10", "train.tokens=1000"], "only one of"),
     (["trainsteps"], "section.key=value"),
 ])
 def test_bad_configs_are_one_clear_sentence(override, words):
     with pytest.raises(UserError, match=words.replace("(", r"\(")):
         load_config("cpu/tiny", override)
+
+
+def test_a_budget_override_replaces_the_presets_budget(tmp_path):
+    cfg = load_config("cpu/tiny", ["train.tokens=1000"])
+    assert (cfg.train.steps, cfg.train.tokens) == (None, 1000)
+    both = tmp_path / "both.toml"
+    both.write_text("[train]\nsteps = 10\ntokens = 1000\n")
+    with pytest.raises(UserError, match="only one of"):
+        load_config(str(both))
 
 
 def test_unknown_preset_and_bad_toml(tmp_path):

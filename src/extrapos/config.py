@@ -255,9 +255,16 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return keys, parsed
 
 
+BUDGET_KEYS = ("steps", "tokens", "epochs")
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     for text in overrides:
         keys, value = parse_override(text)
+        if keys[0] == "train" and len(keys) == 2 and keys[1] in BUDGET_KEYS:
+            # a budget given on the command line replaces the preset's, whatever its kind
+            for other in BUDGET_KEYS:
+                raw.get("train", {}).pop(other, None)
         node = raw
         for k in keys[:-1]:
             child = node.get(k)

@@ -140,7 +140,7 @@ def write_report(rows: list[Row], out_dir: Path, title: str, facts: list[str] | 
     report = out_dir / "report.md"
     _atomic_write(report, "\n".join(parts) + "\n")
     _atomic_write(out_dir / "results.csv", rows_to_csv(rows))
-    _atomic_write(out_dir / "results.json", json.dumps([{"name": r.name, **r.result} for r in rows], indent=1))
+    _atomic_write(out_dir / "results.json", json.dumps([{**r.result, "eval_name": r.result["name"], "name": r.name} for r in rows], indent=1))
     return report
 
 
