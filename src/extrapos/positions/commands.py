@@ -1,6 +1,74 @@
-"""`extrapos encodings`: list the registry (owned by the models work; placeholder)."""
+"""`extrapos encodings`: list the registered positional encodings.
+
+For each: name, family, learnable parameter count in a model of the given size preset, options with
+their defaults, and the paper it comes from; as an aligned table or as JSON (``--json``).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from typing import Any
+
+DEFAULT_SIZE = "gpt2-tiny"
+
+
+def encodings_table(size: str = DEFAULT_SIZE) -> list[dict[str, Any]]:
+    """One row per registered encoding, for a model of the given size preset."""
+    import torch
+
+    from extrapos.model import model_config
+    from extrapos.positions.base import EncodingContext
+    from extrapos.positions.registry import build_encoding, default_options, names, spec
+
+    cfg = model_config(size)
+    ctx = EncodingContext(d_model=cfg.d_model, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
+                          n_layers=cfg.n_layers, train_length=cfg.train_length)
+    rows = []
+    for name in names():
+        s = spec(name)
+        with torch.device("meta"):  # shapes only: no memory, no init cost
+            enc = build_encoding(name, ctx)
+        rows.append({
+            "name": name,
+            "family": s.cls.family,
+            "parameters": sum(p.numel() for p in enc.parameters()),
+            "options": default_options(name),
+            "description": s.description,
+            "paper": s.cls.paper,
+        })
+    return rows
+
+
+def _format_options(options: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in options.items()) or "-"
+
+
+def format_table(rows: list[dict[str, Any]], options_width: int = 56) -> str:
+    """An aligned text table; long option lists wrap within their column."""
+    header = ["name", "family", "params", "options (defaults)", "paper"]
+    cells = [[r["name"], r["family"], f"{r['parameters']:,}",
+              textwrap.wrap(_format_options(r["options"]), options_width) or ["-"], r["paper"]] for r in rows]
+    w = [max(len(header[i]), *(len(c[i]) for c in cells)) for i in range(3)]
+    w.append(max(len(header[3]), *(len(line) for c in cells for line in c[3])))
+    lines = [f"{header[0]:<{w[0]}}  {header[1]:<{w[1]}}  {header[2]:>{w[2]}}  {header[3]:<{w[3]}}  {header[4]}"]
+    lines.append("-" * len(lines[0]))
+    for name, family, params, opts, paper in cells:
+        lines.append(f"{name:<{w[0]}}  {family:<{w[1]}}  {params:>{w[2]}}  {opts[0]:<{w[3]}}  {paper}")
+        lines += [f"{'':<{w[0]}}  {'':<{w[1]}}  {'':>{w[2]}}  {more}" for more in opts[1:]]
+    return "\n".join(lines)
+
+
+def run(size: str = DEFAULT_SIZE, as_json: bool = False) -> str:
+    rows = encodings_table(size)
+    if as_json:
+        return json.dumps({"size": size, "encodings": rows}, indent=2)
+    return f"positional encodings (learnable parameters for a {size} model)\n\n" + format_table(rows)
 
 
 def register(sub) -> None:
-    p = sub.add_parser("encodings", help="list the positional encodings")
-    p.set_defaults(func=lambda args: print("\n".join(__import__("extrapos.positions.registry", fromlist=["names"]).names())))
+    p = sub.add_parser("encodings", help="list the positional encodings, their options and papers")
+    p.add_argument("--size", default=DEFAULT_SIZE,
+                   help=f"model size preset used to count parameters (default {DEFAULT_SIZE})")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=lambda args: print(run(args.size, args.json)))

@@ -155,9 +155,9 @@ class RoPE(PositionalEncoding):
         else:
             cos, sin = self.cos_sin(positions, q.dtype)
             self._memo = (positions, positions._version, q.dtype, cos, sin)
-        return self._apply(q, cos, sin), self._apply(k, cos, sin)
+        return self._rotate_one(q, cos, sin), self._rotate_one(k, cos, sin)
 
-    def _apply(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def _rotate_one(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         r = self.rot_dim
         if r == x.shape[-1]:
             out = x * cos + rotate_half(x) * sin
