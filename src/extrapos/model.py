@@ -152,6 +152,11 @@ class _Growing:
                 raise ValueError(f"cached shape {tuple(self.buf.shape)} does not match new {tuple(x.shape)}")
             self.buf, self.n = None, 0
         need = self.n + t
+        if x.requires_grad:
+            # decoding under autograd: in-place writes would invalidate tensors saved for backward
+            self.buf = x if self.buf is None else torch.cat((self.buf[:, :, : self.n], x), dim=2)
+            self.n = need
+            return self.buf
         if self.buf is None or need > self.buf.shape[2]:
             cap = max(need, 2 * (self.buf.shape[2] if self.buf is not None else 0), 16)
             new = x.new_empty(*x.shape[:2], cap, *x.shape[3:])
