@@ -47,16 +47,17 @@ def register(sub) -> None:
 
 
 def run_prepare(args) -> int:
-    from extrapos.data.prepare import prepare_data
+    from extrapos.data.prepare import prepare
     from extrapos.data.shards import read_manifest
 
-    path = prepare_data(args.corpus, args.tokenizer, args.out, min_doc_tokens=args.min_doc_tokens,
+    path, reused = prepare(args.corpus, args.tokenizer, args.out, min_doc_tokens=args.min_doc_tokens,
                         max_tokens=args.max_tokens, max_docs=args.max_docs, split_fractions=args.split_fractions,
                         text_field=args.text_field, seed=args.seed, progress=not args.quiet)
     manifest = read_manifest(path)
     counts = ", ".join(f"{name} {s['num_docs']:,} docs / {s['num_tokens']:,} tokens"
                        for name, s in manifest["splits"].items())
-    print(f"{path}\n  {counts}\n  {manifest['dtype']}, vocab {manifest['tokenizer']['vocab_size']:,}, "
+    print(f"{'Reused' if reused else 'Prepared'} {path}" + (" (same corpus, tokenizer and filters)" if reused else "")
+          + f"\n  {counts}\n  {manifest['dtype']}, vocab {manifest['tokenizer']['vocab_size']:,}, "
           f"tokenizer {manifest['tokenizer']['hash']}")
     return 0
 

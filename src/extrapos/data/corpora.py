@@ -42,6 +42,7 @@ STDLIB_EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-pac
 
 Document = tuple[str, str]
 ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class Corpus:
@@ -49,7 +50,8 @@ class Corpus:
 
     ``fingerprint`` changes when the underlying data changes (package version, file sizes and
     modification times), so a cache keyed by it is never stale. ``replaced_bytes`` counts the
-    undecodable bytes replaced during the last iteration.
+    undecodable bytes (and lone surrogates from JSON escapes) replaced by U+FFFD during the last
+    iteration.
     """
 
     def __init__(self, spec: str, iterate: Callable[[Corpus], Iterator[Document]], fingerprint: str,
@@ -73,6 +75,16 @@ class Corpus:
             text, count = ESCAPED_BYTE.subn("\ufffd", data.decode("utf-8", errors="surrogateescape"))
             self.replaced_bytes += count
         return text[1:] if text.startswith("\ufeff") else text
+
+    def clean(self, text: str) -> str:
+        """Replace (and count) lone surrogates, which JSON escapes like ``\\ud800`` produce and
+        which neither UTF-8 nor a tokenizer accepts."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text, count = LONE_SURROGATE.subn("\ufffd", text)
+            self.replaced_bytes += count
+        return text
 
 
 def open_corpus(spec: str = DEFAULT_CORPUS, text_field: str = "text", max_docs: int | None = None) -> Corpus:
@@ -211,7 +223,8 @@ def _path_corpus(spec: str, text_field: str) -> Corpus:
             if kind == ".txt":
                 yield rel, corpus.decode(_read_bytes(path, compression))
             elif kind == ".jsonl":
-                yield from documents_from_records(_jsonl_records(path, compression, corpus), text_field, rel)
+                yield from documents_from_records(_jsonl_records(path, compression, corpus, text_field),
+                                                  text_field, rel)
             else:
                 yield from documents_from_records(_parquet_records(path, compression, text_field),
                                                   text_field, rel)
@@ -251,7 +264,7 @@ def _read_bytes(path: Path, compression: str) -> bytes:
         raise
 
 
-def _jsonl_records(path: Path, compression: str, corpus: Corpus) -> Iterator[Mapping]:
+def _jsonl_records(path: Path, compression: str, corpus: Corpus, text_field: str) -> Iterator[Mapping]:
     data = _read_bytes(path, compression)
     for line_number, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
@@ -263,6 +276,9 @@ def _jsonl_records(path: Path, compression: str, corpus: Corpus) -> Iterator[Map
         if not isinstance(record, dict):
             raise UserError(f"Line {line_number} of '{path}' is not a JSON object.")
         record.setdefault("_line", line_number)
+        text = record.get(text_field)
+        if isinstance(text, str):
+            record[text_field] = corpus.clean(text)
         yield record
 
 
@@ -328,7 +344,8 @@ def _hub_corpus(spec: str, text_field: str) -> Corpus:
     _import_datasets()  # fail now, with the install hint, rather than mid-preparation
 
     def iterate(corpus: Corpus) -> Iterator[Document]:
-        yield from hub_documents(path, name, text_field=text_field)
+        for doc_id, text in hub_documents(path, name, text_field=text_field):
+            yield doc_id, corpus.clean(text)
 
     return Corpus(spec, iterate, f"hub:{spec}")
 

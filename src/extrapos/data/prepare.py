@@ -84,11 +84,30 @@ def prepare_data(corpus: str, tokenizer: str, out: str | Path | None = None, *, 
                  seed: int = 0, progress: bool = True) -> Path:
     """Tokenize ``corpus`` with ``tokenizer`` into train/val/test shards; return the directory.
 
+    See ``prepare`` for the arguments; with ``progress`` this also says on stderr whether the
+    directory was prepared now or reused.
+    """
+    path, reused = prepare(corpus, tokenizer, out, min_doc_tokens=min_doc_tokens, max_tokens=max_tokens,
+                           max_docs=max_docs, split_fractions=split_fractions, text_field=text_field,
+                           seed=seed, progress=progress)
+    if progress:
+        print(f"{'Reusing' if reused else 'Prepared'} data in {path}"
+              f"{' (same corpus, tokenizer and filters)' if reused else ''}.", file=sys.stderr)
+    return path
+
+
+def prepare(corpus: str, tokenizer: str, out: str | Path | None = None, *, min_doc_tokens: int = 0,
+            max_tokens: int | None = None, max_docs: int | None = None,
+            split_fractions: Sequence[float] | str = DEFAULT_SPLIT_FRACTIONS, text_field: str = "text",
+            seed: int = 0, progress: bool = True) -> tuple[Path, bool]:
+    """Tokenize ``corpus`` with ``tokenizer`` into train/val/test shards; return the directory.
+
     ``min_doc_tokens`` drops shorter documents (ExPE keeps documents of >= 4000 tokens);
     ``max_tokens`` stops once the kept documents (all splits) hold that many tokens, keeping the
     document that crosses it whole; ``max_docs`` reads only the first N documents of the corpus;
     ``seed`` salts the document hash that decides the split. With ``out=None`` the result goes
-    to (or is reused from) the cache. Raises UserError for every mistake a user can make.
+    to (or is reused from) the cache. Returns ``(directory, reused)``; raises UserError for every
+    mistake a user can make.
     """
     fractions = parse_split_fractions(split_fractions)
     if min_doc_tokens < 0:
@@ -120,8 +139,7 @@ def prepare_data(corpus: str, tokenizer: str, out: str | Path | None = None, *, 
     target = (Path(out).expanduser() if out is not None
               else cache_root() / "data" / f"{_slug(corpus)}-{_slug(tokenizer)}-{key}")
     if _reusable(target, key):
-        _say(progress, f"Reusing prepared data in {target} (same corpus, tokenizer and filters).")
-        return target
+        return target, True
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
@@ -145,7 +163,7 @@ def prepare_data(corpus: str, tokenizer: str, out: str | Path | None = None, *, 
         })
         manifest = _ordered(manifest)
         write_manifest(tmp, manifest)  # last: a directory without a manifest is never trusted
-        return _publish(tmp, target, key, progress)
+        return target, _publish(tmp, target, key)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -180,17 +198,18 @@ def _reusable(target: Path, key: str) -> bool:
     return False  # an empty directory: we may fill it
 
 
-def _publish(tmp: Path, target: Path, key: str, progress: bool) -> Path:
-    """Rename the finished temporary directory onto the target (atomic on one filesystem)."""
+def _publish(tmp: Path, target: Path, key: str) -> bool:
+    """Rename the finished temporary directory onto the target (atomic on one filesystem).
+
+    Returns True when another process published the same data first (then ours is dropped).
+    """
     try:
         os.rename(tmp, target)  # replaces an empty directory, fails on a non-empty one
     except OSError:
-        if _reusable(target, key):  # another process finished the same work first
-            _say(progress, f"Reusing prepared data in {target} (prepared concurrently).")
-            return target
+        if _reusable(target, key):
+            return True
         raise
-    _say(progress, f"Prepared data in {target}.")
-    return target
+    return False
 
 
 def _train_tokenizer(source: Corpus, spec: str, fractions, seed: int, progress: bool) -> Tokenizer:
@@ -313,8 +332,3 @@ def _slug(spec: str) -> str:
     elif "/" in spec or "\\" in spec:
         spec = Path(spec).name
     return re.sub(r"[^A-Za-z0-9._-]+", "-", spec).strip("-.")[:40] or "corpus"
-
-
-def _say(enabled: bool, message: str) -> None:
-    if enabled:
-        print(message, file=sys.stderr)
