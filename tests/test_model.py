@@ -141,3 +141,17 @@ def test_user_errors():
     model = Decoder(tiny())
     with pytest.raises(UserError, match="no option"):
         model.pos.set_options(scale=0.5)
+
+
+def test_inference_mode_and_reused_positions_buffer():
+    """Decoding loops may reuse one positions tensor in place; RoPE's per-forward cos/sin memo must not go stale."""
+    torch.manual_seed(0)
+    model = Decoder(tiny()).eval()
+    tokens = torch.randint(0, 97, (1, 4))
+    with torch.inference_mode():
+        full = model(tokens, torch.arange(4)[None])
+        cache, pos, steps = model.new_cache(), torch.zeros(1, 1, dtype=torch.long), []
+        for t in range(4):
+            pos.fill_(t)
+            steps.append(model(tokens[:, t:t + 1], pos, cache))
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)

@@ -146,15 +146,20 @@ class RoPE(PositionalEncoding):
         angles = torch.cat((angles, angles), dim=-1).unsqueeze(1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
-    # ---- hook ------------------------------------------------------------------------------
+    # ---- hooks -----------------------------------------------------------------------------
+    def embed(self, h: Tensor, positions: Tensor) -> Tensor:
+        self._memo = None  # called once at the start of every forward: forget the last one's cos/sin
+        return h
+
     def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         # every block calls rotate with the same positions tensor: compute cos/sin once per forward
+        version = None if positions.is_inference() else positions._version  # no counter in inference mode
         memo = self._memo
-        if memo is not None and memo[0] is positions and memo[1] == positions._version and memo[2] == q.dtype:
+        if memo is not None and memo[0] is positions and memo[1] == version and memo[2] == q.dtype:
             cos, sin = memo[3], memo[4]
         else:
             cos, sin = self.cos_sin(positions, q.dtype)
-            self._memo = (positions, positions._version, q.dtype, cos, sin)
+            self._memo = (positions, version, q.dtype, cos, sin)
         return self._rotate_one(q, cos, sin), self._rotate_one(k, cos, sin)
 
     def _rotate_one(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
