@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "extrapos.evaluate",
     "extrapos.compare",
     "extrapos.report",
+    "extrapos.generate",
 ]
 
 

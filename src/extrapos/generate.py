@@ -1,0 +1,139 @@
+"""`extrapos generate`: sample text from a run with a KV cache, for every encoding.
+
+The prompt may be longer than the training length (that is the point of these encodings): it is
+prefilled into the cache in chunks, then each new token costs one single-token forward at its own
+position. ``use_cache=False`` recomputes the whole prefix every step instead (the benchmark's
+baseline, and a check that both give the same tokens).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from extrapos.errors import UserError
+
+
+def filter_logits(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """Temperature, then top-k, then nucleus (top-p) filtering of one row of logits (V,)."""
+    logits = logits.float() / max(temperature, 1e-8)
+    if top_k is not None and 0 < top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and 0 < top_p < 1:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cumulative = torch.softmax(sorted_logits, -1).cumsum(-1)
+        drop = cumulative - torch.softmax(sorted_logits, -1) > top_p  # keep the smallest set reaching top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def generate_tokens(model, prompt: list[int], max_new_tokens: int, temperature: float = 0.8,
+                    top_k: int | None = 50, top_p: float | None = None, seed: int = 0,
+                    eot_id: int | None = None, use_cache: bool = True, prefill_chunk: int = 1024) -> Iterator[int]:
+    """Yield new token ids one at a time (greedy when temperature == 0)."""
+    if not prompt:
+        raise UserError("the prompt is empty after tokenization; give at least one character of prompt.")
+    device = next(model.parameters()).device
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    model.eval()
+    tokens = torch.tensor(prompt, device=device).unsqueeze(0)
+    cache = model.new_cache() if use_cache else None
+    logits = None
+    if use_cache:
+        for s in range(0, tokens.shape[1], prefill_chunk):
+            chunk = tokens[:, s:s + prefill_chunk]
+            pos = torch.arange(s, s + chunk.shape[1], device=device).unsqueeze(0)
+            h = model.hidden_states(chunk, pos, cache)
+        logits = model.logits(h[:, -1])[0]
+    for _ in range(max_new_tokens):
+        if not use_cache:
+            pos = torch.arange(tokens.shape[1], device=device).unsqueeze(0)
+            logits = model(tokens, pos)[0, -1]
+        if temperature == 0:
+            nxt = int(torch.argmax(logits))
+        else:
+            probs = torch.softmax(filter_logits(logits, temperature, top_k, top_p), -1).cpu()
+            nxt = int(torch.multinomial(probs, 1, generator=gen))
+        yield nxt
+        if eot_id is not None and nxt == eot_id:
+            return
+        new = torch.tensor([[nxt]], device=device)
+        if use_cache:
+            pos = torch.tensor([[tokens.shape[1]]], device=device)
+            logits = model(new, pos, cache)[0, -1]
+        tokens = torch.cat([tokens, new], dim=1)
+
+
+def generate_text(run_dir: str | Path, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8,
+                  top_k: int | None = 50, top_p: float | None = None, seed: int = 0, use_cache: bool = True,
+                  position_options: dict | None = None, device: str = "cpu",
+                  on_text: Callable[[str], None] | None = None) -> str:
+    """Generate a continuation of ``prompt``; ``on_text`` receives each new piece of text as it appears."""
+    from extrapos.runs import load_run
+
+    run = load_run(run_dir, device=device)
+    if position_options:
+        run.model.pos.set_options(**position_options)
+    ids = run.tokenizer.encode(prompt)
+    out: list[int] = []
+    shown = ""
+    for tok in generate_tokens(run.model, ids, max_new_tokens, temperature, top_k, top_p, seed,
+                               eot_id=run.tokenizer.eot_id, use_cache=use_cache):
+        if tok == run.tokenizer.eot_id:
+            break
+        out.append(tok)
+        text = run.tokenizer.decode(out)
+        # stream only complete characters: a byte-level token may end mid-character
+        if on_text is not None and not text.endswith("\ufffd"):
+            on_text(text[len(shown):])
+            shown = text
+    text = run.tokenizer.decode(out)
+    if on_text is not None and len(text) > len(shown):
+        on_text(text[len(shown):])
+    return text
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="sample text from a trained run (KV cache, streamed)")
+    p.add_argument("run", help="a run directory")
+    p.add_argument("--prompt", default=None, help="the prompt text")
+    p.add_argument("--prompt-file", default=None, help="read the prompt from a file (long prompts)")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy decoding")
+    p.add_argument("--top-k", type=int, default=50)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scale", type=float, default=None, help="ExPE/ExQPE inference-time scale")
+    p.add_argument("--no-cache", action="store_true", help="recompute the whole prefix every token (slow)")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args) -> int:
+    if (args.prompt is None) == (args.prompt_file is None):
+        raise UserError("give exactly one of --prompt TEXT and --prompt-file FILE.")
+    if args.prompt_file is not None:
+        path = Path(args.prompt_file)
+        if not path.is_file():
+            raise UserError(f"prompt file {path} does not exist.")
+        prompt = path.read_text(encoding="utf-8", errors="replace")
+    else:
+        prompt = args.prompt
+    if args.max_new_tokens < 1:
+        raise UserError("--max-new-tokens must be at least 1.")
+    options = {"scale": args.scale} if args.scale is not None else None
+
+    def show(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    sys.stdout.write(prompt)
+    generate_text(args.run, prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
+                  use_cache=not args.no_cache, position_options=options, device=args.device, on_text=show)
+    sys.stdout.write("\n")
+    return 0

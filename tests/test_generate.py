@@ -1,0 +1,55 @@
+"""Generation: the KV cache gives the same tokens as recomputation for every encoding, prompts may
+exceed the training length, sampling filters behave, and the CLI streams text."""
+
+import pytest
+import torch
+
+from extrapos.generate import filter_logits, generate_tokens
+from extrapos.model import Decoder, model_config
+from extrapos.positions import registry
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_cached_generation_equals_recomputation_beyond_the_training_length(name):
+    torch.manual_seed(0)
+    options = {"interpolate_to": 64} if name == "learned" else {}
+    cfg = model_config("cpu-tiny", vocab_size=97, train_length=8, positions={"name": name, **options})
+    model = Decoder(cfg).eval()
+    prompt = torch.randint(0, 97, (20,)).tolist()  # 2.5 x the training length
+    cached = list(generate_tokens(model, prompt, 12, temperature=0, use_cache=True, prefill_chunk=7))
+    recomputed = list(generate_tokens(model, prompt, 12, temperature=0, use_cache=False))
+    assert cached == recomputed and len(cached) == 12
+
+
+def test_sampling_is_seeded_and_stops_at_end_of_text():
+    torch.manual_seed(0)
+    model = Decoder(model_config("cpu-tiny", vocab_size=50, positions={"name": "rope"})).eval()
+    a = list(generate_tokens(model, [1, 2, 3], 20, temperature=1.0, top_k=None, seed=7))
+    b = list(generate_tokens(model, [1, 2, 3], 20, temperature=1.0, top_k=None, seed=7))
+    assert a == b
+    stop = a[4]
+    c = list(generate_tokens(model, [1, 2, 3], 20, temperature=1.0, top_k=None, seed=7, eot_id=stop))
+    assert c == a[: a.index(stop) + 1]
+
+
+def test_top_k_and_top_p_filters():
+    logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0])
+    assert torch.isfinite(filter_logits(logits, 1.0, 2, None)).tolist() == [True, True, False, False, False]
+    p = torch.softmax(logits, -1)  # [0.64, 0.24, 0.09, ...]: top_p 0.8 keeps the first two
+    assert p[0] < 0.8 < p[0] + p[1]
+    assert torch.isfinite(filter_logits(logits, 1.0, None, 0.8)).tolist() == [True, True, False, False, False]
+
+
+def test_generate_cli_streams_a_continuation(tiny_data, tmp_path, capsys):
+    from extrapos.cli import main
+    from extrapos.config import load_config
+    from extrapos.train import train
+    from tests.conftest import tiny_overrides
+
+    train(load_config("cpu/tiny", tiny_overrides(tiny_data, **{"train.steps": 3})), tmp_path / "run", progress=False)
+    capsys.readouterr()
+    assert main(["generate", str(tmp_path / "run"), "--prompt", "Fellow citizens, " * 20,
+                 "--max-new-tokens", "16", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Fellow citizens, ") and len(out) > len("Fellow citizens, " * 20)
+    assert main(["generate", str(tmp_path / "run")]) == 2
