@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import numpy as np
@@ -42,3 +43,10 @@ def numbered_docs(lengths, start: int = 1) -> list[np.ndarray]:
         docs.append(np.arange(next_id, next_id + n))
         next_id += n
     return docs
+
+
+def write_tiktoken_file(path, merges=(b"th", b"he", b"the", b" t", b" the", b"in", b"ing")):
+    """A valid tiktoken BPE by hand: the 256 bytes, then merges, one 'base64 rank' line each."""
+    tokens = [bytes([b]) for b in range(256)] + list(merges)
+    path.write_bytes(b"".join(base64.b64encode(t) + b" %d\n" % rank for rank, t in enumerate(tokens)))
+    return path

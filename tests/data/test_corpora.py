@@ -166,3 +166,20 @@ def test_corrupt_compressed_file_is_a_user_error(tmp_path):
     (tmp_path / "broken.txt.gz").write_bytes(b"not gzip at all")
     with pytest.raises(UserError, match="Cannot read corpus file"):
         list(iter_documents(str(tmp_path / "broken.txt.gz")))
+
+
+def test_hub_failures_are_one_sentence():
+    def offline(path, name, split, streaming, data_files):
+        raise ConnectionError(f"Couldn't reach '{path}' on the Hub (OfflineModeIsEnabled)")
+
+    with pytest.raises(UserError, match="Cannot open the hub dataset hf:HuggingFaceFW/fineweb: Couldn't reach"):
+        list(hub_documents("HuggingFaceFW/fineweb", load_dataset=offline))
+
+    def dropped(path, name, split, streaming, data_files):
+        yield {"text": "first"}
+        raise ConnectionResetError("connection reset by peer")
+
+    docs = hub_documents("HuggingFaceFW/fineweb", load_dataset=dropped)
+    assert next(docs)[1] == "first"
+    with pytest.raises(UserError, match="Streaming the hub dataset .* failed .*check the connection"):
+        next(docs)

@@ -7,8 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from data_helpers import text_of
-from test_tokenizer import write_tiktoken_file
+from data_helpers import text_of, write_tiktoken_file
 
 from extrapos.data import iter_documents, load_tokenizer, open_split, prepare_data
 from extrapos.data.prepare import parse_split_fractions, split_of

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import base64
 import io
 
 import pytest
-from data_helpers import text_of
+from data_helpers import text_of, write_tiktoken_file
 
 from extrapos.data import build_tokenizer, load_tokenizer
 from extrapos.data.tokenizer import GPT2_PATTERN, token_dtype
@@ -65,13 +64,6 @@ def test_sentencepiece_model_trained_in_the_test(tmp_path):
     assert tok.encode_batch(["The quick brown fox"]) == [ids]
     tok.save(tmp_path / "saved")
     assert load_tokenizer(tmp_path / "saved").hash == tok.hash
-
-
-def write_tiktoken_file(path, merges=(b"th", b"he", b"the", b" t", b" the", b"in", b"ing")):
-    """A valid tiktoken BPE by hand: the 256 bytes, then merges, one 'base64 rank' line each."""
-    tokens = [bytes([b]) for b in range(256)] + list(merges)
-    path.write_bytes(b"".join(base64.b64encode(t) + b" %d\n" % rank for rank, t in enumerate(tokens)))
-    return path
 
 
 def test_tiktoken_file_written_by_hand(tmp_path):

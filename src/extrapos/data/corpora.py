@@ -369,20 +369,29 @@ def hub_documents(path: str, name: str | None = None, *, split: str = "train", d
     """
     if load_dataset is None:
         load_dataset = _import_datasets().load_dataset
+    source = f"hf:{path}" + (f":{name}" if name else "")
     try:
         records = load_dataset(path, name, split=split, streaming=True, data_files=data_files)
-    except (FileNotFoundError, ValueError) as e:
-        raise UserError(f"Cannot open hub dataset '{path}'{f' ({name})' if name else ''}: "
-                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}.") from None
-    except Exception as e:  # offline, unknown repo, gated dataset: one sentence, not a traceback
-        if type(e).__module__.split(".")[0] in ("datasets", "huggingface_hub", "requests", "fsspec"):
-            raise UserError(f"Cannot open hub dataset '{path}': {type(e).__name__}: "
-                            f"{str(e).splitlines()[0] if str(e) else ''}".rstrip(": ") + ".") from None
-        raise
-    source = f"hf:{path}" + (f":{name}" if name else "")
+    except (OSError, ValueError) as e:  # offline, unknown repo or config, gated dataset
+        raise UserError(f"Cannot open the hub dataset {source}: {_first_line(e)}") from None
+    records = _streamed(records, source)
     if path.split("/")[-1] == "wikitext":
         records = wikitext_articles(records, text_field)
     yield from documents_from_records(records, text_field, source)
+
+
+def _first_line(error: Exception) -> str:
+    line = (str(error).strip().splitlines() or [type(error).__name__])[0].rstrip(".")
+    return line + "."
+
+
+def _streamed(records: Iterable[Mapping], source: str) -> Iterator[Mapping]:
+    """Turn a network failure in the middle of a stream into one sentence, not a traceback."""
+    try:
+        yield from records
+    except OSError as e:
+        raise UserError(f"Streaming the hub dataset {source} failed ({_first_line(e)[:-1]}); "
+                        "check the connection and run again.") from None
 
 
 def wikitext_articles(records: Iterable[Mapping], text_field: str = "text") -> Iterator[dict]:
