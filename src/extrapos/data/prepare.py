@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from extrapos import __version__
 from extrapos.data.corpora import Corpus, open_corpus
 from extrapos.data.shards import FORMAT, MANIFEST, SPLITS, SplitWriter, read_manifest, write_manifest
 from extrapos.data.tokenizer import (
@@ -159,6 +160,7 @@ def prepare(corpus: str, tokenizer: str, out: str | Path | None = None, *, min_d
                         "split_fractions": list(fractions), "seed": seed},
             "inputs": inputs,
             "seconds": round(time.perf_counter() - started, 2),
+            "extrapos_version": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         })
         manifest = _ordered(manifest)
@@ -171,7 +173,7 @@ def prepare(corpus: str, tokenizer: str, out: str | Path | None = None, *, min_d
 
 def _ordered(manifest: dict) -> dict:
     first = ["format", "key", "corpus", "text_field", "tokenizer", "filters", "dtype", "documents_read",
-             "documents_too_short", "documents_over_budget", "replaced_bytes", "splits"]
+             "documents_too_short", "stopped_at_max_tokens", "replaced_bytes", "splits"]
     return {**{k: manifest[k] for k in first if k in manifest},
             **{k: v for k, v in manifest.items() if k not in first}}
 
