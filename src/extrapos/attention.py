@@ -22,9 +22,10 @@ Which kernel runs (``attention`` picks; every path equals ``attention_reference`
   in fp32, applies dropout and multiplies by v, so memory is O(chunk * Tk), never O(Tq * Tk).
   With autograd on and several chunks, each chunk is checkpointed (recomputed in backward) so that
   training memory stays O(chunk * Tk) too. Short sequences take a single block.
-- CUDA: FlexAttention with a ``score_mod`` for pairwise biases, and for folded biases in half
-  precision (where the fp32 fold would lose the fast bf16 kernels); any failure falls back to the
-  CPU paths above, which also run on CUDA.
+- CUDA: FlexAttention with a ``score_mod`` for long no-grad forwards (evaluation, prefill) with
+  pairwise biases, and with folded biases in half precision (where the fp32 fold would lose the
+  fast bf16 kernels); see ``_flex_wanted``. An import or compile failure falls back (once, with a
+  warning) to the paths above, which also run on CUDA. Untested here (no GPU on the CPU CI).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ from extrapos.positions.base import Bias, FoldedBias, PairwiseBias
 CHUNK_ELEMENTS = 1 << 22
 #: never use chunks smaller than this many queries (matmul efficiency)
 MIN_CHUNK = 16
+#: FlexAttention (CUDA) only for forwards with at least this many queries, see ``_flex_wanted``
+FLEX_MIN_QUERIES = 128
 
 
 def _expand_kv(k: Tensor, n_heads: int) -> Tensor:
@@ -103,7 +106,7 @@ def attention(
     _check_shapes(q, k, v)
     if bias is None:
         return _sdpa(q, k, v, dropout_p)
-    if q.device.type == "cuda" and not dropout_p and _flex_wanted(q, bias):
+    if _flex_wanted(q, bias, dropout_p):
         out = _flex_or_none(q, k, v, bias)
         if out is not None:
             return out
@@ -239,9 +242,19 @@ def chunked_attention(
 _flex_state: dict = {}
 
 
-def _flex_wanted(q: Tensor, bias: Bias) -> bool:
-    # fp32 folded biases are best served by the fused SDPA fold; half-precision folds would have to
-    # run SDPA in fp32 (see _fold_dtype), whereas flex computes the score_mod in fp32 on bf16 inputs
+def _flex_wanted(q: Tensor, bias: Bias, dropout_p: float) -> bool:
+    """Flex on CUDA for long no-grad forwards (evaluation, prefill): the case where speed matters.
+
+    Not under autograd (gradients w.r.t. tensors captured by a score_mod, i.e. the bias parameters,
+    need a recent torch, and a failure there would surface in backward where no fallback can
+    catch it; training lengths are short and the other paths are exact), not with dropout (flex has
+    none), not for short query blocks (each new (Tq, Tk) recompiles: decoding steps stay on the
+    other paths). Folded biases only in half precision: in fp32 the SDPA fold is already fused,
+    while a half-precision fold has to run SDPA in fp32 (_fold_dtype) and flex computes the
+    score_mod in fp32 on bf16 inputs instead.
+    """
+    if q.device.type != "cuda" or dropout_p or torch.is_grad_enabled() or q.shape[2] < FLEX_MIN_QUERIES:
+        return False
     return isinstance(bias, PairwiseBias) or q.dtype in (torch.float16, torch.bfloat16)
 
 
