@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "extrapos.data.commands",
     "extrapos.positions.commands",
     "extrapos.train",
+    "extrapos.extend",
     "extrapos.evaluate",
     "extrapos.compare",
     "extrapos.report",

@@ -18,6 +18,20 @@ row, the evaluation lengths, and the rows::
     reuse = "ExPE"              # no training: the ExPE run, evaluated with an inference-time change
     eval = { scale = 0.5 }
 
+Context-extension rows (segmented sequences, ``configs/compare/extension.toml``) continue a trained
+row at L_e = factor x L_t with `extrapos extend`; one row per method, one run per factor::
+
+    eval_each_length = true     # each length alone: windows of k x L_t, "max" options -> k x L_t
+    extend_tokens = 196_608     # extension budget (default: compute-equivalent), equal across methods
+
+    [[rows]]
+    name = "RoPE chunk-0.25"
+    extend = { from = "RoPE OOTB", method = "chunk", alpha = 0.25, factor = [2, 4] }
+
+The factor-k run is scored on windows of k x L_t only, so the row reads like the paper's Table 3:
+one column per L_e. Extension runs get the row's ``set`` and the command line's overrides (but not
+the sweep's ``set`` nor a command-line budget: those are the base models').
+
 Each trained row is a run directory under ``OUT/runs/``; a finished run is reused and a partial one
 resumed, so an interrupted sweep picks up where it stopped. Results are the runs' own
 ``eval/*.json`` files; the report is rebuilt from them (`extrapos report OUT` does the same).
@@ -46,6 +60,12 @@ class SweepRow:
     set: list[str] = field(default_factory=list)
     eval: dict[str, Any] = field(default_factory=dict)
     reuse: str | None = None
+    extend: dict[str, Any] | None = None  # {from, method, alpha?, factor: int | [ints], tokens?, rope_interpolation?}
+
+    @property
+    def factors(self) -> list[int]:
+        f = (self.extend or {}).get("factor", 2)
+        return list(f) if isinstance(f, list) else [f]
 
 
 @dataclass
@@ -57,6 +77,8 @@ class Sweep:
     rows: list[SweepRow]
     max_eval_tokens: int = 65_536
     notes: str = ""
+    eval_each_length: bool = False   # evaluate every length on its own (extension tables: one column per L_e)
+    extend_tokens: int | None = None  # token budget of every extension run (None: compute-equivalent)
 
 
 def sweep_names() -> list[str]:
@@ -70,15 +92,16 @@ def load_sweep(spec: str) -> Sweep:
     if not path.is_file():
         raise UserError(f"no comparison preset named '{spec}'; presets are: {', '.join(sweep_names())}.")
     raw = read_toml(path)
-    known = {"title", "train", "set", "lengths", "rows", "max_eval_tokens", "notes"}
+    known = {"title", "train", "set", "lengths", "rows", "max_eval_tokens", "notes", "eval_each_length",
+             "extend_tokens"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise UserError(f"{path}: unknown key '{unknown[0]}'; a sweep has {', '.join(sorted(known))}.")
     rows = []
     for r in raw.get("rows", []):
-        extra = sorted(set(r) - {"name", "positions", "set", "eval", "reuse"})
+        extra = sorted(set(r) - {"name", "positions", "set", "eval", "reuse", "extend"})
         if extra or "name" not in r:
-            raise UserError(f"{path}: each [[rows]] needs a name and may have positions, set, eval, reuse "
+            raise UserError(f"{path}: each [[rows]] needs a name and may have positions, set, eval, reuse, extend "
                             f"(found {', '.join(extra) or 'no name'}).")
         rows.append(SweepRow(**r))
     names = [r.name for r in rows]
@@ -87,11 +110,32 @@ def load_sweep(spec: str) -> Sweep:
     for r in rows:
         if r.reuse and r.reuse not in names:
             raise UserError(f"{path}: row '{r.name}' reuses '{r.reuse}', which is not a row.")
+        if r.extend is not None:
+            _check_extend_row(path, r, {x.name: x for x in rows})
     if not rows:
         raise UserError(f"{path} has no [[rows]].")
+    extend_tokens = raw.get("extend_tokens")
     return Sweep(raw.get("title", path.stem), raw.get("train", "cpu/small"), list(raw.get("set", [])),
                  list(raw.get("lengths", [1, 2, 4, 8, 16])), rows, int(raw.get("max_eval_tokens", 65_536)),
-                 raw.get("notes", ""))
+                 raw.get("notes", ""), bool(raw.get("eval_each_length", False)),
+                 int(extend_tokens) if extend_tokens is not None else None)
+
+
+def _check_extend_row(path: Path, row: SweepRow, by_name: dict[str, SweepRow]) -> None:
+    from extrapos.extend import METHODS
+
+    e = row.extend
+    extra = sorted(set(e) - {"from", "method", "alpha", "factor", "tokens", "rope_interpolation"})
+    parent = by_name.get(e.get("from"))
+    if extra or parent is None or parent.reuse or parent.extend is not None or e.get("method") not in METHODS:
+        raise UserError(f"{path}: row '{row.name}' needs extend = {{ from = <a trained row>, method = "
+                        f"{' | '.join(METHODS)}, alpha?, factor = K or [K, ...], tokens?, rope_interpolation? }}"
+                        f"{f' (unknown {extra[0]})' if extra else ''}.")
+    if row.reuse or not row.factors or not all(isinstance(f, int) and f >= 1 for f in row.factors):
+        raise UserError(f"{path}: row '{row.name}': extend.factor must be a positive integer or a list of them, "
+                        "and an extension row cannot also reuse another row.")
+    if row.positions is None:
+        row.positions = parent.positions  # an extension keeps its parent's encoding
 
 
 def slug(name: str) -> str:
@@ -120,7 +164,7 @@ def compare(spec: str, out: str | Path, extra: list[str] | None = None, progress
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    trained = [r for r in sweep.rows if not r.reuse]
+    trained = [r for r in sweep.rows if not r.reuse and r.extend is None]
     run_dirs: dict[str, Path] = {}
     configs: dict[str, RunConfig] = {}
     for i, row in enumerate(trained, 1):
@@ -136,12 +180,32 @@ def compare(spec: str, out: str | Path, extra: list[str] | None = None, progress
             _check_same_config(run_dir, cfg)
         print(f"[{i}/{len(trained)}] {row.name}: {'resuming' if resume else 'training'} -> {run_dir}", flush=True)
         train(cfg, run_dir, resume=resume, progress=progress)
+    extension_dirs = _run_extensions(sweep, out, run_dirs, list(extra or []), progress)
 
     entries, rows = [], []
+    max_tokens = max_eval_tokens or sweep.max_eval_tokens
     for row in sweep.rows:
+        if row.extend is not None or sweep.eval_each_length:
+            # one evaluation per length (an extension's factor-k run at k only), merged into one row
+            parts = [(extension_dirs[(row.name, k)] if row.extend is not None else run_dirs[row.reuse or row.name], k)
+                     for k in (row.factors if row.extend is not None else sweep.lengths)]
+            results = []
+            for run_dir, k in parts:
+                req = EvalRequest(lengths=[k], position_options=dict(row.eval), max_tokens=max_tokens)
+                results.append(evaluate(run_dir, req, name=f"{default_name(req)}-ev{k}", progress=progress))
+            result = _merge_results(results)
+            merged = out / "merged" / f"{slug(row.name)}.json"
+            merged.parent.mkdir(parents=True, exist_ok=True)
+            merged.write_text(json.dumps(result, indent=1))
+            if progress:
+                print(f"{row.name}:\n{format_result(result)}", flush=True)
+            entries.append({"name": row.name, "run": [str(p.relative_to(out)) for p, _ in parts],
+                            "eval": str(merged.relative_to(out))})
+            rows.append(Row(row.name, result))
+            continue
         source = row.reuse or row.name
         req = EvalRequest(lengths=sweep.lengths, position_options=dict(row.eval),
-                          max_tokens=max_eval_tokens or sweep.max_eval_tokens)
+                          max_tokens=max_tokens)
         result = evaluate(run_dirs[source], req, progress=progress)
         if progress:
             print(f"{row.name}:\n{format_result(result)}", flush=True)
@@ -149,12 +213,46 @@ def compare(spec: str, out: str | Path, extra: list[str] | None = None, progress
                         "eval": str((run_dirs[source] / "eval" / f"{default_name(req)}.json").relative_to(out))})
         rows.append(Row(row.name, result))
     (out / "rows.json").write_text(json.dumps(entries, indent=1))
-    facts = _facts(sweep, configs, run_dirs, rows, time.perf_counter() - t0)
+    facts = _facts(sweep, configs, run_dirs, rows, time.perf_counter() - t0, extension_dirs)
     (out / "facts.json").write_text(json.dumps(facts, indent=1))
     report = write_report(rows, out, sweep.title, facts)
     print(markdown_table(rows))
     print(f"-> {report}")
     return report
+
+
+def _run_extensions(sweep: Sweep, out: Path, run_dirs: dict[str, Path], extra: list[str],
+                    progress: bool) -> dict[tuple[str, int], Path]:
+    """Train (or reuse / resume) every extension run: OUT/runs/<row>-x<k>, from its parent row's run."""
+    from extrapos.config import BUDGET_KEYS, parse_override
+    from extrapos.extend import extend
+    from extrapos.train import run_is_complete
+
+    extra = [o for o in extra if parse_override(o)[0] not in (["train", k] for k in BUDGET_KEYS)]
+    jobs = [(row, k) for row in sweep.rows if row.extend is not None for k in row.factors]
+    dirs = {}
+    for i, (row, k) in enumerate(jobs, 1):
+        e = row.extend
+        run_dir = out / "runs" / slug(f"{row.name} x{k}")
+        dirs[(row.name, k)] = run_dir
+        started = (run_dir / "config.toml").is_file()
+        state = "finished run reused" if run_is_complete(run_dir) else "resuming" if started else "extending"
+        print(f"[ext {i}/{len(jobs)}] {row.name} x{k}: {state} -> {run_dir}", flush=True)
+        extend(run_dirs[e["from"]], e["method"], k, e.get("alpha"), run_dir,
+               tokens=e.get("tokens", sweep.extend_tokens), rope_interpolation=bool(e.get("rope_interpolation")),
+               overrides=list(row.set) + extra, resume=started, progress=progress)
+    return dirs
+
+
+def _merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Evaluations of one length each, as one result with a column per length (the last's per-position curve)."""
+    merged = dict(results[-1])
+    merged["results"] = [r for res in results for r in res["results"]]
+    merged["parts"] = [{"run": res["run"], "name": res["name"], "ev": [r["ev"] for r in res["results"]],
+                        "target_tokens": res["target_tokens"], "documents_used": res["documents_used"]}
+                       for res in results]
+    merged["wall_time"] = sum(res["wall_time"] for res in results)
+    return merged
 
 
 def _check_same_config(run_dir: Path, cfg: RunConfig) -> None:
@@ -165,7 +263,7 @@ def _check_same_config(run_dir: Path, cfg: RunConfig) -> None:
 
 
 def _facts(sweep: Sweep, configs: dict[str, RunConfig], run_dirs: dict[str, Path], rows: list[Row],
-           wall: float) -> list[str]:
+           wall: float, extension_dirs: dict[tuple[str, int], Path] | None = None) -> list[str]:
     """What a reader needs to judge the table: model size, tokens, corpus, tokenizer, seed, time."""
     first = next(iter(configs.values()))
     m, d, t = first.model, first.data, first.train
@@ -180,9 +278,18 @@ def _facts(sweep: Sweep, configs: dict[str, RunConfig], run_dirs: dict[str, Path
         f"batch {t.batch_size}, lr {t.lr:g} -> {t.end_lr:g}, {t.precision}, seed {t.seed}",
         f"data: corpus {d.corpus}, tokenizer {d.tokenizer}; evaluation on the held-out test split, "
         f"{rows[0].result['target_tokens']:,} target tokens per length from {rows[0].result['documents_used']} documents",
-        f"every row trained with the same data order, budget and seed; no per-method tuning",
+        "every row trained with the same data order, budget and seed; no per-method tuning",
         f"sweep wall time {wall / 60:.1f} min (this invocation; reused runs cost nothing)",
     ]
+    if extension_dirs:
+        parents = [json.loads((p / "parent.json").read_text()) for p in extension_dirs.values()
+                   if (p / "parent.json").is_file()]
+        ext_tokens = sorted({p["tokens"] for p in parents})
+        facts.append(f"extension: {len(extension_dirs)} runs from the trained rows' final checkpoints, "
+                     f"L_e = {', '.join(str(x) for x in sorted({p['extended_length'] for p in parents}))}, "
+                     f"{', '.join(f'{x:,}' for x in ext_tokens)} tokens per run (the same for every method), "
+                     "fresh AdamW with the parent's settings; each L_e column scores the same held-out windows "
+                     "of L_e tokens for every row")
     if sweep.notes:
         facts.append(sweep.notes.strip())
     return facts

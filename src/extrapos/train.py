@@ -107,17 +107,17 @@ def prepare_run_data(cfg: RunConfig, progress: bool = True) -> Path:
 
 
 def build_sampler(cfg: RunConfig, split, batch_size: int, seed: int, rank: int = 0, world: int = 1):
-    """The training example sampler the config names (see data/sampling.py)."""
+    """The training example sampler the config names (see data/sampling.py and data/segmented.py)."""
     from extrapos.data import sampling
 
     name = cfg.data.sampler
     if name == "contiguous":
         return sampling.ContiguousSampler(split, cfg.seq_len, batch_size, seed=seed, rank=rank,
                                           world_size=world, packed=cfg.data.packed)
-    factory = getattr(sampling, "build_sampler", None)
-    if factory is None:
-        raise UserError(f"data.sampler {name!r} is not available; use data.sampler=contiguous.")
-    return factory(name, split, cfg, batch_size, seed=seed, rank=rank, world_size=world)
+    # chunk | prefix | full | randompos: segmented sampling for context extension
+    from extrapos.data.segmented import build_sampler as segmented_sampler
+
+    return segmented_sampler(name, split, cfg, batch_size, seed=seed, rank=rank, world_size=world)
 
 
 # ---- optimisation --------------------------------------------------------------------------------

@@ -1,0 +1,205 @@
+"""Segmented-sequence samplers for context extension (Karypis et al., segmented sequences §3.3).
+
+A model trained at L_t learns to use an extended context L_e without ever training on L_e-long
+inputs: every example has L_t tokens cut from one L_e window of one document and keeps each
+token's ORIGINAL position in that window (and its original next token as target).
+
+Windows: ``windows_in_documents(doc_lengths, L_e + 1, L_e)``, i.e. non-overlapping L_e-token windows
+of single documents (a document's remainder and documents shorter than L_e + 1 are dropped; the
+extra token is the target of the window's last position). Position p of a window is token
+``window[p]`` with target ``window[p + 1]``, p in [0, L_e).
+
+Samplers (``data.sampler``):
+
+* ``chunk`` (alpha): 1/alpha contiguous, non-overlapping segments of alpha * L_t tokens, placed
+  uniformly at random in the window (stars and bars: every ordered placement equally likely) and
+  kept in order. Every token counts in the loss.
+* ``prefix`` (alpha): a suffix of alpha * L_t contiguous tokens starting at i, with
+  ``(1 - alpha) L_t <= i <= L_e - alpha L_t`` (uniform), and a prefix of (1 - alpha) L_t positions
+  sampled without replacement from [0, i), sorted. Loss on the suffix only (the prefix tokens keep
+  their original next token as target, masked). The paper writes strict inequalities
+  ``(1 - alpha) L_t < i < L_e - alpha L_t``; we include both ends because both are valid cuts
+  (i = (1 - alpha) L_t is a fully contiguous example, i = L_e - alpha L_t a suffix ending on the
+  window's last position, whose target exists) and excluding them would make the window's first
+  and last positions rarer for no reason.
+* ``full``: the L_e windows themselves (sequence length L_e, positions 0..L_e-1).
+* ``randompos`` (Ruoss et al. 2023): L_t contiguous tokens from a uniformly random start in the
+  window, with positions a sorted sample without replacement from [0, L_e).
+
+Compute-equivalent budget (§4.4): one example per L_e window per epoch, so L_e / L_t epochs of
+the L_t-token samplers and one epoch of ``full`` process the same number of tokens
+(``compute_equivalent_tokens``).
+
+Determinism: the window order is the base class's (``(seed, epoch)`` permutation, rank-sharded,
+resumable mid-epoch); the random cut of an item is drawn from an RNG seeded by
+``(seed, epoch, item, sampler)``, so it does not depend on the batch size, the rank or where a run
+was resumed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from extrapos.data.batch import Batch
+from extrapos.data.sampling import Sampler, gather, windows_in_documents
+from extrapos.data.shards import TokenSplit
+from extrapos.errors import UserError
+
+SEGMENTED = ("chunk", "prefix", "full", "randompos")
+_SALT = {"chunk": 1, "prefix": 2, "full": 3, "randompos": 4}
+
+
+def segment_length(train_length: int, alpha: float) -> int:
+    """alpha * L_t as an exact integer (a UserError if it is not one)."""
+    if not 0 < alpha <= 1:
+        raise UserError(f"data.alpha must be in (0, 1], got {alpha}.")
+    n = alpha * train_length
+    if abs(n - round(n)) > 1e-9 or round(n) < 1:
+        raise UserError(f"data.alpha={alpha} times the training length {train_length} is {n:g}, not a positive "
+                        "integer; choose alpha so that alpha * L_t is a whole number of tokens.")
+    return int(round(n))
+
+
+def chunk_positions(rng: np.random.Generator, train_length: int, extended_length: int, alpha: float) -> np.ndarray:
+    """Sorted positions of 1/alpha contiguous segments of alpha * L_t tokens inside [0, L_e).
+
+    Stars and bars: shrink each segment to one slot, so the window has L_e - L_t + k slots for
+    k segments; choosing k of them uniformly (sorted) gives every ordered, non-overlapping
+    placement the same probability. Segment j then starts at c_j + j (s - 1).
+    """
+    s = segment_length(train_length, alpha)
+    k = train_length // s
+    if k * s != train_length:
+        raise UserError(f"chunk needs 1/alpha segments of alpha * L_t tokens to fill L_t={train_length} exactly; "
+                        f"alpha={alpha} gives segments of {s} tokens. Use alpha = 1/2, 1/4, 1/8, ...")
+    slots = np.sort(rng.choice(extended_length - train_length + k, size=k, replace=False))
+    starts = slots + np.arange(k) * (s - 1)
+    return (starts[:, None] + np.arange(s)).ravel()
+
+
+def prefix_positions(rng: np.random.Generator, train_length: int, extended_length: int,
+                     alpha: float) -> tuple[np.ndarray, int]:
+    """(sorted positions, prefix length): a random sorted prefix from [0, i), then alpha * L_t from i."""
+    suffix = segment_length(train_length, alpha)
+    prefix = train_length - suffix
+    i = int(rng.integers(prefix, extended_length - suffix + 1))  # both ends included (see the module doc)
+    head = np.sort(rng.choice(i, size=prefix, replace=False)) if prefix else np.empty(0, dtype=np.int64)
+    return np.concatenate([head, i + np.arange(suffix)]), prefix
+
+
+class SegmentedSampler(Sampler):
+    """Examples cut from non-overlapping L_e windows of single documents (see the module doc)."""
+
+    def __init__(self, split: TokenSplit, method: str, train_length: int, extended_length: int, batch_size: int,
+                 alpha: float = 0.25, seed: int = 0, rank: int = 0, world_size: int = 1):
+        if method not in SEGMENTED:
+            raise UserError(f"unknown segmented sampler {method!r}; choose one of: {', '.join(SEGMENTED)}.")
+        if extended_length < train_length:
+            raise UserError(f"data.extended_length={extended_length} is shorter than the training length "
+                            f"{train_length}; L_e must be at least L_t.")
+        self.method, self.train_length, self.extended_length, self.alpha = method, train_length, extended_length, alpha
+        if method in ("chunk", "prefix"):
+            segment_length(train_length, alpha)  # check alpha early
+            if method == "chunk":
+                chunk_positions(np.random.default_rng(0), train_length, extended_length, alpha)
+        seq_len = extended_length if method == "full" else train_length
+        super().__init__(split, seq_len, batch_size, seed, rank, world_size)
+        doc_index, start_in_doc = windows_in_documents(split.doc_lengths, extended_length + 1, extended_length)
+        self._starts = split.offsets[doc_index] + start_in_doc
+        if self.windows_per_epoch == 0:
+            raise UserError(
+                f"No window of {extended_length + 1} tokens (L_e + 1) fits in split '{split.split}' of "
+                f"'{split.directory}' ({split.num_docs} documents, longest "
+                f"{int(split.doc_lengths.max(initial=0))} tokens) for {world_size} rank(s); use a shorter "
+                "data.extended_length or longer documents.")
+
+    @property
+    def num_items(self) -> int:
+        return len(self._starts)
+
+    def cut(self, item: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(indices into the window, positions, loss mask) of one example; a pure function of (seed, epoch, item)."""
+        L, E = self.train_length, self.extended_length
+        if self.method == "full":
+            idx = np.arange(E)
+            return idx, idx, np.ones(E, dtype=bool)
+        rng = np.random.default_rng([self.seed, epoch, item, _SALT[self.method]])
+        mask = np.ones(L, dtype=bool)
+        if self.method == "chunk":
+            idx = chunk_positions(rng, L, E, self.alpha)
+            return idx, idx, mask
+        if self.method == "prefix":
+            idx, prefix = prefix_positions(rng, L, E, self.alpha)
+            mask[:prefix] = False
+            return idx, idx, mask
+        # randompos: contiguous content, positions spread over [0, L_e)
+        start = int(rng.integers(0, E - L + 1))
+        positions = np.sort(rng.choice(E, size=L, replace=False))
+        return start + np.arange(L), positions, mask
+
+    def _build_batch(self, items: np.ndarray, epochs: np.ndarray) -> Batch:
+        windows = gather(self.split.tokens, self._starts[items], self.extended_length + 1)
+        rows = len(items)
+        idx = np.empty((rows, self.seq_len), dtype=np.int64)
+        pos = np.empty((rows, self.seq_len), dtype=np.int64)
+        mask = np.empty((rows, self.seq_len), dtype=bool)
+        for r, (item, epoch) in enumerate(zip(items.tolist(), epochs.tolist())):
+            idx[r], pos[r], mask[r] = self.cut(item, epoch)
+        return Batch(
+            tokens=torch.from_numpy(np.take_along_axis(windows, idx, axis=1)),
+            targets=torch.from_numpy(np.take_along_axis(windows, idx + 1, axis=1)),
+            positions=torch.from_numpy(pos),
+            loss_mask=torch.from_numpy(mask),
+        )
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "method": self.method, "alpha": self.alpha,
+                "extended_length": self.extended_length}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("method", "alpha", "extended_length"):
+            if state.get(key) != getattr(self, key):
+                raise UserError(f"Cannot resume the data stream: its {key} was {state.get(key)!r}, now "
+                                f"{getattr(self, key)!r}; resume with the same data settings.")
+        super().load_state_dict(state)
+
+
+def compute_equivalent_tokens(split: TokenSplit, train_length: int, extended_length: int) -> int:
+    """Tokens of the paper's budget: L_e / L_t epochs of one L_t example per L_e window (= windows x L_e)."""
+    doc_index, _ = windows_in_documents(split.doc_lengths, extended_length + 1, extended_length)
+    epochs = extended_length / train_length
+    return int(math.floor(epochs * len(doc_index) * train_length))
+
+
+def build_sampler(name: str, split: TokenSplit, cfg, batch_size: int, seed: int = 0, rank: int = 0,
+                  world_size: int = 1) -> Sampler:
+    """The sampler ``data.sampler`` names (``train.build_sampler`` calls this for every sampler but contiguous).
+
+    The example length of chunk / prefix / randompos is the run's sequence length (L_t); ``full``
+    needs ``train.seq_len = data.extended_length`` so that budgets in tokens count what it feeds.
+    """
+    from extrapos.data.sampling import ContiguousSampler
+
+    if name == "contiguous":
+        return ContiguousSampler(split, cfg.seq_len, batch_size, seed=seed, rank=rank, world_size=world_size,
+                                 packed=cfg.data.packed)
+    if name not in SEGMENTED:
+        raise UserError(f"unknown data.sampler {name!r}; choose contiguous, {', '.join(SEGMENTED)}.")
+    if cfg.data.packed:
+        raise UserError(f"data.sampler={name} cuts windows of single documents; it cannot be packed "
+                        "(set data.packed=false).")
+    extended = cfg.data.extended_length
+    if extended is None:
+        raise UserError(f"data.sampler={name} needs data.extended_length (L_e, e.g. 2 x the training length).")
+    if name == "full":
+        if cfg.seq_len != extended:
+            raise UserError(f"data.sampler=full trains on windows of data.extended_length={extended} tokens; "
+                            f"set train.seq_len={extended} too (it is {cfg.seq_len}).")
+        train_length = cfg.model.train_length
+    else:
+        train_length = cfg.seq_len
+    return SegmentedSampler(split, name, train_length, extended, batch_size, alpha=cfg.data.alpha, seed=seed,
+                            rank=rank, world_size=world_size)
