@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "extrapos.compare",
     "extrapos.report",
     "extrapos.generate",
+    "extrapos.bench",
 ]
 
 

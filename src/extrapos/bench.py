@@ -1,0 +1,362 @@
+"""`extrapos bench`: the cost of every encoding, side by side, as ratios to NoPE.
+
+One invocation measures, with the same model size and batch for every encoding:
+
+- the training step (forward + backward + AdamW) at L_t = 256, fp32 and bf16 autocast, with its
+  model-FLOPs utilisation against the matmul peak measured here in the same precision;
+- evaluation time at 1x, 4x and 16x L_t, and evaluation peak memory;
+- generation tokens/s at 1k tokens of context, with the KV cache and by recomputing the prefix;
+- the bf16 position-resolution diagnostic of ExPE / ExQPE (see diagnostics.py).
+
+Timings are interleaved (every repeat visits every encoding) and reported as medians, so a noisy
+machine slows all encodings alike and the ratios survive. Peak memory on CPU has no allocator
+counter, so it is the peak growth of the resident set during the forward, sampled by a thread, in a
+fresh child process per encoding: it counts everything the process really touched, kernel scratch
+buffers included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from extrapos.errors import UserError
+from extrapos.model import Decoder, flops_per_token, model_config
+from extrapos.perf import matmul_peak_flops
+from extrapos.positions import registry
+
+
+@dataclass
+class BenchSettings:
+    size: str = "cpu-small"
+    vocab: int = 8192
+    train_length: int = 256
+    batch: int = 8
+    eval_lengths: tuple[int, ...] = (1, 4, 16)
+    context: int = 1024
+    new_tokens: int = 32
+    repeats: int = 5
+    steps_per_repeat: int = 2
+    quick: bool = False
+
+    @classmethod
+    def for_mode(cls, quick: bool) -> BenchSettings:
+        if quick:
+            return cls(batch=4, eval_lengths=(1, 4, 16), context=512, new_tokens=16, repeats=3,
+                       steps_per_repeat=1, quick=True)
+        return cls()
+
+
+def _model(name: str, s: BenchSettings, seed: int = 0) -> Decoder:
+    torch.manual_seed(seed)
+    options = {"interpolate_to": s.train_length * max(s.eval_lengths + (s.context // s.train_length + 1,))} \
+        if name == "learned" else {}
+    cfg = model_config(s.size, vocab_size=s.vocab, train_length=s.train_length, positions={"name": name, **options})
+    return Decoder(cfg)
+
+
+def _precision_ctx(precision: str):
+    from extrapos.train import autocast
+
+    return autocast(torch.device("cpu"), precision)
+
+
+def _interleaved(names: list[str], repeats: int, fn) -> dict[str, list[float]]:
+    """Run fn(name) -> seconds for every name, ``repeats`` rounds, names in a rotating order."""
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for n in order:
+            times[n].append(fn(n))
+    return times
+
+
+def bench_training(names: list[str], s: BenchSettings, precision: str, progress) -> dict[str, dict[str, float]]:
+    models = {n: _model(n, s) for n in names}
+    opts = {n: torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True) for n, m in models.items()}
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, s.vocab, (s.batch, s.train_length + 1), generator=g)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    pos = torch.arange(s.train_length).expand(s.batch, -1)
+
+    def step(name: str) -> float:
+        m, opt = models[name], opts[name]
+        t0 = time.perf_counter()
+        for _ in range(s.steps_per_repeat):
+            with _precision_ctx(precision):
+                logits = m(x, pos)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        progress()
+        return (time.perf_counter() - t0) / s.steps_per_repeat
+
+    step_names = list(names)
+    for n in step_names:  # warm-up: first-call allocations and lazy inits out of the timings
+        step(n)
+    times = _interleaved(step_names, s.repeats, step)
+    peak = matmul_peak_flops("cpu", precision)
+    out = {}
+    for n in names:
+        sec = statistics.median(times[n])
+        tok_s = s.batch * s.train_length / sec
+        out[n] = {"step_ms": sec * 1e3, "tokens_per_s": tok_s,
+                  "mfu": flops_per_token(models[n].cfg, s.train_length) * tok_s / peak}
+    base = out.get("nope", {}).get("step_ms")
+    for n in out:
+        out[n]["ratio"] = out[n]["step_ms"] / base if base else None
+    return out
+
+
+@torch.no_grad()
+def bench_eval_time(names: list[str], s: BenchSettings, progress) -> dict[str, dict[str, float]]:
+    models = {n: _model(n, s).eval() for n in names}
+    g = torch.Generator().manual_seed(1)
+    result: dict[str, dict[str, float]] = {n: {} for n in names}
+    for k in s.eval_lengths:
+        T = k * s.train_length
+        tokens = torch.randint(0, s.vocab, (1, T), generator=g)
+        pos = torch.arange(T).unsqueeze(0)
+
+        def run(name: str, tokens=tokens, pos=pos) -> float:
+            t0 = time.perf_counter()
+            models[name].hidden_states(tokens, pos)
+            progress()
+            return time.perf_counter() - t0
+
+        for n in names:
+            run(n)
+        times = _interleaved(names, max(2, s.repeats - 2), run)
+        for n in names:
+            result[n][f"time_ms_{k}x"] = statistics.median(times[n]) * 1e3
+    return result
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_growth_mb(fn) -> float:
+    """Peak growth of the resident set while ``fn()`` runs, sampled every 0.5 ms by a thread
+    (torch kernels release the GIL, so the sampler sees the peaks)."""
+    base = _rss_bytes()
+    peak = [base]
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss_bytes())
+            time.sleep(0.0005)
+
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
+    try:
+        fn()
+    finally:
+        stop.set()
+        t.join()
+    return (max(peak[0], _rss_bytes()) - base) / 2**20
+
+
+def _child_memory(name: str, s: BenchSettings) -> dict[str, float]:
+    """Peak RSS growth (MB) of evaluating each length (batch 1, no grad), in this fresh process."""
+    model = _model(name, s).eval()
+    g = torch.Generator().manual_seed(1)
+    out = {}
+    with torch.no_grad():
+        model.hidden_states(torch.randint(0, s.vocab, (1, 16), generator=g), torch.arange(16).unsqueeze(0))
+        for k in sorted(s.eval_lengths):
+            T = k * s.train_length
+            tokens, pos = torch.randint(0, s.vocab, (1, T), generator=g), torch.arange(T).unsqueeze(0)
+            out[f"peak_mb_{k}x"] = peak_rss_growth_mb(lambda t=tokens, p=pos: model.hidden_states(t, p))
+    return out
+
+
+def bench_eval_memory(names: list[str], s: BenchSettings, progress) -> dict[str, dict[str, float]]:
+    out = {}
+    for n in names:
+        cmd = [sys.executable, "-m", "extrapos.bench", "--memory-child", n, "--settings", json.dumps(s.__dict__)]
+        # a fixed mmap threshold stops glibc from keeping freed large blocks, so each length starts clean
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"memory measurement of {n} failed:\n{proc.stderr[-2000:]}")
+        out[n] = json.loads(proc.stdout.strip().splitlines()[-1])
+        progress()
+    return out
+
+
+@torch.no_grad()
+def bench_generation(names: list[str], s: BenchSettings, progress) -> dict[str, dict[str, float]]:
+    from extrapos.generate import generate_tokens
+
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, s.vocab, (s.context,), generator=g).tolist()
+    models = {n: _model(n, s).eval() for n in names}
+
+    def cached_decode(name: str) -> float:
+        """Seconds per generated token with the cache (prefill excluded)."""
+        m = models[name]
+        cache = m.new_cache()
+        m.hidden_states(torch.tensor([prompt]), torch.arange(s.context).unsqueeze(0), cache)
+        tok = torch.tensor([[prompt[-1]]])
+        t0 = time.perf_counter()
+        for i in range(s.new_tokens):
+            logits = m(tok, torch.tensor([[s.context + i]]), cache)
+            tok = logits[:, -1:].argmax(-1)
+        progress()
+        return (time.perf_counter() - t0) / s.new_tokens
+
+    def recompute(name: str) -> float:
+        t0 = time.perf_counter()
+        for _ in generate_tokens(models[name], prompt, max(4, s.new_tokens // 4), temperature=0, use_cache=False):
+            pass
+        progress()
+        return (time.perf_counter() - t0) / max(4, s.new_tokens // 4)
+
+    for n in names:
+        cached_decode(n)
+    cached = _interleaved(names, max(2, s.repeats - 2), cached_decode)
+    slow = _interleaved(names, 1, recompute)
+    out = {}
+    for n in names:
+        c, r = statistics.median(cached[n]), statistics.median(slow[n])
+        out[n] = {"cached_tok_s": 1 / c, "recompute_tok_s": 1 / r, "cache_speedup": r / c, "decode_ms": c * 1e3}
+    return out
+
+
+def run_bench(quick: bool = False, encodings: list[str] | None = None, progress: bool = True) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
+    from extrapos.diagnostics import position_resolution
+
+    s = BenchSettings.for_mode(quick)
+    names = encodings or registry.names()
+    unknown = [n for n in names if n not in registry.names()]
+    if unknown:
+        raise UserError(f"unknown encoding {unknown[0]!r}; choose from: {', '.join(registry.names())}.")
+    if "nope" not in names:
+        names = ["nope"] + names
+    n = len(names)
+    total = (2 * n * (s.repeats + 1) + len(s.eval_lengths) * n * (max(2, s.repeats - 2) + 1)
+             + n + n * (max(2, s.repeats - 2) + 1) + n)
+    bar = tqdm(total=total, disable=not progress, desc="bench", unit="run")
+    tick = lambda: bar.update(1)  # noqa: E731
+    t0 = time.perf_counter()
+    result: dict[str, Any] = {
+        "settings": s.__dict__ | {"threads": torch.get_num_threads(), "torch": torch.__version__},
+        "machine": {"matmul_peak_gflops_fp32": matmul_peak_flops("cpu", "fp32") / 1e9,
+                    "matmul_peak_gflops_bf16": matmul_peak_flops("cpu", "bf16") / 1e9},
+        "train_fp32": bench_training(names, s, "fp32", tick),
+        "train_bf16": bench_training(names, s, "bf16", tick),
+        "eval_time": bench_eval_time(names, s, tick),
+        "eval_memory": bench_eval_memory(names, s, tick),
+        "generation": bench_generation(names, s, tick),
+        "resolution": position_resolution(train_length=512, multiples=(1, 2, 4, 8, 16)),
+    }
+    bar.close()
+    result["wall_time_s"] = time.perf_counter() - t0
+    return result
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}" if a is not None and b else "–"
+
+
+def format_bench(r: dict[str, Any]) -> str:
+    s, m = r["settings"], r["machine"]
+    lines = [
+        f"Model {s['size']} (vocab {s['vocab']}), L_t = {s['train_length']}, batch {s['batch']}, "
+        f"{s['threads']} threads, torch {s['torch']}; matmul peak {m['matmul_peak_gflops_fp32']:.0f} GFLOP/s fp32, "
+        f"{m['matmul_peak_gflops_bf16']:.0f} GFLOP/s bf16. Ratios are to `nope` (lower is better, except speedup).",
+        "",
+        "| encoding | train fp32 ms (x nope) | MFU fp32 | train bf16 ms (x nope) | MFU bf16 | "
+        + " | ".join(f"eval {k}x ms (x)" for k in s["eval_lengths"]) + " | "
+        + " | ".join(f"peak MB {k}x (x)" for k in s["eval_lengths"])
+        + " | decode ms/token (x) | cached tok/s | recompute tok/s | cache speedup |",
+        "|---|" + "---:|" * (4 + 2 * len(s["eval_lengths"]) + 4),
+    ]
+    tf, tb, et, em, gen = r["train_fp32"], r["train_bf16"], r["eval_time"], r["eval_memory"], r["generation"]
+    for n in tf:
+        cells = [f"{tf[n]['step_ms']:.1f} ({tf[n]['ratio']:.2f})", f"{tf[n]['mfu']:.1%}",
+                 f"{tb[n]['step_ms']:.1f} ({tb[n]['ratio']:.2f})", f"{tb[n]['mfu']:.1%}"]
+        for k in s["eval_lengths"]:
+            cells.append(f"{et[n][f'time_ms_{k}x']:.1f} ({_ratio(et[n][f'time_ms_{k}x'], et['nope'][f'time_ms_{k}x'])})")
+        for k in s["eval_lengths"]:
+            cells.append(f"{em[n][f'peak_mb_{k}x']:.0f} ({_ratio(em[n][f'peak_mb_{k}x'], em['nope'][f'peak_mb_{k}x'])})")
+        cells += [f"{gen[n]['decode_ms']:.2f} ({_ratio(gen[n]['decode_ms'], gen['nope']['decode_ms'])})",
+                  f"{gen[n]['cached_tok_s']:.0f}", f"{gen[n]['recompute_tok_s']:.1f}", f"{gen[n]['cache_speedup']:.1f}x"]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    if "cable" in gen and "alibi" in gen:
+        lines += ["", f"CABLE decoding per token / ALiBi's: {gen['cable']['decode_ms'] / gen['alibi']['decode_ms']:.2f}"]
+    from extrapos.diagnostics import format_resolution
+
+    lines += ["", format_resolution(r["resolution"]), "", f"bench wall time {r['wall_time_s']:.0f} s"]
+    return "\n".join(lines)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="speed and memory of every encoding, as ratios to nope")
+    p.add_argument("--quick", action="store_true", help="fewer repeats and a shorter context (a few minutes)")
+    p.add_argument("--encodings", default=None, help="comma-separated subset (nope is always included)")
+    p.add_argument("--out", default=None, help="write the markdown table here (and the JSON beside it)")
+    p.add_argument("--bf16-runs", nargs="*", default=None, metavar="RUN",
+                   help="also evaluate these runs in fp32 and bf16 autocast (the ExPE/ExQPE resolution check)")
+    p.add_argument("--resolution-only", action="store_true", help="print only the bf16 position-resolution table")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args) -> int:
+    from extrapos.diagnostics import (
+        bf16_eval_delta,
+        format_bf16_delta,
+        format_resolution,
+        position_resolution,
+    )
+
+    if args.resolution_only:
+        print(format_resolution(position_resolution()))
+        if args.bf16_runs:
+            print(format_bf16_delta(bf16_eval_delta(args.bf16_runs, progress=not args.no_progress)))
+        return 0
+    names = [n.strip() for n in args.encodings.split(",")] if args.encodings else None
+    r = run_bench(args.quick, names, progress=not args.no_progress)
+    if args.bf16_runs:
+        r["bf16_eval"] = bf16_eval_delta(args.bf16_runs, progress=not args.no_progress)
+    text = format_bench(r)
+    if args.bf16_runs:
+        text += "\n\nEvaluation loss in fp32 vs bf16 autocast:\n\n" + format_bf16_delta(r["bf16_eval"])
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+        out.with_suffix(".json").write_text(json.dumps(r, indent=1))
+        print(f"-> {out}")
+    return 0
+
+
+if __name__ == "__main__":  # the memory child: python -m extrapos.bench --memory-child NAME --settings JSON
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--memory-child", required=True)
+    ap.add_argument("--settings", required=True)
+    a = ap.parse_args()
+    raw = json.loads(a.settings)
+    raw["eval_lengths"] = tuple(raw["eval_lengths"])
+    print(json.dumps(_child_memory(a.memory_child, BenchSettings(**raw))))
