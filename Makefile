@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/extrapos data prepare --corpus sotu --tokenizer bpe:8192
+	$(BIN)/extrapos compare quick --out runs/compare-quick
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
