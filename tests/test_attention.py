@@ -125,6 +125,13 @@ def test_chunked_equals_reference(bias_kind, shape, chunk):
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("block", [1, 4, 16])
+def test_folded_in_query_blocks_equals_reference(shape, block):
+    """Long forwards fold block by block, each block with its own k_feat shift."""
+    _check(folded_attention, "folded", shape, block=block)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
 def test_folded_without_reference_shift_equals_reference(shape):
     _check(folded_attention, "folded", shape, subtract_reference=False)
 
@@ -284,8 +291,10 @@ def test_folded_long_sequence_has_no_t_by_t_op_output():
     q, k, v = _qkv(B, H, H, T, T, Dh, dtype=torch.float32)
     bias = FoldedBias(torch.rand(B, H, T), torch.arange(T, dtype=torch.float32).expand(B, H, T))
     with torch.no_grad(), _LargestTensor() as guard:
-        attention(q, k, v, bias)
-    assert guard.largest <= B * H * T * 24  # q', k', v' and the output: O(T d), never T * T
+        folded_attention(q, k, v, bias, block=256)
+    # q', k', v', the output: O(T d); the per-block bottom-right masks: block * T; never T * T
+    assert guard.largest <= max(B * H * T * 24, 256 * T)
+    assert guard.largest < T * T // 8
 
 
 def test_default_chunk_size():
