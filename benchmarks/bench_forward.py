@@ -7,6 +7,10 @@ reports the median over rounds as a ratio to nope's median, plus the encoding's 
     python benchmarks/bench_forward.py                      # gpt2-tiny, vocab 8192, 4 x 256, CPU
     python benchmarks/bench_forward.py --backward --rounds 5
     python benchmarks/bench_forward.py --device cuda --batch 16 --seq 1024
+    python benchmarks/bench_forward.py --threads 1 --clock cpu   # on a shared, busy machine
+
+``--clock cpu`` measures this process's CPU time instead of wall time: on a machine shared with
+other jobs, wall time mostly measures the neighbours; single-threaded CPU time is much steadier.
 """
 
 from __future__ import annotations
@@ -31,8 +35,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--backward", action="store_true", help="time forward + backward instead of forward")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall time, or this process's CPU time (steadier on a busy machine; CPU only)")
     ap.add_argument("--only", nargs="*", help="a subset of encodings (nope is always included)")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
     encodings = ["nope"] + [n for n in (args.only or names()) if n != "nope"]
     cfg_kw = dict(vocab_size=args.vocab, train_length=max(args.seq, model_config(args.size).train_length))
@@ -52,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def once(model) -> float:
         sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         if args.backward:
             model(tokens, positions).float().logsumexp(-1).mean().backward()
             model.zero_grad(set_to_none=True)
@@ -60,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
             with torch.no_grad():
                 model(tokens, positions)
         sync()
-        return time.perf_counter() - t0
+        return clock() - t0
 
     for m in models.values():  # warm-up: allocator, kernels, lazy init
         once(m)
@@ -75,12 +85,13 @@ def main(argv: list[str] | None = None) -> None:
     med = {n: statistics.median(t) for n, t in times.items()}
     kind = "forward+backward" if args.backward else "forward"
     print(f"{kind} of {args.size} (vocab {args.vocab}), batch {args.batch} x {args.seq} tokens on {args.device}, "
-          f"{torch.get_num_threads()} threads, median of {args.rounds} interleaved rounds")
+          f"{torch.get_num_threads()} threads, {args.clock} clock, median of {args.rounds} interleaved rounds")
     print(f"{'encoding':<18} {'ms':>8} {'vs nope':>8} {'spread':>7} {'params':>12} {'positional':>11}")
     for n in encodings:
         spread = (max(times[n]) - min(times[n])) / med[n]
         total, pos = params[n]
         print(f"{n:<18} {1e3 * med[n]:8.1f} {med[n] / med['nope']:8.2f} {spread:7.0%} {total:12,} {pos:11,}")
+    print("spread = (max - min) / median over rounds; params = whole model, positional = the encoding's own")
 
 
 if __name__ == "__main__":
