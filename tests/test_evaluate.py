@@ -68,12 +68,13 @@ def _test_split(run):
     ("rope", {"scaling": "ntk", "factor": 4.0}),
     ("rope", {"scaling": "dynamic", "factor": 4.0}),
     ("learned", {"interpolate_to": "max"}),
+    ("learned", {"interpolate_to": "window"}),
 ])
 def test_inference_time_changes_are_applied_and_recorded(runs, encoding, options):
     changed = evaluate(runs[encoding], EvalRequest(lengths=[1, 4], max_tokens=256, position_options=options),
                        name="changed", progress=False, overwrite=True)
     assert changed["applied"] == options
-    expected = {k: (64 if v == "max" else v) for k, v in options.items()}
+    expected = {k: (64 if v in ("max", "window") else v) for k, v in options.items()}
     for k, v in expected.items():
         assert changed["encoding_options"][k] == v
     if encoding == "learned":  # without interpolation ev=4 is an error (tested below)
@@ -82,6 +83,14 @@ def test_inference_time_changes_are_applied_and_recorded(runs, encoding, options
     plain = evaluate(runs[encoding], EvalRequest(lengths=[1, 4], max_tokens=256), name="plain", progress=False,
                      overwrite=True)
     assert changed["results"][1]["loss"] != pytest.approx(plain["results"][1]["loss"], abs=1e-6)
+
+
+def test_per_window_interpolation_leaves_the_training_length_untouched(runs):
+    plain = evaluate(runs["learned"], EvalRequest(lengths=[1], max_tokens=256), name="p1", progress=False)
+    stretched = evaluate(runs["learned"], EvalRequest(lengths=[1], max_tokens=256,
+                                                      position_options={"interpolate_to": "window"}),
+                         name="w1", progress=False)
+    assert stretched["results"][0]["loss"] == plain["results"][0]["loss"]
 
 
 def test_learned_table_beyond_its_length_is_a_clear_error(runs):

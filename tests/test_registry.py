@@ -83,3 +83,13 @@ def test_cli_encodings(capsys):
     assert data["size"] == "gpt2-tiny" and {r["name"] for r in data["encodings"]} == set(registry.names())
     assert main(["encodings", "--size", "nope-size"]) == 2
     assert "unknown model preset" in capsys.readouterr().err
+
+
+def test_a_rejected_option_change_leaves_the_encoding_as_it_was():
+    from extrapos.errors import UserError
+    from extrapos.model import Decoder, model_config
+
+    model = Decoder(model_config("cpu-tiny", vocab_size=50, train_length=16, positions={"name": "learned"}))
+    with pytest.raises(UserError):
+        model.pos.set_options(interpolate_to=8)  # shorter than the table: refused
+    assert model.pos.options.interpolate_to is None

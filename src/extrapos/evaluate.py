@@ -208,8 +208,10 @@ def evaluate(run_dir: str | Path, req: EvalRequest | None = None, name: str | No
     lengths = sorted(set(req.lengths))
     L = req.base_length or run.cfg.model.train_length
     max_len = max(lengths) * L
-    if req.position_options:
-        run.model.pos.set_options(**_resolve_options(req.position_options, max_len))
+    per_window = {k for k, v in req.position_options.items() if v == "window"}
+    fixed = {k: v for k, v in _resolve_options(req.position_options, max_len).items() if k not in per_window}
+    if fixed:
+        run.model.pos.set_options(**fixed)
     split, data_dir = _eval_split(run, req, progress)
     spans_np, docs_used, docs_skipped = collect_spans(split, max_len, req.max_tokens)
     spans = torch.from_numpy(spans_np)
@@ -220,6 +222,8 @@ def evaluate(run_dir: str | Path, req: EvalRequest | None = None, name: str | No
     bar = tqdm(total=n_targets * len(lengths), unit="tok", disable=not progress, desc=f"eval {run_dir.name}")
     for k in lengths:
         window = k * L
+        if per_window:  # e.g. a learned table interpolated to each evaluated window, as §3.2 does per L_e
+            run.model.pos.set_options(**{name: (window if window > L else None) for name in per_window})
         losses = score_windows(run.model, spans, window, batch_tokens, req.precision, req.stride, bar)
         tail = losses.view(spans.shape[0], -1, window)[:, :, -L:] if req.stride is None else losses[:, -L:]
         mean = float(losses.mean())
@@ -252,7 +256,7 @@ def evaluate(run_dir: str | Path, req: EvalRequest | None = None, name: str | No
 
 
 def _resolve_options(options: dict[str, Any], max_len: int) -> dict[str, Any]:
-    # "interpolate_to = max" (the CLI's --interpolate) means: stretch to the longest evaluated window
+    # "max": stretch to the longest evaluated window; "window" (the CLI's --interpolate): to each window
     return {k: (max_len if v == "max" else v) for k, v in options.items()}
 
 
@@ -309,7 +313,7 @@ def register(sub) -> None:
     p.add_argument("--scale", type=float, default=None, help="ExPE/ExQPE inference-time scale (the paper's 0.5)")
     p.add_argument("--rope-scaling", choices=["linear", "ntk", "dynamic", "yarn"], default=None)
     p.add_argument("--factor", type=float, default=None, help="RoPE scaling factor (default: max length)")
-    p.add_argument("--interpolate", action="store_true", help="interpolate a learned table to the longest window")
+    p.add_argument("--interpolate", action="store_true", help="interpolate a learned table to each evaluated window (none at ev=1)")
     p.add_argument("--position-option", action="append", default=[], metavar="KEY=VALUE",
                    help="set any option of the encoding for this evaluation (repeatable)")
     p.add_argument("--corpus", default=None, help="another corpus spec, tokenized with the run's tokenizer")
@@ -337,7 +341,7 @@ def _cli(args) -> int:
     elif args.factor is not None:
         raise UserError("--factor needs --rope-scaling (linear, ntk, dynamic or yarn).")
     if args.interpolate:
-        options["interpolate_to"] = "max"
+        options["interpolate_to"] = "window"
     for text in args.position_option:
         key, sep, value = text.partition("=")
         if not sep:

@@ -127,8 +127,14 @@ class PositionalEncoding(nn.Module):
                 f"encoding '{type(self).__name__}' has no option {', '.join(unknown)}; "
                 f"its options are: {', '.join(sorted(names)) or '(none)'}."
             )
+        previous = self.options
         self.options = dataclasses.replace(self.options, **changes)
-        self.options_changed()
+        try:
+            self.options_changed()
+        except Exception:
+            self.options = previous  # a rejected value never stays in place
+            self.options_changed()
+            raise
 
     def options_changed(self) -> None:
         """Hook for subclasses that cache derived tensors (e.g. RoPE inverse frequencies)."""
