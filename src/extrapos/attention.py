@@ -48,8 +48,11 @@ from extrapos.positions.base import Bias, FoldedBias, PairwiseBias
 CHUNK_ELEMENTS = 1 << 22
 #: never use chunks smaller than this many queries (matmul efficiency)
 MIN_CHUNK = 16
+#: score blocks of up to this many elements (1 MB in fp32) are always allowed: training lengths
+#: (T <= 256 at H = 4, T <= 512 at H = 1) run as one block, exactly like the reference
+MIN_BLOCK_ELEMENTS = 1 << 18
 #: queries sharing one k_feat shift in the folded path; longer forwards fold block by block (precision)
-FOLD_BLOCK = 2048
+FOLD_BLOCK = 256
 #: FlexAttention (CUDA) only for forwards with at least this many queries, see ``_flex_wanted``
 FLEX_MIN_QUERIES = 128
 
@@ -183,7 +186,8 @@ def folded_attention(
     if kf.shape[1] not in (1, Hkv):  # per-query-head key features: k and v need all H heads
         k, v, Hkv = _expand_kv(k, H), _expand_kv(v, H), H
     kf = kf.expand(B, Hkv, Tk)
-    block = block or FOLD_BLOCK
+    # blocks of queries whose (block, Tk) mask (the CPU kernel makes it float) is no larger than the keys
+    block = block or max(FOLD_BLOCK, H * Dh)
     past = Tk - Tq
     if Tq <= block or not subtract_reference:
         out = _fold_call(q, k, v, qf, kf, dropout_p, dtype, subtract_reference)
@@ -219,9 +223,17 @@ def _fold_call(
 # ---- pairwise bias: query chunks -------------------------------------------------------------
 
 
-def default_chunk_size(B: int, H: int, Tq: int, Tk: int) -> int:
-    """Queries per block so that one (B, H, chunk, Tk) score block has ~CHUNK_ELEMENTS elements."""
-    return max(MIN_CHUNK, min(Tq, CHUNK_ELEMENTS // max(1, B * H * Tk)))
+def default_chunk_size(B: int, H: int, Tq: int, Tk: int, Dh: int | None = None) -> int:
+    """Queries per block: one (B, H, chunk, Tk) score block holds at most CHUNK_ELEMENTS elements and,
+    for long sequences, no more than the layer's keys (B, H, Tk, d_h) do, so the blocks add a
+    bounded fraction to what a forward holds anyway (small models stay within ~1.2x of NoPE's
+    evaluation memory at 16k; big models keep big, fast blocks). Sequences whose whole score matrix
+    fits in MIN_BLOCK_ELEMENTS run as one block."""
+    whole = B * H * Tq * Tk
+    if whole <= MIN_BLOCK_ELEMENTS:
+        return Tq
+    budget = CHUNK_ELEMENTS if Dh is None else min(CHUNK_ELEMENTS, max(MIN_BLOCK_ELEMENTS, B * H * Tk * Dh))
+    return max(MIN_CHUNK, min(Tq, budget // max(1, B * H * Tk)))
 
 
 def _chunk(
@@ -230,10 +242,17 @@ def _chunk(
     """One block of queries (the last of which sits at key index ``offset + tq - 1``) vs its keys."""
     tq, Tk = q.shape[2], k.shape[2]
     dtype = _softmax_dtype(q.dtype)
+    i = torch.arange(tq, device=q.device).unsqueeze(-1) + offset
+    future = torch.arange(Tk, device=q.device) > i
+    if not torch.is_grad_enabled():  # inference: one score block, updated in place
+        scores = (q @ k.transpose(-1, -2)).to(dtype).mul_(1 / math.sqrt(q.shape[-1]))
+        scores.add_(fn(qf, kf)).masked_fill_(future, float("-inf"))
+        weights = torch.softmax(scores, dim=-1, dtype=dtype)
+        del scores
+        return weights.to(v.dtype) @ v
     scores = (q @ k.transpose(-1, -2)).to(dtype) / math.sqrt(q.shape[-1])
     scores = scores + fn(qf, kf).to(dtype)
-    i = torch.arange(tq, device=q.device).unsqueeze(-1) + offset
-    scores = scores.masked_fill(torch.arange(Tk, device=q.device) > i, float("-inf"))
+    scores = scores.masked_fill(future, float("-inf"))
     weights = torch.softmax(scores, dim=-1).to(v.dtype)
     if dropout_p:
         weights = torch.dropout(weights, dropout_p, train=True)
@@ -247,7 +266,7 @@ def chunked_attention(
     B, H, Tq, Dh = q.shape
     Tk = k.shape[2]
     k, v = _expand_kv(k, H), _expand_kv(v, H)  # O(T * d) copies at most; the scores dominate
-    chunk = chunk_size or default_chunk_size(B, H, Tq, Tk)
+    chunk = chunk_size or default_chunk_size(B, H, Tq, Tk, Dh)
     past = Tk - Tq
     if chunk >= Tq:
         return _chunk(q, k, v, bias.q_feat, bias.k_feat, bias.fn, past, dropout_p)

@@ -275,3 +275,13 @@ def test_fast_path_equals_reference_with_decoding_shapes(name):
     dec = type(new)(new.q_feat, full.k_feat, *([new.fn] if isinstance(new, PairwiseBias) else []))
     out = attention(q[:, :, -3:], k, v, dec)
     torch.testing.assert_close(out, attention_reference(q, k, v, full)[:, :, -3:])
+
+
+def test_fire_mlp_by_hidden_unit_equals_the_mlp():
+    from extrapos.positions.bias import _mlp_by_unit
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(1, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).double()
+    u = torch.rand(2, 1, 5, 7, dtype=torch.float64) * 3
+    expected = mlp(u.unsqueeze(-1)).squeeze(1).permute(0, 3, 1, 2)
+    torch.testing.assert_close(_mlp_by_unit(mlp, u), expected)

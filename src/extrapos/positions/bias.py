@@ -187,10 +187,26 @@ class FIRE(PositionalEncoding):
         def fn(qf: Tensor, kf: Tensor) -> Tensor:
             num = torch.log1p(c * _distance(qf, kf))  # psi(i - j), (B, 1, tq, Tk)
             den = torch.log1p(c * torch.maximum(qf, L)) + eps  # psi(max(L, i)), (B, 1, tq, 1)
-            out = mlp((num / den).unsqueeze(-1).to(mlp[0].weight.dtype))  # (B, 1, tq, Tk, H)
+            u = (num / den).to(mlp[0].weight.dtype)
+            if not torch.is_grad_enabled():
+                return _mlp_by_unit(mlp, u)
+            out = mlp(u.unsqueeze(-1))  # (B, 1, tq, Tk, H)
             return out.squeeze(1).permute(0, 3, 1, 2)
 
         return PairwiseBias(q_feat=p, k_feat=p, fn=fn)
+
+
+def _mlp_by_unit(mlp: nn.Sequential, u: Tensor) -> Tensor:
+    """The 1 -> width -> H ReLU MLP applied to every element of u (B, 1, tq, Tk), one hidden unit at a
+    time: out = b2 + sum_m W2[:, m] relu(W1[m] u + b1[m]). Same function as ``mlp(u[..., None])``
+    but holds a few (B, H, tq, Tk) blocks instead of (B, tq, Tk, width). Out of place, because
+    FlexAttention traces it under vmap."""
+    first, last = mlp[0], mlp[2]
+    w1, b1, w2 = first.weight[:, 0], first.bias, last.weight
+    out = last.bias.view(1, -1, 1, 1)
+    for m in range(w1.shape[0]):
+        out = torch.addcmul(out, torch.relu(u * w1[m] + b1[m]), w2[:, m].view(1, -1, 1, 1))
+    return out.expand(u.shape[0], -1, *u.shape[2:])
 
 
 # ---- T5 ---------------------------------------------------------------------------------------
