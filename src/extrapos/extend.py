@@ -13,10 +13,12 @@ L_e = K x L_t tokens of context:
   still equal across methods. The budget is rounded down to whole optimizer steps; ``full`` feeds
   ``batch_size x L_t / L_e`` windows per step when that divides, so every method takes the same
   steps of the same tokens (else it keeps the batch size and takes fewer, longer steps).
-* Optimizer: the parent's settings (lr, end_lr, schedule, betas, weight decay, clipping, batch) with
-  a fresh AdamW (the parent's moments belong to its finished schedule) and a short warmup of 5% of
-  the extension steps: continued pre-training re-warms the learning rate, and 5% is the CPU presets'
-  own warmup. Any key can be overridden with ``--set``.
+* Optimizer: the parent's settings (schedule, betas, weight decay, clipping, batch) with a fresh
+  AdamW (the parent's moments belong to its finished schedule), a short warmup of 5% of the
+  extension steps, and a learning rate that continues near the parent's final one: peak
+  max(parent end_lr, 0.1 x parent lr), decaying to the parent's end_lr. Re-warming a short
+  extension to the parent's peak left every method worse than no training in our runs. The rule
+  is the same for every method; any key can be overridden with ``--set``.
 * The model keeps ``model.train_length`` (L_t: ExPE's theta and FIRE's L derive from it); a learned
   absolute table is linearly interpolated to L_e rows first (§3.2; ``model.positions.max_length = L_e``
   so ``load_run`` rebuilds the resized table); RoPE may add position interpolation
@@ -38,6 +40,7 @@ from extrapos.config import RunConfig, apply_overrides, from_dict, load_run_conf
 from extrapos.errors import UserError
 
 METHODS = ("chunk", "prefix", "full", "randompos", "continue")
+EXTENSION_LR_FRACTION = 0.1
 EXTENSION_WARMUP = 0.05
 
 
@@ -141,7 +144,15 @@ def extension_config(parent: str | Path, method: str, factor: int = 2, alpha: fl
     for key in ("steps", "tokens", "epochs"):
         t.pop(key, None)
     t["warmup"] = EXTENSION_WARMUP
-    changes.append(f"fresh AdamW with the parent's settings, warmup {EXTENSION_WARMUP:g} of the steps")
+    # continue near where the parent's schedule ended instead of re-warming to its peak: a short
+    # extension re-warmed to the peak ends worse than the parent (measured: every method, `continue`
+    # included, lost to no training at all). The same rule for every method.
+    parent_lr, parent_end = float(t.get("lr", 1e-3)), float(t.get("end_lr", 1e-4))
+    t["lr"] = max(parent_end, EXTENSION_LR_FRACTION * parent_lr)
+    t["end_lr"] = min(parent_end, t["lr"])
+    changes.append(f"fresh AdamW with the parent's settings, lr {t['lr']:g} -> {t['end_lr']:g} "
+                   f"(max of the parent's end lr and {EXTENSION_LR_FRACTION:g} x its peak), "
+                   f"warmup {EXTENSION_WARMUP:g} of the steps")
 
     budget_tokens = tokens
     budget_kind = "override" if tokens is not None else "compute-equivalent (L_e / L_t epochs of L_e windows)"
