@@ -80,18 +80,27 @@ def plot(rows: list[Row], out_dir: Path, title: str = "") -> list[Path]:
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    cols = _columns(rows)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for row in rows:
         evs = [r["ev"] for r in row.result["results"]]
-        ax.plot(evs, [r["loss"] for r in row.result["results"]], marker="o", label=row.name)
-    ax.set_xscale("log", base=2)
-    cols = _columns(rows)
-    ax.set_xticks(cols, [str(c) for c in cols])
-    ax.set_xlabel("evaluation length / training length (ev)")
+        losses = [r["loss"] for r in row.result["results"]]
+        line, = ax.plot(evs, losses, marker="o", label=row.name)
+        # the extrapolation signal itself: how much worse (or better) than at the shortest length
+        ax2.plot(evs, [x - losses[0] for x in losses], marker="o", color=line.get_color(), label=row.name)
+    for a in (ax, ax2):
+        a.set_xscale("log", base=2)
+        a.set_xticks(cols, [str(c) for c in cols])
+        a.set_xlabel("evaluation length / training length (ev)")
+        a.grid(alpha=0.3)
     ax.set_ylabel("mean token loss (nats)")
-    ax.set_title(title or "Loss vs evaluation length")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.set_title("Loss vs evaluation length", fontsize=10)
+    ax2.axhline(0, color="grey", linewidth=1)
+    ax2.set_ylabel(f"loss - loss at ev={cols[0]} (nats)")
+    ax2.set_title("Change from the shortest length (lower is better)", fontsize=10)
+    ax2.legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     p = out_dir / "loss_vs_length.png"
     fig.savefig(p, dpi=120)
@@ -108,10 +117,9 @@ def plot(rows: list[Row], out_dir: Path, title: str = "") -> list[Path]:
     train_len = rows[0].result["train_length"] if rows else None
     if train_len:
         ax.axvline(train_len, color="grey", linestyle="--", linewidth=1, label="training length")
-    ax.set_xscale("log", base=2)
     ax.set_xlabel("position in the longest window")
     ax.set_ylabel("mean token loss (nats)")
-    ax.set_title("Loss by position")
+    ax.set_title("Loss by position (bucket means)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
