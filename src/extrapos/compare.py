@@ -288,7 +288,7 @@ def _facts(sweep: Sweep, configs: dict[str, RunConfig], run_dirs: dict[str, Path
         facts.append(f"extension: {len(extension_dirs)} runs from the trained rows' final checkpoints, "
                      f"L_e = {', '.join(str(x) for x in sorted({p['extended_length'] for p in parents}))}, "
                      f"{', '.join(f'{x:,}' for x in ext_tokens)} tokens per run (the same for every method), "
-                     "fresh AdamW with the parent's settings; each L_e column scores the same held-out windows "
+                     "fresh AdamW, lr continuing from the parent's final one (max(end_lr, 0.1 x lr) -> end_lr); each L_e column scores the same held-out windows "
                      "of L_e tokens for every row")
     if sweep.notes:
         facts.append(sweep.notes.strip())
