@@ -73,7 +73,7 @@ def bf16_eval_delta(run_dirs, lengths=(1, 4, 16), max_tokens: int = 16_384, prog
         res = {}
         for precision in ("fp32", "bf16"):
             req = EvalRequest(lengths=list(lengths), max_tokens=max_tokens, precision=precision)
-            res[precision] = evaluate(run, req, progress=progress)
+            res[precision] = evaluate(run, req, name=f"bf16-check-{precision}", progress=progress)
         for a, b in zip(res["fp32"]["results"], res["bf16"]["results"]):
             out.append({"run": str(run), "encoding": res["fp32"]["encoding"], "ev": a["ev"], "fp32": a["loss"],
                         "bf16": b["loss"], "delta": b["loss"] - a["loss"]})
