@@ -177,3 +177,12 @@ def test_compare_extension_rows(parents, tiny_data, tmp_path):
                    '[[rows]]\nname = "B"\nextend = { from = "nope", method = "chunk" }\n')
     with pytest.raises(UserError, match="needs extend"):
         load_sweep(str(bad))
+
+
+def test_chunk_without_alpha_uses_the_default_and_a_missing_run_is_one_sentence(tmp_path, capsys):
+    from extrapos.cli import main
+    from extrapos.extend import default_out
+
+    assert default_out(tmp_path / "run", "chunk", 2).name == "run-chunk-0.25-x2"
+    assert main(["extend", str(tmp_path / "missing"), "--method", "chunk"]) == 2
+    assert "not a run directory" in capsys.readouterr().err

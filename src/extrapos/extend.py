@@ -44,8 +44,13 @@ EXTENSION_LR_FRACTION = 0.1
 EXTENSION_WARMUP = 0.05
 
 
+DEFAULT_ALPHA = 0.25
+
+
 def method_label(method: str, alpha: float | None = None) -> str:
-    return f"{method}-{alpha:g}" if method in ("chunk", "prefix") else method
+    if method in ("chunk", "prefix"):
+        return f"{method}-{DEFAULT_ALPHA if alpha is None else alpha:g}"
+    return method
 
 
 def default_out(parent: Path, method: str, factor: int, alpha: float | None = None) -> Path:
@@ -87,7 +92,7 @@ def extension_config(parent: str | Path, method: str, factor: int = 2, alpha: fl
     if ckpt is None:
         raise UserError(f"{parent} has no checkpoint to extend; train it first.")
     if method in ("chunk", "prefix"):
-        alpha = 0.25 if alpha is None else float(alpha)
+        alpha = DEFAULT_ALPHA if alpha is None else float(alpha)
         segment_length(pcfg.seq_len, alpha)
     elif alpha is not None:
         raise UserError(f"--alpha applies to chunk and prefix only, not {method}.")
