@@ -6,20 +6,25 @@ import json
 import pytest
 import torch
 
+from extrapos.catalog import encodings_table
 from extrapos.cli import main
 from extrapos.errors import UserError
 from extrapos.model import Decoder, model_config
 from extrapos.positions import registry
 from extrapos.positions.base import EncodingContext, PositionalEncoding
-from extrapos.positions.commands import encodings_table
 
 CTX = EncodingContext(d_model=32, n_heads=4, head_dim=8, n_layers=2, train_length=16)
-OURS = ["nope", "sinusoidal", "learned", "rope", "expe", "expe-stable", "expe-l1", "expe-once",
-        "expe-learned", "expe-learned-init", "exqpe"]
+# every encoding the README promises (the papers' methods, their ablations and the baselines)
+PROMISED = {"nope", "sinusoidal", "learned", "rope", "alibi", "kerple-log", "kerple-power", "fire", "t5",
+            "cable", "cable-nw", "k-cable", "cable-official", "expe", "expe-stable", "expe-l1", "expe-once",
+            "expe-learned", "expe-learned-init", "exqpe"}
 
 
-def test_our_encodings_are_registered():
-    assert set(OURS) <= set(registry.names())
+def test_promised_encodings_are_registered_by_discovery():
+    assert PROMISED <= set(registry.names())
+    # discovery imports every module of extrapos.positions but the protocol and the registry
+    assert {"extrapos.positions.rotary", "extrapos.positions.cable"} <= set(registry.encoding_modules())
+    assert not {"extrapos.positions.base", "extrapos.positions.registry"} & set(registry.encoding_modules())
 
 
 @pytest.mark.parametrize("name", registry.names())
@@ -76,7 +81,7 @@ def test_encodings_table_counts_parameters():
 def test_cli_encodings(capsys):
     assert main(["encodings", "--size", "cpu-tiny"]) == 0
     out = capsys.readouterr().out
-    for name in OURS:
+    for name in registry.names():
         assert f"\n{name} " in out
     assert main(["encodings", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

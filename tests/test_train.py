@@ -14,6 +14,7 @@ from extrapos import train as train_mod
 from extrapos.cli import main
 from extrapos.config import load_config
 from extrapos.errors import UserError
+from extrapos.runtime import step_plan
 from tests.conftest import tiny_overrides
 
 
@@ -59,7 +60,8 @@ def test_weight_decay_applies_to_matrices_only(tiny_data):
 
 def test_gradient_accumulation_plan(tiny_data):
     cfg = load_config("cpu/tiny", tiny_overrides(tiny_data, **{"train.batch_tokens": 512, "train.tokens": 5120}))
-    accum, total = train_mod.plan(cfg, windows_per_epoch=1000, world=1)
+    plan = step_plan(cfg, windows_per_epoch=1000, world=1)
+    accum, total = plan.accumulation, plan.total_steps
     assert accum == 4 and total == 10  # 4 x (4 sequences x 32 tokens) = 512 tokens per step
 
 

@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -67,7 +66,7 @@ def _model(name: str, s: BenchSettings, seed: int = 0) -> Decoder:
 
 
 def _precision_ctx(precision: str):
-    from extrapos.train import autocast
+    from extrapos.runtime import autocast
 
     return autocast(torch.device("cpu"), precision)
 
@@ -309,48 +308,6 @@ def format_bench(r: dict[str, Any]) -> str:
 
     lines += ["", format_resolution(r["resolution"]), "", f"bench wall time {r['wall_time_s']:.0f} s"]
     return "\n".join(lines)
-
-
-def register(sub) -> None:
-    p = sub.add_parser("bench", help="speed and memory of every encoding, as ratios to nope")
-    p.add_argument("--quick", action="store_true", help="fewer repeats and a shorter context (a few minutes)")
-    p.add_argument("--encodings", default=None, help="comma-separated subset (nope is always included)")
-    p.add_argument("--out", default=None, help="write the markdown table here (and the JSON beside it)")
-    p.add_argument("--bf16-runs", nargs="*", default=None, metavar="RUN",
-                   help="also evaluate these runs in fp32 and bf16 autocast (the ExPE/ExQPE resolution check)")
-    p.add_argument("--resolution-only", action="store_true", help="print only the bf16 position-resolution table")
-    p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(func=_cli)
-
-
-def _cli(args) -> int:
-    from extrapos.diagnostics import (
-        bf16_eval_delta,
-        format_bf16_delta,
-        format_resolution,
-        position_resolution,
-    )
-
-    if args.resolution_only:
-        print(format_resolution(position_resolution()))
-        if args.bf16_runs:
-            print(format_bf16_delta(bf16_eval_delta(args.bf16_runs, progress=not args.no_progress)))
-        return 0
-    names = [n.strip() for n in args.encodings.split(",")] if args.encodings else None
-    r = run_bench(args.quick, names, progress=not args.no_progress)
-    if args.bf16_runs:
-        r["bf16_eval"] = bf16_eval_delta(args.bf16_runs, progress=not args.no_progress)
-    text = format_bench(r)
-    if args.bf16_runs:
-        text += "\n\nEvaluation loss in fp32 vs bf16 autocast:\n\n" + format_bf16_delta(r["bf16_eval"])
-    print(text)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
-        out.with_suffix(".json").write_text(json.dumps(r, indent=1))
-        print(f"-> {out}")
-    return 0
 
 
 if __name__ == "__main__":  # the memory child: python -m extrapos.bench --memory-child NAME --settings JSON

@@ -41,16 +41,30 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from extrapos.config import PRESETS_DIR, RunConfig, load_config, read_toml
+from extrapos import schema
+from extrapos.config import RunConfig, load_config, validate
 from extrapos.errors import UserError
 from extrapos.evaluate import EvalRequest, default_name, evaluate, format_result
+from extrapos.presets import find_sweep, read_toml, sweep_names
 from extrapos.report import Row, markdown_table, write_report
 
-SWEEPS_DIR = PRESETS_DIR / "compare"
+__all__ = ["ExtensionSpec", "Sweep", "SweepRow", "compare", "load_sweep", "row_config", "slug", "sweep_names"]
+
+
+@dataclass
+class ExtensionSpec:
+    """An extension row: continue the trained row ``parent`` at L_e = factor x L_t with ``method``."""
+
+    parent: str
+    method: str
+    alpha: float | None = None
+    factor: int | list[int] = 2
+    tokens: int | None = None
+    rope_interpolation: bool = False
 
 
 @dataclass
@@ -60,82 +74,82 @@ class SweepRow:
     set: list[str] = field(default_factory=list)
     eval: dict[str, Any] = field(default_factory=dict)
     reuse: str | None = None
-    extend: dict[str, Any] | None = None  # {from, method, alpha?, factor: int | [ints], tokens?, rope_interpolation?}
+    extend: ExtensionSpec | None = None
 
     @property
     def factors(self) -> list[int]:
-        f = (self.extend or {}).get("factor", 2)
+        f = self.extend.factor if self.extend is not None else 2
         return list(f) if isinstance(f, list) else [f]
 
 
 @dataclass
 class Sweep:
-    title: str
-    train: str
-    set: list[str]
-    lengths: list[int]
-    rows: list[SweepRow]
+    title: str = ""
+    train: str = "cpu/small"
+    set: list[str] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    rows: list[SweepRow] = field(default_factory=list)
     max_eval_tokens: int = 65_536
     notes: str = ""
     eval_each_length: bool = False   # evaluate every length on its own (extension tables: one column per L_e)
     extend_tokens: int | None = None  # token budget of every extension run (None: compute-equivalent)
 
 
-def sweep_names() -> list[str]:
-    return sorted(str(p.relative_to(SWEEPS_DIR).with_suffix("")) for p in SWEEPS_DIR.rglob("*.toml"))
-
-
 def load_sweep(spec: str) -> Sweep:
-    path = Path(spec)
-    if not (path.suffix == ".toml" and path.is_file()):
-        path = SWEEPS_DIR / f"{spec.removesuffix('.toml')}.toml"
-    if not path.is_file():
-        raise UserError(f"no comparison preset named '{spec}'; presets are: {', '.join(sweep_names())}.")
+    """A sweep preset or file, checked by the same validator as run configs."""
+    path = find_sweep(spec)
     raw = read_toml(path)
-    known = {"title", "train", "set", "lengths", "rows", "max_eval_tokens", "notes", "eval_each_length",
-             "extend_tokens"}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise UserError(f"{path}: unknown key '{unknown[0]}'; a sweep has {', '.join(sorted(known))}.")
-    rows = []
-    for r in raw.get("rows", []):
-        extra = sorted(set(r) - {"name", "positions", "set", "eval", "reuse", "extend"})
-        if extra or "name" not in r:
-            raise UserError(f"{path}: each [[rows]] needs a name and may have positions, set, eval, reuse, extend "
-                            f"(found {', '.join(extra) or 'no name'}).")
-        rows.append(SweepRow(**r))
-    names = [r.name for r in rows]
-    if len(set(names)) != len(names):
-        raise UserError(f"{path}: row names must be unique.")
-    for r in rows:
-        if r.reuse and r.reuse not in names:
-            raise UserError(f"{path}: row '{r.name}' reuses '{r.reuse}', which is not a row.")
-        if r.extend is not None:
-            _check_extend_row(path, r, {x.name: x for x in rows})
-    if not rows:
-        raise UserError(f"{path} has no [[rows]].")
-    extend_tokens = raw.get("extend_tokens")
-    return Sweep(raw.get("title", path.stem), raw.get("train", "cpu/small"), list(raw.get("set", [])),
-                 list(raw.get("lengths", [1, 2, 4, 8, 16])), rows, int(raw.get("max_eval_tokens", 65_536)),
-                 raw.get("notes", ""), bool(raw.get("eval_each_length", False)),
-                 int(extend_tokens) if extend_tokens is not None else None)
+    keys = ", ".join(f.name for f in fields(Sweep))
+    raw_rows = raw.pop("rows", [])
+    sweep = schema.build(Sweep, raw, where=f"{path}: key '{{key}}'",
+                         unknown=f"{path}: unknown key '{{key}}'; a sweep has {keys}.")
+    sweep.title = sweep.title or path.stem
+    row_keys = ", ".join(f.name for f in fields(SweepRow))
+    for i, r in enumerate(raw_rows):
+        r = dict(r)
+        where = f"{path}: row '{r.get('name', i + 1)}'"
+        extend = r.pop("extend", None)
+        row = schema.build(SweepRow, r, where=where + " key '{key}'",
+                           unknown=where + f" has an unknown key '{{key}}'; a row may have {row_keys}.")
+        if extend is not None:
+            row.extend = _extension_spec(path, row.name, extend)
+        sweep.rows.append(row)
+    _check_rows(path, sweep.rows)
+    return sweep
 
 
-def _check_extend_row(path: Path, row: SweepRow, by_name: dict[str, SweepRow]) -> None:
+def _extension_spec(path: Path, row: str, raw: Any) -> ExtensionSpec:
     from extrapos.extend import METHODS
 
-    e = row.extend
-    extra = sorted(set(e) - {"from", "method", "alpha", "factor", "tokens", "rope_interpolation"})
-    parent = by_name.get(e.get("from"))
-    if extra or parent is None or parent.reuse or parent.extend is not None or e.get("method") not in METHODS:
-        raise UserError(f"{path}: row '{row.name}' needs extend = {{ from = <a trained row>, method = "
-                        f"{' | '.join(METHODS)}, alpha?, factor = K or [K, ...], tokens?, rope_interpolation? }}"
-                        f"{f' (unknown {extra[0]})' if extra else ''}.")
-    if row.reuse or not row.factors or not all(isinstance(f, int) and f >= 1 for f in row.factors):
-        raise UserError(f"{path}: row '{row.name}': extend.factor must be a positive integer or a list of them, "
-                        "and an extension row cannot also reuse another row.")
-    if row.positions is None:
-        row.positions = parent.positions  # an extension keeps its parent's encoding
+    usage = (f"{path}: row '{row}' needs extend = {{ from = <a trained row>, method = {' | '.join(METHODS)}, "
+             "alpha?, factor = K or [K, ...], tokens?, rope_interpolation? }")
+    if not isinstance(raw, dict) or "from" not in raw or raw.get("method") not in METHODS:
+        raise UserError(usage + ".")
+    values = {("parent" if k == "from" else k): v for k, v in raw.items()}
+    return schema.build(ExtensionSpec, values, where=f"{path}: row '{row}' extend.{{key}}",
+                        unknown=usage + " (unknown {key}).")
+
+
+def _check_rows(path: Path, rows: list[SweepRow]) -> None:
+    if not rows:
+        raise UserError(f"{path} has no [[rows]].")
+    by_name = {r.name: r for r in rows}
+    if len(by_name) != len(rows):
+        raise UserError(f"{path}: row names must be unique.")
+    for r in rows:
+        if r.reuse and r.reuse not in by_name:
+            raise UserError(f"{path}: row '{r.name}' reuses '{r.reuse}', which is not a row.")
+        if r.extend is None:
+            continue
+        parent = by_name.get(r.extend.parent)
+        if parent is None or parent.reuse or parent.extend is not None:
+            raise UserError(f"{path}: row '{r.name}' needs extend = {{ from = <a trained row>, ... }}; "
+                            f"'{r.extend.parent}' is not a trained row.")
+        if r.reuse or not r.factors or not all(isinstance(f, int) and f >= 1 for f in r.factors):
+            raise UserError(f"{path}: row '{r.name}': extend.factor must be a positive integer or a list of them, "
+                            "and an extension row cannot also reuse another row.")
+        if r.positions is None:
+            r.positions = parent.positions  # an extension keeps its parent's encoding
 
 
 def slug(name: str) -> str:
@@ -143,16 +157,15 @@ def slug(name: str) -> str:
 
 
 def row_config(sweep: Sweep, row: SweepRow, extra: list[str]) -> RunConfig:
+    """The training preset with the sweep's, the row's and the command line's overrides; a row's
+    positions table replaces the preset's whole (options of another encoding would not fit)."""
     overrides = list(sweep.set) + list(row.set) + list(extra)
-    if row.positions:
-        # a whole positions table replaces the preset's (options of another encoding would not fit)
-        overrides = [o for o in overrides if not o.startswith("model.positions.")]
-        overrides.append("model.positions=" + _inline_table(row.positions))
-    return load_config(sweep.train, overrides)
-
-
-def _inline_table(d: dict[str, Any]) -> str:
-    return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in d.items()) + " }"
+    if not row.positions:
+        return load_config(sweep.train, overrides)
+    cfg = load_config(sweep.train, [o for o in overrides if not o.startswith("model.positions")])
+    cfg = replace(cfg, model=replace(cfg.model, positions=dict(row.positions)))
+    validate(cfg)
+    return cfg
 
 
 def compare(spec: str, out: str | Path, extra: list[str] | None = None, progress: bool = True,
@@ -238,8 +251,9 @@ def _run_extensions(sweep: Sweep, out: Path, run_dirs: dict[str, Path], extra: l
         started = (run_dir / "config.toml").is_file()
         state = "finished run reused" if run_is_complete(run_dir) else "resuming" if started else "extending"
         print(f"[ext {i}/{len(jobs)}] {row.name} x{k}: {state} -> {run_dir}", flush=True)
-        extend(run_dirs[e["from"]], e["method"], k, e.get("alpha"), run_dir,
-               tokens=e.get("tokens", sweep.extend_tokens), rope_interpolation=bool(e.get("rope_interpolation")),
+        extend(run_dirs[e.parent], e.method, k, e.alpha, run_dir,
+               tokens=e.tokens if e.tokens is not None else sweep.extend_tokens,
+               rope_interpolation=e.rope_interpolation,
                overrides=list(row.set) + extra, resume=started, progress=progress)
     return dirs
 
@@ -293,26 +307,3 @@ def _facts(sweep: Sweep, configs: dict[str, RunConfig], run_dirs: dict[str, Path
     if sweep.notes:
         facts.append(sweep.notes.strip())
     return facts
-
-
-def register(sub) -> None:
-    p = sub.add_parser("compare", help="train and evaluate a set of encodings; write a report",
-                       description="Run a comparison preset (default: quick) end to end; resumable.")
-    p.add_argument("preset", nargs="?", default="quick", help="a comparison preset or a sweep .toml")
-    p.add_argument("--out", default=None, help="output directory (default: runs/compare-<preset>)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a training key for every row (e.g. train.tokens=200000)")
-    p.add_argument("--max-eval-tokens", type=int, default=None, help="target tokens scored per length")
-    p.add_argument("--list", action="store_true", help="list the comparison presets")
-    p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(func=_cli)
-
-
-def _cli(args) -> int:
-    if args.list:
-        for name in sweep_names():
-            print(f"{name:28s} {load_sweep(name).title}")
-        return 0
-    out = Path(args.out) if args.out else Path("runs") / f"compare-{slug(Path(args.preset).stem)}"
-    compare(args.preset, out, args.overrides, progress=not args.no_progress, max_eval_tokens=args.max_eval_tokens)
-    return 0

@@ -18,24 +18,22 @@ without the preset it came from.
 from __future__ import annotations
 
 import dataclasses
-import sys
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 
+from extrapos import schema
 from extrapos.errors import UserError
 from extrapos.model import ModelConfig, model_config
+from extrapos.presets import PRESETS_DIR, find_config, parse_toml_value, preset_names, read_toml
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-PRESETS_DIR = Path(__file__).parent / "configs"
+__all__ = [
+    "PRESETS_DIR", "BUDGET_KEYS", "DataConfig", "RunConfig", "TrainConfig", "apply_overrides", "find_config",
+    "from_dict", "load_config", "load_run_config", "parse_override", "preset_names", "read_toml", "validate",
+    "with_overrides",
+]
 
 
 @dataclass
@@ -109,61 +107,12 @@ def _drop_none(d: Any) -> Any:
     return d
 
 
-# ---- type checking ------------------------------------------------------------------------------
+# ---- building and checking ----------------------------------------------------------------------
 
-def _check(where: str, hint: Any, value: Any) -> Any:
-    origin = typing.get_origin(hint)
-    if origin is typing.Union or isinstance(hint, types.UnionType):
-        allowed = typing.get_args(hint)
-        if value is None and type(None) in allowed:
-            return None
-        errors = []
-        for t in allowed:
-            if t is type(None):
-                continue
-            try:
-                return _check(where, t, value)
-            except UserError as e:
-                errors.append(e)
-        raise errors[0]
-    if hint is Any:
-        return value
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-    elif origin is list:
-        if isinstance(value, (list, tuple)):
-            (item,) = typing.get_args(hint) or (Any,)
-            return [_check(f"{where}[{i}]", item, v) for i, v in enumerate(value)]
-    elif origin is dict or hint is dict:
-        if isinstance(value, dict):
-            return dict(value)
-    else:  # pragma: no cover - a field type this loader does not know
-        return value
-    name = getattr(hint, "__name__", str(hint))
-    raise UserError(f"config key '{where}' must be {name}, got {value!r}.")
-
-
-def _build(cls: type, values: dict[str, Any], where: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for key, value in values.items():
-        if key not in names:
-            raise UserError(
-                f"unknown config key '{where}.{key}'; the keys of [{where}] are: {', '.join(sorted(names))}."
-            )
-        kwargs[key] = _check(f"{where}.{key}", hints[key], value)
-    return cls(**kwargs)
+def _section(cls: type, values: dict[str, Any], section: str) -> Any:
+    names = ", ".join(sorted(f.name for f in dataclasses.fields(cls)))
+    return schema.build(cls, values, where=f"config key '{section}.{{key}}'",
+                        unknown=f"unknown config key '{section}.{{key}}'; the keys of [{section}] are: {names}.")
 
 
 def from_dict(raw: dict[str, Any]) -> RunConfig:
@@ -175,12 +124,7 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
     model_raw = dict(raw.get("model", {}))
     size = model_raw.pop("size", None)
     positions = model_raw.pop("positions", None)
-    try:
-        base = dataclasses.asdict(model_config(size)) if size else {}
-    except KeyError:
-        from extrapos.model import MODEL_PRESETS
-
-        raise UserError(f"unknown model size '{size}'; choose one of: {', '.join(MODEL_PRESETS)}.") from None
+    base = dataclasses.asdict(model_config(size)) if size else {}
     if positions is not None:
         if isinstance(positions, str):
             positions = {"name": positions}
@@ -188,9 +132,9 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
             raise UserError("config key 'model.positions' needs a 'name' (e.g. [model.positions] name = \"rope\").")
         base["positions"] = positions
     base.update(model_raw)
-    model = _build(ModelConfig, base, "model")
-    data = _build(DataConfig, raw.get("data", {}), "data")
-    train = _build(TrainConfig, raw.get("train", {}), "train")
+    model = _section(ModelConfig, base, "model")
+    data = _section(DataConfig, raw.get("data", {}), "data")
+    train = _section(TrainConfig, raw.get("train", {}), "train")
     cfg = RunConfig(model, data, train)
     validate(cfg)
     return cfg
@@ -213,33 +157,7 @@ def validate(cfg: RunConfig) -> None:
     registry.build_options(cfg.model.positions["name"], {k: v for k, v in cfg.model.positions.items() if k != "name"})
 
 
-# ---- files, presets and overrides -----------------------------------------------------------------
-
-def preset_names() -> list[str]:
-    # comparison sweeps live in configs/compare/ and are not training presets
-    return sorted(str(p.relative_to(PRESETS_DIR).with_suffix("")) for p in PRESETS_DIR.rglob("*.toml")
-                  if p.relative_to(PRESETS_DIR).parts[0] != "compare")
-
-
-def find_config(spec: str) -> Path:
-    """A TOML path, or a preset name like 'cpu/tiny' shipped in extrapos/configs/."""
-    p = Path(spec)
-    if p.suffix == ".toml" and p.is_file():
-        return p
-    preset = PRESETS_DIR / f"{spec.removesuffix('.toml')}.toml"
-    if preset.is_file():
-        return preset
-    if p.suffix == ".toml":
-        raise UserError(f"config file {spec} does not exist; pass an existing .toml or a preset name.")
-    raise UserError(f"no config file or preset named '{spec}'; presets are: {', '.join(preset_names())}.")
-
-
-def read_toml(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"{path} is not valid TOML ({e}); fix the file.") from None
-
+# ---- overrides ------------------------------------------------------------------------------------
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
@@ -248,11 +166,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     keys = key.strip().split(".")
     if len(keys) < 2 or not all(keys):
         raise UserError(f"override key '{key}' must name a section and a key, e.g. train.steps.")
-    try:
-        parsed = tomllib.loads(f"v = {value.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        parsed = value.strip()  # a bare word such as expe or cosine
-    return keys, parsed
+    return keys, parse_toml_value(value)
 
 
 BUDGET_KEYS = ("steps", "tokens", "epochs")
@@ -282,6 +196,13 @@ def load_config(spec: str | None = None, overrides: list[str] | None = None) -> 
     """Defaults <- preset/file <- --set overrides, checked."""
     raw = read_toml(find_config(spec)) if spec else {}
     return from_dict(apply_overrides(raw, list(overrides or [])))
+
+
+def with_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
+    """``cfg`` with dotted ``--set`` overrides applied, checked like a config file."""
+    if not overrides:
+        return cfg
+    return from_dict(apply_overrides(cfg.to_dict(), list(overrides)))
 
 
 def load_run_config(run_dir: Path) -> RunConfig:

@@ -88,7 +88,7 @@ def _eval_split(run, req: EvalRequest, progress: bool):
     data_dir = run.data_dir
     if data_dir is None:
         cfg = run.cfg
-        from extrapos.train import prepare_run_data
+        from extrapos.runtime import prepare_run_data
 
         data_dir = prepare_run_data(cfg, progress=progress)
     return open_split(data_dir, req.split), str(data_dir)
@@ -133,7 +133,7 @@ def collect_spans(split, span_len: int, max_tokens: int) -> tuple[np.ndarray, in
 def token_losses(model, tokens: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor,
                  precision: str = "fp32", logit_chunk: int = 1024) -> torch.Tensor:
     """Per-token cross-entropy (B, T) in fp32; logits are formed in chunks of positions to save memory."""
-    from extrapos.train import autocast
+    from extrapos.runtime import autocast
 
     device = tokens.device
     with autocast(device, precision):
@@ -285,73 +285,3 @@ def format_result(result: dict[str, Any]) -> str:
     for r in result["results"]:
         lines.append(f"| {r['ev']} | {r['window']} | {r['loss']:.4f} | {r['ppl']:.2f} | {r['bpb']:.4f} | {r['tail_loss']:.4f} |")
     return "\n".join(lines)
-
-
-# ---- CLI ---------------------------------------------------------------------------------------------
-
-def _parse_lengths(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"--lengths must be integers separated by commas (e.g. 1,2,4,8,16), got {text!r}.") from None
-
-
-def _parse_value(text: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
-
-
-def register(sub) -> None:
-    p = sub.add_parser("eval", help="evaluate a run at 1x..16x its training length",
-                       description="Score the same held-out tokens with windows of k x L_t for each k.")
-    p.add_argument("run", help="a run directory")
-    p.add_argument("--lengths", default="1,2,4,8,16", help="multiples of the training length (default 1,2,4,8,16)")
-    p.add_argument("--scale", type=float, default=None, help="ExPE/ExQPE inference-time scale (the paper's 0.5)")
-    p.add_argument("--rope-scaling", choices=["linear", "ntk", "dynamic", "yarn"], default=None)
-    p.add_argument("--factor", type=float, default=None, help="RoPE scaling factor (default: max length)")
-    p.add_argument("--interpolate", action="store_true", help="interpolate a learned table to each evaluated window (none at ev=1)")
-    p.add_argument("--position-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="set any option of the encoding for this evaluation (repeatable)")
-    p.add_argument("--corpus", default=None, help="another corpus spec, tokenized with the run's tokenizer")
-    p.add_argument("--data", default=None, help="a prepared data directory to score instead")
-    p.add_argument("--split", default="test", help="split of the run's data (default test)")
-    p.add_argument("--max-tokens", type=int, default=65_536, help="target tokens scored per length")
-    p.add_argument("--stride", type=int, default=None, help="sliding-window mode with this stride")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-    p.add_argument("--name", default=None, help="result name in RUN/eval/ (default: from the options)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing different result")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(func=_cli)
-
-
-def _cli(args) -> int:
-    lengths = _parse_lengths(args.lengths)
-    options: dict[str, Any] = {}
-    if args.scale is not None:
-        options["scale"] = args.scale
-    if args.rope_scaling:
-        options["scaling"] = args.rope_scaling
-        options["factor"] = args.factor if args.factor is not None else float(max(lengths))
-    elif args.factor is not None:
-        raise UserError("--factor needs --rope-scaling (linear, ntk, dynamic or yarn).")
-    if args.interpolate:
-        options["interpolate_to"] = "window"
-    for text in args.position_option:
-        key, sep, value = text.partition("=")
-        if not sep:
-            raise UserError(f"--position-option '{text}' must look like key=value.")
-        options[key.strip()] = _parse_value(value.strip())
-    req = EvalRequest(lengths=lengths, corpus=args.corpus, data_dir=args.data, split=args.split,
-                      max_tokens=args.max_tokens, position_options=options, stride=args.stride,
-                      precision=args.precision, step=args.step)
-    result = evaluate(args.run, req, name=args.name, overwrite=args.overwrite, device=args.device,
-                      progress=not args.no_progress)
-    print(format_result(result))
-    print(f"-> {Path(args.run) / 'eval' / (result['name'] + '.json')}")
-    return 0

@@ -32,12 +32,21 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from extrapos import checkpoint as ckpt_io
-from extrapos.config import RunConfig, apply_overrides, from_dict, load_run_config, parse_override
+from extrapos.config import (
+    DataConfig,
+    RunConfig,
+    TrainConfig,
+    load_run_config,
+    parse_override,
+    with_overrides,
+)
 from extrapos.errors import UserError
+from extrapos.runtime import prepare_run_data, tokens_per_step
 
 METHODS = ("chunk", "prefix", "full", "randompos", "continue")
 EXTENSION_LR_FRACTION = 0.1
@@ -57,16 +66,8 @@ def default_out(parent: Path, method: str, factor: int, alpha: float | None = No
     return parent.parent / f"{parent.name}-{method_label(method, alpha)}-x{factor}"
 
 
-def _tokens_per_step(cfg: RunConfig) -> int:
-    t = cfg.train
-    per_micro = t.batch_size * cfg.seq_len
-    accum = max(1, round(t.batch_tokens / per_micro)) if t.batch_tokens else 1
-    return per_micro * accum
-
-
 def _parent_split(parent: Path, cfg: RunConfig):
     from extrapos.data import open_split
-    from extrapos.train import prepare_run_data
 
     f = parent / "data.json"
     if f.is_file():
@@ -74,6 +75,81 @@ def _parent_split(parent: Path, cfg: RunConfig):
         if (d / "manifest.json").is_file():
             return open_split(d, "train")
     return open_split(prepare_run_data(cfg, progress=False), "train")
+
+
+# ---- the derived config, one part at a time: each returns the new part and what it changed ----------
+
+def extended_positions(pcfg: RunConfig, L_e: int, factor: int, rope_interpolation: bool,
+                       parent: Path) -> tuple[dict[str, Any], list[str]]:
+    """The encoding at L_e: a learned table resized to L_e rows; RoPE with position interpolation if asked."""
+    pos, changes = dict(pcfg.model.positions), []
+    name = pos["name"]
+    if name == "learned":
+        rows = pos.get("max_length") or pcfg.model.train_length
+        pos.pop("interpolate_to", None)
+        if L_e > rows:
+            pos["max_length"] = L_e
+            changes.append(f"learned table interpolated {rows} -> {L_e} rows (model.positions.max_length = {L_e})")
+    if rope_interpolation:
+        if name != "rope":
+            raise UserError(f"--rope-interpolation applies to RoPE models; {parent} uses {name!r}.")
+        pos.update(scaling="linear", factor=float(factor))
+        changes.append(f"RoPE position interpolation: scaling = linear, factor = {factor}")
+    return pos, changes
+
+
+def extended_data(data: DataConfig, method: str, alpha: float | None, L_e: int) -> tuple[DataConfig, list[str]]:
+    """The method's sampler over windows of L_e tokens (``continue``: the parent's contiguous windows)."""
+    segmented = method in ("chunk", "prefix")
+    new = replace(data, sampler="contiguous" if method == "continue" else method, extended_length=L_e,
+                  packed=data.packed if method == "continue" else False,
+                  alpha=alpha if segmented else data.alpha)
+    change = (f"data.sampler {data.sampler} -> {new.sampler}" + (f" (alpha {alpha:g})" if segmented else "")
+              + f", data.extended_length = {L_e}")
+    return new, [change]
+
+
+def extended_train(train: TrainConfig, method: str, L_t: int, L_e: int) -> tuple[TrainConfig, list[str]]:
+    """Examples of L_t tokens (``full``: L_e, with the batch cut to keep tokens per step), no budget yet,
+    a short warmup and a learning rate that continues near the parent's final one."""
+    changes, seq_len, batch_size = [], L_t, train.batch_size
+    if method == "full":
+        seq_len = L_e
+        if (batch_size * L_t) % L_e == 0:
+            batch_size = batch_size * L_t // L_e
+            changes.append(f"train.seq_len = {L_e}, train.batch_size {train.batch_size} -> {batch_size} "
+                           "(the same tokens per step as the L_t methods)")
+        else:
+            changes.append(f"train.seq_len = {L_e} (batch size kept: more tokens per step than the L_t methods)")
+    # continue near where the parent's schedule ended instead of re-warming to its peak: a short
+    # extension re-warmed to the peak ends worse than the parent (measured: every method, `continue`
+    # included, lost to no training at all). The same rule for every method.
+    lr = max(train.end_lr, EXTENSION_LR_FRACTION * train.lr)
+    end_lr = min(train.end_lr, lr)
+    changes.append(f"fresh AdamW with the parent's settings, lr {lr:g} -> {end_lr:g} "
+                   f"(max of the parent's end lr and {EXTENSION_LR_FRACTION:g} x its peak), "
+                   f"warmup {EXTENSION_WARMUP:g} of the steps")
+    new = replace(train, seq_len=seq_len, batch_size=batch_size, steps=None, tokens=None, epochs=None,
+                  warmup=EXTENSION_WARMUP, lr=lr, end_lr=end_lr)
+    return new, changes
+
+
+def _split_budget(overrides: list[str], tokens: int | None) -> tuple[list[str], int | None, str | None]:
+    """(other overrides, token budget, literal steps/epochs override) from ``--set`` and ``--tokens``.
+
+    ``train.tokens`` is the CPU-scale budget (kept equal across methods); ``train.steps`` /
+    ``train.epochs`` are taken literally (and then the methods no longer see equal token counts).
+    """
+    rest, literal = [], None
+    for text in overrides:
+        keys, value = parse_override(text)
+        if keys == ["train", "tokens"]:
+            tokens = int(value)
+            continue
+        if keys in (["train", "steps"], ["train", "epochs"]):
+            literal = text
+        rest.append(text)
+    return rest, tokens, literal
 
 
 def extension_config(parent: str | Path, method: str, factor: int = 2, alpha: float | None = None,
@@ -97,78 +173,24 @@ def extension_config(parent: str | Path, method: str, factor: int = 2, alpha: fl
     elif alpha is not None:
         raise UserError(f"--alpha applies to chunk and prefix only, not {method}.")
     L_t, L_e = pcfg.seq_len, factor * pcfg.seq_len
-    overrides = list(overrides or [])
-    # a budget in --set: train.tokens is the CPU-scale override (kept equal across methods); steps /
-    # epochs are taken literally (and then the methods no longer see equal token counts)
-    literal_budget = None
-    for text in list(overrides):
-        keys, value = parse_override(text)
-        if keys == ["train", "tokens"]:
-            tokens = int(value)
-            overrides.remove(text)
-        elif keys in (["train", "steps"], ["train", "epochs"]):
-            literal_budget = text
+    overrides, tokens, literal_budget = _split_budget(list(overrides or []), tokens)
 
-    raw = pcfg.to_dict()
-    changes: list[str] = []
-    pos = dict(raw["model"]["positions"])
-    name = pos["name"]
-    if name == "learned":
-        rows = pos.get("max_length") or pcfg.model.train_length
-        pos.pop("interpolate_to", None)
-        if L_e > rows:
-            pos["max_length"] = L_e
-            changes.append(f"learned table interpolated {rows} -> {L_e} rows (model.positions.max_length = {L_e})")
-    if rope_interpolation:
-        if name != "rope":
-            raise UserError(f"--rope-interpolation applies to RoPE models; {parent} uses {name!r}.")
-        pos.update(scaling="linear", factor=float(factor))
-        changes.append(f"RoPE position interpolation: scaling = linear, factor = {factor}")
-    raw["model"]["positions"] = pos
-
-    d, t = raw["data"], raw["train"]
-    old_sampler = d.get("sampler", "contiguous")
-    d["sampler"] = "contiguous" if method == "continue" else method
-    d["extended_length"] = L_e
-    d["packed"] = False if method != "continue" else d.get("packed", False)
-    if method in ("chunk", "prefix"):
-        d["alpha"] = alpha
-    changes.append(f"data.sampler {old_sampler} -> {d['sampler']}"
-                   + (f" (alpha {alpha:g})" if method in ("chunk", "prefix") else "")
-                   + f", data.extended_length = {L_e}")
-    t["seq_len"] = L_t
-    if method == "full":
-        t["seq_len"] = L_e
-        if (t["batch_size"] * L_t) % L_e == 0:
-            new_batch = t["batch_size"] * L_t // L_e
-            changes.append(f"train.seq_len = {L_e}, train.batch_size {t['batch_size']} -> {new_batch} "
-                           "(the same tokens per step as the L_t methods)")
-            t["batch_size"] = new_batch
-        else:
-            changes.append(f"train.seq_len = {L_e} (batch size kept: more tokens per step than the L_t methods)")
-    for key in ("steps", "tokens", "epochs"):
-        t.pop(key, None)
-    t["warmup"] = EXTENSION_WARMUP
-    # continue near where the parent's schedule ended instead of re-warming to its peak: a short
-    # extension re-warmed to the peak ends worse than the parent (measured: every method, `continue`
-    # included, lost to no training at all). The same rule for every method.
-    parent_lr, parent_end = float(t.get("lr", 1e-3)), float(t.get("end_lr", 1e-4))
-    t["lr"] = max(parent_end, EXTENSION_LR_FRACTION * parent_lr)
-    t["end_lr"] = min(parent_end, t["lr"])
-    changes.append(f"fresh AdamW with the parent's settings, lr {t['lr']:g} -> {t['end_lr']:g} "
-                   f"(max of the parent's end lr and {EXTENSION_LR_FRACTION:g} x its peak), "
-                   f"warmup {EXTENSION_WARMUP:g} of the steps")
+    positions, changes = extended_positions(pcfg, L_e, factor, rope_interpolation, parent)
+    data, data_changes = extended_data(pcfg.data, method, alpha, L_e)
+    train, train_changes = extended_train(pcfg.train, method, L_t, L_e)
+    changes += data_changes + train_changes
+    cfg = replace(pcfg, model=replace(pcfg.model, positions=positions), data=data, train=train)
+    # a placeholder budget keeps the config valid until the real one is known
+    cfg = with_overrides(cfg, overrides + ([] if literal_budget else ["train.tokens=1"]))
 
     budget_tokens = tokens
     budget_kind = "override" if tokens is not None else "compute-equivalent (L_e / L_t epochs of L_e windows)"
     if budget_tokens is None:
         budget_tokens = compute_equivalent_tokens(_parent_split(parent, pcfg), L_t, L_e)
-    raw = apply_overrides(raw, overrides + ([] if literal_budget else ["train.tokens=1"]))
-    cfg = from_dict(raw)
     if not literal_budget:
-        per_step = _tokens_per_step(cfg)
+        per_step = tokens_per_step(cfg)
         steps = max(1, budget_tokens // per_step)
-        cfg.train.tokens = steps * per_step
+        cfg = replace(cfg, train=replace(cfg.train, tokens=steps * per_step))
         changes.append(f"budget: train.tokens = {cfg.train.tokens:,} ({steps} steps of {per_step:,} tokens; "
                        f"{budget_kind}: {budget_tokens:,})")
     else:
@@ -180,7 +202,7 @@ def extension_config(parent: str | Path, method: str, factor: int = 2, alpha: fl
         "method": method, "alpha": alpha if method in ("chunk", "prefix") else None, "factor": factor,
         "train_length": L_t, "extended_length": L_e, "tokens": cfg.train.tokens,
         "compute_equivalent": budget_kind != "override" and not literal_budget,
-        "rope_interpolation": rope_interpolation, "encoding": name, "changes": changes,
+        "rope_interpolation": rope_interpolation, "encoding": positions["name"], "changes": changes,
     }
     return cfg, record
 
@@ -237,31 +259,3 @@ def extend(parent: str | Path, method: str, factor: int = 2, alpha: float | None
               f"{record['train_length']} -> L_e {record['extended_length']}\n  " + "\n  ".join(record["changes"]),
               flush=True)
     return train(cfg, out, resume=False, progress=progress, init_from=init_from)
-
-
-# ---- CLI -----------------------------------------------------------------------------------------
-
-def register(sub) -> None:
-    p = sub.add_parser("extend", help="extend a run's context to K x L_t (segmented-sequence training)",
-                       description="Continue RUN's training at L_e = K x L_t with chunk / prefix / full / randompos "
-                                   "sampling, or the continue control, on a compute-equivalent token budget.")
-    p.add_argument("run", help="the run directory to extend")
-    p.add_argument("--method", required=True, choices=METHODS)
-    p.add_argument("--alpha", type=float, default=None, help="segment fraction for chunk / prefix (default 0.25)")
-    p.add_argument("--factor", type=int, default=2, help="L_e / L_t (default 2)")
-    p.add_argument("--out", default=None, help="the new run directory (default: RUN-<method>-x<factor>)")
-    p.add_argument("--tokens", type=int, default=None,
-                   help="token budget instead of the compute-equivalent one (same for every method)")
-    p.add_argument("--rope-interpolation", action="store_true", help="RoPE: add linear position interpolation")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key of the extension run (repeatable)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted extension run in --out")
-    p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(func=_cli)
-
-
-def _cli(args) -> int:
-    result = extend(args.run, args.method, args.factor, args.alpha, args.out, args.tokens, args.rope_interpolation,
-                    args.overrides, resume=args.resume, progress=not args.no_progress)
-    print(f"done: {result.steps} steps, {result.tokens:,} tokens in {result.wall_time:.1f}s -> {result.run_dir}")
-    return 0

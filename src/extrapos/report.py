@@ -177,23 +177,3 @@ def collect_rows(paths: list[str | Path]) -> tuple[list[Row], Path | None]:
         else:
             raise UserError(f"{p} is neither a compare directory, a run with eval/ results, nor an eval JSON file.")
     return rows, compare_dir
-
-
-def register(sub) -> None:
-    p = sub.add_parser("report", help="rebuild tables and plots from saved evaluation results")
-    p.add_argument("paths", nargs="+", help="a compare directory, run directories or eval JSON files")
-    p.add_argument("--out", default=None, help="output directory (default: the compare directory, else ./report)")
-    p.add_argument("--title", default="Length extrapolation")
-    p.set_defaults(func=_cli)
-
-
-def _cli(args) -> int:
-    rows, compare_dir = collect_rows(args.paths)
-    out = Path(args.out) if args.out else (compare_dir or Path("report"))
-    facts = None
-    if compare_dir is not None and (compare_dir / "facts.json").is_file():
-        facts = json.loads((compare_dir / "facts.json").read_text())
-    report = write_report(rows, out, args.title, facts)
-    print(markdown_table(rows))
-    print(f"-> {report}")
-    return 0

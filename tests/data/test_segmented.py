@@ -8,7 +8,7 @@ import torch
 from data_helpers import numbered_docs
 
 from extrapos.config import load_config
-from extrapos.data.segmented import SegmentedSampler, build_sampler, compute_equivalent_tokens
+from extrapos.data.segmented import SegmentedSampler, compute_equivalent_tokens
 from extrapos.errors import UserError
 
 L_T, L_E = 8, 32
@@ -153,8 +153,14 @@ def test_rank_shards_are_disjoint(split):
 
 
 def test_factory_and_errors(split):
+    from extrapos.runtime import build_sampler as runtime_sampler
+
     def cfg(*sets):
         return load_config(None, ["model.train_length=8", *sets])
+
+    def build_sampler(name, split, cfg, batch_size):  # the sampler data.sampler = name asks for
+        cfg.data.sampler = name
+        return runtime_sampler(cfg, split, batch_size, seed=0)
 
     s = build_sampler("chunk", split, cfg("data.extended_length=32", "data.alpha=0.5"), 2)
     assert isinstance(s, SegmentedSampler) and s.seq_len == L_T and s.alpha == 0.5

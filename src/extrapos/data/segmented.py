@@ -172,34 +172,3 @@ def compute_equivalent_tokens(split: TokenSplit, train_length: int, extended_len
     doc_index, _ = windows_in_documents(split.doc_lengths, extended_length + 1, extended_length)
     epochs = extended_length / train_length
     return int(math.floor(epochs * len(doc_index) * train_length))
-
-
-def build_sampler(name: str, split: TokenSplit, cfg, batch_size: int, seed: int = 0, rank: int = 0,
-                  world_size: int = 1) -> Sampler:
-    """The sampler ``data.sampler`` names (``train.build_sampler`` calls this for every sampler but contiguous).
-
-    The example length of chunk / prefix / randompos is the run's sequence length (L_t); ``full``
-    needs ``train.seq_len = data.extended_length`` so that budgets in tokens count what it feeds.
-    """
-    from extrapos.data.sampling import ContiguousSampler
-
-    if name == "contiguous":
-        return ContiguousSampler(split, cfg.seq_len, batch_size, seed=seed, rank=rank, world_size=world_size,
-                                 packed=cfg.data.packed)
-    if name not in SEGMENTED:
-        raise UserError(f"unknown data.sampler {name!r}; choose contiguous, {', '.join(SEGMENTED)}.")
-    if cfg.data.packed:
-        raise UserError(f"data.sampler={name} cuts windows of single documents; it cannot be packed "
-                        "(set data.packed=false).")
-    extended = cfg.data.extended_length
-    if extended is None:
-        raise UserError(f"data.sampler={name} needs data.extended_length (L_e, e.g. 2 x the training length).")
-    if name == "full":
-        if cfg.seq_len != extended:
-            raise UserError(f"data.sampler=full trains on windows of data.extended_length={extended} tokens; "
-                            f"set train.seq_len={extended} too (it is {cfg.seq_len}).")
-        train_length = cfg.model.train_length
-    else:
-        train_length = cfg.seq_len
-    return SegmentedSampler(split, name, train_length, extended, batch_size, alpha=cfg.data.alpha, seed=seed,
-                            rank=rank, world_size=world_size)

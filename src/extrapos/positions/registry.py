@@ -1,30 +1,25 @@
 """Name -> positional-encoding class, like Hugging Face's ROPE_INIT_FUNCTIONS.
 
-Adding an encoding is one new file with a class and a ``register(...)`` call, plus its module
-name in ``_MODULES`` below. One class may be registered under several names with different
-default options (``cable-nw`` is CABLE with ``weighted = False``).
+Adding an encoding is one new file in ``positions/`` with a class and a ``register(...)`` call:
+every module of this package is imported (pkgutil) the first time the registry is read. One class
+may be registered under several names with different default options (``cable-nw`` is CABLE with
+``weighted = False``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import types
-import typing
+import pkgutil
 from dataclasses import dataclass, field
 from typing import Any
 
+from extrapos import schema
 from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, PositionalEncoding
 
-# modules whose import registers encodings
-_MODULES = [
-    "extrapos.positions.absolute",
-    "extrapos.positions.rotary",
-    "extrapos.positions.expe",
-    "extrapos.positions.bias",
-    "extrapos.positions.cable",
-]
+# modules of this package that define no encoding
+_NOT_ENCODINGS = {"base", "registry"}
 
 
 @dataclass(frozen=True)
@@ -45,11 +40,19 @@ def register(name: str, cls: type[PositionalEncoding], description: str = "", **
     _REGISTRY[name] = EncodingSpec(name, cls, defaults, description)
 
 
+def encoding_modules() -> list[str]:
+    """Every module of ``extrapos.positions`` that may register encodings, in file-name order."""
+    import extrapos.positions as package
+
+    return [f"{package.__name__}.{m.name}" for m in pkgutil.iter_modules(package.__path__)
+            if m.name not in _NOT_ENCODINGS and not m.name.startswith("_")]
+
+
 def _load() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
-        for module in _MODULES:
+        for module in encoding_modules():
             importlib.import_module(module)
 
 
@@ -65,29 +68,6 @@ def spec(name: str) -> EncodingSpec:
     return _REGISTRY[name]
 
 
-def _coerce(name: str, f: dataclasses.Field, value: Any, hints: dict) -> Any:
-    """Check one option value against its annotation (TOML gives ints where floats are meant)."""
-    hint = hints.get(f.name, Any)
-    allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union else (hint,)
-    if value is None and type(None) in allowed:
-        return None
-    for t in allowed:
-        if t is Any:
-            return value
-        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if t is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if t is bool and isinstance(value, bool):
-            return value
-        if t is str and isinstance(value, str):
-            return value
-    raise UserError(
-        f"option {f.name!r} of encoding {name!r} must be {' or '.join(getattr(t, '__name__', str(t)) for t in allowed)}, "
-        f"got {value!r}."
-    )
-
-
 def build_options(name: str, options: dict[str, Any] | None = None) -> Any:
     """The encoding's Options dataclass from registry defaults + user options, type-checked."""
     s = spec(name)
@@ -99,8 +79,7 @@ def build_options(name: str, options: dict[str, Any] | None = None) -> Any:
             f"encoding {name!r} has no option {', '.join(unknown)}; its options are: "
             f"{', '.join(sorted(fields)) or '(none)'}."
         )
-    hints = typing.get_type_hints(s.cls.Options)
-    return s.cls.Options(**{k: _coerce(name, fields[k], v, hints) for k, v in merged.items()})
+    return schema.build(s.cls.Options, merged, where=f"option {{key!r}} of encoding {name!r}")
 
 
 def build_encoding(name: str, ctx: EncodingContext, options: dict[str, Any] | None = None) -> PositionalEncoding:

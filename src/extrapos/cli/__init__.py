@@ -1,9 +1,9 @@
 """`extrapos <command>`: a thin shell over library functions.
 
-Each command lives in its own module that exposes ``register(subparsers)``; the parser it adds
-sets ``func`` (called with the parsed namespace, returns an exit code or None). Modules are
-imported lazily by name so `extrapos --help` stays fast and one broken optional extra cannot
-break the other commands.
+One module per command group; each exposes ``register(subparsers)`` and imports only argparse at
+module level, so `extrapos --help` and `extrapos <command> --help` never import torch. The parser a
+module adds sets ``func`` (called with the parsed namespace; returns an exit code or None), which
+imports the library function it calls.
 """
 
 from __future__ import annotations
@@ -14,27 +14,26 @@ import sys
 
 from extrapos.errors import UserError
 
-# module path -> commands it registers (listed here so --help works without importing torch)
 COMMAND_MODULES = [
-    "extrapos.data.commands",
-    "extrapos.positions.commands",
-    "extrapos.train",
-    "extrapos.extend",
-    "extrapos.evaluate",
-    "extrapos.compare",
-    "extrapos.report",
-    "extrapos.generate",
-    "extrapos.bench",
+    "extrapos.cli.data",
+    "extrapos.cli.encodings",
+    "extrapos.cli.train",
+    "extrapos.cli.extend",
+    "extrapos.cli.eval",
+    "extrapos.cli.compare",
+    "extrapos.cli.report",
+    "extrapos.cli.generate",
+    "extrapos.cli.bench",
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from extrapos import __version__
+
     parser = argparse.ArgumentParser(
         prog="extrapos",
         description="Train short, test long: positional encodings for length extrapolation.",
     )
-    from extrapos import __version__
-
     parser.add_argument("--version", action="version", version=f"extrapos {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:

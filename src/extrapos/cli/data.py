@@ -1,4 +1,4 @@
-"""`extrapos data prepare` and `extrapos data info`: thin shells over ``prepare_data`` and the manifest."""
+"""`extrapos data prepare` and `extrapos data info`: thin shells over ``prepare`` and the manifest."""
 
 from __future__ import annotations
 

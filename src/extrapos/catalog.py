@@ -1,4 +1,4 @@
-"""`extrapos encodings`: list the registered positional encodings.
+"""The catalog of positional encodings (`extrapos encodings`).
 
 For each: name, family, learnable parameter count in a model of the given size preset, options with
 their defaults, and the paper it comes from; as an aligned table or as JSON (``--json``).
@@ -59,16 +59,8 @@ def format_table(rows: list[dict[str, Any]], options_width: int = 56) -> str:
     return "\n".join(lines)
 
 
-def run(size: str = DEFAULT_SIZE, as_json: bool = False) -> str:
+def encodings_text(size: str = DEFAULT_SIZE, as_json: bool = False) -> str:
     rows = encodings_table(size)
     if as_json:
         return json.dumps({"size": size, "encodings": rows}, indent=2)
     return f"positional encodings (learnable parameters for a {size} model)\n\n" + format_table(rows)
-
-
-def register(sub) -> None:
-    p = sub.add_parser("encodings", help="list the positional encodings, their options and papers")
-    p.add_argument("--size", default=DEFAULT_SIZE,
-                   help=f"model size preset used to count parameters (default {DEFAULT_SIZE})")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(func=lambda args: print(run(args.size, args.json)))

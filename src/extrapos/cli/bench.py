@@ -1,0 +1,49 @@
+"""`extrapos bench`: speed and memory of every encoding, as ratios to NoPE measured in one run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="speed and memory of every encoding, as ratios to nope")
+    p.add_argument("--quick", action="store_true", help="fewer repeats and a shorter context (a few minutes)")
+    p.add_argument("--encodings", default=None, help="comma-separated subset (nope is always included)")
+    p.add_argument("--out", default=None, help="write the markdown table here (and the JSON beside it)")
+    p.add_argument("--bf16-runs", nargs="*", default=None, metavar="RUN",
+                   help="also evaluate these runs in fp32 and bf16 autocast (the ExPE/ExQPE resolution check)")
+    p.add_argument("--resolution-only", action="store_true", help="print only the bf16 position-resolution table")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from extrapos.bench import format_bench, run_bench
+    from extrapos.diagnostics import (
+        bf16_eval_delta,
+        format_bf16_delta,
+        format_resolution,
+        position_resolution,
+    )
+
+    if args.resolution_only:
+        print(format_resolution(position_resolution()))
+        if args.bf16_runs:
+            print(format_bf16_delta(bf16_eval_delta(args.bf16_runs, progress=not args.no_progress)))
+        return 0
+    names = [n.strip() for n in args.encodings.split(",")] if args.encodings else None
+    r = run_bench(args.quick, names, progress=not args.no_progress)
+    if args.bf16_runs:
+        r["bf16_eval"] = bf16_eval_delta(args.bf16_runs, progress=not args.no_progress)
+    text = format_bench(r)
+    if args.bf16_runs:
+        text += "\n\nEvaluation loss in fp32 vs bf16 autocast:\n\n" + format_bf16_delta(r["bf16_eval"])
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+        out.with_suffix(".json").write_text(json.dumps(r, indent=1))
+        print(f"-> {out}")
+    return 0

@@ -1,0 +1,31 @@
+"""`extrapos compare`: train and evaluate a set of encodings, then write one report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("compare", help="train and evaluate a set of encodings; write a report",
+                       description="Run a comparison preset (default: quick) end to end; resumable.")
+    p.add_argument("preset", nargs="?", default="quick", help="a comparison preset or a sweep .toml")
+    p.add_argument("--out", default=None, help="output directory (default: runs/compare-<preset>)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a training key for every row (e.g. train.tokens=200000)")
+    p.add_argument("--max-eval-tokens", type=int, default=None, help="target tokens scored per length")
+    p.add_argument("--list", action="store_true", help="list the comparison presets")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from extrapos.compare import compare, load_sweep, slug
+    from extrapos.presets import sweep_names
+
+    if args.list:
+        for name in sweep_names():
+            print(f"{name:28s} {load_sweep(name).title}")
+        return 0
+    out = Path(args.out) if args.out else Path("runs") / f"compare-{slug(Path(args.preset).stem)}"
+    compare(args.preset, out, args.overrides, progress=not args.no_progress, max_eval_tokens=args.max_eval_tokens)
+    return 0

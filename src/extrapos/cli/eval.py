@@ -1,0 +1,88 @@
+"""`extrapos eval`: score a run at 1x..16x its training length."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def register(sub) -> None:
+    p = sub.add_parser("eval", help="evaluate a run at 1x..16x its training length",
+                       description="Score the same held-out tokens with windows of k x L_t for each k.")
+    p.add_argument("run", help="a run directory")
+    p.add_argument("--lengths", default="1,2,4,8,16", help="multiples of the training length (default 1,2,4,8,16)")
+    p.add_argument("--scale", type=float, default=None, help="ExPE/ExQPE inference-time scale (the paper's 0.5)")
+    p.add_argument("--rope-scaling", default=None, metavar="NAME",
+                   help="a RoPE scaling applied at inference: linear, ntk, dynamic or yarn")
+    p.add_argument("--factor", type=float, default=None, help="RoPE scaling factor (default: max length)")
+    p.add_argument("--interpolate", action="store_true",
+                   help="interpolate a learned table to each evaluated window (none at ev=1)")
+    p.add_argument("--position-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="set any option of the encoding for this evaluation (repeatable)")
+    p.add_argument("--corpus", default=None, help="another corpus spec, tokenized with the run's tokenizer")
+    p.add_argument("--data", default=None, help="a prepared data directory to score instead")
+    p.add_argument("--split", default="test", help="split of the run's data (default test)")
+    p.add_argument("--max-tokens", type=int, default=65_536, help="target tokens scored per length")
+    p.add_argument("--stride", type=int, default=None, help="sliding-window mode with this stride")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    p.add_argument("--name", default=None, help="result name in RUN/eval/ (default: from the options)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing different result")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run)
+
+
+def parse_lengths(text: str) -> list[int]:
+    from extrapos.errors import UserError
+
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--lengths must be integers separated by commas (e.g. 1,2,4,8,16), got {text!r}.") from None
+
+
+def parse_value(text: str) -> Any:
+    """A command-line option value: int, float, true/false/none, else the string itself."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
+
+
+def position_options(args, lengths: list[int]) -> dict[str, Any]:
+    """The inference-time encoding changes the flags ask for."""
+    from extrapos.errors import UserError
+
+    options: dict[str, Any] = {}
+    if args.scale is not None:
+        options["scale"] = args.scale
+    if args.rope_scaling:
+        options["scaling"] = args.rope_scaling
+        options["factor"] = args.factor if args.factor is not None else float(max(lengths))
+    elif args.factor is not None:
+        raise UserError("--factor needs --rope-scaling (linear, ntk, dynamic or yarn).")
+    if args.interpolate:
+        options["interpolate_to"] = "window"
+    for text in args.position_option:
+        key, sep, value = text.partition("=")
+        if not sep:
+            raise UserError(f"--position-option '{text}' must look like key=value.")
+        options[key.strip()] = parse_value(value.strip())
+    return options
+
+
+def run(args) -> int:
+    from extrapos.evaluate import EvalRequest, evaluate, format_result
+
+    lengths = parse_lengths(args.lengths)
+    req = EvalRequest(lengths=lengths, corpus=args.corpus, data_dir=args.data, split=args.split,
+                      max_tokens=args.max_tokens, position_options=position_options(args, lengths),
+                      stride=args.stride, precision=args.precision, step=args.step)
+    result = evaluate(args.run, req, name=args.name, overwrite=args.overwrite, device=args.device,
+                      progress=not args.no_progress)
+    print(format_result(result))
+    print(f"-> {Path(args.run) / 'eval' / (result['name'] + '.json')}")
+    return 0

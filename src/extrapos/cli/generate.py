@@ -1,0 +1,50 @@
+"""`extrapos generate`: sample text from a run, streamed, with a KV cache."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="sample text from a trained run (KV cache, streamed)")
+    p.add_argument("run", help="a run directory")
+    p.add_argument("--prompt", default=None, help="the prompt text")
+    p.add_argument("--prompt-file", default=None, help="read the prompt from a file (long prompts)")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy decoding")
+    p.add_argument("--top-k", type=int, default=50)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scale", type=float, default=None, help="ExPE/ExQPE inference-time scale")
+    p.add_argument("--no-cache", action="store_true", help="recompute the whole prefix every token (slow)")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from extrapos.errors import UserError
+    from extrapos.generate import generate_text
+
+    if (args.prompt is None) == (args.prompt_file is None):
+        raise UserError("give exactly one of --prompt TEXT and --prompt-file FILE.")
+    if args.prompt_file is not None:
+        path = Path(args.prompt_file)
+        if not path.is_file():
+            raise UserError(f"prompt file {path} does not exist.")
+        prompt = path.read_text(encoding="utf-8", errors="replace")
+    else:
+        prompt = args.prompt
+    if args.max_new_tokens < 1:
+        raise UserError("--max-new-tokens must be at least 1.")
+    options = {"scale": args.scale} if args.scale is not None else None
+
+    def show(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    sys.stdout.write(prompt)
+    generate_text(args.run, prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
+                  use_cache=not args.no_cache, position_options=options, device=args.device, on_text=show)
+    sys.stdout.write("\n")
+    return 0

@@ -1,0 +1,45 @@
+"""`extrapos train` and `extrapos presets`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="train a language model with a positional encoding",
+                       description="Train a model from a TOML config or a preset (e.g. cpu/tiny).")
+    p.add_argument("--config", default=None, help="a .toml file or a preset name (see `extrapos presets`)")
+    p.add_argument("--data", default=None, help="a prepared data directory (default: the preset's corpus)")
+    p.add_argument("--out", default=None, help="run directory (default: runs/<config name>)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config key, e.g. --set train.lr=3e-4 (repeatable)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+    ps = sub.add_parser("presets", help="list the shipped config presets")
+    ps.set_defaults(func=run_presets)
+
+
+def run(args) -> int:
+    from extrapos.config import load_config
+    from extrapos.train import train
+
+    overrides = list(args.overrides)
+    if args.data:
+        overrides.append(f"data.dir={json.dumps(str(args.data))}")
+    out = Path(args.out) if args.out else Path("runs") / (Path(args.config).stem if args.config else "default")
+    cfg = None if args.resume and not args.config else load_config(args.config, overrides)  # None: the run's own
+    result = train(cfg, out, resume=args.resume, progress=not args.no_progress)
+    val = f", validation loss {result.val_loss:.4f}" if result.val_loss is not None else ""
+    print(f"done: {result.steps} steps, {result.tokens:,} tokens in {result.wall_time:.1f}s, "
+          f"final loss {result.final_loss:.4f}{val} -> {result.run_dir}")
+    return 0
+
+
+def run_presets(args) -> int:
+    from extrapos.presets import preset_names
+
+    print("\n".join(preset_names()))
+    return 0

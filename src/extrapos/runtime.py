@@ -1,0 +1,144 @@
+"""What every command needs around a model: device, processes, precision, data and the step plan.
+
+train, eval, extend, bench and compare all read these from one place, so a rule (how many
+micro-batches make a step, which data a run uses, what bf16 means) is written once.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from extrapos.config import RunConfig
+from extrapos.errors import UserError
+
+# ---- device and processes ------------------------------------------------------------------------
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"train.device is {name!r} but no CUDA device is visible; use train.device=cpu.")
+    return dev
+
+
+def distributed_env() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank) from torchrun's environment; (0, 1, 0) for one process."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:
+    """Join torchrun's process group (NCCL on CUDA, gloo on CPU); one process needs nothing."""
+    rank, world, local_rank = distributed_env()
+    if world > 1:
+        import torch.distributed as dist
+
+        if device.type == "cuda":
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return rank, world, device
+
+
+def autocast(device: torch.device, precision: str):
+    """bf16 autocast for ``precision == "bf16"``, else nothing (fp32)."""
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+# ---- data ----------------------------------------------------------------------------------------
+
+
+def prepare_run_data(cfg: RunConfig, progress: bool = True) -> Path:
+    """The prepared data directory of a config: ``data.dir`` or the cache entry of corpus+tokenizer."""
+    from extrapos.data import prepare_data
+
+    if cfg.data.dir:
+        path = Path(cfg.data.dir)
+        if not (path / "manifest.json").is_file():
+            raise UserError(f"data.dir {path} is not a prepared data directory; run `extrapos data prepare` first.")
+        return path
+    d = cfg.data
+    return prepare_data(
+        d.corpus, d.tokenizer, None, min_doc_tokens=d.min_doc_tokens, max_tokens=d.max_tokens,
+        max_docs=d.max_docs, split_fractions=tuple(d.split_fractions), text_field=d.text_field,
+        progress=progress,
+    )
+
+
+def build_sampler(cfg: RunConfig, split, batch_size: int, seed: int, rank: int = 0, world: int = 1):
+    """The training sampler ``data.sampler`` names: contiguous windows or a segmented sampler.
+
+    chunk / prefix / randompos cut examples of the run's sequence length (L_t) from windows of
+    ``data.extended_length`` (L_e) tokens; ``full`` trains on the L_e windows themselves, so it
+    needs ``train.seq_len = data.extended_length`` for token budgets to count what it feeds.
+    """
+    from extrapos.data import sampling, segmented
+
+    name, d = cfg.data.sampler, cfg.data
+    if name == "contiguous":
+        return sampling.ContiguousSampler(split, cfg.seq_len, batch_size, seed=seed, rank=rank,
+                                          world_size=world, packed=d.packed)
+    if name not in segmented.SEGMENTED:
+        raise UserError(f"unknown data.sampler {name!r}; choose contiguous, {', '.join(segmented.SEGMENTED)}.")
+    if d.packed:
+        raise UserError(f"data.sampler={name} cuts windows of single documents; it cannot be packed "
+                        "(set data.packed=false).")
+    if d.extended_length is None:
+        raise UserError(f"data.sampler={name} needs data.extended_length (L_e, e.g. 2 x the training length).")
+    if name == "full":
+        if cfg.seq_len != d.extended_length:
+            raise UserError(f"data.sampler=full trains on windows of data.extended_length={d.extended_length} "
+                            f"tokens; set train.seq_len={d.extended_length} too (it is {cfg.seq_len}).")
+        train_length = cfg.model.train_length
+    else:
+        train_length = cfg.seq_len
+    return segmented.SegmentedSampler(split, name, train_length, d.extended_length, batch_size, alpha=d.alpha,
+                                      seed=seed, rank=rank, world_size=world)
+
+
+# ---- the step plan -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How a budget becomes optimizer steps: micro-batches per step, tokens per step, total steps."""
+
+    accumulation: int
+    tokens_per_step: int
+    total_steps: int
+
+
+def accumulation_steps(cfg: RunConfig, world: int = 1) -> int:
+    """Micro-batches per optimizer step so that a step holds about ``train.batch_tokens`` tokens."""
+    t = cfg.train
+    per_micro = t.batch_size * cfg.seq_len * world
+    return max(1, round(t.batch_tokens / per_micro)) if t.batch_tokens else 1
+
+
+def tokens_per_step(cfg: RunConfig, world: int = 1) -> int:
+    return cfg.train.batch_size * cfg.seq_len * world * accumulation_steps(cfg, world)
+
+
+def step_plan(cfg: RunConfig, windows_per_epoch: int, world: int = 1) -> StepPlan:
+    """The plan for a budget of ``train.tokens``, ``train.epochs`` or ``train.steps`` (default 200 steps)."""
+    t = cfg.train
+    accum = accumulation_steps(cfg, world)
+    per_step = tokens_per_step(cfg, world)
+    if t.tokens is not None:
+        total = math.ceil(t.tokens / per_step)
+    elif t.epochs is not None:
+        total = math.ceil(t.epochs * windows_per_epoch / (t.batch_size * accum * world))
+    else:
+        total = t.steps if t.steps is not None else 200
+    return StepPlan(accum, per_step, max(1, total))

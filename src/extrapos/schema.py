@@ -1,0 +1,90 @@
+"""The one validator: typed dataclasses built from TOML-like dicts, with errors that name the key.
+
+Run configs (``[model]``, ``[data]``, ``[train]``), encoding options and comparison sweeps are all
+dataclasses; ``build`` checks each value against its annotation and refuses unknown keys, so every
+file a user writes is checked the same way. TOML gives ints where floats are meant: an int is
+accepted for a float field and converted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+from extrapos.errors import UserError
+
+
+def _type_name(hint: Any) -> str:
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is typing.Union or isinstance(hint, types.UnionType):
+        return " or ".join(_type_name(a) for a in args if a is not type(None))
+    if typing.get_origin(hint) is list:
+        return f"a list of {_type_name(args[0]) if args else 'values'}"
+    return getattr(hint, "__name__", str(hint))
+
+
+def check(hint: Any, value: Any, where: str) -> Any:
+    """``value`` checked against the annotation ``hint`` (ints widened to floats); a UserError names ``where``."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or isinstance(hint, types.UnionType):
+        allowed = typing.get_args(hint)
+        if value is None and type(None) in allowed:
+            return None
+        for t in allowed:
+            if t is type(None):
+                continue
+            try:
+                return check(t, value, where)
+            except UserError:
+                continue
+    elif hint is Any:
+        return value
+    elif hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    elif origin is list:
+        if isinstance(value, (list, tuple)):
+            (item,) = typing.get_args(hint) or (Any,)
+            return [check(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    elif origin is dict or hint is dict:
+        if isinstance(value, dict):
+            return dict(value)
+    else:  # a field type this validator does not know: accepted as it is
+        return value
+    raise UserError(f"{where} must be {_type_name(hint)}, got {value!r}.")
+
+
+def build(cls: type, values: dict[str, Any], where: str, unknown: str | None = None) -> Any:
+    """An instance of the dataclass ``cls`` from ``values``, every value type-checked.
+
+    ``where(key)`` phrases: ``where`` is formatted with ``{key}`` for each field (e.g.
+    ``"config key 'train.{key}'"``); ``unknown`` is the sentence for a key the dataclass does not
+    have (formatted with ``{key}`` and ``{keys}``, the sorted field names).
+    """
+    fields = {f.name for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in values.items():
+        if key not in fields:
+            template = unknown or "unknown key {key!r}; the keys are: {keys}."
+            raise UserError(template.format(key=key, keys=", ".join(sorted(fields)) or "(none)"))
+        kwargs[key] = check(hints[key], value, where.format(key=key))
+    try:
+        return cls(**kwargs)
+    except TypeError:  # a required field is missing
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in kwargs
+                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise UserError(f"{where.format(key=missing[0])} is required.") from None
+        raise
