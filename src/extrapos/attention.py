@@ -4,29 +4,11 @@ Shapes: q (B, H, Tq, d_h); k, v (B, H_kv, Tk, d_h) with H % H_kv == 0; Tq <= Tk.
 causal with the queries aligned to the END of the keys (query t sees keys j <= t + Tk - Tq),
 which covers both full forwards (Tq == Tk) and cached decoding (Tq new tokens after Tk - Tq).
 
-Which kernel runs (``attention`` picks; every path equals ``attention_reference`` in the tests):
-
-- no bias: fused ``scaled_dot_product_attention`` (``is_causal`` when Tq == Tk, an explicit
-  bottom-right (Tq, Tk) mask when decoding, none when Tq == 1).
-- ``FoldedBias`` (ALiBi, CABLE, CABLE-NW): the bias is rank one up to row constants, so it becomes
-  one extra q/k dimension, q' = [q, q_feat * sqrt(d_h), 0...], k' = [k, k_feat, 0...],
-  v' = [v, 0...] (head dim padded to a multiple of 8 for the fused kernels; the softmax scale
-  stays 1/sqrt(d_h)), and fused SDPA runs with no T x T tensor. Precision: k_feat grows with the
-  position (ALiBi's j, CABLE's cumulative S) and fp32 products of large features lose digits, so
-  k_feat is shifted by the last visible key's value (exact: ``q_feat_i * c`` is a row constant);
-  forwards longer than ``FOLD_BLOCK`` queries run one SDPA call per block of queries, each with
-  its own shift, so that every query's nearby keys have small features. The fold always runs in
-  at least fp32: in bf16 the extra dimension cannot hold positions (spacing 128 at 16k), see
-  ``_fold_dtype`` and ``docs/attention.md`` for measured errors.
-- ``PairwiseBias`` (Kerple, FIRE, T5, K-CABLE): query chunks. Each chunk computes its scores
-  against the keys it can see, adds its bias block ``fn(q_feat[chunk], k_feat)``, masks, softmaxes
-  in fp32, applies dropout and multiplies by v, so memory is O(chunk * Tk), never O(Tq * Tk).
-  With autograd on and several chunks, each chunk is checkpointed (recomputed in backward) so that
-  training memory stays O(chunk * Tk) too. Short sequences take a single block.
-- CUDA: FlexAttention with a ``score_mod`` for long no-grad forwards (evaluation, prefill) with
-  pairwise biases, and with folded biases in half precision (where the fp32 fold would lose the
-  fast bf16 kernels); see ``_flex_wanted``. An import or compile failure falls back (once, with a
-  warning) to the paths above, which also run on CUDA. Untested here (no GPU on the CPU CI).
+``attention`` picks the kernel; every path equals ``attention_reference`` in the tests:
+no bias -> fused SDPA; ``FoldedBias`` (ALiBi, CABLE) -> one extra q/k dimension in fused SDPA,
+block by block; ``PairwiseBias`` (Kerple, FIRE, T5, K-CABLE) -> query chunks, checkpointed in
+training; CUDA -> FlexAttention for long no-grad forwards. Why, and the measured precision of
+each path: docs/attention.md.
 """
 
 from __future__ import annotations

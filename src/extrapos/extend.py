@@ -1,31 +1,9 @@
-"""`extrapos extend`: continue a trained run at an extended length L_e (segmented sequences §3-4).
+"""`extrapos extend`: continue a trained run at L_e = K x L_t (Karypis et al., segmented sequences, §3-4).
 
-``extend(RUN, method, factor=K)`` starts a new run from RUN's latest checkpoint that learns to use
-L_e = K x L_t tokens of context:
-
-* ``chunk`` / ``prefix`` / ``randompos``: L_t-token examples cut from L_e windows with their
-  original positions (``extrapos.data.segmented``); ``full``: the L_e windows themselves;
-  ``continue``: the paper's domain-adaptation control, plain contiguous L_t windows with the same
-  number of tokens.
-* Compute-equivalent budget (§4.4): L_e / L_t epochs of one example per L_e window of the training
-  split (one epoch for ``full``), i.e. ``windows x L_e`` tokens, the same for every method. ``tokens``
-  (``--tokens``, or ``--set train.tokens=N``) replaces it with a smaller budget for CPU-scale runs,
-  still equal across methods. The budget is rounded down to whole optimizer steps; ``full`` feeds
-  ``batch_size x L_t / L_e`` windows per step when that divides, so every method takes the same
-  steps of the same tokens (else it keeps the batch size and takes fewer, longer steps).
-* Optimizer: the parent's settings (schedule, betas, weight decay, clipping, batch) with a fresh
-  AdamW (the parent's moments belong to its finished schedule), a short warmup of 5% of the
-  extension steps, and a learning rate that continues near the parent's final one: peak
-  max(parent end_lr, 0.1 x parent lr), decaying to the parent's end_lr. Re-warming a short
-  extension to the parent's peak left every method worse than no training in our runs. The rule
-  is the same for every method; any key can be overridden with ``--set``.
-* The model keeps ``model.train_length`` (L_t: ExPE's theta and FIRE's L derive from it); a learned
-  absolute table is linearly interpolated to L_e rows first (§3.2; ``model.positions.max_length = L_e``
-  so ``load_run`` rebuilds the resized table); RoPE may add position interpolation
-  (``rope_interpolation``: scaling = linear, factor = K).
-* ``RUN2/parent.json`` records the parent, its step, the method, alpha, factor, L_t, L_e, the token
-  budget and every change applied. Out-of-the-box extrapolation needs no run: ``extrapos eval RUN
-  --lengths K`` (with ``--interpolate`` for a learned table).
+Methods: ``chunk`` / ``prefix`` / ``randompos`` (L_t-token examples cut from L_e windows with their
+original positions), ``full`` (the L_e windows) and ``continue`` (the paper's domain-adaptation
+control), all on the same compute-equivalent token budget (§4.4) and the same optimizer rule.
+The rules and why they are what they are: docs/extension.md.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ class ModelConfig:
 
 # Size presets: ModelConfig field overrides. Parameter counts are in tests/test_model.py.
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
-    # CPU scale (METHODS.md budgets use cpu-small: 4 layers, d 128, L_t 64)
+    # CPU scale (the quick comparisons use cpu-small: 4 layers, d 128, L_t 64)
     "cpu-tiny": dict(flavour="gpt2", n_layers=2, d_model=64, n_heads=4, train_length=64),
     "cpu-small": dict(flavour="gpt2", n_layers=4, d_model=128, n_heads=4, train_length=64),
     "cpu-llama": dict(flavour="llama", n_layers=4, d_model=128, n_heads=4, train_length=64),

@@ -1,4 +1,4 @@
-"""ALiBi, Kerple, FIRE and T5 against their formulas (METHODS.md) on small float64 inputs."""
+"""ALiBi, Kerple, FIRE and T5 against their papers' formulas (Press et al. 2022; Chi et al. 2022; Li et al. 2024; Raffel et al. 2020) on small float64 inputs."""
 
 from __future__ import annotations
 

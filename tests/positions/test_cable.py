@@ -1,4 +1,4 @@
-"""CABLE, CABLE-NW, K-CABLE and the authors' official variant against cable.txt §3 / METHODS.md."""
+"""CABLE, CABLE-NW, K-CABLE and the authors' official variant against the CABLE paper §3 (eq. 2-7)."""
 
 from __future__ import annotations
 

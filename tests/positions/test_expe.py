@@ -1,4 +1,4 @@
-"""ExPE and ExQPE against expe-full eq. 3 and eq. 5, and their placement in the decoder."""
+"""ExPE and ExQPE against Datseris et al. (ExPE) eq. 3 and eq. 5, and their placement in the decoder."""
 
 import pytest
 import torch
@@ -82,7 +82,7 @@ def test_learned_variants():
 
 
 def _recursive_exqpe(N, l, S, t1, t2):
-    """expe-full eq. 5 literally: p_0 = (S + theta2, S + theta1, ..., S + (l-1) theta1);
+    """ExPE paper eq. 5 literally: p_0 = (S + theta2, S + theta1, ..., S + (l-1) theta1);
     p_i = p_{i-1} with component k = i mod l increased by theta2."""
     p = [S + i * t1 for i in range(l)]
     p[0] += t2

@@ -88,7 +88,7 @@ class ALiBi(PositionalEncoding):
 
 
 class Kerple(PositionalEncoding):
-    """Kernelized relative biases (Chi et al. 2022; cable.txt §2), per head and per layer:
+    """Kernelized relative biases (Chi et al. 2022; as summarised in the CABLE paper §2), per head and per layer:
 
     log form: -r1 log(1 + r2 |i - j|); power form: -r1 |i - j|^r2; r1, r2 > 0 (>= 1e-2), r2 <= 2.
 

@@ -1,41 +1,22 @@
-"""CABLE: context-aware biases for length extrapolation (cable.txt §3), and its variants.
+"""CABLE: context-aware biases for length extrapolation (CABLE paper, anonymous EMNLP submission, §3).
 
 Per layer and head, from the normed block input X (B, T, d):
 
     f = ReLU(X w_c) >= 0              (eq. 2)   per-token "distance" increments
     S = cumsum(f) over positions       (eq. 3-4) inclusive, so S_i - S_j = f_{j+1} + ... + f_i
     g = Softplus(X w_s) > 0            (eq. 6)   per-query weights
-    B_ij = -g_i (S_i - S_j), j <= i    (eq. 7 with METHODS.md's sign: a penalty growing with the
-                                                 "context distance", as in the authors' code)
+    B_ij = -g_i (S_i - S_j), j <= i    (eq. 7, signed as a penalty growing with the "context
+                                                 distance", as in the authors' code)
 
 Registered names: ``cable`` (the above), ``cable-nw`` (g = 1, ``weighted = false``), ``k-cable``
 (``kernel = true``: B_ij = -log(1 + (g_i (S_i - S_j))^2)) and ``cable-official``
-(``variant = "official"``, the authors' public code, see below).
+(``variant = "official"``, the authors' public code: CABLE-NW with softplus increments, added to
+q.k logits that are not divided by sqrt(d_h)).
 
-Efficiency: -g_i S_i is a row constant, so B_ij = g_i S_j up to it: a ``FoldedBias`` (q_feat = g,
-k_feat = S) that runs through fused attention. K-CABLE's kernel is not rank one: a ``PairwiseBias``
-(q_feat = (g_i, S_i), k_feat = S_j) evaluated in query chunks. KV cache: the per-layer ``state``
-dict keeps the running sum S of the tokens seen so far (``state["cable_S"]``, (B, H)); the new
-tokens' S continues from it, so decoding token by token equals one full forward.
-
-Choices the paper leaves open (documented here, tested in tests/positions/test_cable.py):
-
-- w_c, w_s are ``Linear(d, h, bias=False)``: the paper's parameters are theta = {w_c in R^d} and
-  {w_s in R^d} per head, with no bias term (eq. 2, 6). The official variant's single projection
-  has a bias, as in the authors' code.
-- Init: weights N(0, 0.02^2) and zero biases, the authors' nanoGPT-style init for every Linear.
-  With unit-variance X this gives f ~ 0.1 and g ~ softplus(0) = 0.69 per token at the start.
-- Parameters are per layer (a ModuleList over ``ctx.n_layers``), like the authors' per-block
-  ``h_attn``.
-
-The official variant (axiomlab/Cable, ``CausalSelfAttention``): one ``Linear(d, h)`` with bias,
-b = cumsum(-softplus(X w + beta)), B_ij = b_i - b_j = -(S_i - S_j) with S = cumsum(softplus(.)),
-i.e. CABLE-NW with softplus increments. Its logits are ``baddbmm(B, q / sqrt(C / n_embd),
-k^T / sqrt(C / n_embd))`` with C = n_embd, so q.k is divided by 1 instead of sqrt(d_h): the bias is
-added to *unscaled* q.k logits (METHODS.md's "no 1/sqrt(d_h) scaling (a bug)"). Our attention adds
-biases to q.k / sqrt(d_h), so to replicate it exactly the official variant multiplies q by
-sqrt(d_h) in the ``rotate`` hook (option ``unscaled_logits``, default true for that variant);
-then q.k / sqrt(d_h) + B equals their q.k + B.
+-g_i S_i is a row constant, so B_ij = g_i S_j up to it: a ``FoldedBias`` that runs through fused
+attention; K-CABLE's kernel is not rank one: a ``PairwiseBias``. The KV cache keeps the running sum
+S per layer (``state["cable_S"]``). The choices the paper leaves open (projections, init, the
+official variant's logit scale) are in docs/attention.md, "Encoding choices".
 """
 
 from __future__ import annotations
@@ -70,10 +51,10 @@ def k_cable_fn(qf: Tensor, kf: Tensor) -> Tensor:
 
 
 class CABLE(PositionalEncoding):
-    """Context-aware additive biases B_ij = -g_i (S_i - S_j) (cable.txt §3, eq. 2-7); see module doc."""
+    """Context-aware additive biases B_ij = -g_i (S_i - S_j) (CABLE paper §3, eq. 2-7); see module doc."""
 
     family = "cable"
-    paper = "CABLE: Context-aware biases for length extrapolation (cable.txt)"
+    paper = "CABLE: Context-aware Biases for Length Extrapolation (anonymous EMNLP submission)"
 
     @dataclass
     class Options:

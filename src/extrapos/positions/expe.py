@@ -1,4 +1,4 @@
-"""ExPE and ExQPE (expe-full §2.1, §2.3): override the first l dims of the Q/K inputs with positions.
+"""ExPE and ExQPE (Datseris et al., ExPE, §2.1, §2.3): override the first l dims of the Q/K inputs with positions.
 
 In every block, on the normed block input x (the input of the Q and K projections):
 
@@ -71,9 +71,9 @@ class _Override(PositionalEncoding):
 
 
 class ExPE(_Override):
-    """Exact positional encoding: p_n[k] = scale * (S + theta (n + k)) (expe-full eq. 3)."""
+    """Exact positional encoding: p_n[k] = scale * (S + theta (n + k)) (Datseris et al., ExPE, eq. 3)."""
 
-    paper = "Datseris et al., ExPE: Exact Positional Encodings (expe-full §2.1; ablations Table 7)"
+    paper = "Datseris et al., ExPE: Exact Positional Encodings (§2.1; ablations Table 7)"
 
     @dataclass
     class Options:
@@ -130,9 +130,9 @@ def exqpe_counts(positions: Tensor, l: int) -> Tensor:  # noqa: E741
 
 
 class ExQPE(_Override):
-    """Exact quantizable positional encoding: p_n[k] = scale * (S + k theta1 + theta2 c_k(n)) (expe-full eq. 5)."""
+    """Exact quantizable positional encoding: p_n[k] = scale * (S + k theta1 + theta2 c_k(n)) (Datseris et al., ExPE, eq. 5)."""
 
-    paper = "Datseris et al., ExPE paper, ExQPE (expe-full §2.3)"
+    paper = "Datseris et al., ExPE paper, ExQPE (§2.3)"
 
     @dataclass
     class Options:
