@@ -14,12 +14,12 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "extrapos"
 # Units (a top-level module or a package of extrapos) by layer, bottom first; docs/architecture.md
 # draws the same picture. A unit may import units of its own layer or below, never above.
 LAYERS = [
-    ("foundation", {"extrapos", "errors", "schema", "presets"}),
+    ("foundation", {"extrapos", "errors", "schema", "presets", "files"}),
     ("data", {"data"}),
     ("positions", {"positions"}),
     ("attention", {"attention"}),
     ("model", {"model"}),
-    ("run helpers", {"config", "checkpoint", "perf", "metrics", "runtime", "runs", "report", "stats"}),
+    ("run helpers", {"config", "checkpoint", "perf", "metrics", "runtime", "runs", "report", "stats", "lock"}),
     ("commands", {"catalog", "train", "evaluate", "generate", "diagnostics", "bench", "extend", "compare",
                   "tasks", "integrations"}),
     ("cli", {"cli", "__main__"}),

@@ -5,10 +5,13 @@ Layout of ``RUN/checkpoints/step-N/``:
 - ``model.safetensors``      the model weights (tied weights stored once)
 - ``optimizer.safetensors``  AdamW moments and step counts, keyed ``<param index>.<state name>``
 - ``rng.safetensors``        torch CPU (and CUDA) generator states as uint8 tensors
-- ``state.json``             step, optimizer param groups, sampler position, config, anything JSON
+- ``state.json``             step, optimizer param groups, sampler position, config, anything JSON,
+                             and the size and sha256 of each tensor file (``files``)
 
 A checkpoint is written into ``.tmp-step-N`` and renamed, so any ``step-N`` directory is complete:
-a process killed mid-write leaves only a temporary directory that the next save removes.
+a process killed mid-write leaves only a temporary directory that the next save removes. A file
+damaged later (a full disk, a bad copy) fails ``verify``, and ``latest_intact`` falls back to the
+newest checkpoint that is whole, saying so in one line.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
 from extrapos.errors import UserError
+from extrapos.files import sha256_file
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -55,6 +59,97 @@ def list_checkpoints(run_dir: Path) -> list[Checkpoint]:
 def latest_checkpoint(run_dir: Path) -> Checkpoint | None:
     found = list_checkpoints(run_dir)
     return found[-1] if found else None
+
+
+TENSOR_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors")
+
+
+def verify(ckpt: Checkpoint, digests: bool = True) -> str | None:
+    """What is wrong with a checkpoint (a short phrase), or None if it is whole.
+
+    Checks that ``state.json`` parses, and each tensor file against the size and sha256 recorded
+    at save time (``digests=False``: sizes only). A checkpoint from before digests were recorded is
+    checked by reading its safetensors headers.
+    """
+    try:
+        state = ckpt.state
+    except (OSError, ValueError):
+        return "state.json is unreadable or truncated"
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        return "state.json holds no step"
+    files = state.get("files")
+    if not isinstance(files, dict):
+        return _verify_headers(ckpt.path)
+    for name, meta in files.items():
+        f = ckpt.path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != meta.get("bytes"):
+            return f"{name} has {f.stat().st_size} bytes, {meta.get('bytes')} were written"
+        if digests and sha256_file(f) != meta.get("sha256"):
+            return f"{name} does not match its recorded sha256"
+    return None
+
+
+def _verify_headers(path: Path) -> str | None:
+    from safetensors import safe_open
+
+    for name in ("model.safetensors",):
+        try:
+            with safe_open(str(path / name), framework="pt") as f:
+                f.keys()
+        except Exception as e:  # SafetensorError, OSError: all mean "not a whole file"
+            return f"{name} is unreadable ({str(e).splitlines()[0][:80]})"
+    return None
+
+
+def latest_intact(run_dir: Path, say=print) -> Checkpoint | None:
+    """The newest checkpoint that passes ``verify``; a damaged newer one is reported and skipped."""
+    found = list_checkpoints(run_dir)
+    for i, ckpt in enumerate(reversed(found)):
+        problem = verify(ckpt)
+        if problem is None:
+            return ckpt
+        older = [c for c in found[: len(found) - 1 - i]]
+        say(f"extrapos: checkpoint {ckpt.path} is damaged ({problem}); "
+            + (f"trying step {older[-1].step}." if older else "no older checkpoint is left."))
+    return None
+
+
+def checkpoint_at(run_dir: Path, step: int | None, say=print) -> Checkpoint:
+    """The checkpoint at ``step`` (None: the newest intact one), verified; a UserError otherwise."""
+    found = list_checkpoints(run_dir)
+    if not found:
+        raise UserError(f"{run_dir} has no checkpoint yet; train it first (extrapos train --out {run_dir}).")
+    if step is None:
+        chosen = latest_intact(run_dir, say)
+        if chosen is None:
+            raise UserError(f"every checkpoint of {run_dir} is damaged; retrain it or restore the checkpoints "
+                            "from a copy.")
+        return chosen
+    match = [c for c in found if c.step == step]
+    if not match:
+        raise UserError(f"{run_dir} has no checkpoint at step {step}; it has steps {[c.step for c in found]}.")
+    problem = verify(match[0])
+    if problem is not None:
+        raise UserError(f"checkpoint {match[0].path} is damaged ({problem}); evaluate another --step.")
+    return match[0]
+
+
+def weights_digest(ckpt: Checkpoint) -> str:
+    """sha256 of the checkpoint's weights (recorded at save; computed for older checkpoints)."""
+    meta = (ckpt.state.get("files") or {}).get("model.safetensors")
+    return meta["sha256"] if meta else sha256_file(ckpt.path / "model.safetensors")
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    """Keep the newest ``keep`` checkpoints (0 keeps all), and no temporary ones."""
+    root = Path(run_dir) / "checkpoints"
+    for stale in root.glob(".tmp-*") if root.is_dir() else []:
+        shutil.rmtree(stale, ignore_errors=True)
+    if keep > 0:
+        for old in list_checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old.path, ignore_errors=True)
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict]]:
@@ -90,22 +185,27 @@ def save_checkpoint(
         shutil.rmtree(stale, ignore_errors=True)
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}"
-    tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
-    groups = []
-    if optimizer is not None:
-        tensors, groups = _optimizer_tensors(optimizer)
-        save_file(tensors, str(tmp / "optimizer.safetensors"))
-    save_file(_rng_tensors(), str(tmp / "rng.safetensors"))
-    (tmp / "state.json").write_text(json.dumps({**state, "step": step, "param_groups": groups}, indent=1))
-    _fsync_dir(tmp)
-    if final.exists():  # re-saving the same step (e.g. the final step after a resume)
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    try:
+        tmp.mkdir()
+        save_model(model, str(tmp / "model.safetensors"))
+        groups = []
+        if optimizer is not None:
+            tensors, groups = _optimizer_tensors(optimizer)
+            save_file(tensors, str(tmp / "optimizer.safetensors"))
+        save_file(_rng_tensors(), str(tmp / "rng.safetensors"))
+        files = {name: {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
+                 for name in TENSOR_FILES if (tmp / name).is_file()}
+        record = {**state, "step": step, "param_groups": groups, "files": files}
+        (tmp / "state.json").write_text(json.dumps(record, indent=1))
+        _fsync_dir(tmp)
+        if final.exists():  # re-saving the same step (e.g. the final step after a resume)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a full disk or a kill signal leaves no partial directory
+        raise
     _fsync_dir(root)
-    if keep > 0:
-        for old in list_checkpoints(run_dir)[:-keep]:
-            shutil.rmtree(old.path, ignore_errors=True)
+    prune_checkpoints(run_dir, keep)
     return final
 
 

@@ -18,6 +18,8 @@ without the preset it came from.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,20 +143,60 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
 
 
 def validate(cfg: RunConfig) -> None:
+    """Every value checked before anything is written: a bad one is one sentence naming the key."""
     cfg.model.validate()
-    t = cfg.train
-    budgets = [b for b in (t.steps, t.tokens, t.epochs) if b is not None]
-    if len(budgets) > 1:
-        raise UserError("set only one of train.steps, train.tokens and train.epochs.")
-    if t.precision not in ("fp32", "bf16"):
-        raise UserError(f"train.precision must be 'fp32' or 'bf16', got {t.precision!r}.")
-    if t.schedule not in ("cosine", "linear", "constant"):
-        raise UserError(f"train.schedule must be cosine, linear or constant, got {t.schedule!r}.")
-    if t.batch_size < 1 or cfg.seq_len < 1:
-        raise UserError("train.batch_size and the sequence length must be positive.")
+    _validate_train(cfg.train)
+    _validate_data(cfg.data)
     from extrapos.positions import registry
 
     registry.build_options(cfg.model.positions["name"], {k: v for k, v in cfg.model.positions.items() if k != "name"})
+
+
+def _require(ok: bool, key: str, rule: str, value: Any) -> None:
+    if not ok:
+        raise UserError(f"{key} must be {rule}, got {value!r}.")
+
+
+def _validate_train(t: TrainConfig) -> None:
+    budgets = [b for b in (t.steps, t.tokens, t.epochs) if b is not None]
+    if len(budgets) > 1:
+        raise UserError("set only one of train.steps, train.tokens and train.epochs.")
+    for key in ("steps", "tokens", "epochs", "seq_len", "batch_tokens", "threads"):
+        value = getattr(t, key)
+        _require(value is None or value > 0, f"train.{key}", "positive", value)
+    _require(t.batch_size >= 1, "train.batch_size", "a positive integer", t.batch_size)
+    _require(t.precision in ("fp32", "bf16"), "train.precision", "'fp32' or 'bf16'", t.precision)
+    _require(t.schedule in ("cosine", "linear", "constant"), "train.schedule", "cosine, linear or constant",
+             t.schedule)
+    _require(t.lr >= 0 and math.isfinite(t.lr), "train.lr", "a non-negative number", t.lr)
+    _require(t.end_lr >= 0 and math.isfinite(t.end_lr), "train.end_lr", "a non-negative number", t.end_lr)
+    _require(t.warmup >= 0, "train.warmup", "a fraction of the steps (< 1) or a number of steps", t.warmup)
+    _require(t.weight_decay >= 0, "train.weight_decay", "non-negative", t.weight_decay)
+    _require(0 <= t.beta1 < 1, "train.beta1", "in [0, 1)", t.beta1)
+    _require(0 <= t.beta2 < 1, "train.beta2", "in [0, 1)", t.beta2)
+    _require(t.eps > 0, "train.eps", "positive", t.eps)
+    _require(t.grad_clip >= 0, "train.grad_clip", "non-negative (0 disables clipping)", t.grad_clip)
+    _require(t.log_every >= 1, "train.log_every", "at least 1", t.log_every)
+    _require(t.eval_batches >= 1, "train.eval_batches", "at least 1", t.eval_batches)
+    for key in ("eval_every", "checkpoint_every", "keep_checkpoints"):
+        _require(getattr(t, key) >= 0, f"train.{key}", "non-negative (0: only at the end / keep all)",
+                 getattr(t, key))
+    _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", t.device) is not None, "train.device",
+             "auto, cpu, cuda or cuda:N", t.device)
+
+
+def _validate_data(d: DataConfig) -> None:
+    from extrapos.data.segmented import SEGMENTED
+
+    samplers = ("contiguous", *SEGMENTED)
+    _require(d.sampler in samplers, "data.sampler", "one of " + ", ".join(samplers), d.sampler)
+    fractions = d.split_fractions
+    _require(len(fractions) == 3 and all(0 <= f <= 1 for f in fractions) and abs(sum(fractions) - 1) < 1e-6,
+             "data.split_fractions", "three numbers in [0, 1] summing to 1 (train, val, test)", fractions)
+    _require(0 < d.alpha <= 1, "data.alpha", "in (0, 1]", d.alpha)
+    _require(d.min_doc_tokens >= 0, "data.min_doc_tokens", "non-negative", d.min_doc_tokens)
+    for key in ("max_tokens", "max_docs", "extended_length"):
+        _require(getattr(d, key) is None or getattr(d, key) > 0, f"data.{key}", "positive", getattr(d, key))
 
 
 # ---- overrides ------------------------------------------------------------------------------------

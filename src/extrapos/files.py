@@ -1,0 +1,80 @@
+"""Writing files so that a kill, a full disk or a symlink never leaves a damaged one behind.
+
+Every file extrapos writes into a run, a cache or a report goes through ``atomic_write``: the
+bytes go to a temporary file in the same directory, are flushed to disk, and the temporary file
+is renamed over the target. A rename replaces a symlink itself, never the file it points to, so a
+crafted link in a run directory cannot redirect a write. On any error the temporary file is
+removed and the old file is untouched.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from extrapos.errors import UserError
+
+
+def atomic_write(path: str | Path, data: bytes | str, skip_unchanged: bool = True) -> bool:
+    """Write ``data`` to ``path`` atomically; returns False when the file already held exactly it."""
+    path = Path(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    if skip_unchanged and path.is_file() and not path.is_symlink():
+        try:
+            if path.stat().st_size == len(payload) and path.read_bytes() == payload:
+                return False
+        except OSError:
+            pass
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def ensure_writable_dir(path: str | Path, what: str) -> Path:
+    """Create ``path`` (a directory we are about to write into) or fail now with one sentence.
+
+    Called before long work (scoring, training) so that a read-only or full location is reported
+    before the work is done, not after it is lost.
+    """
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UserError(f"cannot write {what} in {path} ({describe_os_error(e)}); "
+                        "choose a writable location or free some space.") from None
+    return path
+
+
+def describe_os_error(e: OSError) -> str:
+    """'No space left on device' style text for an OSError, with the file when it names one."""
+    reason = e.strerror or errno.errorcode.get(e.errno or 0, str(e))
+    return f"{reason}: {e.filename}" if e.filename else reason
