@@ -34,6 +34,7 @@ from extrapos.errors import UserError
 from extrapos.model import Decoder, flops_per_token, model_config
 from extrapos.perf import matmul_peak_flops
 from extrapos.positions import registry
+from extrapos.runtime import cpu_has_fast_bf16
 
 
 @dataclass
@@ -258,12 +259,16 @@ def run_bench(quick: bool = False, encodings: list[str] | None = None, progress:
     bar = tqdm(total=total, disable=not progress, desc="bench", unit="run")
     tick = lambda: bar.update(1)  # noqa: E731
     t0 = time.perf_counter()
+    fast_bf16 = cpu_has_fast_bf16()
+    if not fast_bf16:  # emulated bf16 would take ~20x the fp32 time and measure nothing a user runs
+        bar.total -= n * (s.repeats + 1)
     result: dict[str, Any] = {
         "settings": s.__dict__ | {"threads": torch.get_num_threads(), "torch": torch.__version__},
-        "machine": {"matmul_peak_gflops_fp32": matmul_peak_flops("cpu", "fp32") / 1e9,
-                    "matmul_peak_gflops_bf16": matmul_peak_flops("cpu", "bf16") / 1e9},
+        "machine": {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                    "matmul_peak_gflops_fp32": matmul_peak_flops("cpu", "fp32") / 1e9,
+                    "matmul_peak_gflops_bf16": matmul_peak_flops("cpu", "bf16") / 1e9 if fast_bf16 else None},
         "train_fp32": bench_training(names, s, "fp32", tick),
-        "train_bf16": bench_training(names, s, "bf16", tick),
+        "train_bf16": bench_training(names, s, "bf16", tick) if fast_bf16 else None,
         "eval_time": bench_eval_time(names, s, tick),
         "eval_memory": bench_eval_memory(names, s, tick),
         "generation": bench_generation(names, s, tick),
@@ -280,10 +285,15 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 def format_bench(r: dict[str, Any]) -> str:
     s, m = r["settings"], r["machine"]
+    bf16_peak = m.get("matmul_peak_gflops_bf16")
     lines = [
         f"Model {s['size']} (vocab {s['vocab']}), L_t = {s['train_length']}, batch {s['batch']}, "
-        f"{s['threads']} threads, torch {s['torch']}; matmul peak {m['matmul_peak_gflops_fp32']:.0f} GFLOP/s fp32, "
-        f"{m['matmul_peak_gflops_bf16']:.0f} GFLOP/s bf16. Ratios are to `nope` (lower is better, except speedup).",
+        f"{s['threads']} threads, torch {s['torch']}, CPU capability {m.get('cpu_capability', '?')}; matmul peak "
+        f"{m['matmul_peak_gflops_fp32']:.0f} GFLOP/s fp32"
+        + (f", {bf16_peak:.0f} GFLOP/s bf16" if bf16_peak else "")
+        + ". Ratios are to `nope` (lower is better, except speedup)."
+        + ("" if r["train_bf16"] else " The bf16 columns are skipped: this CPU has no native bf16 "
+           "(emulated bf16 runs ~20x slower than fp32 and would measure nothing a user runs)."),
         "",
         "| encoding | train fp32 ms (x nope) | MFU fp32 | train bf16 ms (x nope) | MFU bf16 | "
         + " | ".join(f"eval {k}x ms (x)" for k in s["eval_lengths"]) + " | "
@@ -293,8 +303,8 @@ def format_bench(r: dict[str, Any]) -> str:
     ]
     tf, tb, et, em, gen = r["train_fp32"], r["train_bf16"], r["eval_time"], r["eval_memory"], r["generation"]
     for n in tf:
-        cells = [f"{tf[n]['step_ms']:.1f} ({tf[n]['ratio']:.2f})", f"{tf[n]['mfu']:.1%}",
-                 f"{tb[n]['step_ms']:.1f} ({tb[n]['ratio']:.2f})", f"{tb[n]['mfu']:.1%}"]
+        cells = [f"{tf[n]['step_ms']:.1f} ({tf[n]['ratio']:.2f})", f"{tf[n]['mfu']:.1%}"]
+        cells += ([f"{tb[n]['step_ms']:.1f} ({tb[n]['ratio']:.2f})", f"{tb[n]['mfu']:.1%}"] if tb else ["skipped", "-"])
         for k in s["eval_lengths"]:
             cells.append(f"{et[n][f'time_ms_{k}x']:.1f} ({_ratio(et[n][f'time_ms_{k}x'], et['nope'][f'time_ms_{k}x'])})")
         for k in s["eval_lengths"]:

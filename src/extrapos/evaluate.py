@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from extrapos.errors import UserError
+from extrapos.files import atomic_write, ensure_writable_dir
 
 DEFAULT_LENGTHS = (1, 2, 4, 8, 16)
 
@@ -53,6 +54,56 @@ class EvalRequest:
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def result_key(req: EvalRequest, step: int, weights_sha256: str) -> str:
+    """The request, the checkpoint step it resolved to and the digest of the weights it scored."""
+    text = json.dumps({"request": asdict(req), "step": step, "weights": weights_sha256}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def check_request(req: EvalRequest) -> None:
+    """Every field of an evaluation request checked before a model is loaded."""
+    if not req.lengths or any(not isinstance(k, int) or k < 1 for k in req.lengths):
+        raise UserError("evaluation lengths must be positive multiples of the training length, e.g. 1,2,4,8,16.")
+    if req.stride is not None and req.stride < 1:
+        raise UserError(f"--stride must be a positive number of tokens, got {req.stride}.")
+    if req.max_tokens < 1 or req.buckets < 1:
+        raise UserError("--max-tokens and the per-position buckets must be positive.")
+    if req.precision not in ("fp32", "bf16"):
+        raise UserError(f"--precision must be fp32 or bf16, got {req.precision!r}.")
+    if req.split not in ("train", "val", "test"):
+        raise UserError(f"--split must be train, val or test, got {req.split!r}.")
+    if req.base_length is not None and req.base_length < 1:
+        raise UserError(f"the base length must be positive, got {req.base_length}.")
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,119}")
+
+
+def check_result_name(name: str) -> str:
+    """A result name is one file name inside RUN/eval/: no path separators, no leading dot."""
+    if not _NAME.fullmatch(name) or ".." in name:
+        raise UserError(f"result name {name!r} must be a plain file name (letters, digits, . _ + = -), with no "
+                        "path separators; choose another --name.")
+    return name
+
+
+def results_dir(run_dir: Path) -> Path:
+    """RUN/eval, refused when it is a symlink (results must land inside the run)."""
+    eval_dir = Path(run_dir) / "eval"
+    if eval_dir.is_symlink() or (eval_dir.exists() and not eval_dir.is_dir()):
+        raise UserError(f"{eval_dir} is a symlink or a file, not a directory of the run; remove it and evaluate again.")
+    return eval_dir
+
+
+def _read_result(path: Path) -> dict[str, Any] | None:
+    """A saved result, or None when the file is damaged (then it is scored again and replaced)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def default_name(req: EvalRequest) -> str:
@@ -163,8 +214,11 @@ def score_windows(model, spans: torch.Tensor, window: int, batch_tokens: int, pr
     if stride is None or stride >= window:
         starts = [(s, s, s + window) for s in range(0, span_len, window)]  # (window start, score from, to)
     else:
-        starts = [(0, 0, window)] + [(s - window + stride, s, s + stride)
-                                     for s in range(window, span_len, stride)]
+        starts, s = [(0, 0, window)], window
+        while s < span_len:  # the last window ends on the span's end even when stride does not divide it
+            e = min(s + stride, span_len)
+            starts.append((e - window, s, e))
+            s = e
     # all (span, window) pairs, scored in batches of about batch_tokens
     jobs = [(i, w) for i in range(n) for w in starts]
     per_batch = max(1, batch_tokens // window)
@@ -187,24 +241,37 @@ def evaluate(run_dir: str | Path, req: EvalRequest | None = None, name: str | No
     """Evaluate a run at every length of ``req``; writes and returns ``RUN/eval/<name>.json``."""
     from tqdm.auto import tqdm
 
+    from extrapos import checkpoint as ckpt_io
     from extrapos.runs import load_run
 
     req = req or EvalRequest()
-    if not req.lengths or any(k < 1 for k in req.lengths):
-        raise UserError("evaluation lengths must be positive multiples of the training length, e.g. 1,2,4,8,16.")
+    check_request(req)
     run_dir = Path(run_dir)
-    name = name or default_name(req)
-    out_path = run_dir / "eval" / f"{name}.json"
+    if not (run_dir / "config.toml").is_file():
+        raise UserError(f"{run_dir} is not a run directory (no config.toml); pass the --out of `extrapos train`.")
+    name = check_result_name(name or default_name(req))
+    # results are keyed by the checkpoint they score (its step and a digest of its weights), so a
+    # run trained further is evaluated again, never answered from an older result
+    ckpt = ckpt_io.checkpoint_at(run_dir, req.step)
+    digest = ckpt_io.weights_digest(ckpt)
+    key = result_key(req, ckpt.step, digest)
+    eval_dir = results_dir(run_dir)
+    out_path = eval_dir / f"{name}.json"
     if out_path.is_file() and not overwrite:
-        previous = json.loads(out_path.read_text())
-        if previous.get("request_key") == req.key():
-            return previous  # the same evaluation was done: reuse it
-        raise UserError(
-            f"{out_path} holds a different evaluation; pass --name to keep both or --overwrite to replace it."
-        )
+        previous = _read_result(out_path)
+        if previous is not None and previous.get("result_key") == key:
+            return previous  # the same evaluation of the same weights was done: reuse it
+        if previous is not None and previous.get("request_key") != req.key():
+            raise UserError(
+                f"{out_path} holds a different evaluation; pass --name to keep both or --overwrite to replace it."
+            )
+        if progress and previous is not None:
+            print(f"extrapos eval: {out_path} scored checkpoint step {previous.get('checkpoint_step')}; the run is now "
+                  f"at step {ckpt.step}, evaluating again.", flush=True)
+    ensure_writable_dir(eval_dir, "evaluation results")
 
     t0 = time.perf_counter()
-    run = load_run(run_dir, device=device, step=req.step)
+    run = load_run(run_dir, device=device, checkpoint=ckpt)
     lengths = sorted(set(req.lengths))
     L = req.base_length or run.cfg.model.train_length
     max_len = max(lengths) * L
@@ -238,7 +305,8 @@ def evaluate(run_dir: str | Path, req: EvalRequest | None = None, name: str | No
     bar.close()
 
     result = {
-        "name": name, "run": str(run_dir), "request": asdict(req), "request_key": req.key(),
+        "name": name, "run": str(run_dir), "request": asdict(req), "request_key": req.key(), "result_key": key,
+        "weights_sha256": digest,
         "encoding": run.cfg.model.positions["name"],
         "encoding_options": _jsonable(asdict(run.model.pos.options)),
         "applied": _jsonable(req.position_options),
@@ -248,10 +316,7 @@ def evaluate(run_dir: str | Path, req: EvalRequest | None = None, name: str | No
         "target_tokens": int(n_targets), "target_bytes": int(n_bytes),
         "results": rows, "per_position": per_position, "wall_time": time.perf_counter() - t0,
     }
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, out_path)
+    atomic_write(out_path, json.dumps(result, indent=1))
     return result
 
 

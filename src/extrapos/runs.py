@@ -10,7 +10,6 @@ import torch
 
 from extrapos import checkpoint as ckpt_io
 from extrapos.config import RunConfig, load_run_config
-from extrapos.errors import UserError
 
 
 @dataclass
@@ -31,23 +30,15 @@ class LoadedRun:
         return d if (d / "manifest.json").is_file() else None
 
 
-def load_run(run_dir: str | Path, device: str | torch.device = "cpu", step: int | None = None) -> LoadedRun:
-    """Load the latest (or a given ``step``) checkpoint of a run, model in eval mode."""
+def load_run(run_dir: str | Path, device: str | torch.device = "cpu", step: int | None = None,
+             checkpoint: ckpt_io.Checkpoint | None = None) -> LoadedRun:
+    """Load the newest intact (or a given ``step``'s, or a verified ``checkpoint``) weights, model in eval mode."""
     from extrapos.data import load_tokenizer
     from extrapos.model import Decoder
 
     path = Path(run_dir)
     cfg = load_run_config(path)
-    found = ckpt_io.list_checkpoints(path)
-    if not found:
-        raise UserError(f"{path} has no checkpoint yet; train it first (extrapos train --out {path}).")
-    if step is not None:
-        match = [c for c in found if c.step == step]
-        if not match:
-            raise UserError(f"{path} has no checkpoint at step {step}; it has steps {[c.step for c in found]}.")
-        chosen = match[0]
-    else:
-        chosen = found[-1]
+    chosen = checkpoint if checkpoint is not None else ckpt_io.checkpoint_at(path, step)
     model = Decoder(cfg.model)
     ckpt_io.load_weights(model, chosen)
     model.to(device).eval()

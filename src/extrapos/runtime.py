@@ -142,3 +142,20 @@ def step_plan(cfg: RunConfig, windows_per_epoch: int, world: int = 1) -> StepPla
     else:
         total = t.steps if t.steps is not None else 200
     return StepPlan(accum, per_step, max(1, total))
+
+
+# ---- precision -----------------------------------------------------------------------------------
+
+
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX-512 BF16 / AMX); on AVX2 alone bf16 matmuls are
+    emulated and about 20x slower than fp32."""
+    capability = torch.backends.cpu.get_cpu_capability().upper()
+    return "AMX" in capability or "BF16" in capability or capability == "AVX512"
+
+
+def warn_slow_bf16(device: torch.device, precision: str) -> None:
+    if precision == "bf16" and device.type == "cpu" and not cpu_has_fast_bf16():
+        print(f"extrapos: this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native bf16, so "
+              "precision=bf16 runs about 20x slower than fp32 here; use train.precision=fp32 on this machine.",
+              flush=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from contextlib import nullcontext
@@ -29,6 +28,8 @@ from extrapos import checkpoint as ckpt_io
 from extrapos.config import RunConfig, load_run_config
 from extrapos.data.batch import Batch
 from extrapos.errors import UserError
+from extrapos.files import atomic_write, ensure_writable_dir
+from extrapos.lock import RunLock
 from extrapos.metrics import MetricsLog, read_metrics
 from extrapos.model import Decoder, count_parameters, flops_per_token
 from extrapos.perf import matmul_peak_flops
@@ -39,6 +40,7 @@ from extrapos.runtime import (
     prepare_run_data,
     resolve_device,
     step_plan,
+    warn_slow_bf16,
 )
 
 __all__ = ["TrainResult", "Trainer", "TrainingDiverged", "read_metrics", "run_is_complete", "train"]
@@ -133,21 +135,42 @@ def run_is_complete(run_dir: Path) -> bool:
     return (Path(run_dir) / "summary.json").is_file()
 
 
-def _start_run_dir(run_dir: Path, cfg: RunConfig, resume: bool, is_main: bool) -> RunConfig:
-    """Create RUN (fresh) or check it (resume); returns the config to use."""
-    existing = (run_dir / "config.toml").is_file()
-    if resume and existing:
-        return load_run_config(run_dir)
-    if existing:
-        raise UserError(
-            f"{run_dir} already holds a run; pass --resume to continue it or choose another --out."
-        )
-    if is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = run_dir / "config.toml.tmp"
-        tmp.write_text(cfg.to_toml())
-        os.replace(tmp, run_dir / "config.toml")
-    return cfg
+# keys a --resume may change: they decide how long to train and what to log, not what is learned
+RESUMABLE_KEYS = {f"train.{k}" for k in ("steps", "tokens", "epochs", "log_every", "eval_every", "eval_batches",
+                                         "checkpoint_every", "keep_checkpoints", "threads", "tensorboard",
+                                         "wandb")}
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, object]:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and key != "model.positions":
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def resume_config(run_dir: Path, cfg: RunConfig | None) -> tuple[RunConfig, list[str]]:
+    """The config a resumed run continues with, and the changes to its saved one.
+
+    ``cfg`` None is the saved config. Otherwise only the keys in ``RESUMABLE_KEYS`` (the budget,
+    logging, checkpointing) may differ from the saved config; anything else would silently mix two
+    different runs in one directory, so it is an error naming the key.
+    """
+    saved = load_run_config(run_dir)
+    if cfg is None:
+        return saved, []
+    old, new = _flat(saved.to_dict()), _flat(cfg.to_dict())
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    fixed = [k for k in changed if k not in RESUMABLE_KEYS]
+    if fixed:
+        k = fixed[0]
+        raise UserError(f"{run_dir} was trained with {k} = {old.get(k, '(default)')!r}; --resume cannot change it "
+                        f"to {new.get(k, '(default)')!r}. Drop that --set/--config, or start a new run with another "
+                        "--out.")
+    return cfg, [f"{k} {old.get(k, '(default)')} -> {new.get(k, '(default)')}" for k in changed]
 
 
 def train(
@@ -157,22 +180,36 @@ def train(
     progress: bool = True,
     init_from: str | Path | None = None,
 ) -> TrainResult:
-    """Train ``cfg`` into ``run_dir``; ``resume`` continues from the latest checkpoint there.
+    """Train ``cfg`` into ``run_dir``; ``resume`` continues from the latest intact checkpoint there.
 
-    ``cfg`` None means the run's own saved config (resume). ``init_from``: a checkpoint directory
-    whose weights initialise the model (context extension).
+    ``cfg`` None with ``resume`` means the run's own saved config; a given ``cfg`` may change only
+    the budget and logging keys of a saved run (``RESUMABLE_KEYS``). ``init_from``: a checkpoint
+    directory whose weights initialise the model (context extension). Everything is checked before
+    the run directory is created or changed.
     """
     run_dir = Path(run_dir)
-    if cfg is None:
-        if not (run_dir / "config.toml").is_file():
+    existing = (run_dir / "config.toml").is_file()
+    if existing and not resume:
+        raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out.")
+    if not existing:
+        if cfg is None:
             raise UserError(f"{run_dir} holds no run to resume; start it with --config FILE_OR_PRESET.")
-        cfg = load_run_config(run_dir)
+        resume, changes = False, []
+    else:
+        cfg, changes = resume_config(run_dir, cfg)
     rank, world, device = init_distributed(resolve_device(cfg.train.device))
-    cfg = _start_run_dir(run_dir, cfg, resume, rank == 0)
-    if resume and run_is_complete(run_dir):
-        return TrainResult.from_summary(run_dir)
-    trainer = Trainer(cfg, run_dir, device, rank, world, resume=resume, progress=progress, init_from=init_from)
-    return trainer.run()
+    is_main = rank == 0
+    if is_main:
+        ensure_writable_dir(run_dir, "the run")
+    with RunLock(run_dir, enabled=is_main):
+        if changes and is_main:
+            atomic_write(run_dir / "config.toml", cfg.to_toml())
+            (run_dir / "summary.json").unlink(missing_ok=True)  # a larger budget continues a finished run
+            print("extrapos train: resuming with " + ", ".join(changes), flush=True)
+        if resume and run_is_complete(run_dir):
+            return TrainResult.from_summary(run_dir)
+        trainer = Trainer(cfg, run_dir, device, rank, world, resume=resume, progress=progress, init_from=init_from)
+        return trainer.run()
 
 
 class Trainer:
@@ -187,13 +224,9 @@ class Trainer:
         t = cfg.train
         if t.threads and device.type == "cpu":
             torch.set_num_threads(t.threads)
-        self.train_split, self.val_split = self._open_data()
-
-        torch.manual_seed(t.seed)  # the model's initialisation; the samplers draw from their own seeds
-        self.model = Decoder(cfg.model).to(device)
-        if init_from is not None:
-            ckpt_io.load_weights(self.model, Path(init_from))
-        self.optimizer = build_optimizer(self.model, cfg)
+        warn_slow_bf16(device, t.precision)
+        # everything that can fail on the user's input is checked before the run directory is written
+        tokenizer, data_dir, self.train_split, self.val_split = self._open_data()
         self.sampler = build_sampler(cfg, self.train_split, t.batch_size, seed=t.seed, rank=rank, world=world)
         if self.sampler.windows_per_epoch < t.batch_size * world:
             raise UserError(
@@ -201,6 +234,14 @@ class Trainer:
                 f"fewer than one batch ({t.batch_size * world}); use more data or a smaller train.batch_size."
             )
         self.plan = step_plan(cfg, self.sampler.windows_per_epoch, world)
+        if self.is_main:
+            self._write_run_files(tokenizer, data_dir)
+
+        torch.manual_seed(t.seed)  # the model's initialisation; the samplers draw from their own seeds
+        self.model = Decoder(cfg.model).to(device)
+        if init_from is not None:
+            ckpt_io.load_weights(self.model, Path(init_from))
+        self.optimizer = build_optimizer(self.model, cfg)
         self.metrics = MetricsLog(run_dir, cfg, enabled=self.is_main)
         self.start_step, self.elapsed_before, self.tokens_seen = 0, 0.0, 0
         self.resumed_from = self._restore() if resume else None
@@ -212,7 +253,7 @@ class Trainer:
     # ---- build ------------------------------------------------------------------------------
 
     def _open_data(self):
-        """Prepare (or reuse) the run's data, check the tokenizer fits, record both in the run dir."""
+        """Prepare (or reuse) the run's data and check that the tokenizer fits the model."""
         from extrapos.data import load_tokenizer, open_split
 
         cfg = self.cfg
@@ -223,14 +264,22 @@ class Trainer:
                 f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size is {cfg.model.vocab_size}; "
                 f"set model.vocab_size={tokenizer.vocab_size} or use a smaller tokenizer."
             )
-        if self.is_main:
-            tokenizer.save(self.run_dir)
-            (self.run_dir / "data.json").write_text(json.dumps({"dir": str(Path(data_dir).resolve())}, indent=1))
-        return open_split(data_dir, "train"), open_split(data_dir, "val")
+        return tokenizer, data_dir, open_split(data_dir, "train"), open_split(data_dir, "val")
+
+    def _write_run_files(self, tokenizer, data_dir: Path) -> None:
+        """config.toml, the tokenizer and data.json: written atomically, and only when they change."""
+        import tempfile
+
+        atomic_write(self.run_dir / "config.toml", self.cfg.to_toml())
+        with tempfile.TemporaryDirectory(dir=self.run_dir, prefix=".tokenizer-") as tmp:
+            tokenizer.save(tmp)
+            for f in sorted(Path(tmp).iterdir()):
+                atomic_write(self.run_dir / f.name, f.read_bytes())
+        atomic_write(self.run_dir / "data.json", json.dumps({"dir": str(Path(data_dir).resolve())}, indent=1))
 
     def _restore(self) -> ckpt_io.Checkpoint | None:
         """Continue from the latest checkpoint: weights, optimizer moments, RNG, data position, log."""
-        last = ckpt_io.latest_checkpoint(self.run_dir)
+        last = ckpt_io.latest_intact(self.run_dir, say=_say)
         if last is None:  # killed before its first checkpoint: start over cleanly
             self.metrics.truncate_after(-1)
             if self.is_main:
@@ -243,6 +292,8 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         self.start_step, self.elapsed_before, self.tokens_seen = state["step"], state["elapsed"], state["tokens"]
         self.metrics.truncate_after(self.start_step)
+        if self.is_main:
+            ckpt_io.prune_checkpoints(self.run_dir, self.cfg.train.keep_checkpoints)
         return last
 
     def _wrap(self, model: nn.Module) -> nn.Module:
@@ -317,12 +368,13 @@ class Trainer:
         if t.checkpoint_every and done % t.checkpoint_every == 0 and done != total:
             self.save(done, stats.loss)
 
-    def save(self, step: int, loss: float) -> None:
+    def save(self, step: int, loss: float, val_loss: float | None = None) -> None:
         if self.is_main:
+            extra = {"val_loss": val_loss} if step == self.plan.total_steps else {}
             path = ckpt_io.save_checkpoint(
                 self.run_dir, step, self.model, self.optimizer,
                 {"sampler": self.sampler.state_dict(), "elapsed": self.elapsed(),
-                 "tokens": self.tokens_seen, "loss": loss, "config": self.cfg.to_dict()},
+                 "tokens": self.tokens_seen, "loss": loss, "config": self.cfg.to_dict(), **extra},
                 keep=self.cfg.train.keep_checkpoints,
             )
             _say(f"checkpoint saved: {path}")
@@ -359,23 +411,35 @@ class Trainer:
         return self.finish(loss)
 
     def finish(self, loss: float) -> TrainResult:
-        """Validate, write the final checkpoint and ``summary.json`` (which marks the run complete)."""
+        """Validate, write the final checkpoint and ``summary.json`` (which marks the run complete).
+
+        A run killed after its final checkpoint but before ``summary.json`` resumes here with no
+        step to take: its loss and validation loss come from that checkpoint, nothing is logged twice.
+        """
         total = self.plan.total_steps
-        val_loss = validation_loss(self.model, self.cfg, self.val_split, self.device)
-        if val_loss is not None:
-            self.metrics.log({"step": total, "val_loss": val_loss})
-        if self.start_step < total or self.resumed_from is None:
-            self.save(total, loss)
+        last = self.resumed_from
+        if last is not None and self.start_step >= total:
+            loss = last.state["loss"]
+        if last is not None and self.start_step >= total and "val_loss" in last.state:
+            val_loss = last.state["val_loss"]
+        else:
+            val_loss = validation_loss(self.model, self.cfg, self.val_split, self.device)
+            if val_loss is not None:
+                self.metrics.log({"step": total, "val_loss": val_loss})
+        if self.start_step < total or last is None:
+            self.save(total, loss, val_loss)
         wall = self.elapsed()
         if self.is_main:
-            summary = {"steps": total, "tokens": self.tokens_seen, "final_loss": loss, "val_loss": val_loss,
-                       "wall_time": wall, "parameters": count_parameters(self.model),
+            summary = {"steps": total, "tokens": self.tokens_seen, "final_loss": _finite(loss),
+                       "val_loss": _finite(val_loss), "wall_time": wall, "parameters": count_parameters(self.model),
                        "encoding": self.cfg.model.positions["name"]}
-            tmp = self.run_dir / "summary.json.tmp"
-            tmp.write_text(json.dumps(summary, indent=1))
-            os.replace(tmp, self.run_dir / "summary.json")
+            atomic_write(self.run_dir / "summary.json", json.dumps(summary, indent=1, allow_nan=False))
         self.metrics.close()
         return TrainResult(self.run_dir, total, self.tokens_seen, loss, val_loss, wall)
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
 
 
 def _say(message: str) -> None:

@@ -23,14 +23,19 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from extrapos.config import load_config
+    from extrapos.config import load_config, load_run_config, with_overrides
     from extrapos.train import train
 
     overrides = list(args.overrides)
     if args.data:
         overrides.append(f"data.dir={json.dumps(str(args.data))}")
     out = Path(args.out) if args.out else Path("runs") / (Path(args.config).stem if args.config else "default")
-    cfg = None if args.resume and not args.config else load_config(args.config, overrides)  # None: the run's own
+    if not args.resume or args.config:
+        cfg = load_config(args.config, overrides)
+    elif overrides:  # --resume --set KEY=VALUE: the saved config with the change (train refuses unsafe ones)
+        cfg = with_overrides(load_run_config(out), overrides)
+    else:
+        cfg = None  # the run's own saved config
     result = train(cfg, out, resume=args.resume, progress=not args.no_progress)
     val = f", validation loss {result.val_loss:.4f}" if result.val_loss is not None else ""
     print(f"done: {result.steps} steps, {result.tokens:,} tokens in {result.wall_time:.1f}s, "
