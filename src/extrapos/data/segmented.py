@@ -186,6 +186,10 @@ def build_sampler(name: str, split: TokenSplit, cfg, batch_size: int, seed: int 
     if name == "contiguous":
         return ContiguousSampler(split, cfg.seq_len, batch_size, seed=seed, rank=rank, world_size=world_size,
                                  packed=cfg.data.packed)
+    if name == "synthetic":  # answer-masked examples of a synthetic: corpus (data/synthetic.py)
+        from extrapos.data.synthetic import SyntheticSampler
+
+        return SyntheticSampler(split, cfg.seq_len, batch_size, seed=seed, rank=rank, world_size=world_size)
     if name not in SEGMENTED:
         raise UserError(f"unknown data.sampler {name!r}; choose contiguous, {', '.join(SEGMENTED)}.")
     if cfg.data.packed:
