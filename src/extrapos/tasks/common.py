@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +15,13 @@ from extrapos.errors import UserError
 
 
 @torch.no_grad()
-def greedy_batch(model, prompts: torch.Tensor, max_new_tokens: int, prefill_chunk: int = 1024) -> torch.Tensor:
-    """Greedy continuations (B, max_new_tokens) of equal-length prompts (B, T), with one shared KV cache.
+def greedy_batch(model, prompts: torch.Tensor, max_new_tokens: int, prefill_chunk: int = 1024,
+                 stop: Callable[[torch.Tensor], bool] | None = None) -> torch.Tensor:
+    """Greedy continuations (B, <= max_new_tokens) of equal-length prompts (B, T), with one shared KV cache.
 
     The prompts are prefilled in chunks at positions 0..T-1, then each new token costs one forward
     of B single tokens at position T + i (the same positions ``generate.generate_tokens`` uses).
+    ``stop(generated)`` is asked after every step and ends the decoding early when it returns True.
     """
     B, T = prompts.shape
     device = prompts.device
@@ -34,6 +36,8 @@ def greedy_batch(model, prompts: torch.Tensor, max_new_tokens: int, prefill_chun
     for i in range(max_new_tokens):
         nxt = logits.argmax(-1)
         out.append(nxt)
+        if stop is not None and stop(torch.stack(out, dim=1)):
+            break
         if i + 1 < max_new_tokens:
             pos = torch.full((B, 1), T + i, device=device, dtype=torch.long)
             logits = model(nxt.unsqueeze(1), pos, cache)[:, -1]
