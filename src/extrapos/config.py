@@ -49,7 +49,7 @@ class DataConfig:
     split_fractions: list[float] = field(default_factory=lambda: [0.9, 0.05, 0.05])
     text_field: str = "text"
     packed: bool = False                 # windows across documents joined by end-of-text
-    sampler: str = "contiguous"          # contiguous | chunk | prefix | full | randompos
+    sampler: str = "contiguous"          # contiguous | chunk | prefix | full | randompos | synthetic
     alpha: float = 0.25                  # chunk / prefix fraction (segmented sampling)
     extended_length: int | None = None   # L_e for segmented samplers (windows of L_e tokens)
 
@@ -188,7 +188,7 @@ def _validate_train(t: TrainConfig) -> None:
 def _validate_data(d: DataConfig) -> None:
     from extrapos.data.segmented import SEGMENTED
 
-    samplers = ("contiguous", *SEGMENTED)
+    samplers = ("contiguous", "synthetic", *SEGMENTED)
     _require(d.sampler in samplers, "data.sampler", "one of " + ", ".join(samplers), d.sampler)
     fractions = d.split_fractions
     _require(len(fractions) == 3 and all(0 <= f <= 1 for f in fractions) and abs(sum(fractions) - 1) < 1e-6,

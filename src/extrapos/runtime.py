@@ -83,9 +83,12 @@ def build_sampler(cfg: RunConfig, split, batch_size: int, seed: int, rank: int =
     ``data.extended_length`` (L_e) tokens; ``full`` trains on the L_e windows themselves, so it
     needs ``train.seq_len = data.extended_length`` for token budgets to count what it feeds.
     """
-    from extrapos.data import sampling, segmented
+    from extrapos.data import sampling, segmented, synthetic
 
     name, d = cfg.data.sampler, cfg.data
+    if name == "synthetic" or (name == "contiguous" and synthetic.task_of(split.directory) is not None):
+        # answer-masked examples of a synthetic: corpus; the contiguous sampler would train on every token
+        return synthetic.SyntheticSampler(split, cfg.seq_len, batch_size, seed=seed, rank=rank, world_size=world)
     if name == "contiguous":
         return sampling.ContiguousSampler(split, cfg.seq_len, batch_size, seed=seed, rank=rank,
                                           world_size=world, packed=d.packed)

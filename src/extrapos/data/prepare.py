@@ -110,6 +110,10 @@ def prepare(corpus: str, tokenizer: str, out: str | Path | None = None, *, min_d
     to (or is reused from) the cache. Returns ``(directory, reused)``; raises UserError for every
     mistake a user can make.
     """
+    if corpus.strip().startswith("synthetic:"):  # generated token-level tasks: see data/synthetic.py
+        from extrapos.data.synthetic import prepare_synthetic
+
+        return prepare_synthetic(corpus, tokenizer, out, progress=progress)
     fractions = parse_split_fractions(split_fractions)
     if min_doc_tokens < 0:
         raise UserError(f"--min-doc-tokens must be >= 0, got {min_doc_tokens}.")

@@ -1,0 +1,1 @@
+"""Bridges from extrapos runs to other evaluation tools (lm-evaluation-harness)."""

@@ -1,0 +1,100 @@
+"""Shared pieces of the task evaluations: batched greedy decoding, candidate scoring, result files."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from extrapos.errors import UserError
+
+
+@torch.no_grad()
+def greedy_batch(model, prompts: torch.Tensor, max_new_tokens: int, prefill_chunk: int = 1024,
+                 stop: Callable[[torch.Tensor], bool] | None = None) -> torch.Tensor:
+    """Greedy continuations (B, <= max_new_tokens) of equal-length prompts (B, T), with one shared KV cache.
+
+    The prompts are prefilled in chunks at positions 0..T-1, then each new token costs one forward
+    of B single tokens at position T + i (the same positions ``generate.generate_tokens`` uses).
+    ``stop(generated)`` is asked after every step and ends the decoding early when it returns True.
+    """
+    B, T = prompts.shape
+    device = prompts.device
+    cache = model.new_cache()
+    h = None
+    for s in range(0, T, prefill_chunk):
+        chunk = prompts[:, s:s + prefill_chunk]
+        pos = torch.arange(s, s + chunk.shape[1], device=device).expand(B, -1)
+        h = model.hidden_states(chunk, pos, cache)
+    logits = model.logits(h[:, -1])
+    out = []
+    for i in range(max_new_tokens):
+        nxt = logits.argmax(-1)
+        out.append(nxt)
+        if stop is not None and stop(torch.stack(out, dim=1)):
+            break
+        if i + 1 < max_new_tokens:
+            pos = torch.full((B, 1), T + i, device=device, dtype=torch.long)
+            logits = model(nxt.unsqueeze(1), pos, cache)[:, -1]
+    return torch.stack(out, dim=1)
+
+
+@torch.no_grad()
+def continuation_logprobs(model, prompt: Sequence[int], continuations: Sequence[Sequence[int]],
+                          batch_tokens: int = 16_384) -> torch.Tensor:
+    """Sum of log p(continuation tokens | prompt) for equal-length continuations: (C,) float64.
+
+    Only the continuation tokens are scored; the candidates are batched, each row being the whole
+    prompt followed by one candidate at positions 0..T+a-2.
+    """
+    a = len(continuations[0])
+    if a == 0 or any(len(c) != a for c in continuations):
+        raise ValueError("continuations must be non-empty and of equal token length")
+    device = next(model.parameters()).device
+    rows = torch.tensor([list(prompt) + list(c) for c in continuations], dtype=torch.long, device=device)
+    inputs, targets = rows[:, :-1], rows[:, -a:]
+    per_batch = max(1, batch_tokens // inputs.shape[1])
+    positions = torch.arange(inputs.shape[1], device=device).unsqueeze(0)
+    out = []
+    for s in range(0, rows.shape[0], per_batch):
+        x = inputs[s:s + per_batch]
+        h = model.hidden_states(x, positions.expand(x.shape[0], -1))[:, -a:]
+        logp = F.log_softmax(model.logits(h).float(), dim=-1)
+        out.append(logp.gather(-1, targets[s:s + per_batch].unsqueeze(-1)).squeeze(-1).double().sum(-1))
+    return torch.cat(out).cpu()
+
+
+def resolve_position_options(options: dict[str, Any] | None, max_len: int) -> dict[str, Any]:
+    """Inference-time encoding options; the value "max" stands for the longest evaluated length."""
+    return {k: (max_len if v == "max" else v) for k, v in (options or {}).items()}
+
+
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    """Write ``result`` as JSON atomically (a temporary file renamed into place)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def check_existing(path: Path, request: dict[str, Any], overwrite: bool) -> dict[str, Any] | None:
+    """The stored result when the same request was already scored; UserError when a different one is there."""
+    if not path.is_file() or overwrite:
+        return None
+    try:
+        previous = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        previous = {}
+    if previous.get("request") == json.loads(json.dumps(request, default=str)):
+        return previous
+    raise UserError(f"{path} holds a different evaluation; pass name=... to keep both or overwrite=True "
+                    "(--overwrite) to replace it.")
+
+
+def slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in ".+_-" else "_" for c in text).strip("_")[:60] or "x"

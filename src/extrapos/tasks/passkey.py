@@ -1,0 +1,340 @@
+"""Passkey retrieval (Mohtashami & Jaggi 2023, "Landmark Attention", §4.2) and needle-in-a-haystack.
+
+A prompt is a haystack with one needle hidden at a chosen depth, then a question::
+
+    <haystack ...> The pass key is 71432. Remember it. 71432 is the pass key. <haystack ...>
+    What is the pass key? The pass key is
+
+The haystack is the paper's filler ("The grass is green. The sky is blue. The sun is yellow. Here
+we go. There and back again." repeated) or held-out documents of a prepared corpus split (the
+"needle in a haystack" variant). Prompts are assembled from token pieces, so the prompt has exactly
+``length`` tokens of the run's tokenizer and the needle starts exactly at token
+``round(depth * (length - needle - question))``: depth 0 puts it first, depth 1 right before the
+question.
+
+Two scorers:
+
+* ``generate``: exact match of the greedy continuation (KV cache) with the key.
+* ``rank``: the log-likelihood of the key tokens after the prompt, ranked among ``candidates - 1``
+  other keys of the same token length (chance accuracy is 1 / candidates). Small models that never
+  learned to write a number after "is" can still show whether they *prefer* the right one.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from extrapos.errors import UserError
+from extrapos.tasks.common import (
+    check_existing,
+    continuation_logprobs,
+    greedy_batch,
+    resolve_position_options,
+    slug,
+    write_result,
+)
+
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = "What is the pass key? The pass key is"
+MODES = ("rank", "generate", "both")
+
+
+@dataclass
+class PasskeyPrompt:
+    """One prompt: ``tokens`` (exactly the asked length), the needle's span, the key and its tokens."""
+
+    tokens: list[int]
+    needle_start: int
+    needle_len: int
+    key: str
+    answer: list[int]  # the key as it continues the prompt (" 71432")
+    depth: float
+
+
+class PasskeyBuilder:
+    """Builds passkey prompts of an exact token length for one tokenizer and one haystack.
+
+    ``haystack``: None for the filler text, else a 1-D array of corpus tokens (documents back to
+    back) from which each prompt takes a window at a seeded random offset.
+    """
+
+    def __init__(self, tokenizer, haystack: np.ndarray | None = None, key_digits: int = 5):
+        if key_digits < 1:
+            raise UserError(f"key_digits must be at least 1, got {key_digits}.")
+        self.tok, self.key_digits = tokenizer, key_digits
+        self.filler = tokenizer.encode(FILLER + " ")
+        self.question = tokenizer.encode(" " + QUESTION)
+        self.haystack = haystack
+        if haystack is not None and len(haystack) == 0:
+            raise UserError("the haystack corpus split holds no tokens; choose another split or corpus.")
+
+    def needle(self, key: str) -> list[int]:
+        return self.tok.encode(" " + NEEDLE.format(key=key) + " ")
+
+    def answer(self, key: str) -> list[int]:
+        return self.tok.encode(" " + key)
+
+    def random_key(self, rng: np.random.Generator) -> str:
+        return str(int(rng.integers(10 ** (self.key_digits - 1), 10 ** self.key_digits)))
+
+    def min_length(self) -> int:
+        """The shortest prompt that holds a needle and the question (the longest needle of this key size)."""
+        return len(self.needle("9" * self.key_digits)) + len(self.question) + 8
+
+    def _hay(self, n: int, rng: np.random.Generator) -> list[int]:
+        if self.haystack is None:
+            reps = n // len(self.filler) + 1
+            return (self.filler * reps)[:n]
+        total = len(self.haystack)
+        start = int(rng.integers(0, total))
+        idx = (start + np.arange(n)) % total  # wrap around: a small split still fills a long haystack
+        return np.asarray(self.haystack[idx], dtype=np.int64).tolist()
+
+    def build(self, length: int, depth: float, rng: np.random.Generator, key: str | None = None) -> PasskeyPrompt:
+        """A prompt of exactly ``length`` tokens with the needle at ``depth`` (0 = first, 1 = last before the question)."""
+        if not 0.0 <= depth <= 1.0:
+            raise UserError(f"needle depths must be in [0, 1], got {depth}.")
+        key = key or self.random_key(rng)
+        needle = self.needle(key)
+        hay_len = length - len(needle) - len(self.question)
+        if hay_len < 0:
+            raise UserError(f"a passkey prompt of {length} tokens cannot hold the needle and the question "
+                            f"({len(needle) + len(self.question)} tokens); use longer lengths.")
+        hay = self._hay(hay_len, rng)
+        at = int(round(depth * hay_len))
+        tokens = hay[:at] + needle + hay[at:] + self.question
+        return PasskeyPrompt(tokens, at, len(needle), key, self.answer(key), depth)
+
+    def alternatives(self, key: str, n: int, rng: np.random.Generator) -> list[str]:
+        """``n`` distinct keys other than ``key`` whose answer has the same number of tokens."""
+        want = len(self.answer(key))
+        out: list[str] = []
+        seen = {key}
+        for _ in range(1000 * max(n, 1)):
+            if len(out) == n:
+                return out
+            k = self.random_key(rng)
+            if k not in seen and len(self.answer(k)) == want:
+                seen.add(k)
+                out.append(k)
+        raise UserError(f"could not draw {n} alternative keys of {self.key_digits} digits with the same token "
+                        "length as the true key; use fewer candidates or more key_digits.")
+
+
+def first_number(text: str) -> str | None:
+    """The first run of digits in a generated continuation (None when it starts with anything else)."""
+    m = re.match(r"\s*(\d+)", text)
+    return m.group(1) if m else None
+
+
+# ---- scoring -----------------------------------------------------------------------------------------
+
+def score_prompts(model, tokenizer, builder: PasskeyBuilder, prompts: Sequence[PasskeyPrompt], mode: str,
+                  candidates: int, rng: np.random.Generator, batch_tokens: int = 16_384) -> dict[str, Any]:
+    """Score equal-length prompts: rank of the true key among ``candidates`` and/or greedy exact match."""
+    out: dict[str, Any] = {"n": len(prompts)}
+    device = next(model.parameters()).device
+    if mode in ("rank", "both"):
+        ranks = []
+        for p in prompts:
+            alts = builder.alternatives(p.key, candidates - 1, rng)
+            scores = continuation_logprobs(model, p.tokens, [p.answer] + [builder.answer(k) for k in alts],
+                                           batch_tokens)
+            ranks.append(1 + int((scores[1:] >= scores[0]).sum()))  # ties count against the true key
+        ranks_a = np.asarray(ranks)
+        out.update({"rank_accuracy": float((ranks_a == 1).mean()), "mean_rank": float(ranks_a.mean()),
+                    "mrr": float((1.0 / ranks_a).mean()), "chance": 1.0 / candidates})
+    if mode in ("generate", "both"):
+        n_new = max(len(p.answer) for p in prompts) + 1
+        per_batch = max(1, batch_tokens // (len(prompts[0].tokens) + n_new))
+        hits = []
+        for s in range(0, len(prompts), per_batch):
+            group = prompts[s:s + per_batch]
+            x = torch.tensor([p.tokens for p in group], dtype=torch.long, device=device)
+            gen = greedy_batch(model, x, n_new).cpu().tolist()
+            hits += [first_number(tokenizer.decode(g)) == p.key for g, p in zip(gen, group)]
+        out["exact_match"] = float(np.mean(hits))
+    return out
+
+
+def _corpus_haystack(run, haystack: str, split: str) -> tuple[np.ndarray, str]:
+    from extrapos.data import open_split
+    from extrapos.data.shards import read_manifest
+
+    data_dir = run.data_dir if haystack == "corpus" else Path(haystack)
+    if data_dir is None:
+        raise UserError(f"the data {run.path.name} trained on is gone; pass haystack=DIR (--haystack DIR) with a "
+                        "prepared data directory tokenized with the run's tokenizer, or haystack='filler'.")
+    manifest = read_manifest(data_dir)
+    if manifest["tokenizer"]["hash"] != run.tokenizer.hash:
+        raise UserError(f"{data_dir} was tokenized with another tokenizer than the run's; prepare the corpus with "
+                        f"the run's tokenizer (extrapos data prepare --tokenizer {run.path}/tokenizer.json).")
+    tokens = open_split(data_dir, split).tokens
+    return np.asarray(tokens), str(data_dir)
+
+
+def passkey(run_dir: str | Path, lengths: Sequence[int] = (1, 2, 4, 8, 16),
+            depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0), trials: int = 10, mode: str = "rank",
+            haystack: str = "filler", split: str = "test", candidates: int = 10, key_digits: int = 5,
+            seed: int = 0, position_options: dict[str, Any] | None = None, base_length: int | None = None,
+            name: str | None = None, overwrite: bool = False, device: str = "cpu", batch_tokens: int = 16_384,
+            step: int | None = None, progress: bool = False) -> dict[str, Any]:
+    """Score a run on passkey retrieval over ``lengths`` (multiples of L_t) x ``depths``; write RUN/eval/NAME.json.
+
+    ``mode``: "rank" (log-likelihood rank of the key among ``candidates``), "generate" (greedy exact
+    match) or "both". ``haystack``: "filler", "corpus" (the run's own prepared data, split ``split``)
+    or a prepared data directory tokenized with the run's tokenizer. ``position_options`` are set on
+    the encoding for this evaluation (e.g. {"scale": 0.5}; the value "max" means the longest length).
+    Returns the result dict (also written, atomically); the same request is reused, a different one
+    under the same name is a UserError unless ``overwrite``.
+    """
+    from tqdm.auto import tqdm
+
+    from extrapos.runs import load_run
+
+    if mode not in MODES:
+        raise UserError(f"unknown passkey mode {mode!r}; choose rank, generate or both.")
+    if not lengths or any(int(k) != k or k < 1 for k in lengths):
+        raise UserError("passkey lengths must be positive integers (multiples of the training length), e.g. 1,2,4.")
+    if not depths or any(not 0 <= d <= 1 for d in depths):
+        raise UserError("needle depths must be fractions in [0, 1], e.g. 0,0.25,0.5,0.75,1.")
+    if trials < 1:
+        raise UserError(f"trials must be at least 1, got {trials}.")
+    if mode != "generate" and candidates < 2:
+        raise UserError(f"rank mode needs at least 2 candidate keys, got {candidates}.")
+    lengths = sorted({int(k) for k in lengths})
+    depths = [float(d) for d in depths]
+    request = {"lengths": lengths, "depths": depths, "trials": trials, "mode": mode, "haystack": haystack,
+               "split": split, "candidates": candidates, "key_digits": key_digits, "seed": seed,
+               "position_options": position_options or {}, "base_length": base_length, "step": step}
+    run_dir = Path(run_dir)
+    name = name or default_name(mode, haystack, position_options)
+    out_path = run_dir / "eval" / f"{name}.json"
+    previous = check_existing(out_path, request, overwrite)
+    if previous is not None:
+        return previous
+
+    t0 = time.perf_counter()
+    run = load_run(run_dir, device=device, step=step)
+    L = base_length or run.cfg.model.train_length
+    options = resolve_position_options(position_options, max(lengths) * L)
+    if options:
+        run.model.pos.set_options(**options)
+    hay_tokens, hay_source = (None, "filler") if haystack == "filler" else _corpus_haystack(run, haystack, split)
+    builder = PasskeyBuilder(run.tokenizer, hay_tokens, key_digits)
+    if min(lengths) * L < builder.min_length():
+        raise UserError(f"the shortest passkey prompt ({min(lengths)} x {L} tokens) cannot hold the needle and the "
+                        f"question ({builder.min_length()} tokens); drop the shortest lengths.")
+
+    cells = []
+    bar = tqdm(total=len(lengths) * len(depths), disable=not progress, desc=f"passkey {run_dir.name}")
+    for k in lengths:
+        for j, depth in enumerate(depths):
+            t_cell = time.perf_counter()
+            rng = np.random.default_rng([seed, k, j])
+            prompts = [builder.build(k * L, depth, rng) for _ in range(trials)]
+            scores = score_prompts(run.model, run.tokenizer, builder, prompts, mode, candidates, rng, batch_tokens)
+            cells.append({"ev": k, "length": k * L, "depth": depth, **scores,
+                          "seconds": round(time.perf_counter() - t_cell, 3)})
+            bar.update(1)
+    bar.close()
+    metric = primary_metric(mode)
+    by_length = [{"ev": k, "length": k * L, metric: float(np.mean([c[metric] for c in cells if c["ev"] == k]))}
+                 for k in lengths]
+    result = {
+        "name": name, "task": "passkey", "run": str(run_dir), "request": request,
+        "encoding": run.cfg.model.positions["name"], "applied": options, "train_length": L,
+        "checkpoint_step": run.step, "haystack_source": hay_source, "metric": metric,
+        "example": _example(run.tokenizer, builder, L * lengths[0]),
+        "results": cells, "by_length": by_length, "wall_time": time.perf_counter() - t0,
+    }
+    write_result(out_path, result)
+    return result
+
+
+def primary_metric(mode: str) -> str:
+    return "exact_match" if mode == "generate" else "rank_accuracy"
+
+
+def default_name(mode: str, haystack: str, position_options: dict[str, Any] | None = None) -> str:
+    hay = "filler" if haystack == "filler" else ("corpus" if haystack == "corpus" else slug(Path(haystack).name))
+    parts = ["passkey", mode, hay] + [f"{k}{v}" for k, v in sorted((position_options or {}).items())]
+    return "-".join(slug(str(p)) for p in parts)
+
+
+def _example(tokenizer, builder: PasskeyBuilder, length: int) -> dict[str, Any]:
+    p = builder.build(length, 0.5, np.random.default_rng(0))
+    return {"length": length, "key": p.key, "text": tokenizer.decode(p.tokens)}
+
+
+# ---- reports -------------------------------------------------------------------------------------------
+
+def format_grid(result: dict[str, Any], metric: str | None = None) -> str:
+    """A markdown grid: one row per length, one column per depth, the accuracy in each cell (and the mean)."""
+    metric = metric or result["metric"]
+    cells = result["results"]
+    depths = sorted({c["depth"] for c in cells})
+    lengths = sorted({(c["ev"], c["length"]) for c in cells})
+    req = result["request"]
+    lines = [f"passkey {req['mode']} ({metric}; {req['trials']} trials per cell, haystack {req['haystack']}, "
+             f"encoding {result['encoding']}, L_t={result['train_length']})",
+             "| ev | length | " + " | ".join(f"depth {d:g}" for d in depths) + " | mean |",
+             "|---:|---:|" + "---:|" * (len(depths) + 1)]
+    for ev, length in lengths:
+        row = {c["depth"]: c[metric] for c in cells if c["ev"] == ev}
+        vals = [row[d] for d in depths]
+        lines.append(f"| {ev} | {length} | " + " | ".join(f"{v:.2f}" for v in vals) + f" | {np.mean(vals):.2f} |")
+    if metric == "rank_accuracy":
+        lines.append(f"(chance: {1 / req['candidates']:.2f})")
+    return "\n".join(lines)
+
+
+def plot_heatmap(result: dict[str, Any], path: str | Path, metric: str | None = None) -> Path:
+    """Save a length x depth heatmap of the accuracy (matplotlib) to ``path``."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("plots need matplotlib; run `pip install 'extrapos[plots]'`.") from None
+    metric = metric or result["metric"]
+    cells = result["results"]
+    depths = sorted({c["depth"] for c in cells})
+    lengths = sorted({c["length"] for c in cells})
+    grid = np.full((len(depths), len(lengths)), math.nan)
+    for c in cells:
+        grid[depths.index(c["depth"]), lengths.index(c["length"])] = c[metric]
+    fig, ax = plt.subplots(figsize=(1.1 * len(lengths) + 2.5, 0.55 * len(depths) + 1.8))
+    im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+    ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
+    ax.set_xlabel("prompt length (tokens)")
+    ax.set_ylabel("needle depth")
+    for i in range(len(depths)):
+        for j in range(len(lengths)):
+            ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8)
+    ax.axvline(next((j - 0.5 for j, n in enumerate(lengths) if n > result["train_length"]), len(lengths) - 0.5),
+               color="k", lw=1, ls="--")
+    ax.set_title(f"passkey {metric}: {result['encoding']} (L_t={result['train_length']})")
+    fig.colorbar(im, ax=ax, fraction=0.04)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["FILLER", "NEEDLE", "QUESTION", "PasskeyBuilder", "PasskeyPrompt", "passkey", "format_grid",
+           "plot_heatmap", "score_prompts", "first_number"]

@@ -1,0 +1,216 @@
+"""The lm-evaluation-harness adapter, offline: three local tasks (a YAML + jsonl written here), one per
+request type, whose per-document responses must equal a direct computation with the model."""
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+lm_eval = pytest.importorskip("lm_eval")
+
+from extrapos.errors import UserError  # noqa: E402
+from extrapos.generate import generate_tokens  # noqa: E402
+from extrapos.integrations.lm_eval import ExtraposLM, position_options, run_lm_eval  # noqa: E402
+from extrapos.runs import load_run  # noqa: E402
+
+CHOICE_DOCS = [
+    {"question": "The people of the United States", "choices": ["are free", "is blue", "of Congress"], "label": 0},
+    {"question": "We must work", "choices": ["together", "the", "green grass"], "label": 0},
+    {"question": "The Congress", "choices": ["shall", "and"], "label": 1},
+]
+TEXT_DOCS = [{"text": "Fellow citizens, the state of the Union is strong and the nation is at peace."},
+             {"text": "We have made progress in the economy, in education and in the defense of freedom " * 3}]
+GEN_DOCS = [{"prompt": "The President of the United", "answer": "States"},
+            {"prompt": "Mr. Speaker, Mr. Vice", "answer": "President"},
+            {"prompt": "The Congress of the", "answer": "Union"}]
+
+YAML = {
+    "xp_choice": """task: xp_choice
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {dir}/choice.jsonl
+output_type: multiple_choice
+test_split: test
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: label
+metric_list:
+  - metric: acc
+metadata:
+  version: 1.0
+""",
+    "xp_rolling": """task: xp_rolling
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {dir}/text.jsonl
+output_type: loglikelihood_rolling
+test_split: test
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: word_perplexity
+  - metric: bits_per_byte
+metadata:
+  version: 1.0
+""",
+    "xp_gen": """task: xp_gen
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {dir}/gen.jsonl
+output_type: generate_until
+test_split: test
+doc_to_text: "{{{{prompt}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["\\n", "."]
+  max_gen_toks: 6
+  do_sample: false
+metric_list:
+  - metric: exact_match
+metadata:
+  version: 1.0
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def task_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("lm_eval_tasks")
+    for name, docs in (("choice", CHOICE_DOCS), ("text", TEXT_DOCS), ("gen", GEN_DOCS)):
+        (d / f"{name}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in docs))
+    for name, text in YAML.items():
+        (d / f"{name}.yaml").write_text(text.format(dir=d))
+    return d
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_data, tmp_path_factory):
+    from extrapos.config import load_config
+    from extrapos.train import train
+    from tests.conftest import tiny_overrides
+
+    out = tmp_path_factory.mktemp("lm") / "rope"
+    train(load_config("cpu/tiny", tiny_overrides(tiny_data, **{"train.steps": 4})), out, progress=False)
+    return out
+
+
+def _direct_logprob(model, tok, context: str, continuation: str) -> float:
+    """log p(continuation | context) from one full forward pass (the harness's context/continuation split)."""
+    whole = tok.encode(context + continuation)
+    n_ctx = len(tok.encode(context))
+    x = torch.tensor([whole])
+    with torch.no_grad():
+        logp = F.log_softmax(model(x[:, :-1], torch.arange(len(whole) - 1)[None]).float(), -1)[0]
+    return float(sum(logp[t - 1, whole[t]] for t in range(n_ctx, len(whole))))
+
+
+@pytest.mark.slow  # lm-eval's task loading and evaluator: about 5 s on top of the fixtures
+def test_three_request_types_match_a_direct_computation(tiny_run, task_dir):
+    r = run_lm_eval(tiny_run, ["xp_choice", "xp_rolling", "xp_gen"], include_path=task_dir, include_defaults=False,
+                    max_length=128,
+                    batch_size=2, log_samples=True)
+    path = tiny_run / "eval" / "lm-eval-xp_choice_xp_rolling_xp_gen.json"
+    assert json.loads(path.read_text())["results"] == r["results"]
+    run = load_run(tiny_run)
+    tok, model = run.tokenizer, run.model
+
+    # loglikelihood (multiple choice): every choice's log-likelihood, and acc from their argmax
+    samples = r["samples"]["xp_choice"]
+    assert len(samples) == 3
+    correct = 0
+    for s in samples:
+        doc = s["doc"]
+        got = [float(resp[0][0]) for resp in s["resps"]]
+        # the harness joins context and choice with its target delimiter, a space
+        assert [a[1] for a in s["arguments"]] == [" " + c for c in doc["choices"]]
+        want = [_direct_logprob(model, tok, doc["question"], " " + c) for c in doc["choices"]]
+        assert got == pytest.approx(want, abs=1e-4)
+        correct += int(max(range(len(want)), key=want.__getitem__) == doc["label"])
+    assert r["results"]["xp_choice"]["acc,none"] == pytest.approx(correct / 3)
+
+    # loglikelihood_rolling: the text's log-likelihood predicted from end-of-text (one window: 128 tokens)
+    for s in r["samples"]["xp_rolling"]:
+        text = s["doc"]["text"]
+        ids = tok.encode(text)
+        assert len(ids) < 128
+        x = torch.tensor([[tok.eot_id] + ids])
+        with torch.no_grad():
+            logp = F.log_softmax(model(x[:, :-1], torch.arange(len(ids))[None]).float(), -1)[0]
+        want = float(logp[torch.arange(len(ids)), torch.tensor(ids)].sum())
+        assert float(s["resps"][0][0]) == pytest.approx(want, abs=1e-4)
+
+    # generate_until: greedy decoding with the cache, cut at the first stop string
+    for s in r["samples"]["xp_gen"]:
+        ids = tok.encode(s["doc"]["prompt"])
+        ref = tok.decode(list(generate_tokens(model, ids, 6, temperature=0, eot_id=tok.eot_id)))
+        for stop in ("\n", "."):
+            ref = ref.split(stop)[0]
+        assert s["resps"][0][0] == ref
+    assert 0.0 <= r["results"]["xp_gen"]["exact_match,none"] <= 1.0
+
+
+def test_rolling_windows_cover_every_token_once(tiny_run):
+    """With a short max_length the text is scored in several windows: the total differs from the
+    one-window score but every token is still predicted exactly once (the sum of window lengths)."""
+    lm = ExtraposLM(run=str(tiny_run), max_length=16, batch_size=3)
+    text = TEXT_DOCS[1]["text"]
+    n = len(lm.tok_encode(text))
+    assert n > 32
+
+    class Req:
+        args = (text,)
+
+    windows = []
+    original = lm.score_tokens
+
+    def spy(pairs):
+        windows.extend(pairs)
+        return original(pairs)
+
+    lm.score_tokens = spy
+    short = lm.loglikelihood_rolling([Req()])[0]
+    assert sum(len(cont) for _, cont in windows) == n and max(len(c) + len(x) for x, c in windows) <= 17
+    long = ExtraposLM(run=str(tiny_run), max_length=256).loglikelihood_rolling([Req()])[0]
+    assert math.isfinite(short) and short != pytest.approx(long)
+
+
+def test_model_args_and_position_options(tiny_run):
+    lm = lm_eval.api.registry.get_model("extrapos").create_from_arg_string(
+        f"run={tiny_run},max_length=64,rope_scaling=linear")
+    assert isinstance(lm, lm_eval.api.model.LM) and lm.max_length == 64
+    assert lm.options == {"scaling": "linear", "factor": 2.0}
+    assert lm.model.pos.options.scaling == "linear" and lm.model.pos.options.factor == 2.0
+    assert position_options(scale=0.5) == {"scale": 0.5}
+    with pytest.raises(UserError, match="needs rope_scaling"):
+        position_options(factor=2.0)
+    with pytest.raises(UserError, match="run=RUN_DIR"):
+        ExtraposLM()
+
+
+
+def test_unknown_task_is_a_user_error(tiny_run, task_dir):
+    with pytest.raises(UserError, match="no task"):
+        run_lm_eval(tiny_run, ["no_such_task_xyz"], include_path=task_dir, include_defaults=False)
+
+
+def test_requests_without_the_evaluator(tiny_run):
+    """The fast path of the three request types: the adapter's answers equal direct computations."""
+    from lm_eval.api.instance import Instance
+
+    lm = ExtraposLM(run=str(tiny_run), max_length=64, batch_size=2)
+    run = load_run(tiny_run)
+    pairs = [("The people of the United States", " are free"), ("We must", " work together"), ("A", " B")]
+    reqs = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
+    got = [lp for lp, _ in lm.loglikelihood(reqs)]
+    assert got == pytest.approx([_direct_logprob(run.model, run.tokenizer, c, x) for c, x in pairs], abs=1e-4)
+    gen = lm.generate_until([Instance("generate_until", {}, (c, {"until": ["."], "max_gen_toks": 5}), i)
+                             for i, (c, _) in enumerate(pairs)])
+    for (c, _), text in zip(pairs, gen):
+        ids = run.tokenizer.encode(c)
+        ref = run.tokenizer.decode(list(generate_tokens(run.model, ids, 5, temperature=0, eot_id=run.tokenizer.eot_id)))
+        assert text == ref.split(".")[0]
