@@ -1,0 +1,1 @@
+"""Bridges to other libraries' model formats (imported lazily: each needs its own optional packages)."""
