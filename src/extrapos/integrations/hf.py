@@ -27,7 +27,7 @@ from its safetensors shard (``safe_open``), rearranged and copied into place one
 peak memory is one model plus one tensor (plus the page cache of the memory-mapped shard).
 
 Export maps encodings onto the architectures Hugging Face has: ``learned`` -> GPT-2, ``rope`` ->
-Llama (llama flavour) or GPT-NeoX (gpt2 flavour, partial rotary), ``alibi`` -> Bloom (needs the
+Llama or Qwen2 (llama flavour; Qwen2 when only Q/K/V have biases) or GPT-NeoX (gpt2 flavour, partial rotary), ``alibi`` -> Bloom (needs the
 embedding LayerNorm). Anything else raises a ``UserError`` saying why.
 """
 
@@ -539,7 +539,10 @@ def export_architecture(cfg) -> str:
             raise UserError("GPT-2 reads its position table without interpolation; extend the table first "
                             "(extrapos extend, or LearnedAbsolute.extend_table) and export that run.")
     elif name == "rope":
-        arch = "llama" if cfg.flavour == "llama" else "gpt_neox"
+        if cfg.flavour != "llama":
+            arch = "gpt_neox"
+        else:  # Q/K/V biases alone are Qwen2's block; Llama's attention_bias also covers the output projection
+            arch = "qwen2" if cfg.use_qkv_bias and not cfg.use_bias else "llama"
     elif name == "alibi":
         arch = "bloom"
     else:
@@ -556,11 +559,11 @@ def _export_blocker(cfg, arch: str) -> str | None:
 
     if arch in ("gpt2", "gpt_neox", "bloom") and cfg.flavour != "gpt2":
         return f"{arch} blocks use LayerNorm and a plain MLP, the run has the llama flavour"
-    if arch == "llama" and cfg.act != "silu":
+    if arch in ("llama", "qwen2") and cfg.act != "silu":
         return "Llama's MLP is SwiGLU, the run uses another activation"
-    if arch != "llama" and cfg.kv_heads != cfg.n_heads:
+    if arch not in ("llama", "qwen2") and cfg.kv_heads != cfg.n_heads:
         return f"{arch} has no grouped-query attention"
-    if arch in ("gpt2", "bloom", "llama") and cfg.parallel_residual:
+    if arch in ("gpt2", "bloom", "llama", "qwen2") and cfg.parallel_residual:
         return f"{arch} has sequential residual blocks"
     if arch != "bloom" and cfg.embed_norm:
         return f"{arch} has no embedding LayerNorm"
@@ -572,10 +575,10 @@ def _export_blocker(cfg, arch: str) -> str | None:
             return "Bloom's MLP is 4 d wide with the tanh GELU"
     if arch == "gpt_neox" and cfg.act not in ("gelu_tanh", "gelu", "relu", "silu"):
         return f"activation {cfg.act} is not available in GPT-NeoX"
-    if arch in ("llama", "gpt_neox"):
+    if arch in ("llama", "qwen2", "gpt_neox"):
         o = build_options("rope", {k: v for k, v in cfg.positions.items() if k != "name"})
         rot = int(cfg.head_dim * o.rotary_fraction)
-        if arch == "llama" and rot != cfg.head_dim:
+        if arch != "gpt_neox" and rot != cfg.head_dim:
             return "Llama rotates whole heads, the run has rotary_fraction < 1"
         if rot % 2:
             return f"rotary_fraction {o.rotary_fraction} rotates an odd number of dims"
@@ -644,11 +647,15 @@ def hf_config_for(cfg, eot_id: int | None = None) -> dict[str, Any]:
                 "attention_bias": cfg.use_bias or cfg.use_qkv_bias, "rotary_pct": fraction,
                 "partial_rotary_factor": fraction, "rotary_emb_base": theta, "rope_theta": theta,
                 "rope_scaling": scaling, "hidden_dropout": cfg.dropout, "attention_dropout": cfg.dropout}
+    if arch == "qwen2":
+        common |= {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "use_sliding_window": False,
+                   "sliding_window": None}
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common, "hidden_size": cfg.d_model,
             "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
             "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "intermediate_size": cfg.hidden,
             "hidden_act": "silu", "rms_norm_eps": cfg.norm_eps, "max_position_embeddings": max_pos,
-            "attention_bias": cfg.use_bias or cfg.use_qkv_bias, "mlp_bias": cfg.use_bias, "rope_theta": theta,
+            **({} if arch == "qwen2" else {"attention_bias": cfg.use_bias or cfg.use_qkv_bias, "mlp_bias": cfg.use_bias}),
+            "rope_theta": theta,
             "rope_scaling": scaling, "attention_dropout": cfg.dropout}
 
 
@@ -698,7 +705,9 @@ def hf_state_dict(model, arch: str) -> dict[str, Tensor]:
             if cfg.use_bias or cfg.use_qkv_bias:
                 qb = bias(f"{b}.attn.qkv")
                 out |= {f"{h}.self_attn.q_proj.bias": qb[:q_out], f"{h}.self_attn.k_proj.bias": qb[q_out:q_out + kv_out],
-                        f"{h}.self_attn.v_proj.bias": qb[q_out + kv_out:], f"{h}.self_attn.o_proj.bias": bias(f"{b}.attn.proj")}
+                        f"{h}.self_attn.v_proj.bias": qb[q_out + kv_out:]}
+                if arch == "llama":
+                    out[f"{h}.self_attn.o_proj.bias"] = bias(f"{b}.attn.proj")
             if cfg.use_bias:
                 for m in ("gate", "up", "down"):
                     out[f"{h}.mlp.{m}_proj.bias"] = bias(f"{b}.mlp.{m}")
