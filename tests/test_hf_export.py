@@ -10,7 +10,13 @@ from extrapos.generate import generate_tokens  # noqa: E402
 from extrapos.integrations.hf import export_pretrained, import_pretrained  # noqa: E402
 from extrapos.runs import load_run  # noqa: E402
 from tests.hf_helpers import (  # noqa: E402
-    CONTEXT, VOCAB, hf_greedy, hf_logits, make_run, ours_cached_logits, ours_logits,
+    CONTEXT,
+    VOCAB,
+    hf_greedy,
+    hf_logits,
+    make_run,
+    ours_cached_logits,
+    ours_logits,
 )
 
 TOL = 1e-4
@@ -50,7 +56,10 @@ def _hf_cached(model, tokens, first):
     return torch.cat(logits, dim=1)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+FAST = ("learned-gpt2", "rope-llama-gqa")  # the rest: pytest -m slow
+
+
+@pytest.mark.parametrize("case", [c if c in FAST else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
 def test_export_matches(case, tmp_path):
     options, arch, cache_exact = CASES[case]
     run = load_run(make_run(tmp_path / "run", **options))
@@ -69,8 +78,8 @@ def test_export_matches(case, tmp_path):
         first = CONTEXT // 2
         ours_steps = ours_cached_logits(run.model, tokens[:1], first=first, chunk=1)
         assert (ours_steps - _hf_cached(hf, tokens[:1], first)).abs().max() < TOL
-    prompt = tokens[0, :12].tolist()
-    n = 40
+    prompt = tokens[0, :CONTEXT + 10].tolist()  # greedy decoding past the training length
+    n = 30
     assert list(generate_tokens(run.model, prompt, n, temperature=0.0)) == hf_greedy(hf, prompt, n)
     # and back: importing the export gives the run's logits again
     back = load_run(import_pretrained(tmp_path / "hf", tmp_path / "back"))

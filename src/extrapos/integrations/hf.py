@@ -389,10 +389,17 @@ def iter_hf_tensors(files: list[Path]) -> Iterator[tuple[str, Callable[[], Tenso
     """(name, loader) for every tensor of the shards; each loader reads that one tensor."""
     from safetensors import safe_open
 
+    def load(file: Path, key: str) -> Tensor:
+        # one mapping per tensor: pages of a shard mapped for the whole loop would count in the resident
+        # set as they are read, a second copy of the model next to the one being filled
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            return f.get_tensor(key)
+
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
-            for key in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                yield key, (lambda f=f, key=key: f.get_tensor(key))
+            keys = list(f.keys())  # noqa: SIM118 - safe_open is not a dict
+        for key in keys:
+            yield key, (lambda file=file, key=key: load(file, key))
 
 
 @torch.no_grad()
