@@ -32,7 +32,7 @@ from extrapos.model import ModelConfig, model_config
 from extrapos.presets import PRESETS_DIR, find_config, parse_toml_value, preset_names, read_toml
 
 __all__ = [
-    "PRESETS_DIR", "BUDGET_KEYS", "DataConfig", "RunConfig", "TrainConfig", "apply_overrides", "find_config",
+    "PRESETS_DIR", "BUDGET_KEYS", "DataConfig", "build_section", "RunConfig", "TrainConfig", "apply_overrides", "find_config",
     "from_dict", "load_config", "load_run_config", "parse_override", "preset_names", "read_toml", "validate",
     "with_overrides",
 ]
@@ -111,7 +111,7 @@ def _drop_none(d: Any) -> Any:
 
 # ---- building and checking ----------------------------------------------------------------------
 
-def _section(cls: type, values: dict[str, Any], section: str) -> Any:
+def build_section(cls: type, values: dict[str, Any], section: str) -> Any:
     names = ", ".join(sorted(f.name for f in dataclasses.fields(cls)))
     return schema.build(cls, values, where=f"config key '{section}.{{key}}'",
                         unknown=f"unknown config key '{section}.{{key}}'; the keys of [{section}] are: {names}.")
@@ -134,9 +134,9 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
             raise UserError("config key 'model.positions' needs a 'name' (e.g. [model.positions] name = \"rope\").")
         base["positions"] = positions
     base.update(model_raw)
-    model = _section(ModelConfig, base, "model")
-    data = _section(DataConfig, raw.get("data", {}), "data")
-    train = _section(TrainConfig, raw.get("train", {}), "train")
+    model = build_section(ModelConfig, base, "model")
+    data = build_section(DataConfig, raw.get("data", {}), "data")
+    train = build_section(TrainConfig, raw.get("train", {}), "train")
     cfg = RunConfig(model, data, train)
     validate(cfg)
     return cfg

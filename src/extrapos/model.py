@@ -6,6 +6,14 @@ Two flavours share one code path:
 * ``llama``: pre-RMSNorm (eps 1e-5), SwiGLU MLP (hidden 8d/3 rounded up to a multiple of 256), no
   biases, tied or untied embeddings, optional grouped-query attention (``n_kv_heads``).
 
+Options that pretrained checkpoints need (``integrations/hf.py``), all off by default:
+
+* ``activation``: the MLP non-linearity; ``None`` keeps the flavour's (GELU tanh approximation for gpt2,
+  SiLU gate for llama); ``"gelu"`` is the exact erf GELU of GPT-NeoX / Pythia (Biderman et al. 2023).
+* ``parallel_residual``: ``h + attn(norm1 h) + mlp(norm2 h)`` (GPT-J / GPT-NeoX, Black et al. 2022, §2).
+* ``embed_norm``: a LayerNorm on the embeddings before the first block (Bloom, Le Scao et al. 2022, §3.2).
+* ``qkv_bias``: biases on the Q/K/V projection only (Qwen2, Yang et al. 2024); ``None`` follows ``bias``.
+
 The positional encoding (``self.pos``, see positions/base.py) is called at its four hooks:
 
     h = pos.embed(tok_emb(tokens), positions)                       # once
@@ -40,6 +48,7 @@ from extrapos.positions.base import EncodingContext, PositionalEncoding
 from extrapos.positions.registry import build_encoding
 
 FLAVOURS = ("gpt2", "llama")
+ACTIVATIONS = ("gelu_tanh", "gelu", "silu", "relu")
 
 
 @dataclass
@@ -58,6 +67,10 @@ class ModelConfig:
     positions: dict = field(default_factory=lambda: {"name": "rope"})  # {"name": ..., **options}
     norm_eps: float = 1e-5
     init_std: float = 0.02
+    activation: str | None = None  # None: gpt2 "gelu_tanh", llama "silu" (gated); see ACTIVATIONS
+    parallel_residual: bool = False  # GPT-NeoX: h + attn(norm1 h) + mlp(norm2 h)
+    embed_norm: bool = False  # Bloom: LayerNorm on the embeddings
+    qkv_bias: bool | None = None  # None: as use_bias (Qwen2: True with bias False)
 
     # ---- derived ---------------------------------------------------------------------------
     @property
@@ -71,6 +84,16 @@ class ModelConfig:
     @property
     def use_bias(self) -> bool:
         return self.flavour == "gpt2" if self.bias is None else self.bias
+
+    @property
+    def use_qkv_bias(self) -> bool:
+        return self.use_bias if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def act(self) -> str:
+        if self.activation is not None:
+            return self.activation
+        return "silu" if self.flavour == "llama" else "gelu_tanh"
 
     @property
     def hidden(self) -> int:
@@ -92,6 +115,8 @@ class ModelConfig:
             raise UserError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.kv_heads}.")
         if not 0 <= self.dropout < 1:
             raise UserError(f"dropout must be in [0, 1), got {self.dropout}.")
+        if self.activation is not None and self.activation not in ACTIVATIONS:
+            raise UserError(f"unknown activation {self.activation!r}; choose one of: {', '.join(ACTIVATIONS)}.")
         if not isinstance(self.positions, dict) or "name" not in self.positions:
             raise UserError('model.positions must be a table with a "name" (e.g. {name = "rope"}).')
         return self
@@ -219,7 +244,7 @@ class Attention(nn.Module):
         self.q_out = cfg.n_heads * cfg.head_dim
         self.kv_out = cfg.kv_heads * cfg.head_dim
         # one fused projection [Wq; Wk; Wv]: a single matmul when Q/K and V read the same input
-        self.qkv = nn.Linear(cfg.d_model, self.q_out + 2 * self.kv_out, bias=cfg.use_bias)
+        self.qkv = nn.Linear(cfg.d_model, self.q_out + 2 * self.kv_out, bias=cfg.use_qkv_bias)
         self.proj = nn.Linear(self.q_out, cfg.d_model, bias=cfg.use_bias)
         self.dropout = cfg.dropout
 
@@ -254,11 +279,21 @@ class MLP(nn.Module):
             self.gate = nn.Linear(cfg.d_model, cfg.hidden, bias=cfg.use_bias)
         self.up = nn.Linear(cfg.d_model, cfg.hidden, bias=cfg.use_bias)
         self.down = nn.Linear(cfg.hidden, cfg.d_model, bias=cfg.use_bias)
+        self.act = cfg.act
+
+    def _act(self, x: Tensor) -> Tensor:
+        if self.act == "gelu_tanh":
+            return F.gelu(x, approximate="tanh")  # GPT-2's gelu_new
+        if self.act == "gelu":
+            return F.gelu(x)
+        if self.act == "silu":
+            return F.silu(x)
+        return F.relu(x)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.swiglu:
-            return self.down(F.silu(self.gate(x)) * self.up(x))
-        return self.down(F.gelu(self.up(x), approximate="tanh"))  # GPT-2's gelu_new
+            return self.down(self._act(self.gate(x)) * self.up(x))
+        return self.down(self._act(self.up(x)))
 
 
 class Block(nn.Module):
@@ -269,8 +304,12 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
+        self.parallel = cfg.parallel_residual
 
     def forward(self, h: Tensor, positions: Tensor, pos: PositionalEncoding, cache: LayerCache | None) -> Tensor:
+        if self.parallel:
+            a = self.drop(self.attn(self.norm1(h), positions, self.layer, pos, cache))
+            return h + a + self.drop(self.mlp(self.norm2(h)))
         h = h + self.drop(self.attn(self.norm1(h), positions, self.layer, pos, cache))
         return h + self.drop(self.mlp(self.norm2(h)))
 
@@ -287,6 +326,8 @@ class Decoder(nn.Module):
         options = {k: v for k, v in cfg.positions.items() if k != "name"}
         self.pos: PositionalEncoding = build_encoding(cfg.positions["name"], ctx, options)
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        if cfg.embed_norm:  # created only when asked: default models keep their parameters and RNG stream
+            self.emb_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.use_bias)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = _norm(cfg)
@@ -320,7 +361,10 @@ class Decoder(nn.Module):
         """Final-normed hidden states (B, T, d) of the new tokens."""
         if tokens.shape != positions.shape:
             raise ValueError(f"tokens {tuple(tokens.shape)} and positions {tuple(positions.shape)} differ in shape")
-        h = self.drop(self.pos.embed(self.tok_emb(tokens), positions))
+        h = self.pos.embed(self.tok_emb(tokens), positions)
+        if self.cfg.embed_norm:
+            h = self.emb_norm(h)
+        h = self.drop(h)
         for i, block in enumerate(self.blocks):
             h = block(h, positions, self.pos, cache.layers[i] if cache is not None else None)
         return self.norm(h)

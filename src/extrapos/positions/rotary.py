@@ -20,6 +20,16 @@ Scalings (``scaling`` option, with ``factor`` s and ``original_length`` L, defau
   temperature (Hugging Face does the same by scaling cos and sin). With ``rotary_fraction`` < 1 we
   scale the whole head (the paper's temperature is on the whole logit; Hugging Face scales only the
   rotated part).
+* ``llama3`` (the Llama 3.1 scaling, Dubey et al. 2024): wavelengths 2 pi / inv_freq shorter than
+  L / ``high_freq_factor`` are kept, longer than L / ``low_freq_factor`` are divided by s, and those
+  between are blended with weight (L / wavelength - low) / (high - low) on the original frequency.
+* ``longrope`` (Ding et al. 2024, LongRoPE, §3; as shipped with Phi-3, Abdin et al. 2024): one
+  rescale factor per frequency, inv_freq_i / lambda_i, with ``long_factor`` lambda when the current
+  call reaches past L (T = max position + 1 > L, like ``dynamic``) and ``short_factor`` otherwise;
+  attention factor sqrt(1 + ln s / ln L) (s > 1) on q and k like YaRN's.
+
+``attention_factor`` (option) replaces the default factor of yarn / longrope (e.g. an imported
+checkpoint's own value).
 
 Angles are computed in fp32 (fp64 for fp64 inputs) and cos/sin cast to q's dtype.
 """
@@ -28,6 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -36,7 +47,7 @@ from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, PositionalEncoding
 from extrapos.positions.registry import register
 
-SCALINGS = (None, "linear", "ntk", "dynamic", "yarn")
+SCALINGS = (None, "linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -78,6 +89,24 @@ def yarn_inv_freq(base: float, dim: int, factor: float, length: int, beta_fast: 
     return interpolation * (1 - keep) + extrapolation * keep
 
 
+def llama3_inv_freq(base: float, dim: int, factor: float, length: int, low_freq_factor: float = 1.0,
+                    high_freq_factor: float = 4.0) -> Tensor:
+    """Llama 3.1's piecewise scaling of the inverse frequencies (fp64), see the module docstring."""
+    inv_freq = default_inv_freq(base, dim)
+    wavelength = 2 * math.pi / inv_freq
+    low_wavelength, high_wavelength = length / low_freq_factor, length / high_freq_factor
+    scaled = torch.where(wavelength > low_wavelength, inv_freq / factor, inv_freq)
+    smooth = (length / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelength >= high_wavelength) & (wavelength <= low_wavelength)
+    return torch.where(medium, blended, scaled)
+
+
+def longrope_attention_factor(factor: float, length: int) -> float:
+    """sqrt(1 + ln s / ln L) for s > 1, else 1 (LongRoPE / Phi-3's default)."""
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(length))
+
+
 class RoPE(PositionalEncoding):
     """Rotary position embedding on q and k (Su et al. 2021), with HF-style scalings."""
 
@@ -93,6 +122,11 @@ class RoPE(PositionalEncoding):
         original_length: int | None = None  # L of the scalings; None: L_t
         beta_fast: float = 32.0
         beta_slow: float = 1.0
+        low_freq_factor: float = 1.0  # llama3
+        high_freq_factor: float = 4.0  # llama3
+        long_factor: Any = None  # longrope: d_rot / 2 rescale factors past L
+        short_factor: Any = None  # longrope: d_rot / 2 rescale factors within L
+        attention_factor: float | None = None  # yarn / longrope: None -> the method's default
 
     def __init__(self, ctx: EncodingContext, options=None):
         super().__init__(ctx, options)
@@ -110,14 +144,29 @@ class RoPE(PositionalEncoding):
     def options_changed(self) -> None:
         o = self.options
         if o.scaling not in SCALINGS:
-            raise UserError(f"unknown RoPE scaling {o.scaling!r}; choose one of: none, linear, ntk, dynamic, yarn.")
+            raise UserError(f"unknown RoPE scaling {o.scaling!r}; choose one of: none, linear, ntk, dynamic, yarn, "
+                            "llama3, longrope.")
         if not 0 < o.rotary_fraction <= 1 or self.rot_dim < 2:
             raise UserError(f"rotary_fraction={o.rotary_fraction} leaves no pair of dims to rotate in heads of "
                             f"{self.ctx.head_dim}; use a value in (0, 1] covering at least 2 dims.")
         if o.factor <= 0 or (o.scaling is not None and o.factor < 1):
             raise UserError(f"RoPE scaling factor must be >= 1, got {o.factor}.")
+        if o.scaling == "llama3" and not o.high_freq_factor > o.low_freq_factor > 0:
+            raise UserError(f"llama3 scaling needs high_freq_factor > low_freq_factor > 0, got "
+                            f"{o.high_freq_factor} and {o.low_freq_factor}.")
+        if o.scaling == "longrope":
+            for name in ("long_factor", "short_factor"):
+                value = getattr(o, name)
+                if (not isinstance(value, (list, tuple)) or len(value) != self.rot_dim // 2
+                        or not all(isinstance(v, (int, float)) and v > 0 for v in value)):
+                    raise UserError(f"longrope scaling needs {name} = a list of {self.rot_dim // 2} positive numbers "
+                                    f"(one per rotated frequency), got {value!r}.")
         self.attention_factor = 1.0
         self.inv_freq = self.inverse_frequencies()
+        if o.scaling == "longrope":
+            self.attention_factor = longrope_attention_factor(o.factor, self.original_length)
+        if o.attention_factor is not None and o.scaling in ("yarn", "longrope"):
+            self.attention_factor = o.attention_factor
         self._memo = None
 
     def inverse_frequencies(self, seq_len: int | None = None) -> Tensor:
@@ -132,14 +181,19 @@ class RoPE(PositionalEncoding):
         if o.scaling == "dynamic":
             T = max(seq_len or L, L)
             return default_inv_freq(o.base * (o.factor * T / L - (o.factor - 1)) ** (dim / (dim - 2)), dim)
+        if o.scaling == "llama3":
+            return llama3_inv_freq(o.base, dim, o.factor, L, o.low_freq_factor, o.high_freq_factor)
+        if o.scaling == "longrope":
+            factors = o.long_factor if seq_len is not None and seq_len > L else o.short_factor
+            return default_inv_freq(o.base, dim) / torch.tensor(factors, dtype=torch.float64)
         # yarn
-        self.attention_factor = 0.1 * math.log(o.factor) + 1.0
+        self.attention_factor = 0.1 * math.log(o.factor) + 1.0 if o.attention_factor is None else o.attention_factor
         return yarn_inv_freq(o.base, dim, o.factor, L, o.beta_fast, o.beta_slow)
 
     def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos and sin of the angles (B, 1, T, d_rot) in dtype (YaRN's attention factor is applied in rotate)."""
         inv_freq = self.inv_freq
-        if self.options.scaling == "dynamic" and positions.numel():
+        if self.options.scaling in ("dynamic", "longrope") and positions.numel():
             inv_freq = self.inverse_frequencies(int(positions.max()) + 1)
         work = torch.float64 if dtype == torch.float64 else torch.float32
         angles = positions.to(work).unsqueeze(-1) * inv_freq.to(device=positions.device, dtype=work)
@@ -174,4 +228,4 @@ class RoPE(PositionalEncoding):
         return out
 
 
-register("rope", RoPE, "rotary embedding of q and k (half-split pairs); linear/ntk/dynamic/yarn scalings")
+register("rope", RoPE, "rotary embedding of q and k (half-split pairs); linear/ntk/dynamic/yarn/llama3/longrope scalings")
