@@ -22,6 +22,8 @@ COMMAND_MODULES = [
     "extrapos.cli.eval",
     "extrapos.cli.compare",
     "extrapos.cli.report",
+    "extrapos.cli.tasks",
+    "extrapos.cli.hf",
     "extrapos.cli.generate",
     "extrapos.cli.bench",
 ]

@@ -1,0 +1,139 @@
+"""`extrapos passkey`, `extrapos synthetic-eval` and `extrapos lm-eval`: measures beyond perplexity."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _floats(text: str) -> list[float]:
+    from extrapos.errors import UserError
+
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"expected numbers separated by commas (e.g. 0,0.5,1), got {text!r}.") from None
+
+
+def _add_position_flags(p) -> None:
+    p.add_argument("--scale", type=float, default=None, help="ExPE/ExQPE inference-time scale")
+    p.add_argument("--rope-scaling", default=None, metavar="NAME", help="linear, ntk, dynamic, yarn, llama3, longrope")
+    p.add_argument("--factor", type=float, default=None, help="RoPE scaling factor (default: the longest length)")
+    p.add_argument("--interpolate", action="store_true", help="interpolate a learned table to each window")
+    p.add_argument("--position-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="set any option of the encoding for this evaluation (repeatable)")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("passkey", help="passkey / needle retrieval at 1x..16x the training length",
+                       description="Hide 'The pass key is NNNNN' at each depth of a haystack of each length and ask "
+                                   "for it (Mohtashami & Jaggi 2023); score exact-match generation and/or the rank "
+                                   "of the true key among alternatives.")
+    p.add_argument("run", help="a run directory")
+    p.add_argument("--lengths", default="1,2,4,8,16", help="multiples of the training length")
+    p.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1]")
+    p.add_argument("--trials", type=int, default=10, help="prompts per (length, depth) cell")
+    p.add_argument("--mode", default="rank", help="rank (log-likelihood rank among --candidates), generate, or both")
+    p.add_argument("--candidates", type=int, default=10, help="keys ranked in rank mode (the true one included)")
+    p.add_argument("--haystack", default="filler", help="filler, corpus (the run's held-out split) or a data dir")
+    p.add_argument("--split", default="test")
+    p.add_argument("--key-digits", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    _add_position_flags(p)
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    p.add_argument("--name", default=None, help="result name in RUN/eval/")
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--plot", default=None, help="write the length x depth heatmap here (PNG)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run_passkey)
+
+    s = sub.add_parser("synthetic-eval", help="answer accuracy of a run trained on a synthetic: task, at 1x..16x",
+                       description="Score exact-match and per-token accuracy on the answer tokens of fresh examples "
+                                   "of k x L_t tokens (the task the run was trained on, or --task).")
+    s.add_argument("run", help="a run directory trained on a synthetic: corpus")
+    s.add_argument("--lengths", default="1,2,4,8,16")
+    s.add_argument("--examples", type=int, default=64, help="examples per length")
+    s.add_argument("--task", default=None, help="a synthetic: spec (default: the run's own task)")
+    s.add_argument("--seed", type=int, default=None)
+    _add_position_flags(s)
+    s.add_argument("--step", type=int, default=None)
+    s.add_argument("--name", default=None)
+    s.add_argument("--overwrite", action="store_true")
+    s.add_argument("--device", default="cpu")
+    s.set_defaults(func=run_synthetic)
+
+    m = sub.add_parser("lm-eval", help="lm-evaluation-harness tasks on a run (hellaswag, arc_easy, ...)",
+                       description="Run lm-evaluation-harness tasks through the registered `extrapos` model; results "
+                                   "land in RUN/eval/lm-eval-*.json. Needs `pip install 'extrapos[eval]'`.")
+    m.add_argument("run", help="a run directory")
+    m.add_argument("--tasks", required=True, help="comma-separated lm-eval task names")
+    m.add_argument("--num-fewshot", type=int, default=None)
+    m.add_argument("--limit", type=float, default=None, help="examples per task (or a fraction)")
+    m.add_argument("--max-length", type=int, default=None, help="context length (default: the run's L_t)")
+    m.add_argument("--batch-size", type=int, default=8)
+    m.add_argument("--scale", type=float, default=None)
+    m.add_argument("--rope-scaling", default=None, metavar="NAME")
+    m.add_argument("--factor", type=float, default=None)
+    m.add_argument("--include-path", default=None, help="a directory of extra task YAMLs")
+    m.add_argument("--metadata", default=None, help="JSON task metadata (e.g. '{\"max_seq_lengths\": [4096]}')")
+    m.add_argument("--log-samples", action="store_true")
+    m.add_argument("--name", default=None)
+    m.add_argument("--step", type=int, default=None)
+    m.add_argument("--device", default="cpu")
+    m.set_defaults(func=run_lm_eval)
+
+
+def _options(args, lengths: list[int]):
+    from extrapos.cli.eval import position_options
+
+    return position_options(args, lengths) or None
+
+
+def run_passkey(args) -> int:
+    from extrapos.cli.eval import parse_lengths
+    from extrapos.tasks.passkey import format_grid, passkey, plot_heatmap
+
+    lengths = parse_lengths(args.lengths)
+    result = passkey(args.run, lengths=lengths, depths=_floats(args.depths), trials=args.trials, mode=args.mode,
+                     haystack=args.haystack, split=args.split, candidates=args.candidates,
+                     key_digits=args.key_digits, seed=args.seed, position_options=_options(args, lengths),
+                     name=args.name, overwrite=args.overwrite, device=args.device, step=args.step,
+                     progress=not args.no_progress)
+    print(format_grid(result))
+    if args.plot:
+        print(f"-> {plot_heatmap(result, args.plot)}")
+    print(f"-> {Path(args.run) / 'eval' / (result['name'] + '.json')}")
+    return 0
+
+
+def run_synthetic(args) -> int:
+    from extrapos.cli.eval import parse_lengths
+    from extrapos.tasks.synthetic import format_synthetic, score_synthetic
+
+    lengths = parse_lengths(args.lengths)
+    result = score_synthetic(args.run, lengths=lengths, examples=args.examples, task=args.task, seed=args.seed,
+                             position_options=_options(args, lengths), name=args.name, overwrite=args.overwrite,
+                             device=args.device, step=args.step)
+    print(format_synthetic(result))
+    return 0
+
+
+def run_lm_eval(args) -> int:
+    from extrapos.errors import UserError
+    from extrapos.integrations.lm_eval import run_lm_eval as lm_eval
+
+    try:
+        metadata = json.loads(args.metadata) if args.metadata else None
+    except ValueError:
+        raise UserError(f"--metadata must be JSON, got {args.metadata!r}.") from None
+    limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
+    result = lm_eval(args.run, [t.strip() for t in args.tasks.split(",") if t.strip()],
+                     num_fewshot=args.num_fewshot, limit=limit, max_length=args.max_length,
+                     batch_size=args.batch_size, device=args.device, scale=args.scale,
+                     rope_scaling=args.rope_scaling, factor=args.factor, include_path=args.include_path,
+                     metadata=metadata, log_samples=args.log_samples, name=args.name, step=args.step)
+    for task, metrics in (result.get("results") or {}).items():
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
+        print(f"{task}: {shown}")
+    return 0
