@@ -49,6 +49,7 @@ from extrapos import schema
 from extrapos.config import RunConfig, load_config, validate
 from extrapos.errors import UserError
 from extrapos.evaluate import EvalRequest, default_name, evaluate, format_result
+from extrapos.files import atomic_write
 from extrapos.presets import find_sweep, read_toml, sweep_names
 from extrapos.report import Row, markdown_table, write_report
 
@@ -209,7 +210,7 @@ def compare(spec: str, out: str | Path, extra: list[str] | None = None, progress
             result = _merge_results(results)
             merged = out / "merged" / f"{slug(row.name)}.json"
             merged.parent.mkdir(parents=True, exist_ok=True)
-            merged.write_text(json.dumps(result, indent=1))
+            atomic_write(merged, json.dumps(result, indent=1))
             if progress:
                 print(f"{row.name}:\n{format_result(result)}", flush=True)
             entries.append({"name": row.name, "run": [str(p.relative_to(out)) for p, _ in parts],
@@ -225,9 +226,9 @@ def compare(spec: str, out: str | Path, extra: list[str] | None = None, progress
         entries.append({"name": row.name, "run": str(run_dirs[source].relative_to(out)),
                         "eval": str((run_dirs[source] / "eval" / f"{default_name(req)}.json").relative_to(out))})
         rows.append(Row(row.name, result))
-    (out / "rows.json").write_text(json.dumps(entries, indent=1))
+    atomic_write(out / "rows.json", json.dumps(entries, indent=1))
     facts = _facts(sweep, configs, run_dirs, rows, time.perf_counter() - t0, extension_dirs)
-    (out / "facts.json").write_text(json.dumps(facts, indent=1))
+    atomic_write(out / "facts.json", json.dumps(facts, indent=1))
     report = write_report(rows, out, sweep.title, facts)
     print(markdown_table(rows))
     print(f"-> {report}")

@@ -24,6 +24,7 @@ from extrapos.config import (
     with_overrides,
 )
 from extrapos.errors import UserError
+from extrapos.files import atomic_write
 from extrapos.runtime import prepare_run_data, tokens_per_step
 
 METHODS = ("chunk", "prefix", "full", "randompos", "continue")
@@ -229,9 +230,7 @@ def extend(parent: str | Path, method: str, factor: int = 2, alpha: float | None
             save_model(model, str(init.with_suffix(".tmp")))
         os.replace(init.with_suffix(".tmp"), init)
         init_from = init
-    tmp = out / "parent.json.tmp"
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, out / "parent.json")
+    atomic_write(out / "parent.json", json.dumps(record, indent=1))
     if progress:
         print(f"extrapos extend: {record['method']} x{factor} of {parent} (step {record['step']}): L_t "
               f"{record['train_length']} -> L_e {record['extended_length']}\n  " + "\n  ".join(record["changes"]),

@@ -68,6 +68,18 @@ def generate_tokens(model, prompt: list[int], max_new_tokens: int, temperature: 
         tokens = torch.cat([tokens, new], dim=1)
 
 
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Sampling settings checked before a model is loaded (a wrong one is never silently ignored)."""
+    if max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
+    if not temperature >= 0:
+        raise UserError(f"--temperature must be >= 0 (0 is greedy decoding), got {temperature}.")
+    if top_k is not None and top_k < 1:
+        raise UserError(f"--top-k must be at least 1 (or omitted), got {top_k}.")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise UserError(f"--top-p must be in (0, 1], got {top_p}.")
+
+
 def generate_text(run_dir: str | Path, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8,
                   top_k: int | None = 50, top_p: float | None = None, seed: int = 0, use_cache: bool = True,
                   position_options: dict | None = None, device: str = "cpu",
@@ -75,6 +87,7 @@ def generate_text(run_dir: str | Path, prompt: str, max_new_tokens: int = 200, t
     """Generate a continuation of ``prompt``; ``on_text`` receives each new piece of text as it appears."""
     from extrapos.runs import load_run
 
+    check_sampling(max_new_tokens, temperature, top_k, top_p)
     run = load_run(run_dir, device=device)
     if position_options:
         run.model.pos.set_options(**position_options)

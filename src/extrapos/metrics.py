@@ -7,12 +7,12 @@ back to that step first, so the log of a resumed run equals the log of one that 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from extrapos.config import RunConfig
 from extrapos.errors import UserError
+from extrapos.files import atomic_write
 
 
 class MetricsLog:
@@ -49,9 +49,7 @@ class MetricsLog:
                     kept.append(line)
             except (json.JSONDecodeError, KeyError):
                 break  # a line torn by a kill mid-write: everything after it is replayed
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, self.path)
+        atomic_write(self.path, "".join(line + "\n" for line in kept))
 
     def log(self, record: dict[str, Any]) -> None:
         if not self.enabled:

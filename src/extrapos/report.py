@@ -11,12 +11,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from extrapos.errors import UserError
+from extrapos.files import atomic_write
 
 
 @dataclass
@@ -153,9 +153,16 @@ def write_report(rows: list[Row], out_dir: Path, title: str, facts: list[str] | 
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write(path, text)
+
+
+def _read_rows(compare_dir: Path) -> list[dict[str, Any]]:
+    try:
+        entries = json.loads((compare_dir / "rows.json").read_text())
+        assert isinstance(entries, list) and all(isinstance(e["eval"], str) and "name" in e for e in entries)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise UserError(f"{compare_dir / 'rows.json'} is damaged; rebuild it with `extrapos compare`.") from None
+    return entries
 
 
 def collect_rows(paths: list[str | Path]) -> tuple[list[Row], Path | None]:
@@ -165,8 +172,11 @@ def collect_rows(paths: list[str | Path]) -> tuple[list[Row], Path | None]:
     for p in map(Path, paths):
         if (p / "rows.json").is_file():
             compare_dir = p
-            for entry in json.loads((p / "rows.json").read_text()):
+            for entry in _read_rows(p):
                 f = p / entry["eval"]
+                if not f.resolve().is_relative_to(p.resolve()):
+                    raise UserError(f"{p / 'rows.json'} points outside the comparison ({entry['eval']}); "
+                                    "rebuild it with `extrapos compare`.")
                 if f.is_file():
                     rows.append(Row(entry["name"], json.loads(f.read_text())))
         elif (p / "eval").is_dir():

@@ -19,6 +19,7 @@ class LoadedRun:
     model: torch.nn.Module
     tokenizer: object
     step: int
+    weights_sha256: str = ""
 
     @property
     def data_dir(self) -> Path | None:
@@ -42,4 +43,4 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", step: int 
     model = Decoder(cfg.model)
     ckpt_io.load_weights(model, chosen)
     model.to(device).eval()
-    return LoadedRun(path, cfg, model, load_tokenizer(path), chosen.step)
+    return LoadedRun(path, cfg, model, load_tokenizer(path), chosen.step, ckpt_io.weights_digest(chosen))

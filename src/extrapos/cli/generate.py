@@ -35,8 +35,6 @@ def run(args) -> int:
         prompt = path.read_text(encoding="utf-8", errors="replace")
     else:
         prompt = args.prompt
-    if args.max_new_tokens < 1:
-        raise UserError("--max-new-tokens must be at least 1.")
     options = {"scale": args.scale} if args.scale is not None else None
 
     def show(piece: str) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from extrapos.errors import UserError
+from extrapos.files import atomic_write, ensure_writable_dir
 
 
 @torch.no_grad()
@@ -76,24 +76,42 @@ def resolve_position_options(options: dict[str, Any] | None, max_len: int) -> di
 
 def write_result(path: Path, result: dict[str, Any]) -> None:
     """Write ``result`` as JSON atomically (a temporary file renamed into place)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1, default=str))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(result, indent=1, default=str))
 
 
-def check_existing(path: Path, request: dict[str, Any], overwrite: bool) -> dict[str, Any] | None:
-    """The stored result when the same request was already scored; UserError when a different one is there."""
+def result_path(run_dir: Path, name: str) -> Path:
+    """RUN/eval/<name>.json for a checked name, in a writable RUN/eval that is not a symlink."""
+    from extrapos.evaluate import check_result_name, results_dir
+
+    path = results_dir(run_dir) / f"{check_result_name(name)}.json"
+    ensure_writable_dir(path.parent, "evaluation results")
+    return path
+
+
+def scored_checkpoint(run_dir: Path, step: int | None) -> dict[str, Any]:
+    """The checkpoint a task result scores: its step and the sha256 of its weights."""
+    from extrapos import checkpoint as ckpt_io
+
+    ckpt = ckpt_io.checkpoint_at(Path(run_dir), step)
+    return {"step": ckpt.step, "weights_sha256": ckpt_io.weights_digest(ckpt)}
+
+
+def check_existing(path: Path, request: dict[str, Any], overwrite: bool,
+                   checkpoint: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The stored result when the same request was scored on the same weights; None when it must be
+    scored (again); UserError when a different request is stored under this name."""
     if not path.is_file() or overwrite:
         return None
     try:
         previous = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        previous = {}
-    if previous.get("request") == json.loads(json.dumps(request, default=str)):
-        return previous
-    raise UserError(f"{path} holds a different evaluation; pass name=... to keep both or overwrite=True "
-                    "(--overwrite) to replace it.")
+    except (OSError, ValueError):
+        return None  # a damaged result is scored again and replaced
+    if not isinstance(previous, dict) or previous.get("request") != json.loads(json.dumps(request, default=str)):
+        raise UserError(f"{path} holds a different evaluation; pass name=... to keep both or overwrite=True "
+                        "(--overwrite) to replace it.")
+    if checkpoint is not None and previous.get("checkpoint") != checkpoint:
+        return None  # the run was trained further: the stored numbers are stale
+    return previous
 
 
 def slug(text: str) -> str:

@@ -39,6 +39,8 @@ from extrapos.tasks.common import (
     continuation_logprobs,
     greedy_batch,
     resolve_position_options,
+    result_path,
+    scored_checkpoint,
     slug,
     write_result,
 )
@@ -219,13 +221,14 @@ def passkey(run_dir: str | Path, lengths: Sequence[int] = (1, 2, 4, 8, 16),
                "position_options": position_options or {}, "base_length": base_length, "step": step}
     run_dir = Path(run_dir)
     name = name or default_name(mode, haystack, position_options)
-    out_path = run_dir / "eval" / f"{name}.json"
-    previous = check_existing(out_path, request, overwrite)
+    out_path = result_path(run_dir, name)
+    scored = scored_checkpoint(run_dir, step)
+    previous = check_existing(out_path, request, overwrite, scored)
     if previous is not None:
         return previous
 
     t0 = time.perf_counter()
-    run = load_run(run_dir, device=device, step=step)
+    run = load_run(run_dir, device=device, step=scored["step"])
     L = base_length or run.cfg.model.train_length
     options = resolve_position_options(position_options, max(lengths) * L)
     if options:
@@ -254,7 +257,7 @@ def passkey(run_dir: str | Path, lengths: Sequence[int] = (1, 2, 4, 8, 16),
     result = {
         "name": name, "task": "passkey", "run": str(run_dir), "request": request,
         "encoding": run.cfg.model.positions["name"], "applied": options, "train_length": L,
-        "checkpoint_step": run.step, "haystack_source": hay_source, "metric": metric,
+        "checkpoint_step": run.step, "checkpoint": scored, "haystack_source": hay_source, "metric": metric,
         "example": _example(run.tokenizer, builder, L * lengths[0]),
         "results": cells, "by_length": by_length, "wall_time": time.perf_counter() - t0,
     }

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from extrapos.data.synthetic import SyntheticTask, build_tokenizer, task_of
 from extrapos.errors import UserError
-from extrapos.tasks.common import check_existing, resolve_position_options, slug, write_result
+from extrapos.tasks.common import check_existing, resolve_position_options, result_path, slug, write_result
 
 
 @torch.no_grad()
@@ -84,8 +84,9 @@ def score_synthetic(run_dir: str | Path, lengths: Sequence[int] = (1, 2, 4, 8, 1
                "position_options": position_options or {}, "base_length": base_length, "step": step}
     name = name or "-".join(["synthetic", t.task] + [slug(f"{k}{v}") for k, v in sorted(request["position_options"]
                                                                                           .items())])
-    out_path = run_dir / "eval" / f"{name}.json"
-    previous = check_existing(out_path, request, overwrite)
+    out_path = result_path(run_dir, name)
+    scored = {"step": run.step, "weights_sha256": run.weights_sha256}
+    previous = check_existing(out_path, request, overwrite, scored)
     if previous is not None:
         return previous
     t0 = time.perf_counter()
@@ -98,7 +99,7 @@ def score_synthetic(run_dir: str | Path, lengths: Sequence[int] = (1, 2, 4, 8, 1
         rows.append({"ev": k, "length": k * L, **score_examples(run.model, ids, answer, batch_tokens)})
     result = {"name": name, "task": t.spec, "run": str(run_dir), "request": request,
               "encoding": run.cfg.model.positions["name"], "applied": options, "train_length": L,
-              "checkpoint_step": run.step, "results": rows, "wall_time": time.perf_counter() - t0}
+              "checkpoint_step": run.step, "checkpoint": scored, "results": rows, "wall_time": time.perf_counter() - t0}
     write_result(out_path, result)
     return result
 
