@@ -168,7 +168,7 @@ def resume_config(run_dir: Path, cfg: RunConfig | None) -> tuple[RunConfig, list
     if fixed:
         k = fixed[0]
         raise UserError(f"{run_dir} was trained with {k} = {old.get(k, '(default)')!r}; --resume cannot change it "
-                        f"to {new.get(k, '(default)')!r}. Drop that --set/--config, or start a new run with another "
+                        f"to {new.get(k, '(default)')!r}; drop that --set/--config, or start a new run with another "
                         "--out.")
     return cfg, [f"{k} {old.get(k, '(default)')} -> {new.get(k, '(default)')}" for k in changed]
 

@@ -74,7 +74,7 @@ def chunk_positions(rng: np.random.Generator, train_length: int, extended_length
     k = train_length // s
     if k * s != train_length:
         raise UserError(f"chunk needs 1/alpha segments of alpha * L_t tokens to fill L_t={train_length} exactly; "
-                        f"alpha={alpha} gives segments of {s} tokens. Use alpha = 1/2, 1/4, 1/8, ...")
+                        f"alpha={alpha} gives segments of {s} tokens; use alpha = 1/2, 1/4, 1/8, ...")
     slots = np.sort(rng.choice(extended_length - train_length + k, size=k, replace=False))
     starts = slots + np.arange(k) * (s - 1)
     return (starts[:, None] + np.arange(s)).ravel()
