@@ -14,8 +14,8 @@ Exponents come from the ``positions`` argument, never from indices, and both fac
 functions of each token's own position, so keys are cached already scaled and cached decoding is
 the full forward. The product depends on n - m only (shift invariant); the factors themselves grow
 as zeta_0^(-m / B) = 3.5^(m / 512), which overflows fp32 near m = 36k: positions beyond
-``max_position`` (the largest whose factors stay below 2^115 in the input dtype) are a UserError
-rather than silent infinities. Reference implementations centre the exponent on the middle of the
+``max_position`` (32,576 in fp32 / bf16, where the factors reach 2^115; ~850 in fp16) are a
+UserError rather than silent infinities. Reference implementations centre the exponent on the middle of the
 current sequence instead, which keeps the factors small but makes keys depend on the call they were
 computed in, i.e. breaks the KV cache; we keep n and m.
 
@@ -41,8 +41,9 @@ from extrapos.positions.bias import feature_dtype
 from extrapos.positions.registry import register
 from extrapos.positions.rotary import RoPE
 
-#: the factors may reach 2^115 (fp32/bf16 max is ~2^128): q.k sums of such products stay finite
-_MAX_LOG2_FACTOR = 115.0
+#: the factors may reach max / 2^13 of the dtype (2^115 in fp32 / bf16, 2^1011 in fp64): headroom for
+#: the values of q and k they multiply and for the sums of products in q.k
+_HEADROOM_LOG2 = 13.0
 
 
 def xpos_zeta(rot_dim: int, gamma: float) -> Tensor:
@@ -79,8 +80,8 @@ class XPos(RoPE):
         return self.options.block_length or max(1, self.ctx.train_length // 2)
 
     def max_position(self, dtype: torch.dtype) -> int:
-        """The largest |position| whose scale factors stay below 2^115 (and above 2^-115) in ``dtype``."""
-        top = min(_MAX_LOG2_FACTOR, math.log2(torch.finfo(dtype).max) - 13)  # fp16: 2^2 headroom for q, k
+        """The largest |position| whose scale factors stay within 2^(+-115) in fp32 / bf16 (see _HEADROOM_LOG2)."""
+        top = math.log2(torch.finfo(dtype).max) - _HEADROOM_LOG2
         return int(top * math.log(2) * self.options.scale_base / -float(self.log_zeta.min()))
 
     def decay(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
