@@ -18,9 +18,9 @@ How it differs from CABLE (cable.py): both are cumulative sums of per-token incr
   exactly zero for many tokens (no decay at all) and has no bias term;
 * CABLE multiplies the whole row by a per-query weight g_i = softplus(x_i w_s); FoX has none
   (CABLE-NW is CABLE without it);
-* the decay of (i, j) in FoX is paid by the tokens *after* the key (l = j+1..i), in CABLE too
-  (S_i - S_j), so both are the same fold; ``cable-official`` (softplus(x w + b) increments, no g)
-  is FoX with (w, b) negated, except that it drops attention's 1/sqrt(d_h).
+* both charge the tokens after the key (l = j+1..i) and fold the same way (q_feat = 1 here, g
+  there); ``cable-official`` (softplus(x w + b) increments, no g) is FoX with (w, b) negated,
+  except that it drops attention's 1/sqrt(d_h).
 
 The paper's "Pro" block (output gate, QK-norm, key shift) changes the attention block rather than
 the positional signal and is not part of this encoding. Init: w ~ N(0, 0.02) as the repository's
