@@ -7,7 +7,8 @@ which covers both full forwards (Tq == Tk) and cached decoding (Tq new tokens af
 ``attention`` picks the kernel; every path equals ``attention_reference`` in the tests:
 no bias -> fused SDPA; ``FoldedBias`` (ALiBi, CABLE) -> one extra q/k dimension in fused SDPA,
 block by block; ``PairwiseBias`` (Kerple, FIRE, T5, K-CABLE) -> query chunks, checkpointed in
-training; CUDA -> FlexAttention for long no-grad forwards. Why, and the measured precision of
+training; ``LogitBias`` (CoPE, DAPE: the bias reads the row's logits) -> the same query chunks,
+never FlexAttention; CUDA -> FlexAttention for long no-grad forwards. Why, and the measured precision of
 each path: docs/attention.md.
 """
 
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from extrapos.positions.base import Bias, FoldedBias, PairwiseBias
+from extrapos.positions.base import Bias, FoldedBias, LogitBias, PairwiseBias
 
 #: elements (B * H * chunk * Tk) of one query-chunk score block in the pairwise path: 4M floats =
 #: 16 MB per block; the bias functions keep a few blocks alive (FIRE's MLP hidden layer is
@@ -58,6 +59,8 @@ def bias_block(bias: Bias, q_slice: slice | None = None) -> Tensor:
     if isinstance(bias, PairwiseBias):
         qf = bias.q_feat if q_slice is None else bias.q_feat[:, :, q_slice]
         return bias.fn(qf, bias.k_feat)
+    if isinstance(bias, LogitBias):
+        raise TypeError("a LogitBias depends on the attention logits; use attention_reference or attention")
     raise TypeError(f"unknown bias description {type(bias).__name__}")
 
 
@@ -67,10 +70,12 @@ def attention_reference(q: Tensor, k: Tensor, v: Tensor, bias: Bias | None = Non
     Tk = k.shape[2]
     k, v = _expand_kv(k, H), _expand_kv(v, H)
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(Dh)
-    if bias is not None:
-        scores = scores + bias_block(bias).to(scores.dtype)
     i = torch.arange(Tq, device=q.device).unsqueeze(-1) + (Tk - Tq)
     j = torch.arange(Tk, device=q.device)
+    if isinstance(bias, LogitBias):
+        scores = scores + bias.fn(scores, q, bias.q_feat, bias.k_feat, j <= i).to(scores.dtype)
+    elif bias is not None:
+        scores = scores + bias_block(bias).to(scores.dtype)
     scores = scores.masked_fill(j > i, float("-inf"))
     weights = torch.softmax(scores.to(_softmax_dtype(scores.dtype)), dim=-1).to(v.dtype)
     if dropout_p:
@@ -100,7 +105,7 @@ def attention(
             return out
     if isinstance(bias, FoldedBias):
         return folded_attention(q, k, v, bias, dropout_p)
-    if isinstance(bias, PairwiseBias):
+    if isinstance(bias, (PairwiseBias, LogitBias)):
         return chunked_attention(q, k, v, bias, dropout_p, chunk_size=chunk_size)
     raise TypeError(f"unknown bias description {type(bias).__name__}")
 
@@ -241,17 +246,35 @@ def _chunk(
     return weights @ v
 
 
-def chunked_attention(
-    q: Tensor, k: Tensor, v: Tensor, bias: PairwiseBias, dropout_p: float = 0.0, *, chunk_size: int | None = None
+def _logit_chunk(
+    q: Tensor, k: Tensor, v: Tensor, qf: Tensor, kf: Tensor, fn: Callable, offset: int, dropout_p: float
 ) -> Tensor:
-    """Pairwise-bias attention in blocks of queries: memory O(chunk * Tk) (see module doc)."""
+    """``_chunk`` for a ``LogitBias``: fn also sees the block's unmasked logits, queries and causal mask."""
+    tq, Tk = q.shape[2], k.shape[2]
+    dtype = _softmax_dtype(q.dtype)
+    visible = torch.arange(Tk, device=q.device) <= torch.arange(tq, device=q.device).unsqueeze(-1) + offset
+    scores = (q @ k.transpose(-1, -2)).to(dtype) / math.sqrt(q.shape[-1])
+    scores = scores + fn(scores, q, qf, kf, visible).to(dtype)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).to(v.dtype)
+    if dropout_p:
+        weights = torch.dropout(weights, dropout_p, train=True)
+    return weights @ v
+
+
+def chunked_attention(
+    q: Tensor, k: Tensor, v: Tensor, bias: PairwiseBias | LogitBias, dropout_p: float = 0.0, *,
+    chunk_size: int | None = None
+) -> Tensor:
+    """Pairwise- or logit-bias attention in blocks of queries: memory O(chunk * Tk) (see module doc)."""
     B, H, Tq, Dh = q.shape
     Tk = k.shape[2]
     k, v = _expand_kv(k, H), _expand_kv(v, H)  # O(T * d) copies at most; the scores dominate
     chunk = chunk_size or default_chunk_size(B, H, Tq, Tk, Dh)
     past = Tk - Tq
+    run = _logit_chunk if isinstance(bias, LogitBias) else _chunk
     if chunk >= Tq:
-        return _chunk(q, k, v, bias.q_feat, bias.k_feat, bias.fn, past, dropout_p)
+        return run(q, k, v, bias.q_feat, bias.k_feat, bias.fn, past, dropout_p)
     # recompute each block in backward instead of storing its (chunk, Tk) weights
     use_ckpt = torch.is_grad_enabled()
     outs = []
@@ -262,9 +285,9 @@ def chunked_attention(
         kend = past + e  # keys after the block's last query are all masked: skip them
         args = (q[:, :, s:e], k[:, :, :kend], v[:, :, :kend], bias.q_feat[:, :, s:e], bias.k_feat[:, :, :kend])
         if use_ckpt:
-            out = checkpoint(_chunk, *args, bias.fn, past + s, dropout_p, use_reentrant=False)
+            out = checkpoint(run, *args, bias.fn, past + s, dropout_p, use_reentrant=False)
         else:
-            out = _chunk(*args, bias.fn, past + s, dropout_p)
+            out = run(*args, bias.fn, past + s, dropout_p)
         outs.append(out)
     return torch.cat(outs[::-1], dim=2)
 
@@ -286,6 +309,8 @@ def _flex_wanted(q: Tensor, bias: Bias, dropout_p: float) -> bool:
     score_mod in fp32 on bf16 inputs instead.
     """
     if q.device.type != "cuda" or dropout_p or torch.is_grad_enabled() or q.shape[2] < FLEX_MIN_QUERIES:
+        return False
+    if isinstance(bias, LogitBias):  # a score_mod sees one (query, key) pair, never the row it needs
         return False
     return isinstance(bias, PairwiseBias) or q.dtype in (torch.float16, torch.bfloat16)
 

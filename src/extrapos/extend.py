@@ -1,8 +1,9 @@
 """`extrapos extend`: continue a trained run at L_e = K x L_t (Karypis et al., segmented sequences, §3-4).
 
-Methods: ``chunk`` / ``prefix`` / ``randompos`` (L_t-token examples cut from L_e windows with their
-original positions), ``full`` (the L_e windows) and ``continue`` (the paper's domain-adaptation
-control), all on the same compute-equivalent token budget (§4.4) and the same optimizer rule.
+Methods: ``chunk`` / ``prefix`` / ``randompos`` / ``pose`` (L_t-token examples cut from L_e windows;
+chunk and prefix keep original positions, randompos and pose spread them over [0, L_e)), ``full``
+(the L_e windows) and ``continue`` (the paper's domain-adaptation control), all on the same
+compute-equivalent token budget (§4.4) and the same optimizer rule.
 The rules and why they are what they are: docs/extension.md.
 """
 
@@ -27,7 +28,7 @@ from extrapos.errors import UserError
 from extrapos.files import atomic_write
 from extrapos.runtime import prepare_run_data, tokens_per_step
 
-METHODS = ("chunk", "prefix", "full", "randompos", "continue")
+METHODS = ("chunk", "prefix", "full", "randompos", "pose", "continue")
 EXTENSION_LR_FRACTION = 0.1
 EXTENSION_WARMUP = 0.05
 

@@ -1,4 +1,4 @@
-"""Segmented-sequence samplers (chunk / prefix / full / randompos): the invariants of segmented sequences §3.3."""
+"""Segmented-sequence samplers (chunk / prefix / full / randompos / pose): the invariants of segmented sequences §3.3."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from data_helpers import numbered_docs
 
 from extrapos.config import load_config
-from extrapos.data.segmented import SegmentedSampler, compute_equivalent_tokens
+from extrapos.data.segmented import SegmentedSampler, compute_equivalent_tokens, pose_positions
 from extrapos.errors import UserError
 
 L_T, L_E = 8, 32
@@ -110,18 +110,51 @@ def test_randompos_contiguous_tokens_with_spread_positions(split):
     assert top >= L_T  # positions beyond L_t occur
 
 
+def test_pose_contiguous_tokens_in_chunks_with_skipped_positions(split):
+    s = SegmentedSampler(split, "pose", L_T, L_E, batch_size=4, seed=3)
+    firsts = doc_firsts()
+    skips, cuts = set(), set()
+    for b in batches(s, 40):
+        assert b.tokens.shape == (4, L_T) and bool(b.loss_mask.all())
+        for toks, tgts, pos in zip(b.tokens.tolist(), b.targets.tolist(), b.positions.tolist()):
+            assert toks == list(range(toks[0], toks[0] + L_T)) and tgts == [t + 1 for t in toks]  # contiguous text
+            assert len({firsts[t] for t in toks + tgts}) == 1
+            start = toks[0] - firsts[toks[0]]
+            assert start + L_T <= start // L_E * L_E + L_E  # tokens and targets inside one L_e window
+            assert pos[0] == 0 and pos[-1] < L_E  # chunk 0 is not skipped; positions within [0, L_e)
+            assert all(b_ > a for a, b_ in zip(pos, pos[1:]))  # sorted
+            jumps = [i for i in range(1, L_T) if pos[i] - pos[i - 1] != 1]
+            assert len(jumps) <= 1  # two chunks, each with consecutive positions
+            if jumps:
+                cuts.add(jumps[0])
+            skips.add(pos[-1] - (L_T - 1))
+    assert max(skips) == L_E - L_T and 0 in skips  # the skip covers [0, L_e - L_t]: positions reach L_e - 1
+    assert cuts == set(range(1, L_T))  # every split point of the two chunks occurs
+
+
+def test_pose_positions_with_more_chunks_follow_the_skip_recursion():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        pos = pose_positions(rng, 16, 100, chunks=4)
+        steps = np.diff(pos)
+        assert pos[0] == 0 and pos[-1] < 100 and (steps >= 1).all()
+        assert (steps > 1).sum() <= 3  # at most N - 1 skips (u_i = u_{i-1} is allowed)
+    with pytest.raises(UserError, match="chunks"):
+        pose_positions(rng, 4, 16, chunks=5)
+
+
 def test_equal_token_budgets(split):
     """L_e / L_t epochs of an L_t sampler and one epoch of full feed the same number of tokens."""
     per_epoch = {}
-    for method in ("chunk", "prefix", "randompos", "full"):
+    for method in ("chunk", "prefix", "randompos", "pose", "full"):
         s = SegmentedSampler(split, method, L_T, L_E, batch_size=1, alpha=0.25)
         per_epoch[method] = s.windows_per_epoch * s.seq_len
     epochs = L_E // L_T
     assert per_epoch["chunk"] * epochs == per_epoch["prefix"] * epochs == per_epoch["randompos"] * epochs \
-        == per_epoch["full"] == compute_equivalent_tokens(split, L_T, L_E) == 12 * L_E
+        == per_epoch["pose"] * epochs == per_epoch["full"] == compute_equivalent_tokens(split, L_T, L_E) == 12 * L_E
 
 
-@pytest.mark.parametrize("method", ["chunk", "prefix", "randompos"])
+@pytest.mark.parametrize("method", ["chunk", "prefix", "randompos", "pose"])
 def test_deterministic_resumable_and_independent_of_batching(split, method):
     a = SegmentedSampler(split, method, L_T, L_E, batch_size=3, seed=5)
     b = SegmentedSampler(split, method, L_T, L_E, batch_size=3, seed=5)

@@ -25,6 +25,13 @@ Samplers (``data.sampler``):
 * ``full``: the L_e windows themselves (sequence length L_e, positions 0..L_e-1).
 * ``randompos`` (Ruoss et al. 2023): L_t contiguous tokens from a uniformly random start in the
   window, with positions a sorted sample without replacement from [0, L_e).
+* ``pose`` (Zhu et al. 2023, positional skip-wise training, §3.2): L_t contiguous tokens from a
+  uniformly random start in the window, split into N chunks (``POSE_CHUNKS`` = 2) of random
+  lengths (a uniform composition of L_t into N non-empty parts); chunk i keeps its tokens'
+  consecutive positions shifted by a skip u_i, u_0 = 0 and u_i uniform in [u_{i-1}, L_e - L_t],
+  so positions increase, lie in [0, L_e) and reach L_e - 1. Only positions skip: the text stays
+  contiguous (the authors' released code also takes the later chunk's text from later in the
+  document, and draws the first of two chunks' length from [1, ceil(L_t / 2)]).
 
 Compute-equivalent budget (§4.4): one example per L_e window per epoch, so L_e / L_t epochs of
 the L_t-token samplers and one epoch of ``full`` process the same number of tokens
@@ -48,8 +55,10 @@ from extrapos.data.sampling import Sampler, gather, windows_in_documents
 from extrapos.data.shards import TokenSplit
 from extrapos.errors import UserError
 
-SEGMENTED = ("chunk", "prefix", "full", "randompos")
-_SALT = {"chunk": 1, "prefix": 2, "full": 3, "randompos": 4}
+SEGMENTED = ("chunk", "prefix", "full", "randompos", "pose")
+_SALT = {"chunk": 1, "prefix": 2, "full": 3, "randompos": 4, "pose": 5}
+#: PoSE's number of chunks (the paper's default, 2)
+POSE_CHUNKS = 2
 
 
 def segment_length(train_length: int, alpha: float) -> int:
@@ -88,6 +97,19 @@ def prefix_positions(rng: np.random.Generator, train_length: int, extended_lengt
     i = int(rng.integers(prefix, extended_length - suffix + 1))  # both ends included (see the module doc)
     head = np.sort(rng.choice(i, size=prefix, replace=False)) if prefix else np.empty(0, dtype=np.int64)
     return np.concatenate([head, i + np.arange(suffix)]), prefix
+
+
+def pose_positions(rng: np.random.Generator, train_length: int, extended_length: int,
+                   chunks: int = POSE_CHUNKS) -> np.ndarray:
+    """PoSE positions of L_t contiguous tokens: N chunks, chunk i shifted by a skip u_i (see the module doc)."""
+    if not 1 <= chunks <= train_length:
+        raise UserError(f"pose needs between 1 and L_t={train_length} chunks, got {chunks}.")
+    cuts = np.sort(rng.choice(np.arange(1, train_length), size=chunks - 1, replace=False))
+    lengths = np.diff(np.concatenate([[0], cuts, [train_length]]))
+    skips = np.zeros(chunks, dtype=np.int64)
+    for i in range(1, chunks):  # u_i uniform in [u_{i-1}, L_e - L_t]
+        skips[i] = rng.integers(skips[i - 1], extended_length - train_length + 1)
+    return np.arange(train_length) + np.repeat(skips, lengths)
 
 
 class SegmentedSampler(Sampler):
@@ -135,8 +157,10 @@ class SegmentedSampler(Sampler):
             idx, prefix = prefix_positions(rng, L, E, self.alpha)
             mask[:prefix] = False
             return idx, idx, mask
-        # randompos: contiguous content, positions spread over [0, L_e)
-        start = int(rng.integers(0, E - L + 1))
+        start = int(rng.integers(0, E - L + 1))  # contiguous content
+        if self.method == "pose":  # positions with skips between chunks
+            return start + np.arange(L), pose_positions(rng, L, E), mask
+        # randompos: positions spread over [0, L_e)
         positions = np.sort(rng.choice(E, size=L, replace=False))
         return start + np.arange(L), positions, mask
 

@@ -8,7 +8,8 @@ A positional encoding is an ``nn.Module`` that may act at four places of the dec
 | ``attn_input``| every block, on the normed input of the Q/K/V projections| ExPE, ExQPE            |
 | ``rotate``    | every block, on q and k after the projections            | RoPE family            |
 | ``bias``      | every block, an additive attention-logit bias, described | ALiBi, Kerple, FIRE,   |
-|               | (never a T x T tensor) and applied by ``attention.py``   | T5, CABLE family       |
+|               | (never a T x T tensor) and applied by ``attention.py``   | T5, CABLE family, FoX, |
+|               |                                                          | CoPE, DAPE             |
 
 Positions are explicit everywhere: ``positions`` is an int64 tensor (batch, time) holding the
 position of each *new* token (during cached decoding only the new tokens are passed). No hook may
@@ -77,7 +78,30 @@ class PairwiseBias:
     fn: Callable[[Tensor, Tensor], Tensor]
 
 
-Bias = FoldedBias | PairwiseBias
+@dataclass
+class LogitBias:
+    """A bias that reads the attention logits of its own row: CoPE's gates, DAPE's MLP.
+
+    ``fn(scores, q, qf, kf, visible)`` gets, for one block of queries, the logits
+    ``scores = q.k / sqrt(d_h)`` (B, H, tq, Tk) in the softmax dtype (fp32, fp64 for fp64 inputs),
+    NOT yet causally masked (entries of future keys hold finite, meaningless values), the block's
+    queries q (B, H, tq, d_h) after ``rotate``, the features qf (B, Hq, tq, F) / kf (B, Hk, Tk, F)
+    as in ``PairwiseBias`` (F may be 0), and ``visible`` (tq, Tk), True where key j is causally
+    visible; it returns the bias block (B, H, tq, Tk) that ``attention.py`` adds before masking.
+
+    Neither of the other kinds can express it: the bias of (i, j) depends on q_i . k_l for other
+    keys l of the row (CoPE) or is a non-linear function of the logit itself (DAPE). It runs on the
+    query-chunked path only, so memory stays O(chunk x T); with a KV cache, the cached keys give
+    every new query its whole row, so cached decoding needs no state. k_feat covers the new keys
+    only (the cache concatenates).
+    """
+
+    q_feat: Tensor
+    k_feat: Tensor
+    fn: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+Bias = FoldedBias | PairwiseBias | LogitBias
 
 
 class PositionalEncoding(nn.Module):

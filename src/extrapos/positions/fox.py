@@ -1,0 +1,77 @@
+"""Forgetting attention, a data-dependent ALiBi (Lin et al. 2025, "Forgetting Transformer: softmax
+attention with a forget gate", §2, eqs. for f_t and D_ij).
+
+Per layer and head, from the normed block input x_t (the input of the Q/K/V projections):
+
+    f_t = sigmoid(w^T x_t + b)                       a scalar forget gate in (0, 1) per token
+    D_ij = sum_{l=j+1..i} log f_l  (j <= i)          added to the logits q_i.k_j / sqrt(d_h)
+
+With c_i = sum_{l<=i} log f_l (inclusive), D_ij = c_i - c_j and c_i is a row constant, so the bias
+is q_feat_i * k_feat_j with q_feat = 1, k_feat = -c: a ``FoldedBias`` that runs through fused SDPA
+exactly like ALiBi (whose gates would be the constant log f = -m_h). The running sum c is
+accumulated in fp32 and carried by the KV cache (``state["fox_c"]``), as CABLE's S.
+
+How it differs from CABLE (cable.py): both are cumulative sums of per-token increments of x, but
+
+* FoX's increment -log f_l = softplus(-(w^T x_l + b)) is strictly positive and smooth (a gate can
+  approach "remember everything" but never reach it), with a bias b; CABLE's ReLU(x w_c) is
+  exactly zero for many tokens (no decay at all) and has no bias term;
+* CABLE multiplies the whole row by a per-query weight g_i = softplus(x_i w_s); FoX has none
+  (CABLE-NW is CABLE without it);
+* both charge the tokens after the key (l = j+1..i) and fold the same way (q_feat = 1 here, g
+  there); ``cable-official`` (softplus(x w + b) increments, no g) is FoX with (w, b) negated,
+  except that it drops attention's 1/sqrt(d_h).
+
+The paper's "Pro" block (output gate, QK-norm, key shift) changes the attention block rather than
+the positional signal and is not part of this encoding. Init: w ~ N(0, 0.02) as the repository's
+other projections and b = ``bias_init`` (0: f ~ 0.5 per token at the start).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from extrapos.positions.base import EncodingContext, FoldedBias, PositionalEncoding
+from extrapos.positions.bias import feature_dtype
+from extrapos.positions.registry import register
+
+STATE_KEY = "fox_c"
+
+
+class ForgettingAttention(PositionalEncoding):
+    """Bias sum_{l=j+1..i} log sigmoid(w^T x_l + b), per layer and head (Lin et al. 2025, §2); see module doc."""
+
+    family = "forgetting"
+    paper = "Lin et al. 2025, Forgetting Transformer: softmax attention with a forget gate (FoX)"
+
+    @dataclass
+    class Options:
+        bias_init: float = 0.0  # b at init: sigmoid(b) is the typical forget gate of an untrained model
+
+    def __init__(self, ctx: EncodingContext, options=None):
+        super().__init__(ctx, options)
+        self.gates = nn.ModuleList(nn.Linear(ctx.d_model, ctx.n_heads) for _ in range(ctx.n_layers))
+        for lin in self.gates:
+            nn.init.normal_(lin.weight, std=0.02)
+            nn.init.constant_(lin.bias, self.options.bias_init)
+
+    def log_gates(self, x: Tensor, layer: int) -> Tensor:
+        """log f (B, H, T) <= 0 in the feature dtype."""
+        return F.logsigmoid(self.gates[layer](x).to(feature_dtype(x))).transpose(1, 2)
+
+    def bias(self, x: Tensor, positions: Tensor, layer: int, state: dict | None) -> FoldedBias:
+        c = torch.cumsum(self.log_gates(x, layer), dim=-1)  # inclusive
+        if state is not None:
+            if STATE_KEY in state:  # continue the running sum of the cached tokens
+                c = c + state[STATE_KEY].unsqueeze(-1)
+            state[STATE_KEY] = c[..., -1]
+        # D_ij = c_i - c_j: c_i is a row constant
+        return FoldedBias(q_feat=torch.ones_like(c), k_feat=-c)
+
+
+register("fox", ForgettingAttention,
+         "Forgetting attention (data-dependent ALiBi): bias = sum of log sigmoid forget gates between key and query (folded)")
