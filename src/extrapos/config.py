@@ -49,7 +49,7 @@ class DataConfig:
     split_fractions: list[float] = field(default_factory=lambda: [0.9, 0.05, 0.05])
     text_field: str = "text"
     packed: bool = False                 # windows across documents joined by end-of-text
-    sampler: str = "contiguous"          # contiguous | chunk | prefix | full | randompos | synthetic
+    sampler: str = "contiguous"          # contiguous | chunk | prefix | full | randompos | pose | synthetic
     alpha: float = 0.25                  # chunk / prefix fraction (segmented sampling)
     extended_length: int | None = None   # L_e for segmented samplers (windows of L_e tokens)
 

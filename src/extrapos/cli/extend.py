@@ -9,7 +9,7 @@ def register(sub) -> None:
                                    "sampling, or the continue control, on a compute-equivalent token budget.")
     p.add_argument("run", help="the run directory to extend")
     p.add_argument("--method", required=True, metavar="METHOD",
-                   help="chunk, prefix, full, randompos, or continue (the domain-adaptation control)")
+                   help="chunk, prefix, full, randompos, pose, or continue (the domain-adaptation control)")
     p.add_argument("--alpha", type=float, default=None, help="segment fraction for chunk / prefix (default 0.25)")
     p.add_argument("--factor", type=int, default=2, help="L_e / L_t (default 2)")
     p.add_argument("--out", default=None, help="the new run directory (default: RUN-<method>-x<factor>)")
