@@ -201,8 +201,12 @@ def save_checkpoint(
         if final.exists():  # re-saving the same step (e.g. the final step after a resume)
             shutil.rmtree(final)
         os.replace(tmp, final)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)  # a full disk or a kill signal leaves no partial directory
+        if type(e).__name__ == "SafetensorError":  # safetensors reports I/O errors (ENOSPC, EFBIG) as its own
+            reason = str(e).rpartition("I/O error: ")[2] or str(e)
+            raise UserError(f"cannot write checkpoint {final} ({reason}); free some space or raise the file-size "
+                            "limit, then resume the run.") from None
         raise
     _fsync_dir(root)
     prune_checkpoints(run_dir, keep)

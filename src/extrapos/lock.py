@@ -39,6 +39,7 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         if self._fd is not None:
+            os.ftruncate(self._fd, 0)  # no holder named once released
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
