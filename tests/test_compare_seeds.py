@@ -117,3 +117,44 @@ def test_sweep_checks_baseline_and_seeds(tmp_path, tiny_data):
         load_sweep(str(_sweep(tmp_path, tiny_data, "seeds = [1, 1]\n")))
     with pytest.raises(UserError, match="seeds"):
         load_sweep(str(_sweep(tmp_path, tiny_data, 'seeds = ["a"]\n')))
+
+
+def test_quick_seeds_is_the_quick_sweep_once_per_seed():
+    from extrapos.compare import row_config
+
+    quick, seeded = load_sweep("quick"), load_sweep("quick-seeds")
+    assert seeded.seeds == [0, 1, 2] and seeded.baseline == quick.baseline == "RoPE"
+    assert [r.positions for r in seeded.rows] == [r.positions for r in quick.rows]
+    assert (seeded.set, seeded.lengths, seeded.max_eval_tokens) == (quick.set, quick.lengths, quick.max_eval_tokens)
+    for row in quick.rows:  # seed 0 is the quick table's own run
+        assert row_config(seeded, row, ["train.seed=0"]).to_toml() == row_config(quick, row, []).to_toml()
+
+
+@pytest.mark.slow
+def test_seeded_extension_sweep_pairs_columns_and_gives_the_papers_aggregate(tiny_data, tmp_path):
+    from extrapos.cli import main
+
+    sets = tiny_overrides(tiny_data, **{"model.train_length": 16, "train.steps": 2})
+    spec = tmp_path / "ext.toml"
+    spec.write_text(
+        'title = "tiny extension"\ntrain = "cpu/tiny"\nlengths = [2, 4]\nmax_eval_tokens = 128\n'
+        f"eval_each_length = true\nextend_tokens = 128\nseeds = [0, 1]\nbaseline = \"RoPE full\"\n"
+        f"set = {json.dumps(sets)}\n"
+        '[[rows]]\nname = "RoPE OOTB"\npositions = { name = "rope" }\n'
+        '[[rows]]\nname = "RoPE chunk-0.5"\nextend = { from = "RoPE OOTB", method = "chunk", alpha = 0.5, '
+        'factor = [2, 4] }\n'
+        '[[rows]]\nname = "RoPE full"\nextend = { from = "RoPE OOTB", method = "full", factor = [2, 4] }\n')
+    out = tmp_path / "out"
+    compare(str(spec), out, progress=False)
+    runs = sorted(p.name for p in (out / "runs").iterdir())
+    assert "rope-chunk-0-5-x4-seed1" in runs and "rope-ootb-seed0" in runs and len(runs) == 2 + 2 * 2 * 2
+    parent = json.loads((out / "runs" / "rope-full-x2-seed1" / "parent.json").read_text())
+    assert parent["parent"].endswith("rope-ootb-seed1")  # an extension continues its own seed's base model
+    text = (out / "report.md").read_text()
+    assert "each column scores its own spans" in text and "Karypis et al. eq. 3" in text
+    chunk = next(line for line in text.split("Difference to the baseline")[1].splitlines()
+                 if line.startswith("| RoPE chunk-0.5 |"))
+    assert chunk.count("[") == 2  # paired within each column
+    before = _outputs(out)
+    assert main(["report", str(out)]) == 0
+    assert _outputs(out) == before
