@@ -122,3 +122,17 @@ def test_eval_cli_prints_the_table(runs, capsys):
     out = capsys.readouterr().out
     assert "| 2 | 32 |" in out and (runs["expe"] / "eval" / "test-scale0.5.json").is_file()
     assert main(["eval", str(runs["expe"]), "--lengths", "1,x"]) == 2
+
+
+def test_results_record_per_document_losses_for_the_bootstrap(runs):
+    r = evaluate(runs["rope"], EvalRequest(lengths=[1, 4], max_tokens=512), name="docs", progress=False)
+    _, _, _, owners = collect_spans(_test_split(load_run(runs["rope"])), 64, 512, with_documents=True)
+    for row in r["results"]:
+        assert row["doc_index"] == sorted(set(owners.tolist())) and len(row["doc_index"]) == r["documents_used"]
+        assert sum(row["doc_tokens"]) == row["tokens"]
+        assert [row["doc_tokens"][row["doc_index"].index(d)] for d in owners[:1]] == [64 * (owners == owners[0]).sum()]
+        assert sum(row["doc_loss_sums"]) / row["tokens"] == pytest.approx(row["loss"], rel=1e-6)
+        # the mean of per-window perplexities is at least exp(mean loss) (Jensen), and equal only if flat
+        assert row["seq_ppl"] >= row["ppl"] * (1 - 1e-9)
+    sliding = evaluate(runs["rope"], EvalRequest(lengths=[2], max_tokens=256, stride=8), name="s", progress=False)
+    assert sliding["results"][0]["seq_ppl"] is None and sum(sliding["results"][0]["doc_tokens"]) == 256

@@ -34,12 +34,27 @@ the sweep's ``set`` nor a command-line budget: those are the base models').
 
 Each trained row is a run directory under ``OUT/runs/``; a finished run is reused and a partial one
 resumed, so an interrupted sweep picks up where it stopped. Results are the runs' own
-``eval/*.json`` files; the report is rebuilt from them (`extrapos report OUT` does the same).
+``eval/*.json`` files; the report is rebuilt from them (`extrapos report OUT` does the same, with
+the title, baseline and tables the sweep chose, saved in ``OUT/report.json``).
+
+Error bars (``extrapos.stats``)::
+
+    baseline = "RoPE"           # the differences' reference row (default: the first row)
+    seeds = [0, 1, 2]           # train every trained row once per seed (train.seed = seed)
+
+With ``seeds`` every trained row (and every extension run) has one run per seed,
+``OUT/runs/<row>-seed<s>``; within a seed every row sees the same data order, across seeds the
+initialisation and the data order change, and the evaluation targets never do (they are the
+held-out split's documents, which no seed touches). A row's result is then the mean over its
+seeds (``OUT/merged/<row>.json``, the per-seed results inside it under ``seeds``), and its
+intervals combine documents and seeds.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import time
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -94,6 +109,8 @@ class Sweep:
     notes: str = ""
     eval_each_length: bool = False   # evaluate every length on its own (extension tables: one column per L_e)
     extend_tokens: int | None = None  # token budget of every extension run (None: compute-equivalent)
+    baseline: str | None = None      # the row differences are taken to (None: the first row)
+    seeds: list[int] | None = None   # train each trained row once per seed (None: once, with the preset's seed)
 
 
 def load_sweep(spec: str) -> Sweep:
@@ -116,6 +133,12 @@ def load_sweep(spec: str) -> Sweep:
             row.extend = _extension_spec(path, row.name, extend)
         sweep.rows.append(row)
     _check_rows(path, sweep.rows)
+    if sweep.baseline is not None and sweep.baseline not in {r.name for r in sweep.rows}:
+        raise UserError(f"{path}: baseline '{sweep.baseline}' is not a row; name one of the rows.")
+    if sweep.seeds is not None and (not sweep.seeds or len(set(sweep.seeds)) != len(sweep.seeds)
+                                    or any(x < 0 for x in sweep.seeds)):
+        raise UserError(f"{path}: seeds must be a non-empty list of distinct non-negative integers, "
+                        f"got {sweep.seeds}.")
     return sweep
 
 
@@ -157,6 +180,11 @@ def slug(name: str) -> str:
     return "".join(c.lower() if c.isalnum() else "-" for c in name).strip("-").replace("--", "-") or "row"
 
 
+def run_slug(name: str, seed: int | None) -> str:
+    """A run directory's name: the row's slug, and ``-seed<s>`` when the sweep trains several seeds."""
+    return slug(name) if seed is None else f"{slug(name)}-seed{seed}"
+
+
 def row_config(sweep: Sweep, row: SweepRow, extra: list[str]) -> RunConfig:
     """The training preset with the sweep's, the row's and the command line's overrides; a row's
     positions table replaces the preset's whole (options of another encoding would not fit)."""
@@ -179,80 +207,134 @@ def compare(spec: str, out: str | Path, extra: list[str] | None = None, progress
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     trained = [r for r in sweep.rows if not r.reuse and r.extend is None]
-    run_dirs: dict[str, Path] = {}
-    configs: dict[str, RunConfig] = {}
-    for i, row in enumerate(trained, 1):
-        cfg = row_config(sweep, row, list(extra or []))
-        run_dir = out / "runs" / slug(row.name)
-        run_dirs[row.name], configs[row.name] = run_dir, cfg
+    seeds: list[int | None] = list(sweep.seeds) if sweep.seeds else [None]
+    jobs = [(row, seed) for row in trained for seed in seeds]
+    run_dirs: dict[tuple[str, int | None], Path] = {}
+    configs: dict[tuple[str, int | None], RunConfig] = {}
+    for i, (row, seed) in enumerate(jobs, 1):
+        # the seed goes last: it is what distinguishes the runs of one row
+        cfg = row_config(sweep, row, list(extra or []) + ([f"train.seed={seed}"] if seed is not None else []))
+        run_dir = out / "runs" / run_slug(row.name, seed)
+        label = row.name if seed is None else f"{row.name} (seed {seed})"
+        run_dirs[(row.name, seed)], configs[(row.name, seed)] = run_dir, cfg
         if run_is_complete(run_dir):
             _check_same_config(run_dir, cfg)
-            print(f"[{i}/{len(trained)}] {row.name}: finished run reused ({run_dir})", flush=True)
+            print(f"[{i}/{len(jobs)}] {label}: finished run reused ({run_dir})", flush=True)
             continue
         resume = (run_dir / "config.toml").is_file()
         if resume:
             _check_same_config(run_dir, cfg)
-        print(f"[{i}/{len(trained)}] {row.name}: {'resuming' if resume else 'training'} -> {run_dir}", flush=True)
+        print(f"[{i}/{len(jobs)}] {label}: {'resuming' if resume else 'training'} -> {run_dir}", flush=True)
         train(cfg, run_dir, resume=resume, progress=progress)
-    extension_dirs = _run_extensions(sweep, out, run_dirs, list(extra or []), progress)
+    extension_dirs = _run_extensions(sweep, out, run_dirs, list(extra or []), progress, seeds)
 
     entries, rows = [], []
     max_tokens = max_eval_tokens or sweep.max_eval_tokens
     for row in sweep.rows:
-        if row.extend is not None or sweep.eval_each_length:
-            # one evaluation per length (an extension's factor-k run at k only), merged into one row
-            parts = [(extension_dirs[(row.name, k)] if row.extend is not None else run_dirs[row.reuse or row.name], k)
-                     for k in (row.factors if row.extend is not None else sweep.lengths)]
-            results = []
-            for run_dir, k in parts:
-                req = EvalRequest(lengths=[k], position_options=dict(row.eval), max_tokens=max_tokens)
-                results.append(evaluate(run_dir, req, name=f"{default_name(req)}-ev{k}", progress=progress))
-            result = _merge_results(results)
+        per_seed = [_evaluate_row(sweep, row, seed, out, run_dirs, extension_dirs, max_tokens, progress)
+                    for seed in seeds]
+        if sweep.seeds:
+            result = _combine_seeds([r for r, _, _ in per_seed], list(sweep.seeds))
             merged = out / "merged" / f"{slug(row.name)}.json"
             merged.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(merged, json.dumps(result, indent=1))
-            if progress:
-                print(f"{row.name}:\n{format_result(result)}", flush=True)
-            entries.append({"name": row.name, "run": [str(p.relative_to(out)) for p, _ in parts],
-                            "eval": str(merged.relative_to(out))})
-            rows.append(Row(row.name, result))
-            continue
-        source = row.reuse or row.name
-        req = EvalRequest(lengths=sweep.lengths, position_options=dict(row.eval),
-                          max_tokens=max_tokens)
-        result = evaluate(run_dirs[source], req, progress=progress)
+            runs = [run for _, r, _ in per_seed for run in (r if isinstance(r, list) else [r])]
+            entries.append({"name": row.name, "run": runs, "eval": str(merged.relative_to(out))})
+        else:
+            result, runs, eval_path = per_seed[0]
+            entries.append({"name": row.name, "run": runs, "eval": eval_path})
         if progress:
             print(f"{row.name}:\n{format_result(result)}", flush=True)
-        entries.append({"name": row.name, "run": str(run_dirs[source].relative_to(out)),
-                        "eval": str((run_dirs[source] / "eval" / f"{default_name(req)}.json").relative_to(out))})
         rows.append(Row(row.name, result))
     atomic_write(out / "rows.json", json.dumps(entries, indent=1))
     facts = _facts(sweep, configs, run_dirs, rows, time.perf_counter() - t0, extension_dirs)
     atomic_write(out / "facts.json", json.dumps(facts, indent=1))
-    report = write_report(rows, out, sweep.title, facts)
+    settings = report_settings(sweep)
+    atomic_write(out / "report.json", json.dumps(settings, indent=1))
+    report = write_report(rows, out, facts=facts, **settings)
     print(markdown_table(rows))
     print(f"-> {report}")
     return report
 
 
-def _run_extensions(sweep: Sweep, out: Path, run_dirs: dict[str, Path], extra: list[str],
-                    progress: bool) -> dict[tuple[str, int], Path]:
-    """Train (or reuse / resume) every extension run: OUT/runs/<row>-x<k>, from its parent row's run."""
+def report_settings(sweep: Sweep) -> dict[str, Any]:
+    """What `extrapos report OUT` needs to render the sweep's report again, byte for byte."""
+    return {"title": sweep.title, "baseline": sweep.baseline or sweep.rows[0].name,
+            "sequence_ppl": sweep.eval_each_length}
+
+
+def _evaluate_row(sweep: Sweep, row: SweepRow, seed: int | None, out: Path,
+                  run_dirs: dict[tuple[str, int | None], Path], extension_dirs: dict[tuple[str, int, int | None], Path],
+                  max_tokens: int, progress: bool) -> tuple[dict[str, Any], Any, str]:
+    """(result, run path(s) relative to ``out``, result file relative to ``out``) of one row at one seed."""
+    if row.extend is not None or sweep.eval_each_length:
+        # one evaluation per length (an extension's factor-k run at k only), merged into one row
+        parts = [(extension_dirs[(row.name, k, seed)] if row.extend is not None
+                  else run_dirs[(row.reuse or row.name, seed)], k)
+                 for k in (row.factors if row.extend is not None else sweep.lengths)]
+        results = []
+        for run_dir, k in parts:
+            req = EvalRequest(lengths=[k], position_options=dict(row.eval), max_tokens=max_tokens)
+            results.append(evaluate(run_dir, req, name=f"{default_name(req)}-ev{k}", progress=progress))
+        result = _merge_results(results)
+        merged = out / "merged" / f"{run_slug(row.name, seed)}.json"
+        merged.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(merged, json.dumps(result, indent=1))
+        return result, [str(p.relative_to(out)) for p, _ in parts], str(merged.relative_to(out))
+    source = run_dirs[(row.reuse or row.name, seed)]
+    req = EvalRequest(lengths=sweep.lengths, position_options=dict(row.eval), max_tokens=max_tokens)
+    result = evaluate(source, req, progress=progress)
+    return result, str(source.relative_to(out)), str((source / "eval" / f"{default_name(req)}.json").relative_to(out))
+
+
+def _combine_seeds(results: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
+    """One row from its per-seed results: every number the mean over seeds (perplexity = exp of the mean
+    loss); the per-seed results are kept whole under ``seeds`` for the intervals."""
+    combined = {k: v for k, v in results[0].items() if k not in ("results", "per_position", "wall_time")}
+    combined["run"] = [r["run"] for r in results]
+    combined["seed_values"] = list(seeds)
+    rows = []
+    for i, first in enumerate(results[0]["results"]):
+        same = [r["results"][i] for r in results]
+        assert all(x["ev"] == first["ev"] for x in same)  # every seed evaluated the same lengths
+        loss = statistics.fmean(x["loss"] for x in same)
+        seq = [x.get("seq_ppl") for x in same]
+        rows.append({"ev": first["ev"], "window": first["window"], "windows": first["windows"],
+                     "tokens": first["tokens"], "loss": loss, "ppl": math.exp(loss),
+                     "bpb": statistics.fmean(x["bpb"] for x in same),
+                     "tail_loss": statistics.fmean(x["tail_loss"] for x in same),
+                     "seq_ppl": statistics.fmean(seq) if None not in seq else None})
+    combined["results"] = rows
+    curves = [r["per_position"] for r in results]
+    if all(curves):
+        combined["per_position"] = {**curves[0], "loss": [statistics.fmean(v) for v in zip(*(c["loss"] for c in curves))]}
+    else:
+        combined["per_position"] = None
+    combined["wall_time"] = sum(r["wall_time"] for r in results)
+    combined["seeds"] = results
+    return combined
+
+
+def _run_extensions(sweep: Sweep, out: Path, run_dirs: dict[tuple[str, int | None], Path], extra: list[str],
+                    progress: bool, seeds: list[int | None]) -> dict[tuple[str, int, int | None], Path]:
+    """Train (or reuse / resume) every extension run: OUT/runs/<row>-x<k>[-seed<s>], from its parent row's
+    run of the same seed (an extension keeps its parent's train.seed)."""
     from extrapos.config import BUDGET_KEYS, parse_override
     from extrapos.extend import extend
     from extrapos.train import run_is_complete
 
     extra = [o for o in extra if parse_override(o)[0] not in (["train", k] for k in BUDGET_KEYS)]
-    jobs = [(row, k) for row in sweep.rows if row.extend is not None for k in row.factors]
+    jobs = [(row, k, seed) for row in sweep.rows if row.extend is not None for k in row.factors for seed in seeds]
     dirs = {}
-    for i, (row, k) in enumerate(jobs, 1):
+    for i, (row, k, seed) in enumerate(jobs, 1):
         e = row.extend
-        run_dir = out / "runs" / slug(f"{row.name} x{k}")
-        dirs[(row.name, k)] = run_dir
+        run_dir = out / "runs" / run_slug(f"{row.name} x{k}", seed)
+        dirs[(row.name, k, seed)] = run_dir
         started = (run_dir / "config.toml").is_file()
         state = "finished run reused" if run_is_complete(run_dir) else "resuming" if started else "extending"
-        print(f"[ext {i}/{len(jobs)}] {row.name} x{k}: {state} -> {run_dir}", flush=True)
-        extend(run_dirs[e.parent], e.method, k, e.alpha, run_dir,
+        label = f"{row.name} x{k}" + ("" if seed is None else f" (seed {seed})")
+        print(f"[ext {i}/{len(jobs)}] {label}: {state} -> {run_dir}", flush=True)
+        extend(run_dirs[(e.parent, seed)], e.method, k, e.alpha, run_dir,
                tokens=e.tokens if e.tokens is not None else sweep.extend_tokens,
                rope_interpolation=e.rope_interpolation,
                overrides=list(row.set) + extra, resume=started, progress=progress)
@@ -277,8 +359,9 @@ def _check_same_config(run_dir: Path, cfg: RunConfig) -> None:
                         "delete that run directory or use another --out.")
 
 
-def _facts(sweep: Sweep, configs: dict[str, RunConfig], run_dirs: dict[str, Path], rows: list[Row],
-           wall: float, extension_dirs: dict[tuple[str, int], Path] | None = None) -> list[str]:
+def _facts(sweep: Sweep, configs: dict[tuple[str, int | None], RunConfig],
+           run_dirs: dict[tuple[str, int | None], Path], rows: list[Row], wall: float,
+           extension_dirs: dict[tuple[str, int, int | None], Path] | None = None) -> list[str]:
     """What a reader needs to judge the table: model size, tokens, corpus, tokenizer, seed, time."""
     first = next(iter(configs.values()))
     m, d, t = first.model, first.data, first.train
@@ -290,9 +373,13 @@ def _facts(sweep: Sweep, configs: dict[str, RunConfig], run_dirs: dict[str, Path
         f"model: {m.flavour}, {m.n_layers} layers, d={m.d_model}, {m.n_heads} heads, "
         f"{', '.join(f'{p / 1e6:.2f}M' for p in params)} parameters",
         f"training: L_t={first.seq_len}, {', '.join(f'{x:,}' for x in tokens)} tokens per model, "
-        f"batch {t.batch_size}, lr {t.lr:g} -> {t.end_lr:g}, {t.precision}, seed {t.seed}",
+        f"batch {t.batch_size}, lr {t.lr:g} -> {t.end_lr:g}, {t.precision}, "
+        + (f"seeds {', '.join(map(str, sweep.seeds))}" if sweep.seeds else f"seed {t.seed}"),
         f"data: corpus {d.corpus}, tokenizer {d.tokenizer}; evaluation on the held-out test split, "
         f"{rows[0].result['target_tokens']:,} target tokens per length from {rows[0].result['documents_used']} documents",
+        ("each row trained once per seed: within a seed every row has the same data order, across seeds the "
+         "initialisation and the data order differ and the evaluation targets do not; numbers are means over "
+         "seeds; same budget, no per-method tuning") if sweep.seeds else
         "every row trained with the same data order, budget and seed; no per-method tuning",
         f"sweep wall time {wall / 60:.1f} min (this invocation; reused runs cost nothing)",
     ]
@@ -304,7 +391,9 @@ def _facts(sweep: Sweep, configs: dict[str, RunConfig], run_dirs: dict[str, Path
                      f"L_e = {', '.join(str(x) for x in sorted({p['extended_length'] for p in parents}))}, "
                      f"{', '.join(f'{x:,}' for x in ext_tokens)} tokens per run (the same for every method), "
                      "fresh AdamW, lr continuing from the parent's final one (max(end_lr, 0.1 x lr) -> end_lr); each L_e column scores the same held-out windows "
-                     "of L_e tokens for every row")
+                     "of L_e tokens for every row, but each column scores its own spans (cut in L_e-token pieces from "
+                     "the documents long enough for that L_e), so compare rows within a column, not columns with "
+                     "each other")
     if sweep.notes:
         facts.append(sweep.notes.strip())
     return facts

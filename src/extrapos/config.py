@@ -52,6 +52,7 @@ class DataConfig:
     sampler: str = "contiguous"          # contiguous | chunk | prefix | full | randompos | pose | synthetic
     alpha: float = 0.25                  # chunk / prefix fraction (segmented sampling)
     extended_length: int | None = None   # L_e for segmented samplers (windows of L_e tokens)
+    chunk_targets: str | None = None     # chunk: None/"original" (original next token) | "concatenated"
 
 
 @dataclass
@@ -197,6 +198,11 @@ def _validate_data(d: DataConfig) -> None:
     _require(d.min_doc_tokens >= 0, "data.min_doc_tokens", "non-negative", d.min_doc_tokens)
     for key in ("max_tokens", "max_docs", "extended_length"):
         _require(getattr(d, key) is None or getattr(d, key) > 0, f"data.{key}", "positive", getattr(d, key))
+    # None (the default, absent from saved configs so older runs compare equal) means "original"
+    _require(d.chunk_targets in (None, "original", "concatenated"), "data.chunk_targets",
+             "'original' or 'concatenated'", d.chunk_targets)
+    _require(d.chunk_targets in (None, "original") or d.sampler == "chunk", "data.chunk_targets",
+             "left unset unless data.sampler = chunk", d.chunk_targets)
 
 
 # ---- overrides ------------------------------------------------------------------------------------

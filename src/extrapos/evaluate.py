@@ -10,6 +10,11 @@ Protocol (``ev = k`` means windows of k x L_t tokens):
    the UTF-8 bytes they decode to), and the loss of each window's last L_t tokens ("tail": does
    a longer context help the tokens that have the most of it?).
 4. Per-position loss in the longest windows, in buckets: where the model breaks.
+5. For confidence intervals (``extrapos.stats``), per length and per document: the sum of its
+   scored token losses and its number of scored tokens, with the documents' indices in the split
+   (``doc_index``), so that rows scoring the same documents are paired. And the mean over windows
+   of each window's perplexity (``seq_ppl``), the segmented-sequences paper's aggregate (Karypis
+   et al., eq. 3), beside exp(mean loss).
 
 Inference-time changes (ExPE/ExQPE ``scale``, RoPE scalings, learned-table interpolation) are
 options of the encoding, set with ``set_options`` before scoring and recorded in the result.
@@ -152,10 +157,11 @@ def _tokenizer_file(run_dir: Path) -> Path:
     return run_dir
 
 
-def collect_spans(split, span_len: int, max_tokens: int) -> tuple[np.ndarray, int, int]:
+def collect_spans(split, span_len: int, max_tokens: int, with_documents: bool = False):
     """Non-overlapping spans of ``span_len + 1`` tokens from documents long enough, up to a target budget.
 
-    Returns (spans (n, span_len + 1) int64, documents used, documents skipped as too short).
+    Returns (spans (n, span_len + 1) int64, documents used, documents skipped as too short), and with
+    ``with_documents`` a fourth item: the split index of each span's document, (n,) int64.
     """
     lengths = np.asarray(split.doc_lengths)
     long_enough = np.flatnonzero(lengths >= span_len + 1)
@@ -166,16 +172,29 @@ def collect_spans(split, span_len: int, max_tokens: int) -> tuple[np.ndarray, in
             f"no held-out document has the {span_len + 1} tokens the longest length needs (the longest has "
             f"{longest}); use lengths whose longest window is at most {max(longest - 1, 0)} tokens, or another corpus."
         )
-    spans, used = [], 0
+    spans, owners, used = [], [], 0
     budget = max(1, max_tokens // span_len)
     for d in long_enough:  # documents in their deterministic order; spans from each until the budget is met
         doc = np.asarray(split.doc(int(d)))
         used += 1
         for s in range((len(doc) - 1) // span_len):
             spans.append(doc[s * span_len: s * span_len + span_len + 1].astype(np.int64))
+            owners.append(int(d))
             if len(spans) >= budget:
-                return np.stack(spans), used, skipped
-    return np.stack(spans), used, skipped
+                break
+        if len(spans) >= budget:
+            break
+    out = (np.stack(spans), used, skipped)
+    return (*out, np.asarray(owners, dtype=np.int64)) if with_documents else out
+
+
+def per_document(losses: torch.Tensor, owners: np.ndarray) -> dict[str, list]:
+    """Per-document loss sums (float64) and scored token counts of (n_spans, span_len) losses, in document order."""
+    docs, which = np.unique(owners, return_inverse=True)
+    span_sums = losses.double().sum(1).numpy()
+    return {"doc_index": docs.tolist(),
+            "doc_loss_sums": np.bincount(which, weights=span_sums, minlength=len(docs)).tolist(),
+            "doc_tokens": (np.bincount(which, minlength=len(docs)) * losses.shape[1]).tolist()}
 
 
 # ---- scoring -----------------------------------------------------------------------------------------
@@ -280,7 +299,7 @@ def evaluate(run_dir: str | Path, req: EvalRequest | None = None, name: str | No
     if fixed:
         run.model.pos.set_options(**fixed)
     split, data_dir = _eval_split(run, req, progress)
-    spans_np, docs_used, docs_skipped = collect_spans(split, max_len, req.max_tokens)
+    spans_np, docs_used, docs_skipped, owners = collect_spans(split, max_len, req.max_tokens, with_documents=True)
     spans = torch.from_numpy(spans_np)
     n_targets = spans.shape[0] * max_len
     n_bytes = sum(len(run.tokenizer.decode(s[1:].tolist()).encode("utf-8")) for s in spans_np)
@@ -299,6 +318,10 @@ def evaluate(run_dir: str | Path, req: EvalRequest | None = None, name: str | No
             "tokens": int(losses.numel()), "loss": mean, "ppl": math.exp(mean),
             "bpb": float(losses.double().sum()) / (math.log(2) * max(n_bytes, 1)),
             "tail_loss": float(tail.mean()),
+            # the segmented-sequences paper's eq. 3: the mean of per-sequence (per-window) perplexities
+            "seq_ppl": (float(losses.view(spans.shape[0], -1, window).double().mean(-1).exp().mean())
+                        if req.stride is None else None),
+            **per_document(losses, owners),
         })
         if k == max(lengths):
             per_position = _bucketed(losses.mean(0), req.buckets)

@@ -1,9 +1,14 @@
 """Tables and plots from saved evaluation results, in the papers' style.
 
 Rows are encodings or variants, columns are ev = 1, 2, 4, ...; the best value of each column is
-bold. The same numbers go to CSV and JSON, and two PNG plots show loss against evaluation length
-(log-scaled x) and loss by position in the longest windows. `extrapos report` rebuilds all of it
-from ``eval/*.json`` files, so a report never needs a model.
+bold. Every loss cell carries a 95% interval from a bootstrap over the held-out documents (with
+several seeds, one combining documents and seeds: ``extrapos.stats``), and a second table gives
+each row's paired difference to a baseline row, flagged "within noise" when its interval contains
+0. A result saved before evaluations recorded per-document losses still renders, marked
+"(no interval)". The same numbers go to CSV and JSON, and two PNG plots show loss against
+evaluation length (log-scaled x, bands = the intervals) and loss by position in the longest
+windows. `extrapos report` rebuilds all of it from ``eval/*.json`` files, so a report never needs
+a model; the bootstrap is seeded, so a re-rendered report is byte-identical.
 """
 
 from __future__ import annotations
@@ -11,10 +16,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from extrapos import stats
 from extrapos.errors import UserError
 from extrapos.files import atomic_write
 
@@ -27,15 +35,66 @@ class Row:
     def metric(self, ev: int, metric: str) -> float | None:
         for r in self.result["results"]:
             if r["ev"] == ev:
-                return r[metric]
+                return r.get(metric)  # None: a field older results do not have (e.g. seq_ppl)
         return None
+
+    @property
+    def seeds(self) -> list[dict[str, Any]]:
+        """The per-seed results of a row trained once per seed ([] for a single run)."""
+        return self.result.get("seeds") or []
+
+
+@dataclass(frozen=True)
+class Cell:
+    """The uncertainty of one (row, ev) cell: its interval and its paired difference to the baseline."""
+
+    interval: stats.Interval | None
+    difference: stats.Interval | None
+    is_baseline: bool = False
 
 
 def _columns(rows: list[Row]) -> list[int]:
     return sorted({r["ev"] for row in rows for r in row.result["results"]})
 
 
-def markdown_table(rows: list[Row], metric: str = "loss") -> str:
+def baseline_row(rows: list[Row], baseline: str | None) -> Row:
+    """The reference row of the differences: the one named ``baseline``, else the first."""
+    if baseline is None:
+        return rows[0]
+    for row in rows:
+        if row.name == baseline:
+            return row
+    raise UserError(f"baseline row {baseline!r} is not in the report; the rows are: "
+                    f"{', '.join(r.name for r in rows)}.")
+
+
+def cell_intervals(rows: list[Row], baseline: str | None = None) -> dict[tuple[str, int], Cell]:
+    """Every cell's bootstrap interval and paired difference to the baseline (None where data is missing)."""
+    base = baseline_row(rows, baseline)
+    cells = {}
+    for ev in _columns(rows):
+        ref = stats.cell_samples(base.result, ev)
+        for row in rows:
+            if row.metric(ev, "loss") is None:
+                continue
+            mine = stats.cell_samples(row.result, ev)
+            interval = stats.loss_interval(mine.sums, mine.counts) if mine is not None else None
+            diff = None
+            if (row is not base and mine is not None and ref is not None and mine.doc_index == ref.doc_index
+                    and mine.sums.shape == ref.sums.shape and stats.same_targets(row.result, base.result)
+                    and (mine.counts == ref.counts).all()):
+                diff = stats.paired_difference(mine.sums, mine.counts, ref.sums, ref.counts)
+            cells[(row.name, ev)] = Cell(interval, diff, row is base)
+    return cells
+
+
+def _number(v: float, metric: str) -> str:
+    return f"{v:.2f}" if metric in ("ppl", "seq_ppl") else f"{v:.3f}"
+
+
+def markdown_table(rows: list[Row], metric: str = "loss",
+                   cells: dict[tuple[str, int], Cell] | None = None) -> str:
+    """One metric per cell, best of each column in bold; with ``cells``, loss and ppl carry their intervals."""
     cols = _columns(rows)
     best = {}
     for ev in cols:
@@ -44,32 +103,88 @@ def markdown_table(rows: list[Row], metric: str = "loss") -> str:
     lines = ["| model | " + " | ".join(f"ev={ev}" for ev in cols) + " |",
              "|---|" + "---:|" * len(cols)]
     for row in rows:
-        cells = []
+        texts = []
         for ev in cols:
             v = row.metric(ev, metric)
             if v is None:
-                cells.append("–")
-            else:
-                text = f"{v:.2f}" if metric == "ppl" else f"{v:.3f}"
-                cells.append(f"**{text}**" if v == best[ev] else text)
-        lines.append(f"| {row.name} | " + " | ".join(cells) + " |")
+                texts.append("–")
+                continue
+            text = _number(v, metric)
+            text = f"**{text}**" if v == best[ev] else text
+            if cells is not None and metric in ("loss", "ppl") and (row.name, ev) in cells:
+                iv = cells[(row.name, ev)].interval
+                if iv is None:
+                    text += " (no interval)"
+                else:
+                    # exp is monotone, so the perplexity interval is the loss interval's image
+                    lo, hi = (iv.low, iv.high) if metric == "loss" else (math.exp(iv.low), math.exp(iv.high))
+                    text += f" [{_number(lo, metric)}, {_number(hi, metric)}]"
+            texts.append(text)
+        lines.append(f"| {row.name} | " + " | ".join(texts) + " |")
     return "\n".join(lines)
 
 
-def rows_to_csv(rows: list[Row]) -> str:
+def difference_table(rows: list[Row], cells: dict[tuple[str, int], Cell]) -> str:
+    """Each row minus the baseline (nats), with its paired interval; "within noise" when it contains 0."""
+    cols = _columns(rows)
+    lines = ["| model | " + " | ".join(f"ev={ev}" for ev in cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    for row in rows:
+        texts = []
+        for ev in cols:
+            cell = cells.get((row.name, ev))
+            if cell is None or (cell.difference is None and not cell.is_baseline):
+                texts.append("–")
+            elif cell.is_baseline:
+                texts.append("baseline")
+            else:
+                d = cell.difference
+                text = f"{d.estimate:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
+                texts.append(text + (" within noise" if d.contains(0.0) else ""))
+        lines.append(f"| {row.name} | " + " | ".join(texts) + " |")
+    return "\n".join(lines)
+
+
+def seed_table(rows: list[Row]) -> str:
+    """Per cell: the per-seed losses' mean and sample standard deviation (training noise alone)."""
+    cols = _columns(rows)
+    lines = ["| model | seeds | " + " | ".join(f"ev={ev}" for ev in cols) + " |",
+             "|---|---:|" + "---:|" * len(cols)]
+    for row in rows:
+        texts = []
+        for ev in cols:
+            losses = [v for part in row.seeds if (v := Row(row.name, part).metric(ev, "loss")) is not None]
+            texts.append(f"{statistics.fmean(losses):.3f} ± {statistics.stdev(losses):.3f}"
+                         if len(losses) > 1 else "–")
+        lines.append(f"| {row.name} | {len(row.seeds) or 1} | " + " | ".join(texts) + " |")
+    return "\n".join(lines)
+
+
+def rows_to_csv(rows: list[Row], cells: dict[tuple[str, int], Cell] | None = None) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["model", "encoding", "applied", "ev", "window", "tokens", "loss", "ppl", "bpb", "tail_loss"])
+    w.writerow(["model", "encoding", "applied", "ev", "window", "tokens", "loss", "ppl", "bpb", "tail_loss",
+                "seq_ppl", "seeds", "seed_sd", "loss_low", "loss_high", "diff", "diff_low", "diff_high"])
+
+    def fmt(v: float | None, spec: str = ".6f") -> str:
+        return "" if v is None else format(v, spec)
+
     for row in rows:
         for r in row.result["results"]:
+            cell = (cells or {}).get((row.name, r["ev"]), Cell(None, None))
+            iv, d = cell.interval, cell.difference
             w.writerow([row.name, row.result["encoding"], json.dumps(row.result.get("applied") or {}), r["ev"],
                         r["window"], r["tokens"], f"{r['loss']:.6f}", f"{r['ppl']:.4f}", f"{r['bpb']:.6f}",
-                        f"{r['tail_loss']:.6f}"])
+                        f"{r['tail_loss']:.6f}", fmt(r.get("seq_ppl"), ".4f"), len(row.seeds) or 1,
+                        fmt(iv.seed_sd if iv else None), fmt(iv.low if iv else None), fmt(iv.high if iv else None),
+                        fmt(d.estimate if d else None), fmt(d.low if d else None), fmt(d.high if d else None)])
     return buf.getvalue()
 
 
-def plot(rows: list[Row], out_dir: Path, title: str = "") -> list[Path]:
-    """loss_vs_length.png and per_position.png; returns the files written (none without matplotlib)."""
+def plot(rows: list[Row], out_dir: Path, title: str = "",
+         cells: dict[tuple[str, int], Cell] | None = None) -> list[Path]:
+    """loss_vs_length.png (bands: the cells' intervals) and per_position.png; returns the files written
+    (none without matplotlib)."""
     try:
         import matplotlib
 
@@ -86,6 +201,10 @@ def plot(rows: list[Row], out_dir: Path, title: str = "") -> list[Path]:
         evs = [r["ev"] for r in row.result["results"]]
         losses = [r["loss"] for r in row.result["results"]]
         line, = ax.plot(evs, losses, marker="o", label=row.name)
+        bands = [(ev, c.interval) for ev in evs if (c := (cells or {}).get((row.name, ev))) and c.interval]
+        if bands:
+            ax.fill_between([ev for ev, _ in bands], [iv.low for _, iv in bands], [iv.high for _, iv in bands],
+                            color=line.get_color(), alpha=0.2, linewidth=0)
         # the extrapolation signal itself: how much worse (or better) than at the shortest length
         ax2.plot(evs, [x - losses[0] for x in losses], marker="o", color=line.get_color(), label=row.name)
     for a in (ax, ax2):
@@ -130,24 +249,66 @@ def plot(rows: list[Row], out_dir: Path, title: str = "") -> list[Path]:
     return written
 
 
-def write_report(rows: list[Row], out_dir: Path, title: str, facts: list[str] | None = None) -> Path:
-    """report.md + results.csv + results.json + plots/ in ``out_dir``; returns the report path."""
+def _uncertainty_note(cells: dict[tuple[str, int], Cell]) -> list[str]:
+    """What the brackets mean, in the report itself."""
+    intervals = [c.interval for c in cells.values() if c.interval is not None]
+    seeds = sorted({iv.seeds for iv in intervals})
+    docs = sorted({iv.documents for iv in intervals})
+    lines = []
+    if intervals:
+        how = (f"a bootstrap over the held-out documents ({', '.join(map(str, docs))} per cell; documents are "
+               f"resampled, not tokens, {stats.RESAMPLES} resamples, seed {stats.BOOTSTRAP_SEED})")
+        if seeds != [1]:
+            how += (" crossed with the training seeds (each resample also draws seeds with replacement, "
+                    "deviations rescaled by sqrt(S/(S-1))); the number is the mean over seeds")
+        lines.append(f"[a, b] = {round(stats.LEVEL * 100)}% interval from {how}.")
+        if docs[0] < 10:
+            lines.append(f"Few documents ({docs[0]}): a bootstrap over so few units is rough and tends to be too "
+                         "narrow; score more (`--max-eval-tokens`) to tighten it.")
+    if any(c.interval is None for c in cells.values()):
+        lines.append("(no interval): the result was saved before evaluations recorded per-document losses; "
+                     "evaluate it again (`extrapos eval --overwrite`, or delete its eval JSON) to get one.")
+    return lines
+
+
+def write_report(rows: list[Row], out_dir: Path, title: str, facts: list[str] | None = None,
+                 baseline: str | None = None, sequence_ppl: bool = False) -> Path:
+    """report.md + results.csv + results.json + plots/ in ``out_dir``; returns the report path.
+
+    ``baseline``: the row the differences are taken to (default: the first); ``sequence_ppl``: add
+    the segmented-sequences paper's aggregate (mean of per-window perplexities, Karypis et al. eq. 3).
+    """
     if not rows:
         raise UserError("nothing to report: no evaluation results were found; run `extrapos eval` first.")
     out_dir.mkdir(parents=True, exist_ok=True)
-    plots = plot(rows, out_dir / "plots", title)
+    base = baseline_row(rows, baseline)
+    cells = cell_intervals(rows, base.name)
+    plots = plot(rows, out_dir / "plots", title, cells)
     parts = [f"# {title}", ""]
     if facts:
         parts += [f"- {f}" for f in facts] + [""]
-    parts += ["Mean token loss (nats) on the same target tokens at every length; best per column in bold.", "",
-              markdown_table(rows, "loss"), "", "Perplexity:", "", markdown_table(rows, "ppl"), "",
-              "Loss of each window's last L_t tokens (does more context help?):", "",
+    parts += ["Mean token loss (nats) on the same target tokens at every length; best per column in bold.", ""]
+    parts += _uncertainty_note(cells) + [""]
+    parts += [markdown_table(rows, "loss", cells), "",
+              f"Difference to the baseline row ({base.name}), row minus baseline in nats (negative = better), with "
+              "its paired-bootstrap interval (the same documents and seeds resampled for both rows); "
+              "\"within noise\" when the interval contains 0:", "",
+              difference_table(rows, cells), ""]
+    if any(row.seeds for row in rows):
+        parts += ["Spread across seeds: mean ± sample standard deviation of the per-seed losses "
+                  "(training noise alone, on fixed documents):", "", seed_table(rows), ""]
+    parts += ["Perplexity, exp(mean token loss):", "", markdown_table(rows, "ppl", cells), ""]
+    if sequence_ppl:
+        parts += ["Mean of per-sequence perplexities (the segmented-sequences paper's aggregate, Karypis et al. "
+                  "eq. 3: exp of each L_e window's mean loss, averaged over windows; at least exp(mean loss)):", "",
+                  markdown_table(rows, "seq_ppl"), ""]
+    parts += ["Loss of each window's last L_t tokens (does more context help?):", "",
               markdown_table(rows, "tail_loss"), ""]
     for p in plots:
         parts.append(f"![{p.stem}](plots/{p.name})")
     report = out_dir / "report.md"
     _atomic_write(report, "\n".join(parts) + "\n")
-    _atomic_write(out_dir / "results.csv", rows_to_csv(rows))
+    _atomic_write(out_dir / "results.csv", rows_to_csv(rows, cells))
     _atomic_write(out_dir / "results.json", json.dumps([{**r.result, "eval_name": r.result["name"], "name": r.name} for r in rows], indent=1))
     return report
 

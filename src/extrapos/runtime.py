@@ -107,7 +107,8 @@ def build_sampler(cfg: RunConfig, split, batch_size: int, seed: int, rank: int =
     else:
         train_length = cfg.seq_len
     return segmented.SegmentedSampler(split, name, train_length, d.extended_length, batch_size, alpha=d.alpha,
-                                      seed=seed, rank=rank, world_size=world)
+                                      seed=seed, rank=rank, world_size=world,
+                                      chunk_targets=d.chunk_targets or "original")
 
 
 # ---- the step plan -------------------------------------------------------------------------------

@@ -13,7 +13,12 @@ Samplers (``data.sampler``):
 
 * ``chunk`` (alpha): 1/alpha contiguous, non-overlapping segments of alpha * L_t tokens, placed
   uniformly at random in the window (stars and bars: every ordered placement equally likely) and
-  kept in order. Every token counts in the loss.
+  kept in order. Every token counts in the loss. ``chunk_targets`` says what a segment's last
+  token predicts: ``"original"`` (default) its original next token in the window, like every other
+  token; ``"concatenated"`` the next token of the concatenated example, i.e. the first token of
+  the next segment (the example's very last token keeps its original next token). Only the
+  1/alpha - 1 segment ends whose next segment does not touch them differ (docs/extension.md says
+  why the default is ``original``).
 * ``prefix`` (alpha): a suffix of alpha * L_t contiguous tokens starting at i, with
   ``(1 - alpha) L_t <= i <= L_e - alpha L_t`` (uniform), and a prefix of (1 - alpha) L_t positions
   sampled without replacement from [0, i), sorted. Loss on the suffix only (the prefix tokens keep
@@ -59,6 +64,7 @@ SEGMENTED = ("chunk", "prefix", "full", "randompos", "pose")
 _SALT = {"chunk": 1, "prefix": 2, "full": 3, "randompos": 4, "pose": 5}
 #: PoSE's number of chunks (the paper's default, 2)
 POSE_CHUNKS = 2
+CHUNK_TARGETS = ("original", "concatenated")
 
 
 def segment_length(train_length: int, alpha: float) -> int:
@@ -116,9 +122,14 @@ class SegmentedSampler(Sampler):
     """Examples cut from non-overlapping L_e windows of single documents (see the module doc)."""
 
     def __init__(self, split: TokenSplit, method: str, train_length: int, extended_length: int, batch_size: int,
-                 alpha: float = 0.25, seed: int = 0, rank: int = 0, world_size: int = 1):
+                 alpha: float = 0.25, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 chunk_targets: str = "original"):
         if method not in SEGMENTED:
             raise UserError(f"unknown segmented sampler {method!r}; choose one of: {', '.join(SEGMENTED)}.")
+        if chunk_targets not in CHUNK_TARGETS or (chunk_targets != "original" and method != "chunk"):
+            raise UserError(f"data.chunk_targets must be {' or '.join(CHUNK_TARGETS)} and applies to "
+                            f"data.sampler=chunk only; got {chunk_targets!r} with {method}.")
+        self.chunk_targets = chunk_targets
         if extended_length < train_length:
             raise UserError(f"data.extended_length={extended_length} is shorter than the training length "
                             f"{train_length}; L_e must be at least L_t.")
@@ -172,19 +183,26 @@ class SegmentedSampler(Sampler):
         mask = np.empty((rows, self.seq_len), dtype=bool)
         for r, (item, epoch) in enumerate(zip(items.tolist(), epochs.tolist())):
             idx[r], pos[r], mask[r] = self.cut(item, epoch)
+        target_idx = idx + 1
+        if self.chunk_targets == "concatenated":
+            target_idx[:, :-1] = idx[:, 1:]  # a segment's last token predicts the next segment's first
         return Batch(
             tokens=torch.from_numpy(np.take_along_axis(windows, idx, axis=1)),
-            targets=torch.from_numpy(np.take_along_axis(windows, idx + 1, axis=1)),
+            targets=torch.from_numpy(np.take_along_axis(windows, target_idx, axis=1)),
             positions=torch.from_numpy(pos),
             loss_mask=torch.from_numpy(mask),
         )
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "method": self.method, "alpha": self.alpha,
-                "extended_length": self.extended_length}
+        state = {**super().state_dict(), "method": self.method, "alpha": self.alpha,
+                 "extended_length": self.extended_length}
+        if self.chunk_targets != "original":  # absent = original, so older checkpoints' state is unchanged
+            state["chunk_targets"] = self.chunk_targets
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        for key in ("method", "alpha", "extended_length"):
+        state = {"chunk_targets": "original", **state}
+        for key in ("method", "alpha", "extended_length", "chunk_targets"):
             if state.get(key) != getattr(self, key):
                 raise UserError(f"Cannot resume the data stream: its {key} was {state.get(key)!r}, now "
                                 f"{getattr(self, key)!r}; resume with the same data settings.")
