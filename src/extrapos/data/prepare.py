@@ -46,7 +46,8 @@ from extrapos.errors import UserError
 DEFAULT_SPLIT_FRACTIONS = (0.9, 0.05, 0.05)
 # bpe:N on a streamed hub corpus would otherwise read the whole stream before tokenizing it.
 BPE_TRAINING_BYTES = 256 * 2**20
-BPE_RECIPE = "byte-level-bpe/1"  # bump when train_bpe changes, to invalidate cached results
+# Bump when train_bpe changes, to invalidate cached results (/2: long runs cut before training).
+BPE_RECIPE = "byte-level-bpe/2"
 ENCODE_BATCH_DOCS = 256
 ENCODE_BATCH_CHARS = 8 * 2**20
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")

@@ -26,7 +26,8 @@ import base64
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from extrapos.errors import UserError
@@ -37,6 +38,11 @@ BPE_SPECIAL_TOKENS = [EOT_TOKEN, PAD_TOKEN, MASK_TOKEN]  # ids 0, 1, 2 in a trai
 EOT_CANDIDATES = [EOT_TOKEN, "</s>", "<eos>", "<|end_of_text|>", "<|eot_id|>", "[SEP]", "<|im_end|>"]
 BYTE_ALPHABET = 256
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer.tiktoken")
+# BPE training rescans every word that holds the pair it merges, so one word of n characters costs
+# O(n) per merge and O(n^2) in all: a 200k-character line without spaces (base64, minified code)
+# took 30 s, 400k over two minutes. Training sees runs of (non-)whitespace cut to at most this
+# many characters; no word of ordinary text is that long, so the tokenizer trained on it is the same.
+MAX_TRAINING_RUN = 256
 
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|"""
@@ -259,11 +265,27 @@ def parse_bpe_spec(spec: str) -> int:
     return n
 
 
+def capped_runs(texts: Iterable[str], max_run: int = MAX_TRAINING_RUN) -> Iterator[str]:
+    """The texts, each cut inside its runs of non-whitespace (or whitespace) longer than ``max_run``
+    characters into pieces whose runs are at most ``max_run`` long; a text without such runs is
+    yielded unchanged. Cuts fall inside a run, never next to its first character, so every other
+    pre-token of the text is the same in the pieces as in the whole."""
+    pattern = re.compile(rf"\S{{{max_run + 1},}}|\s{{{max_run + 1},}}")
+    for text in texts:
+        start = 0
+        for run in pattern.finditer(text):
+            for cut in range(run.start() + max_run, run.end(), max_run):
+                yield text[start:cut]
+                start = cut
+        yield text[start:]
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int) -> HFTokenizer:
-    """Train a GPT-2 style byte-level BPE: no unknown tokens, lossless decoding.
+    """Train a GPT-2 style byte-level BPE (Radford et al. 2019): no unknown tokens, lossless decoding.
 
     Special tokens come first (end-of-text 0, padding 1, mask 2). Training is deterministic for
-    the same texts in the same order, so a cache keyed by corpus and spec stays valid.
+    the same texts in the same order, so a cache keyed by corpus and spec stays valid. Training
+    reads the texts through ``capped_runs``, which keeps it linear in the input.
     """
     from tokenizers import Tokenizer as RustTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -277,7 +299,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> HFTokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(texts, trainer=trainer)
+    tok.train_from_iterator(capped_runs(texts), trainer=trainer)
     return HFTokenizer(tok, source=f"bpe:{vocab_size}")
 
 
