@@ -18,14 +18,13 @@ Why it is shaped this way:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import itertools
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -33,6 +32,7 @@ from pathlib import Path
 from extrapos import __version__
 from extrapos.data.corpora import Corpus, open_corpus
 from extrapos.data.shards import FORMAT, MANIFEST, SPLITS, SplitWriter, read_manifest, write_manifest
+from extrapos.data.staging import MARKER, staged, sweep_stale
 from extrapos.data.tokenizer import (
     Tokenizer,
     is_trained_spec,
@@ -140,36 +140,50 @@ def prepare(corpus: str, tokenizer: str, out: str | Path | None = None, *, min_d
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
     target = (Path(out).expanduser() if out is not None
               else cache_root() / "data" / f"{_slug(corpus)}-{_slug(tokenizer)}-{key}")
-    if _reusable(target, key):
-        return target, True
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        started = time.perf_counter()
-        tok = loaded or _train_tokenizer(source, tokenizer, fractions, seed, progress)
-        tok.save(tmp)
-        manifest = _write_splits(tmp, source, tok, fractions, seed, min_doc_tokens, max_tokens, progress)
-        manifest.update({
-            "format": FORMAT,
-            "key": key,
-            "corpus": corpus,
-            "text_field": text_field,
-            "tokenizer": {"spec": tokenizer, "kind": tok.kind, "hash": tok.hash,
-                          "vocab_size": tok.vocab_size, "eot_id": tok.eot_id},
-            "filters": {"min_doc_tokens": min_doc_tokens, "max_tokens": max_tokens, "max_docs": max_docs,
-                        "split_fractions": list(fractions), "seed": seed},
-            "inputs": inputs,
-            "seconds": round(time.perf_counter() - started, 2),
-            "extrapos_version": __version__,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        })
-        manifest = _ordered(manifest)
-        write_manifest(tmp, manifest)  # last: a directory without a manifest is never trusted
-        return target, _publish(tmp, target, key)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        if _reusable(target, key):
+            return target, True
+        target.parent.mkdir(parents=True, exist_ok=True)
+        sweep_stale(target.parent, f".{target.name}{MARKER}*" if out is not None else f".*{MARKER}*")
+        with staged(target) as tmp:
+            started = time.perf_counter()
+            tok = loaded or _train_tokenizer(source, tokenizer, fractions, seed, progress)
+            tok.save(tmp)
+            manifest = _write_splits(tmp, source, tok, fractions, seed, min_doc_tokens, max_tokens, progress)
+            manifest.update({
+                "format": FORMAT,
+                "key": key,
+                "corpus": corpus,
+                "text_field": text_field,
+                "tokenizer": {"spec": tokenizer, "kind": tok.kind, "hash": tok.hash,
+                              "vocab_size": tok.vocab_size, "eot_id": tok.eot_id},
+                "filters": {"min_doc_tokens": min_doc_tokens, "max_tokens": max_tokens, "max_docs": max_docs,
+                            "split_fractions": list(fractions), "seed": seed},
+                "inputs": inputs,
+                "seconds": round(time.perf_counter() - started, 2),
+                "extrapos_version": __version__,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            })
+            manifest = _ordered(manifest)
+            write_manifest(tmp, manifest)  # last: a directory without a manifest is never trusted
+            return target, _publish(tmp, target, key)
+    except OSError as e:
+        raise write_failure(e, target, out is None) from None
+
+
+def write_failure(error: OSError, target: Path, in_cache: bool) -> UserError:
+    """One sentence for a file-system error while writing prepared data, naming the way out."""
+    where = "set EXTRAPOS_CACHE to another directory" if in_cache else "choose another --out"
+    place = f"'{error.filename}'" if error.filename else f"'{target}'"
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return UserError(f"No space left on the device while writing {place}; free some space or {where}.")
+    if error.errno == errno.EFBIG:
+        return UserError(f"A file grew past the file-size limit while writing {place} (see `ulimit -f`); "
+                         f"raise the limit or {where}.")
+    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return UserError(f"Cannot write {place} ({error.strerror}); make it writable or {where}.")
+    return UserError(f"Writing {place} failed ({error.strerror or error}); check the disk and the path, or "
+                     f"{where}.")
 
 
 def _ordered(manifest: dict) -> dict:
