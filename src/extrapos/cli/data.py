@@ -35,7 +35,14 @@ def register(sub) -> None:
     prepare.add_argument("--max-docs", type=int, default=None, metavar="N",
                          help="read only the first N documents of the corpus")
     prepare.add_argument("--split-fractions", default="0.9,0.05,0.05", metavar="TRAIN,VAL,TEST",
-                         help="document-level split fractions (default 0.9,0.05,0.05)")
+                         help="split fractions (default 0.9,0.05,0.05): of documents, or of every document's "
+                              "tokens with --split-rule within")
+    prepare.add_argument("--split-rule", default="document", choices=("document", "within"),
+                         help="document (default): whole documents by a hash of their id, at least one per "
+                              "split when there are enough; within: train head, val and test tail spans of "
+                              "every document (for a few long documents)")
+    prepare.add_argument("--split-gap", type=int, default=64, metavar="TOKENS",
+                         help="with --split-rule within: tokens dropped between two spans (default 64)")
     prepare.add_argument("--text-field", default="text", help="text field of .jsonl / .parquet / hub records")
     prepare.add_argument("--seed", type=int, default=0, help="salt of the document hash that picks each split")
     prepare.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -52,7 +59,8 @@ def run_prepare(args) -> int:
 
     path, reused = prepare(args.corpus, args.tokenizer, args.out, min_doc_tokens=args.min_doc_tokens,
                         max_tokens=args.max_tokens, max_docs=args.max_docs, split_fractions=args.split_fractions,
-                        text_field=args.text_field, seed=args.seed, progress=not args.quiet)
+                        text_field=args.text_field, seed=args.seed, progress=not args.quiet,
+                        split_rule=args.split_rule, split_gap=args.split_gap)
     manifest = read_manifest(path)
     counts = ", ".join(f"{name} {s['num_docs']:,} docs / {s['num_tokens']:,} tokens"
                        for name, s in manifest["splits"].items())

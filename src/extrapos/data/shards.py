@@ -43,6 +43,7 @@ class SplitWriter:
         self.directory, self.split, self.dtype = Path(directory), split, np.dtype(dtype)
         self._file = open(tokens_path(self.directory, split), "wb")
         self._lengths: list[int] = []
+        self.doc_bytes: list[int] = []
         self.num_bytes = 0
 
     def add(self, ids, num_bytes: int) -> None:
@@ -50,6 +51,7 @@ class SplitWriter:
         array = np.asarray(ids, dtype=self.dtype)
         self._file.write(array.tobytes())
         self._lengths.append(len(array))
+        self.doc_bytes.append(num_bytes)
         self.num_bytes += num_bytes
 
     @property
@@ -75,6 +77,38 @@ class SplitWriter:
             "bytes_per_token": self.num_bytes / num_tokens if num_tokens else 0.0,
             "doc_tokens": length_stats(lengths),
         }
+
+
+def rewrite_splits(directory: Path, dtype: str, layout: dict[str, list[tuple[str, int]]],
+                   doc_bytes: dict[str, list[int]]) -> dict[str, dict]:
+    """Rewrite the closed splits of ``directory`` so split ``s`` holds the documents ``layout[s]``,
+    each named ``(old split, index)``, in that order; return the new manifest entries.
+
+    Used when documents change split after they were written (``splitting.rescue_moves``); the
+    new files are written beside the old ones and renamed over them.
+    """
+    directory = Path(directory)
+    scratch = directory / ".rewrite"
+    scratch.mkdir()
+    old = {}
+    for split in SPLITS:
+        offsets = np.load(offsets_path(directory, split))
+        tokens = (np.memmap(tokens_path(directory, split), dtype=dtype, mode="r") if offsets[-1]
+                  else np.zeros(0, dtype=dtype))
+        old[split] = (offsets, tokens)
+    entries = {}
+    for split in SPLITS:
+        writer = SplitWriter(scratch, split, dtype)
+        for source, i in layout[split]:
+            offsets, tokens = old[source]
+            writer.add(tokens[offsets[i]:offsets[i + 1]], doc_bytes[source][i])
+        entries[split] = writer.close()
+    del old  # unmap before the files are replaced
+    for split in SPLITS:
+        tokens_path(scratch, split).replace(tokens_path(directory, split))
+        offsets_path(scratch, split).replace(offsets_path(directory, split))
+    scratch.rmdir()
+    return entries
 
 
 def length_stats(lengths: np.ndarray) -> dict:
