@@ -73,14 +73,15 @@ def run_prepare(args) -> int:
 def run_info(args) -> int:
     import numpy as np
 
-    from extrapos.data.shards import PERCENTILES, offsets_path, read_manifest
+    from extrapos.data.shards import PERCENTILES, load_offsets, read_manifest
 
     manifest = read_manifest(args.dir)
+    # every file is checked before anything is printed: a damaged directory gives one sentence
+    lengths_of = {name: np.diff(load_offsets(Path(args.dir), name, entry)) for name, entry in manifest["splits"].items()}
     print(json.dumps(manifest, indent=2))
     header = "split".ljust(6) + "".join(f"{'p' + str(q):>9}" for q in PERCENTILES) + f"{'mean':>10}"
     print("\ndocument length (tokens)\n" + header)
-    for name in manifest["splits"]:
-        lengths = np.diff(np.load(offsets_path(Path(args.dir).expanduser(), name)))
+    for name, lengths in lengths_of.items():
         if len(lengths) == 0:
             print(name.ljust(6) + "  (no documents)")
             continue

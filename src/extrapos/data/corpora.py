@@ -221,7 +221,9 @@ def _path_corpus(spec: str, text_field: str) -> Corpus:
             kind, compression = _format_of(path)
             rel = path.relative_to(root).as_posix()
             if kind == ".txt":
-                yield rel, corpus.decode(_read_bytes(path, compression))
+                text = corpus.decode(_read_bytes(path, compression))
+                if text:  # an empty file has no tokens, like a record with an empty text
+                    yield rel, text
             elif kind == ".jsonl":
                 yield from documents_from_records(_jsonl_records(path, compression, corpus, text_field),
                                                   text_field, rel)
@@ -291,7 +293,9 @@ def _parquet_records(path: Path, compression: str, text_field: str) -> Iterator[
     try:
         pfile = pq.ParquetFile(source)
     except Exception as e:  # pyarrow raises ArrowInvalid for a file that is not parquet
-        raise UserError(f"Cannot read '{path}' as parquet: {e}.") from None
+        reason = re.split(r"(?<=\.)\s", str(e).strip(), maxsplit=1)[0].rstrip(".")
+        raise UserError(f"Cannot read '{path}' as parquet ({reason}); check the file or convert it to .jsonl.") \
+            from None
     names = pfile.schema_arrow.names
     columns = [c for c in (text_field, "id") if c in names] or None
     for batch in pfile.iter_batches(batch_size=1024, columns=columns):

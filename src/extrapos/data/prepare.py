@@ -355,6 +355,8 @@ def _write_splits(directory: Path, source: Corpus, tok: Tokenizer, fractions, se
         splits = {split: writer.close() for split, writer in writers.items()}
     if read == 0:
         raise UserError(f"The corpus '{source.spec}' holds no documents.")
+    if kept_tokens == 0 and min_doc_tokens <= 1:
+        raise UserError(f"Every document of '{source.spec}' is empty ({read} read); add text to the corpus.")
     if kept_tokens == 0:
         raise UserError(f"No document of '{source.spec}' is left after filtering ({read} read, all shorter "
                         f"than {max(min_doc_tokens, 1)} tokens); lower --min-doc-tokens.")

@@ -138,10 +138,42 @@ def read_manifest(directory: str | Path) -> dict:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise UserError(f"The manifest '{path}' is damaged; prepare the data again.") from None
+    if not isinstance(manifest, dict):
+        raise UserError(f"The manifest '{path}' is damaged; prepare the data again.")
     if manifest.get("format") != FORMAT:
         raise UserError(f"'{directory}' was prepared in format {manifest.get('format')!r}, this version "
                         f"reads {FORMAT!r}; prepare the data again.")
+    if not _well_formed(manifest):
+        raise UserError(f"The manifest '{path}' lacks its splits, dtype or tokenizer entries; prepare the data again.")
     return manifest
+
+
+def _well_formed(manifest: dict) -> bool:
+    """The entries readers use are there with the right types (a hand-edited or foreign manifest
+    otherwise fails later as a KeyError)."""
+    splits, tokenizer = manifest.get("splits"), manifest.get("tokenizer")
+    counts_ok = isinstance(splits, dict) and bool(splits) and all(
+        isinstance(entry, dict) and all(isinstance(entry.get(k), int) and entry[k] >= 0
+                                        for k in ("num_docs", "num_tokens"))
+        for entry in splits.values())
+    return (counts_ok and manifest.get("dtype") in ("uint16", "uint32") and isinstance(tokenizer, dict)
+            and all(isinstance(tokenizer.get(k), int) for k in ("eot_id", "vocab_size")))
+
+
+def load_offsets(directory: str | Path, split: str, entry: dict) -> np.ndarray:
+    """The document offsets of ``split``, checked against its manifest ``entry``; UserError when
+    the file is missing, damaged or does not match."""
+    directory = Path(directory).expanduser()
+    path = offsets_path(directory, split)
+    try:
+        offsets = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        raise UserError(f"The offsets file '{path}' is missing or damaged; prepare the data again.") from None
+    if (offsets.ndim != 1 or offsets.dtype.kind not in "iu" or len(offsets) != entry["num_docs"] + 1
+            or offsets[0] != 0 or int(offsets[-1]) != entry["num_tokens"] or np.any(np.diff(offsets) < 0)):
+        raise UserError(f"The offsets of split '{split}' in '{directory}' do not match its manifest; "
+                        "prepare the data again.")
+    return offsets
 
 
 class TokenSplit:
@@ -170,10 +202,7 @@ class TokenSplit:
         # np.memmap cannot map an empty file; an empty split is a valid (if useless) split.
         self.tokens = (np.memmap(path, dtype=self.dtype, mode="r") if expected
                        else np.zeros(0, dtype=self.dtype))
-        self.offsets = np.load(offsets_path(self.directory, split))
-        if len(self.offsets) != self.info["num_docs"] + 1 or int(self.offsets[-1]) != self.info["num_tokens"]:
-            raise UserError(f"The offsets of split '{split}' in '{self.directory}' do not match its manifest; "
-                            "prepare the data again.")
+        self.offsets = load_offsets(self.directory, split, self.info)
         self.doc_lengths = np.diff(self.offsets)
 
     @property
