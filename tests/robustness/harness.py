@@ -10,17 +10,20 @@ every file that existed before has the same bytes after. Three pieces serve it:
     ``resource.setrlimit(RLIMIT_FSIZE)`` in the child: writes past it fail with EFBIG),
     ``unprivileged`` (when the tests run as root, drop the capabilities that read and write through
     mode bits, so a 0555 directory or a 0000 file stops root as it stops anyone else) and
-    ``fault`` (see below). Returns the ``subprocess.CompletedProcess`` (text mode).
+    ``umask`` (the child's) and ``fault`` (see below). Returns the ``subprocess.CompletedProcess``
+    (text mode). ``start`` takes the same arguments and returns the running ``Popen`` instead, for
+    two processes at once.
 
 ``assert_user_error(args, cache=..., watch=[...], fragments=[...], ...)``
     Snapshots the sha256 of every file under ``watch`` and ``cache``, runs, and asserts the
     contract above plus that each fragment appears in the sentence. Returns the sentence.
 
-``Fault("module:attr", signal.SIGKILL, when="before" | "after", nth=1)``
+``Fault("module:attr", signal.SIGKILL, when="before" | "after", nth=1, error=None)``
     A named point of the code: the child replaces ``module.attr`` (dotted attributes allowed,
     e.g. ``extrapos.data.shards:SplitWriter.add``) by a wrapper that sends the signal to its own
-    process before (or after) the nth call. Patch the name where it is looked up: a function
-    imported with ``from x import f`` into ``y`` is ``y:f``.
+    process before (or after) the nth call, or, with ``error=errno.ENOSPC``, raises that
+    ``OSError`` there instead (a full disk without filling one). Patch the name where it is looked
+    up: a function imported with ``from x import f`` into ``y`` is ``y:f``.
 
 ``snapshot(*roots)`` and ``assert_unchanged(before)`` are the file-digest half on its own.
 """
@@ -49,20 +52,23 @@ SECOND_SENTENCE = re.compile(r"[.!?]\s+[A-Z]")
 
 @dataclass(frozen=True)
 class Fault:
-    """Send ``signal`` to the child itself before/after the ``nth`` call of ``target``."""
+    """Send ``signal`` to the child itself (or raise ``OSError(error)``) before/after the ``nth``
+    call of ``target``."""
 
     target: str
     signal: int = signal.SIGKILL
     when: str = "before"
     nth: int = 1
+    error: int | None = None
 
     def spec(self) -> str:
-        return json.dumps({"target": self.target, "signal": int(self.signal), "when": self.when, "nth": self.nth})
+        return json.dumps({"target": self.target, "signal": int(self.signal), "when": self.when, "nth": self.nth,
+                           "error": self.error})
 
 
 # The child: install the fault (if any), then run the CLI exactly as `python -m extrapos` does.
 CHILD = r"""
-import importlib, json, os, sys
+import errno, importlib, json, os, sys
 spec = json.loads(os.environ.pop("EXTRAPOS_TEST_FAULT", "null"))
 if spec:
     module_name, _, dotted = spec["target"].partition(":")
@@ -72,14 +78,18 @@ if spec:
         owner = getattr(owner, part)
     original = getattr(owner, name)
     calls = [0]
+    def strike():
+        if spec["error"] is not None:
+            raise OSError(spec["error"], os.strerror(spec["error"]))
+        os.kill(os.getpid(), spec["signal"])
     def wrapper(*args, **kwargs):
         calls[0] += 1
         hit = calls[0] == spec["nth"]
         if hit and spec["when"] == "before":
-            os.kill(os.getpid(), spec["signal"])
+            strike()
         result = original(*args, **kwargs)
         if hit and spec["when"] == "after":
-            os.kill(os.getpid(), spec["signal"])
+            strike()
         return result
     setattr(owner, name, wrapper)
 from extrapos.cli import main
@@ -88,10 +98,12 @@ raise SystemExit(main(sys.argv[1:]))
 """
 
 
-def _child_setup(fsize_limit: int | None, unprivileged: bool):
+def _child_setup(fsize_limit: int | None, unprivileged: bool, umask: int | None):
     def setup():
         import resource
 
+        if umask is not None:
+            os.umask(umask)
         if fsize_limit is not None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
         if unprivileged and os.geteuid() == 0:
@@ -104,19 +116,33 @@ def _child_setup(fsize_limit: int | None, unprivileged: bool):
     return setup
 
 
-def run(args, *, cache: Path, fault: Fault | None = None, fsize_limit: int | None = None,
-        unprivileged: bool = False, env: dict | None = None, timeout: float = TIMEOUT,
-        cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """``python -m extrapos *args`` with a scratch cache; see the module docstring."""
+def _popen_kwargs(cache: Path, fault: Fault | None, fsize_limit: int | None, unprivileged: bool,
+                  umask: int | None, env: dict | None, cwd: Path | None) -> dict:
     cache = Path(cache)
     child_env = {**os.environ, "EXTRAPOS_CACHE": str(cache), "HOME": str(cache.parent),
                  "PYTHONDONTWRITEBYTECODE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     child_env.pop("EXTRAPOS_TEST_FAULT", None)
     if fault is not None:
         child_env["EXTRAPOS_TEST_FAULT"] = fault.spec()
-    return subprocess.run([sys.executable, "-c", CHILD, *map(str, args)], env=child_env, cwd=cwd or cache.parent,
-                          capture_output=True, text=True, timeout=timeout,
-                          preexec_fn=_child_setup(fsize_limit, unprivileged))
+    return {"env": child_env, "cwd": cwd or cache.parent, "text": True,
+            "preexec_fn": _child_setup(fsize_limit, unprivileged, umask)}
+
+
+def run(args, *, cache: Path, fault: Fault | None = None, fsize_limit: int | None = None,
+        unprivileged: bool = False, umask: int | None = None, env: dict | None = None,
+        timeout: float = TIMEOUT, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``python -m extrapos *args`` with a scratch cache; see the module docstring."""
+    return subprocess.run([sys.executable, "-c", CHILD, *map(str, args)], capture_output=True, timeout=timeout,
+                          **_popen_kwargs(cache, fault, fsize_limit, unprivileged, umask, env, cwd))
+
+
+def start(args, *, cache: Path, fault: Fault | None = None, fsize_limit: int | None = None,
+          unprivileged: bool = False, umask: int | None = None, env: dict | None = None,
+          cwd: Path | None = None) -> subprocess.Popen:
+    """Like ``run``, but returns at once with the running process (stdout and stderr piped)."""
+    return subprocess.Popen([sys.executable, "-c", CHILD, *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                            **_popen_kwargs(cache, fault, fsize_limit, unprivileged, umask, env, cwd))
 
 
 def snapshot(*roots: Path) -> dict[Path, str]:
