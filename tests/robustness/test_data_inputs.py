@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 
 import numpy as np
 import pytest
@@ -24,7 +25,29 @@ def write(path, data):
     return path
 
 
+def link(path, to):
+    path.symlink_to(to)
+    return path
+
+
+def mkdir(path):
+    path.mkdir()
+    return path
+
+
+def tiktoken_with_sidecar(scratch, sidecar):
+    """A valid tiktoken file (the 256 bytes, no merges) whose ``.json`` sidecar holds ``sidecar``."""
+    import base64
+
+    path = write(scratch / "tok.tiktoken", b"".join(base64.b64encode(bytes([b])) + b" %d\n" % b for b in range(256)))
+    write(scratch / "tok.tiktoken.json", sidecar)
+    return path
+
+
 GARBAGE = bytes(range(256)) * 8
+WORDLEVEL = json.dumps({"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+                        "pre_tokenizer": None, "post_processor": None, "decoder": None,
+                        "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}})
 
 # name -> (function of (scratch, corpus) returning the arguments after PREPARE, fragments of the sentence)
 PREPARE_CASES = {
@@ -69,6 +92,18 @@ PREPARE_CASES = {
                                             ["--min-doc-tokens"]),
     "negative split gap": (lambda s, c: ["--corpus", c, "--split-rule", "within", "--split-gap", "-1"],
                            ["--split-gap"]),
+    "corpus is a fifo": (lambda s, c: ["--corpus", os.mkfifo(s / "pipe.txt") or s / "pipe.txt"], ["regular file"]),
+    "corpus links to /dev/zero": (lambda s, c: ["--corpus", link(s / "zero.txt", "/dev/zero")], ["regular file"]),
+    "json nested 100k deep": (lambda s, c: ["--corpus", write(s / "deep.jsonl", "[" * 100_000 + "]" * 100_000)],
+                              ["not valid JSON"]),
+    "tokenizer.json without end-of-text": (lambda s, c: ["--corpus", c, "--tokenizer", write(s / "wl.json", WORDLEVEL)],
+                                           ["no end-of-text token"]),
+    "damaged tiktoken sidecar": (lambda s, c: ["--corpus", c, "--tokenizer", tiktoken_with_sidecar(s, "{")],
+                                 ["sidecar"]),
+    "out is a link to an empty directory": (lambda s, c: ["--corpus", c, "--out", link(s / "to-empty", mkdir(s / "e"))],
+                                            ["symbolic link"]),
+    "out is a dangling link": (lambda s, c: ["--corpus", c, "--out", link(s / "dangling", s / "nowhere")],
+                               ["symbolic link"]),
     "out is a file": (lambda s, c: ["--corpus", c, "--out", write(s / "file", "keep me")], ["is a file"]),
     "out is a foreign directory": (lambda s, c: ["--corpus", c, "--out", write(s / "mine" / "notes.txt", "x").parent],
                                    ["not prepared data"]),
@@ -100,6 +135,21 @@ def test_unreadable_corpus_file(scratch, cache, corpus, existing):
                       fragments=["doc3.txt"])
 
 
+def test_unreadable_tokenizer_file(scratch, cache, corpus, existing):
+    model = write(scratch / "locked.model", GARBAGE)
+    model.chmod(0)
+    assert_user_error([*PREPARE, "--corpus", corpus, "--tokenizer", model], cache=cache, watch=[scratch],
+                      unprivileged=True, fragments=["Cannot read the tokenizer", "permissions"])
+
+
+def test_unreadable_corpus_directory(scratch, cache, corpus, existing):
+    (corpus / "sub").mkdir()
+    write(corpus / "sub" / "hidden.txt", "text")
+    (corpus / "sub").chmod(0)
+    assert_user_error([*PREPARE, "--corpus", corpus], cache=cache, watch=[scratch], unprivileged=True,
+                      fragments=["sub"])
+
+
 def test_read_only_cache(scratch, cache, corpus, existing):
     cache.chmod(0o555)
     (cache / "data").chmod(0o555)
@@ -125,6 +175,7 @@ def damage(directory, name, data):
 
 INFO_CASES = {
     "missing directory": (None, ["No prepared data"]),
+    "a file, not a directory": ("file", ["No prepared data"]),
     "not prepared data": ("manifest.json", ["not a prepared data directory"]),
     "garbage manifest": (("manifest.json", GARBAGE), ["damaged"]),
     "manifest of another format": (("manifest.json", json.dumps({"format": "other/9"})), ["format"]),
@@ -142,6 +193,8 @@ def test_bad_info_input(name, scratch, cache, corpus, existing):
     target = scratch / "copy"
     if change is None:
         target = scratch / "missing"
+    elif change == "file":
+        target = write(scratch / "file", "x")
     elif change == "manifest.json":
         target.mkdir()
     else:

@@ -53,6 +53,25 @@ def register(sub) -> None:
     info.set_defaults(func=run_info)
 
 
+def file_system_errors_as_sentences(run):
+    """A file-system error the library did not name (it names the ones it expects) is still one
+    sentence with exit status 2, never a traceback."""
+    import functools
+
+    @functools.wraps(run)
+    def wrapped(args) -> int:
+        from extrapos.errors import UserError
+
+        try:
+            return run(args)
+        except OSError as e:
+            where = f" on '{e.filename}'" if e.filename else ""
+            raise UserError(f"A file operation failed{where} ({e.strerror or e}); check the path, its permissions "
+                            "and the free space.") from None
+    return wrapped
+
+
+@file_system_errors_as_sentences
 def run_prepare(args) -> int:
     from extrapos.data.prepare import prepare
     from extrapos.data.shards import read_manifest
@@ -70,6 +89,7 @@ def run_prepare(args) -> int:
     return 0
 
 
+@file_system_errors_as_sentences
 def run_info(args) -> int:
     import numpy as np
 

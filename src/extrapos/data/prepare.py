@@ -217,6 +217,8 @@ def _ordered(manifest: dict) -> dict:
 def _reusable(target: Path, key: str) -> bool:
     """True when ``target`` holds data prepared from the same inputs; UserError when it holds
     anything else (we never overwrite a directory we did not write for these inputs)."""
+    if target.is_symlink():  # we write only where the path says, never through a link
+        raise UserError(f"The output path '{target}' is a symbolic link; give --out a real directory path.")
     if not target.exists():
         return False
     if not target.is_dir():

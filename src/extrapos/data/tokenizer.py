@@ -193,8 +193,12 @@ class TiktokenTokenizer(Tokenizer):
         ranks = read_tiktoken_ranks(path)
         sidecar = path.with_name(path.name + ".json")
         if sidecar.exists():
-            meta = json.loads(sidecar.read_text())
-            return cls(ranks, meta["pattern"], meta["special_tokens"], path.stem)
+            try:
+                meta = json.loads(sidecar.read_bytes())
+                return cls(ranks, str(meta["pattern"]), dict(meta["special_tokens"]), path.stem)
+            except (ValueError, KeyError, TypeError):  # also JSONDecodeError, UnicodeDecodeError
+                raise UserError(f"The tiktoken sidecar '{sidecar}' is damaged (it needs 'pattern' and "
+                                "'special_tokens'); restore it or delete it to use the defaults.") from None
         name = path.name.lower()
         top = max(ranks.values()) + 1
         if "o200k" in name:
@@ -332,12 +336,21 @@ def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
         if found is None:
             raise UserError(f"The directory '{path}' holds no tokenizer ({', '.join(TOKENIZER_FILES)}).")
         path = found
+    try:
+        return _load_file(path)
+    except OSError as e:  # unreadable (permissions), vanished, or a directory named like a file
+        raise UserError(f"Cannot read the tokenizer '{path}' ({e.strerror or e}); check the path and its "
+                        "permissions.") from None
+
+
+def _load_file(path: Path) -> Tokenizer:
     name = path.name.lower()
     if name.endswith(".json"):
         from tokenizers import Tokenizer as RustTokenizer
 
+        data = path.read_bytes()  # read here, so an unreadable file is an OSError, not a parse error
         try:
-            backend = RustTokenizer.from_file(str(path))
+            backend = RustTokenizer.from_str(data.decode("utf-8"))
         except Exception:  # tokenizers raises a bare Exception with serde's message
             raise UserError(f"'{path}' is not a Hugging Face tokenizer.json file.") from None
         return HFTokenizer(backend, source=str(path))
