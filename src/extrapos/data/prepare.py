@@ -5,12 +5,15 @@ Why it is shaped this way:
 - Tokenize once, read many times: every later command memory-maps the result.
 - Split by document, by a hash of the document id (salted by ``seed``): a document never leaks
   between train and test, and its split does not depend on which other documents exist, so
-  adding files or changing filters never moves a document to another split.
+  adding files or changing filters never moves a document to another split, except to give an
+  otherwise empty split one document. ``--split-rule within`` holds out the tail of every
+  document instead, for corpora of a few long documents (see ``splitting``).
 - A trained ``bpe:N`` sees only train-split documents, so held-out text is truly unseen.
-- Atomic: everything is written into a hidden temporary directory next to the target and
+- Atomic: everything is written into a hidden staging directory next to the target and
   renamed into place only when complete (the manifest is the last file written). A crash,
-  Ctrl-C or bad input leaves no directory a later command would trust, and an existing prepared
-  directory is never touched.
+  Ctrl-C, SIGTERM or bad input leaves no directory a later command would trust, an existing
+  prepared directory is never touched, and what a SIGKILL leaves is swept by the next prepare
+  (see ``staging``).
 - Idempotent: the inputs (corpus fingerprint, tokenizer, filters) hash to a key stored in the
   manifest; preparing again with the same inputs reuses the directory. Without ``--out`` the
   directory lives in a cache keyed the same way, so commands can name a corpus, not a path.
