@@ -7,8 +7,9 @@ Two rules (``--split-rule``), recorded in the manifest under ``split_rule``:
   exist. With few documents the hash can leave a split empty (10 novels at 0.9/0.05/0.05 put all
   ten in train 59% of the time), so when a split with a non-zero fraction got no document and
   there are enough documents, the document whose hash lies nearest that split's interval is moved
-  to it from the split with the most documents (recorded in the manifest; then, and only then,
-  a document's split depends on the others).
+  to it from the split with the most documents (recorded in the manifest's ``split_rule.moved``;
+  then, and only then, a document's split depends on the others). A ``bpe:N`` tokenizer is
+  trained before the move, so it has seen a moved document's text; the model never has.
 - ``within``: every document is cut by its tokens into a train head, then ``gap`` tokens
   dropped, a val span, ``gap`` dropped, and a test tail, the spans in proportion to the
   fractions. Corpora of a few long documents (books, code repositories) get held-out text of
