@@ -163,3 +163,21 @@ def test_cache_follows_the_umask(umask, mode, cache, corpus):
     (out,) = published(cache)
     assert stat.S_IMODE(out.stat().st_mode) == mode
     assert stat.S_IMODE((out / "train.bin").stat().st_mode) == mode & 0o666
+
+
+def test_a_read_only_shared_cache_is_still_reused(cache, corpus, reference):
+    """A teammate's prepared data in a cache we cannot write: reuse needs no write, so it works."""
+    assert run(prepare_args(corpus), cache=cache).returncode == 0
+    for path in [cache, *cache.rglob("*")]:
+        path.chmod(path.stat().st_mode & ~0o222)
+    before = snapshot(cache)
+    result = run(prepare_args(corpus), cache=cache, unprivileged=True)
+    assert result.returncode == 0 and "Reused" in result.stdout, result.stderr
+    assert_unchanged(before)
+    assert_one_sentence_error(run([*prepare_args(corpus), "--max-docs", "3"], cache=cache, unprivileged=True),
+                              "Cannot write", "EXTRAPOS_CACHE")
+
+
+def test_sigterm_handler_is_restored_after_prepare(tmp_path, corpus):
+    prepare_data(str(corpus), "bpe:300", tmp_path / "out", progress=False)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
