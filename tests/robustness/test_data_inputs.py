@@ -181,6 +181,7 @@ INFO_CASES = {
     "manifest of another format": (("manifest.json", json.dumps({"format": "other/9"})), ["format"]),
     "manifest without splits": (("manifest.json", json.dumps({"format": "extrapos-data/1"})), ["prepare"]),
     "manifest is a list": (("manifest.json", "[1, 2]"), ["damaged"]),
+    "manifest with a float dtype": ("float dtype", ["lacks its splits, dtype or tokenizer"]),
     "missing offsets": (("val.offsets.npy", None), ["prepare the data again"]),
     "truncated offsets": (("train.offsets.npy", b"\x93NUMPY"), ["prepare the data again"]),
     "offsets of garbage": (("test.offsets.npy", GARBAGE), ["prepare the data again"]),
@@ -195,6 +196,12 @@ def test_bad_info_input(name, scratch, cache, corpus, existing):
         target = scratch / "missing"
     elif change == "file":
         target = write(scratch / "file", "x")
+    elif change == "float dtype":
+        import shutil
+
+        shutil.copytree(existing, target)
+        manifest = json.loads((target / "manifest.json").read_text())
+        damage(target, "manifest.json", json.dumps({**manifest, "dtype": "float32"}))
     elif change == "manifest.json":
         target.mkdir()
     else:

@@ -156,8 +156,16 @@ def _well_formed(manifest: dict) -> bool:
         isinstance(entry, dict) and all(isinstance(entry.get(k), int) and entry[k] >= 0
                                         for k in ("num_docs", "num_tokens"))
         for entry in splits.values())
-    return (counts_ok and manifest.get("dtype") in ("uint16", "uint32") and isinstance(tokenizer, dict)
+    return (counts_ok and _unsigned_dtype(manifest.get("dtype")) and isinstance(tokenizer, dict)
             and all(isinstance(tokenizer.get(k), int) for k in ("eot_id", "vocab_size")))
+
+
+def _unsigned_dtype(name) -> bool:
+    """uint16 / uint32 for text, uint8 for small synthetic vocabularies; nothing else holds token ids."""
+    try:
+        return isinstance(name, str) and np.dtype(name).kind == "u"
+    except TypeError:
+        return False
 
 
 def load_offsets(directory: str | Path, split: str, entry: dict) -> np.ndarray:
