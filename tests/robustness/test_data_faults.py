@@ -18,7 +18,7 @@ import pytest
 from harness import Fault, assert_one_sentence_error, assert_unchanged, run, snapshot, start
 
 from extrapos.data import prepare_data
-from extrapos.data.staging import GRACE_SECONDS
+from extrapos.data.staging import FOREIGN_AGE_SECONDS, ORPHAN_LOCK_SECONDS, lock_path
 
 ARGS = ["--tokenizer", "bpe:300", "--split-fractions", "0.5,0.25,0.25", "--quiet"]
 SHARDS = ["tokenizer.json", "train.bin", "val.bin", "test.bin", "train.offsets.npy", "val.offsets.npy",
@@ -48,10 +48,13 @@ def published(cache):
 
 
 def staging(cache):
-    return [p for p in (cache / "data").iterdir() if ".tmp-" in p.name]
+    """Staging directories, and lock files that still have one (a lock file alone, left by a kill
+    right after the rename, is empty and swept by a later prepare)."""
+    return [p for p in (cache / "data").iterdir() if ".tmp-" in p.name
+            and (p.is_dir() or p.with_name(p.name.removesuffix(".lock")).exists())]
 
 
-def age(paths, seconds=2 * GRACE_SECONDS):
+def age(paths, seconds):
     for path in paths:
         past = time.time() - seconds
         os.utime(path, (past, past))
@@ -87,7 +90,7 @@ def test_sigkill(point, cache, corpus, existing, reference):
     assert_unchanged(before)
     for directory in published(cache):  # nothing half-written is ever published
         assert (directory / "manifest.json").is_file()
-    age(staging(cache))  # a SIGKILLed prepare cannot clean up; the next one sweeps what it left
+    # a SIGKILLed prepare cannot clean up; the next one sweeps what it left (its lock is free)
     assert_rerun_matches(cache, corpus, reference)
 
 
@@ -139,22 +142,33 @@ def test_two_prepares_at_once_agree(cache, corpus, existing, reference):
 
 
 def test_sweep_spares_a_live_staging_directory(cache, corpus, existing):
-    live, dead, fresh = (cache / "data" / f".x.tmp-{name}" for name in ("live", "dead", "fresh"))
-    for path in (live, dead, fresh):
+    """A staging directory whose lock is held (a concurrent prepare) stays; one whose lock is free
+    (its owner died) goes; one without a lock file (another writer) stays unless a day old; a
+    lock file without its directory goes once a minute old."""
+    data = cache / "data"
+    live, dead, foreign, old_foreign = (data / f".x.tmp-{name}" for name in ("live", "dead", "foreign", "old"))
+    for path in (live, dead, foreign, old_foreign):
         path.mkdir()
         (path / "train.bin").write_bytes(b"partial")
-    age([live, dead])
-    fd = os.open(live, os.O_RDONLY)
+    for path in (live, dead):
+        lock_path(path).touch()
+    orphan, young_orphan = data / ".y.tmp-orphan.lock", data / ".y.tmp-young.lock"
+    orphan.touch()
+    young_orphan.touch()  # maybe an owner between creating and locking it
+    age([old_foreign], FOREIGN_AGE_SECONDS + 60)
+    age([orphan], ORPHAN_LOCK_SECONDS + 60)
+    fd = os.open(lock_path(live), os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)  # as a concurrent prepare holds it
     try:
         assert run(prepare_args(corpus), cache=cache).returncode == 0
-        assert live.is_dir() and (live / "train.bin").read_bytes() == b"partial"
-        assert not dead.exists()
-        assert fresh.is_dir()  # younger than the grace period: maybe not locked yet
+        assert live.is_dir() and (live / "train.bin").read_bytes() == b"partial" and lock_path(live).exists()
+        assert not dead.exists() and not lock_path(dead).exists()
+        assert foreign.is_dir() and not old_foreign.exists()
+        assert not orphan.exists() and young_orphan.exists()
     finally:
         os.close(fd)
     assert run([*prepare_args(corpus), "--max-docs", "5"], cache=cache).returncode == 0
-    assert not live.exists()
+    assert not live.exists() and not lock_path(live).exists()
 
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o755), (0o002, 0o775)])

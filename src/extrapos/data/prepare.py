@@ -22,6 +22,7 @@ Why it is shaped this way:
 from __future__ import annotations
 
 import errno
+import glob
 import hashlib
 import itertools
 import json
@@ -162,7 +163,7 @@ def prepare(corpus: str, tokenizer: str, out: str | Path | None = None, *, min_d
         if _reusable(target, key):
             return target, True
         target.parent.mkdir(parents=True, exist_ok=True)
-        sweep_stale(target.parent, f".{target.name}{MARKER}*" if out is not None else f".*{MARKER}*")
+        sweep_stale(target.parent, f".{glob.escape(target.name)}{MARKER}*" if out is not None else f".*{MARKER}*")
         with staged(target) as tmp:
             started = time.perf_counter()
             rule = {"rule": split_rule, **({"gap_tokens": split_gap} if split_rule == "within" else {})}
