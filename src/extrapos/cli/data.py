@@ -35,7 +35,14 @@ def register(sub) -> None:
     prepare.add_argument("--max-docs", type=int, default=None, metavar="N",
                          help="read only the first N documents of the corpus")
     prepare.add_argument("--split-fractions", default="0.9,0.05,0.05", metavar="TRAIN,VAL,TEST",
-                         help="document-level split fractions (default 0.9,0.05,0.05)")
+                         help="split fractions (default 0.9,0.05,0.05): of documents, or of every document's "
+                              "tokens with --split-rule within")
+    prepare.add_argument("--split-rule", default="document", choices=("document", "within"),
+                         help="document (default): whole documents by a hash of their id, at least one per "
+                              "split when there are enough; within: train head, val and test tail spans of "
+                              "every document (for a few long documents)")
+    prepare.add_argument("--split-gap", type=int, default=64, metavar="TOKENS",
+                         help="with --split-rule within: tokens dropped between two spans (default 64)")
     prepare.add_argument("--text-field", default="text", help="text field of .jsonl / .parquet / hub records")
     prepare.add_argument("--seed", type=int, default=0, help="salt of the document hash that picks each split")
     prepare.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -46,13 +53,33 @@ def register(sub) -> None:
     info.set_defaults(func=run_info)
 
 
+def file_system_errors_as_sentences(run):
+    """A file-system error the library did not name (it names the ones it expects) is still one
+    sentence with exit status 2, never a traceback."""
+    import functools
+
+    @functools.wraps(run)
+    def wrapped(args) -> int:
+        from extrapos.errors import UserError
+
+        try:
+            return run(args)
+        except OSError as e:
+            where = f" on '{e.filename}'" if e.filename else ""
+            raise UserError(f"A file operation failed{where} ({e.strerror or e}); check the path, its permissions "
+                            "and the free space.") from None
+    return wrapped
+
+
+@file_system_errors_as_sentences
 def run_prepare(args) -> int:
     from extrapos.data.prepare import prepare
     from extrapos.data.shards import read_manifest
 
     path, reused = prepare(args.corpus, args.tokenizer, args.out, min_doc_tokens=args.min_doc_tokens,
                         max_tokens=args.max_tokens, max_docs=args.max_docs, split_fractions=args.split_fractions,
-                        text_field=args.text_field, seed=args.seed, progress=not args.quiet)
+                        text_field=args.text_field, seed=args.seed, progress=not args.quiet,
+                        split_rule=args.split_rule, split_gap=args.split_gap)
     manifest = read_manifest(path)
     counts = ", ".join(f"{name} {s['num_docs']:,} docs / {s['num_tokens']:,} tokens"
                        for name, s in manifest["splits"].items())
@@ -62,17 +89,19 @@ def run_prepare(args) -> int:
     return 0
 
 
+@file_system_errors_as_sentences
 def run_info(args) -> int:
     import numpy as np
 
-    from extrapos.data.shards import PERCENTILES, offsets_path, read_manifest
+    from extrapos.data.shards import PERCENTILES, load_offsets, read_manifest
 
     manifest = read_manifest(args.dir)
+    # every file is checked before anything is printed: a damaged directory gives one sentence
+    lengths_of = {name: np.diff(load_offsets(Path(args.dir), name, entry)) for name, entry in manifest["splits"].items()}
     print(json.dumps(manifest, indent=2))
     header = "split".ljust(6) + "".join(f"{'p' + str(q):>9}" for q in PERCENTILES) + f"{'mean':>10}"
     print("\ndocument length (tokens)\n" + header)
-    for name in manifest["splits"]:
-        lengths = np.diff(np.load(offsets_path(Path(args.dir).expanduser(), name)))
+    for name, lengths in lengths_of.items():
         if len(lengths) == 0:
             print(name.ljust(6) + "  (no documents)")
             continue

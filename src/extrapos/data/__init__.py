@@ -24,6 +24,7 @@ _EXPORTS = {
     "open_split": "extrapos.data.shards",
     "prepare_data": "extrapos.data.prepare",
     "cache_root": "extrapos.data.prepare",
+    "check_heldout": "extrapos.data.splitting",
     "Sampler": "extrapos.data.sampling",
     "ContiguousSampler": "extrapos.data.sampling",
 }

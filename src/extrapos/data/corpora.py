@@ -26,6 +26,7 @@ import hashlib
 import importlib.util
 import io
 import json
+import os
 import re
 import sys
 import sysconfig
@@ -204,11 +205,14 @@ def _path_corpus(spec: str, text_field: str) -> Corpus:
             raise UserError(f"The corpus path '{spec}' does not exist.")
         if path.is_dir():
             root = path
-            files = sorted(p for p in path.rglob("*") if p.is_file() and _format_of(p)
+            files = sorted(p for p in _walk(path) if p.is_file() and _format_of(p)
                            and not any(part.startswith(".") for part in p.relative_to(path).parts))
             if not files:
                 raise UserError(f"The corpus directory '{spec}' holds no .txt, .jsonl or .parquet files "
                                 "(optionally .gz or .zst); the corpus is empty.")
+        elif not path.is_file():  # a FIFO would block and /dev/zero never end
+            raise UserError(f"The corpus path '{spec}' is not a regular file or directory; give a file, directory "
+                            "or glob of .txt/.jsonl/.parquet files.")
         else:
             root, files = path.parent, [path]
     unknown = [p for p in files if not _format_of(p)]
@@ -221,7 +225,9 @@ def _path_corpus(spec: str, text_field: str) -> Corpus:
             kind, compression = _format_of(path)
             rel = path.relative_to(root).as_posix()
             if kind == ".txt":
-                yield rel, corpus.decode(_read_bytes(path, compression))
+                text = corpus.decode(_read_bytes(path, compression))
+                if text:  # an empty file has no tokens, like a record with an empty text
+                    yield rel, text
             elif kind == ".jsonl":
                 yield from documents_from_records(_jsonl_records(path, compression, corpus, text_field),
                                                   text_field, rel)
@@ -231,6 +237,19 @@ def _path_corpus(spec: str, text_field: str) -> Corpus:
 
     return Corpus(spec, iterate, _files_fingerprint(files, root), len(files) if all(
         _format_of(p)[0] == ".txt" for p in files) else None)
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    """Every file under ``root``; an unreadable subdirectory is an error, not silently less corpus
+    (``Path.rglob`` skips it without a word)."""
+    def fail(error: OSError):
+        raise UserError(f"Cannot read the corpus directory '{error.filename}' ({error.strerror}); fix its "
+                        "permissions or leave it out of the corpus.")
+
+    for folder, dirs, names in os.walk(root, onerror=fail):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]  # hidden entries are skipped anyway
+        for name in names:
+            yield Path(folder) / name
 
 
 def _glob_root(pattern: str) -> str:
@@ -271,7 +290,7 @@ def _jsonl_records(path: Path, compression: str, corpus: Corpus, text_field: str
             continue
         try:
             record = json.loads(corpus.decode(line))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: arrays nested thousands deep
             raise UserError(f"Line {line_number} of '{path}' is not valid JSON.") from None
         if not isinstance(record, dict):
             raise UserError(f"Line {line_number} of '{path}' is not a JSON object.")
@@ -291,7 +310,9 @@ def _parquet_records(path: Path, compression: str, text_field: str) -> Iterator[
     try:
         pfile = pq.ParquetFile(source)
     except Exception as e:  # pyarrow raises ArrowInvalid for a file that is not parquet
-        raise UserError(f"Cannot read '{path}' as parquet: {e}.") from None
+        reason = re.split(r"(?<=\.)\s", str(e).strip(), maxsplit=1)[0].rstrip(".")
+        raise UserError(f"Cannot read '{path}' as parquet ({reason}); check the file or convert it to .jsonl.") \
+            from None
     names = pfile.schema_arrow.names
     columns = [c for c in (text_field, "id") if c in names] or None
     for batch in pfile.iter_batches(batch_size=1024, columns=columns):

@@ -5,12 +5,15 @@ Why it is shaped this way:
 - Tokenize once, read many times: every later command memory-maps the result.
 - Split by document, by a hash of the document id (salted by ``seed``): a document never leaks
   between train and test, and its split does not depend on which other documents exist, so
-  adding files or changing filters never moves a document to another split.
+  adding files or changing filters never moves a document to another split, except to give an
+  otherwise empty split one document. ``--split-rule within`` holds out the tail of every
+  document instead, for corpora of a few long documents (see ``splitting``).
 - A trained ``bpe:N`` sees only train-split documents, so held-out text is truly unseen.
-- Atomic: everything is written into a hidden temporary directory next to the target and
+- Atomic: everything is written into a hidden staging directory next to the target and
   renamed into place only when complete (the manifest is the last file written). A crash,
-  Ctrl-C or bad input leaves no directory a later command would trust, and an existing prepared
-  directory is never touched.
+  Ctrl-C, SIGTERM or bad input leaves no directory a later command would trust, an existing
+  prepared directory is never touched, and what a SIGKILL leaves is swept by the next prepare
+  (see ``staging``).
 - Idempotent: the inputs (corpus fingerprint, tokenizer, filters) hash to a key stored in the
   manifest; preparing again with the same inputs reuses the directory. Without ``--out`` the
   directory lives in a cache keyed the same way, so commands can name a corpus, not a path.
@@ -18,21 +21,38 @@ Why it is shaped this way:
 
 from __future__ import annotations
 
+import errno
+import glob
 import hashlib
 import itertools
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from extrapos import __version__
 from extrapos.data.corpora import Corpus, open_corpus
-from extrapos.data.shards import FORMAT, MANIFEST, SPLITS, SplitWriter, read_manifest, write_manifest
+from extrapos.data.shards import (
+    FORMAT,
+    MANIFEST,
+    SPLITS,
+    SplitWriter,
+    read_manifest,
+    rewrite_splits,
+    write_manifest,
+)
+from extrapos.data.splitting import (
+    DEFAULT_GAP_TOKENS,
+    parse_split_rule,
+    rescue_moves,
+    split_of,
+    unit_of,
+    within_spans,
+)
+from extrapos.data.staging import MARKER, staged, sweep_stale
 from extrapos.data.tokenizer import (
     Tokenizer,
     is_trained_spec,
@@ -46,7 +66,8 @@ from extrapos.errors import UserError
 DEFAULT_SPLIT_FRACTIONS = (0.9, 0.05, 0.05)
 # bpe:N on a streamed hub corpus would otherwise read the whole stream before tokenizing it.
 BPE_TRAINING_BYTES = 256 * 2**20
-BPE_RECIPE = "byte-level-bpe/1"  # bump when train_bpe changes, to invalidate cached results
+# Bump when train_bpe changes, to invalidate cached results (/2: long runs cut before training).
+BPE_RECIPE = "byte-level-bpe/2"
 ENCODE_BATCH_DOCS = 256
 ENCODE_BATCH_CHARS = 8 * 2**20
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -68,21 +89,11 @@ def parse_split_fractions(value: str | Sequence[float]) -> tuple[float, float, f
     return parts[0], parts[1], parts[2]
 
 
-def split_of(doc_id: str, fractions: Sequence[float], seed: int = 0) -> str:
-    """The split of a document: a uniform number in [0, 1) from a hash of (seed, id)."""
-    digest = hashlib.blake2b(f"{seed}\0{doc_id}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    u = int.from_bytes(digest, "big") / 2**64
-    if u < fractions[0]:
-        return "train"
-    if u < fractions[0] + fractions[1]:
-        return "val"
-    return "test"
-
-
 def prepare_data(corpus: str, tokenizer: str, out: str | Path | None = None, *, min_doc_tokens: int = 0,
                  max_tokens: int | None = None, max_docs: int | None = None,
                  split_fractions: Sequence[float] | str = DEFAULT_SPLIT_FRACTIONS, text_field: str = "text",
-                 seed: int = 0, progress: bool = True) -> Path:
+                 seed: int = 0, progress: bool = True, split_rule: str = "document",
+                 split_gap: int = DEFAULT_GAP_TOKENS) -> Path:
     """Tokenize ``corpus`` with ``tokenizer`` into train/val/test shards; return the directory.
 
     See ``prepare`` for the arguments; with ``progress`` this also says on stderr whether the
@@ -90,7 +101,7 @@ def prepare_data(corpus: str, tokenizer: str, out: str | Path | None = None, *, 
     """
     path, reused = prepare(corpus, tokenizer, out, min_doc_tokens=min_doc_tokens, max_tokens=max_tokens,
                            max_docs=max_docs, split_fractions=split_fractions, text_field=text_field,
-                           seed=seed, progress=progress)
+                           seed=seed, progress=progress, split_rule=split_rule, split_gap=split_gap)
     if progress:
         print(f"{'Reusing' if reused else 'Prepared'} data in {path}"
               f"{' (same corpus, tokenizer and filters)' if reused else ''}.", file=sys.stderr)
@@ -100,21 +111,28 @@ def prepare_data(corpus: str, tokenizer: str, out: str | Path | None = None, *, 
 def prepare(corpus: str, tokenizer: str, out: str | Path | None = None, *, min_doc_tokens: int = 0,
             max_tokens: int | None = None, max_docs: int | None = None,
             split_fractions: Sequence[float] | str = DEFAULT_SPLIT_FRACTIONS, text_field: str = "text",
-            seed: int = 0, progress: bool = True) -> tuple[Path, bool]:
+            seed: int = 0, progress: bool = True, split_rule: str = "document",
+            split_gap: int = DEFAULT_GAP_TOKENS) -> tuple[Path, bool]:
     """Tokenize ``corpus`` with ``tokenizer`` into train/val/test shards; return the directory.
 
     ``min_doc_tokens`` drops shorter documents (ExPE keeps documents of >= 4000 tokens);
     ``max_tokens`` stops once the kept documents (all splits) hold that many tokens, keeping the
     document that crosses it whole; ``max_docs`` reads only the first N documents of the corpus;
-    ``seed`` salts the document hash that decides the split. With ``out=None`` the result goes
-    to (or is reused from) the cache. Returns ``(directory, reused)``; raises UserError for every
-    mistake a user can make.
+    ``seed`` salts the document hash that decides the split. ``split_rule`` is ``document`` (whole
+    documents by hash) or ``within`` (tail spans of every document, ``split_gap`` tokens apart);
+    see ``splitting``. With ``out=None`` the result goes to (or is reused from) the cache.
+    Returns ``(directory, reused)``; raises UserError for every mistake a user can make. A split
+    with a non-zero fraction left empty is said in one warning line on stderr and in the
+    manifest's ``warnings``.
     """
     if corpus.strip().startswith("synthetic:"):  # generated token-level tasks: see data/synthetic.py
         from extrapos.data.synthetic import prepare_synthetic
 
         return prepare_synthetic(corpus, tokenizer, out, progress=progress)
     fractions = parse_split_fractions(split_fractions)
+    split_rule = parse_split_rule(split_rule)
+    if split_gap < 0:
+        raise UserError(f"--split-gap must be >= 0 tokens, got {split_gap}.")
     if min_doc_tokens < 0:
         raise UserError(f"--min-doc-tokens must be >= 0, got {min_doc_tokens}.")
     if max_tokens is not None and max_tokens < 1:
@@ -139,45 +157,67 @@ def prepare(corpus: str, tokenizer: str, out: str | Path | None = None, *, min_d
         "max_tokens": max_tokens,
         "split_fractions": list(fractions),
         "seed": seed,
+        "split_rule": split_rule,
+        "split_gap": split_gap if split_rule == "within" else None,
     }
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
     target = (Path(out).expanduser() if out is not None
               else cache_root() / "data" / f"{_slug(corpus)}-{_slug(tokenizer)}-{key}")
-    if _reusable(target, key):
-        return target, True
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        started = time.perf_counter()
-        tok = loaded or _train_tokenizer(source, tokenizer, fractions, seed, progress)
-        tok.save(tmp)
-        manifest = _write_splits(tmp, source, tok, fractions, seed, min_doc_tokens, max_tokens, progress)
-        manifest.update({
-            "format": FORMAT,
-            "key": key,
-            "corpus": corpus,
-            "text_field": text_field,
-            "tokenizer": {"spec": tokenizer, "kind": tok.kind, "hash": tok.hash,
-                          "vocab_size": tok.vocab_size, "eot_id": tok.eot_id},
-            "filters": {"min_doc_tokens": min_doc_tokens, "max_tokens": max_tokens, "max_docs": max_docs,
-                        "split_fractions": list(fractions), "seed": seed},
-            "inputs": inputs,
-            "seconds": round(time.perf_counter() - started, 2),
-            "extrapos_version": __version__,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        })
-        manifest = _ordered(manifest)
-        write_manifest(tmp, manifest)  # last: a directory without a manifest is never trusted
-        return target, _publish(tmp, target, key)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        if _reusable(target, key):
+            return target, True
+        target.parent.mkdir(parents=True, exist_ok=True)
+        sweep_stale(target.parent, f".{glob.escape(target.name)}{MARKER}*" if out is not None else f".*{MARKER}*")
+        with staged(target) as tmp:
+            started = time.perf_counter()
+            rule = {"rule": split_rule, **({"gap_tokens": split_gap} if split_rule == "within" else {})}
+            tok = loaded or _train_tokenizer(source, tokenizer, fractions, seed, rule, progress)
+            tok.save(tmp)
+            manifest = _write_splits(tmp, source, tok, fractions, seed, rule, min_doc_tokens, max_tokens,
+                                     progress)
+            for warning in manifest["warnings"]:
+                print(f"extrapos: warning: {warning}", file=sys.stderr)
+            manifest.update({
+                "format": FORMAT,
+                "key": key,
+                "corpus": corpus,
+                "text_field": text_field,
+                "tokenizer": {"spec": tokenizer, "kind": tok.kind, "hash": tok.hash,
+                              "vocab_size": tok.vocab_size, "eot_id": tok.eot_id},
+                "filters": {"min_doc_tokens": min_doc_tokens, "max_tokens": max_tokens, "max_docs": max_docs,
+                            "split_fractions": list(fractions), "seed": seed},
+                "split_rule": {**rule, **manifest.pop("split_rule_details")},
+                "inputs": inputs,
+                "seconds": round(time.perf_counter() - started, 2),
+                "extrapos_version": __version__,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            })
+            manifest = _ordered(manifest)
+            write_manifest(tmp, manifest)  # last: a directory without a manifest is never trusted
+            return target, _publish(tmp, target, key)
+    except OSError as e:
+        raise write_failure(e, target, out is None) from None
+
+
+def write_failure(error: OSError, target: Path, in_cache: bool) -> UserError:
+    """One sentence for a file-system error while writing prepared data, naming the way out."""
+    where = "set EXTRAPOS_CACHE to another directory" if in_cache else "choose another --out"
+    place = f"'{error.filename}'" if error.filename else f"'{target}'"
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return UserError(f"No space left on the device while writing {place}; free some space or {where}.")
+    if error.errno == errno.EFBIG:
+        return UserError(f"A file grew past the file-size limit while writing {place} (see `ulimit -f`); "
+                         f"raise the limit or {where}.")
+    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return UserError(f"Cannot write {place} ({error.strerror}); make it writable or {where}.")
+    return UserError(f"Writing {place} failed ({error.strerror or error}); check the disk and the path, or "
+                     f"{where}.")
 
 
 def _ordered(manifest: dict) -> dict:
-    first = ["format", "key", "corpus", "text_field", "tokenizer", "filters", "dtype", "documents_read",
-             "documents_too_short", "stopped_at_max_tokens", "replaced_bytes", "splits"]
+    first = ["format", "key", "corpus", "text_field", "tokenizer", "filters", "split_rule", "dtype",
+             "documents_read", "documents_too_short", "stopped_at_max_tokens", "replaced_bytes", "splits",
+             "warnings"]
     return {**{k: manifest[k] for k in first if k in manifest},
             **{k: v for k, v in manifest.items() if k not in first}}
 
@@ -185,6 +225,8 @@ def _ordered(manifest: dict) -> dict:
 def _reusable(target: Path, key: str) -> bool:
     """True when ``target`` holds data prepared from the same inputs; UserError when it holds
     anything else (we never overwrite a directory we did not write for these inputs)."""
+    if target.is_symlink():  # we write only where the path says, never through a link
+        raise UserError(f"The output path '{target}' is a symbolic link; give --out a real directory path.")
     if not target.exists():
         return False
     if not target.is_dir():
@@ -218,8 +260,10 @@ def _publish(tmp: Path, target: Path, key: str) -> bool:
     return False
 
 
-def _train_tokenizer(source: Corpus, spec: str, fractions, seed: int, progress: bool) -> Tokenizer:
-    """Train ``bpe:N`` on the train-split documents (at most BPE_TRAINING_BYTES of text)."""
+def _train_tokenizer(source: Corpus, spec: str, fractions, seed: int, rule: dict, progress: bool) -> Tokenizer:
+    """Train ``bpe:N`` on the train-split text (at most BPE_TRAINING_BYTES of it): the train
+    documents under the ``document`` rule, the first ``train fraction`` of every document's
+    characters under ``within`` (its train head, as near as characters tell before tokenizing)."""
     from tqdm import tqdm
 
     bar = tqdm(desc=f"training {spec}", unit="doc", total=source.size_hint, disable=not progress,
@@ -232,7 +276,11 @@ def _train_tokenizer(source: Corpus, spec: str, fractions, seed: int, progress: 
         for doc_id, text in source:
             seen += 1
             bar.update(1)
-            if split_of(doc_id, fractions, seed) != "train":
+            if rule["rule"] == "within":
+                text = text[: int(len(text) * fractions[0])]
+                if not text:
+                    continue
+            elif split_of(doc_id, fractions, seed) != "train":
                 continue
             yield text
             budget -= len(text)
@@ -275,13 +323,15 @@ def _utf8_size(text: str) -> tuple[str, int, int]:
         return text, len(text.encode("utf-8")), count
 
 
-def _write_splits(directory: Path, source: Corpus, tok: Tokenizer, fractions, seed: int,
+def _write_splits(directory: Path, source: Corpus, tok: Tokenizer, fractions, seed: int, rule: dict,
                   min_doc_tokens: int, max_tokens: int | None, progress: bool) -> dict:
     from tqdm import tqdm
 
     dtype = token_dtype(tok.vocab_size)
     writers = {split: SplitWriter(directory, split, dtype) for split in SPLITS}
-    read = too_short = kept_tokens = replaced = 0
+    units: dict[str, list[float]] = {split: [] for split in SPLITS}  # document rule: each document's hash
+    names: dict[str, list[str]] = {split: [] for split in SPLITS}
+    read = too_short = kept_tokens = replaced = whole = 0
     over_budget = False
     bar = tqdm(desc="tokenizing", unit="doc", total=source.size_hint, disable=not progress,
                file=sys.stderr, leave=False)
@@ -295,7 +345,13 @@ def _write_splits(directory: Path, source: Corpus, tok: Tokenizer, fractions, se
                 if len(ids) < max(min_doc_tokens, 1):
                     too_short += 1
                     continue
-                writers[split_of(doc_id, fractions, seed)].add(ids, num_bytes)
+                if rule["rule"] == "within":
+                    whole += _add_spans(writers, tok, ids, num_bytes, fractions, rule["gap_tokens"])
+                else:
+                    split = split_of(doc_id, fractions, seed)
+                    writers[split].add(ids, num_bytes)
+                    units[split].append(unit_of(doc_id, seed))
+                    names[split].append(doc_id)
                 kept_tokens += len(ids)
                 if max_tokens is not None and kept_tokens >= max_tokens:
                     over_budget = True
@@ -309,9 +365,23 @@ def _write_splits(directory: Path, source: Corpus, tok: Tokenizer, fractions, se
         splits = {split: writer.close() for split, writer in writers.items()}
     if read == 0:
         raise UserError(f"The corpus '{source.spec}' holds no documents.")
+    if kept_tokens == 0 and min_doc_tokens <= 1:
+        raise UserError(f"Every document of '{source.spec}' is empty ({read} read); add text to the corpus.")
     if kept_tokens == 0:
         raise UserError(f"No document of '{source.spec}' is left after filtering ({read} read, all shorter "
                         f"than {max(min_doc_tokens, 1)} tokens); lower --min-doc-tokens.")
+    details: dict = {}
+    if rule["rule"] == "document":
+        moves, _ = rescue_moves(units, fractions)
+        if moves:
+            layout = {split: [(split, i) for i in range(len(units[split])) if (split, i) not in moves]
+                      for split in SPLITS}
+            for (source_split, i), to in sorted(moves.items()):
+                layout[to].append((source_split, i))
+            splits = rewrite_splits(directory, dtype, layout, {s: w.doc_bytes for s, w in writers.items()})
+        details["moved"] = {names[s][i]: to for (s, i), to in sorted(moves.items())}
+    else:
+        details["documents_whole_in_train"] = whole
     return {
         "dtype": dtype,
         "documents_read": read,
@@ -319,7 +389,36 @@ def _write_splits(directory: Path, source: Corpus, tok: Tokenizer, fractions, se
         "stopped_at_max_tokens": over_budget,
         "replaced_bytes": source.replaced_bytes + replaced,
         "splits": splits,
+        "split_rule_details": details,
+        "warnings": _empty_split_warnings(splits, fractions, rule, read - too_short),
     }
+
+
+def _add_spans(writers: dict[str, SplitWriter], tok: Tokenizer, ids: list[int], num_bytes: int, fractions,
+               gap: int) -> int:
+    """Write one document's spans under the ``within`` rule; 1 when it was too short to cut (it
+    then goes whole to train), else 0. A span's byte count is that of its decoded text."""
+    spans = within_spans(len(ids), fractions, gap)
+    if spans is None:
+        writers["train"].add(ids, num_bytes)
+        return 1
+    for split, (start, end) in spans.items():
+        if end > start:
+            span = ids[start:end]
+            writers[split].add(span, len(tok.decode(span).encode("utf-8")))
+    return 0
+
+
+def _empty_split_warnings(splits: dict, fractions, rule: dict, kept: int) -> list[str]:
+    """One sentence per split that has a non-zero fraction and no document."""
+    empty = [s for s, f in zip(SPLITS, fractions) if f > 0 and splits[s]["num_docs"] == 0]
+    if not empty:
+        return []
+    fix = ("pass --split-rule within to hold out the tail of every document" if rule["rule"] == "document"
+           else "lower --split-gap or --min-doc-tokens")
+    return [f"The {' and '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} empty ({kept} document"
+            f"{'s' if kept != 1 else ''} kept, too few or too short to give every split one); add documents "
+            f"or {fix}."]
 
 
 def _normalized_corpus_spec(spec: str) -> str:

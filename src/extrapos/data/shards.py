@@ -43,6 +43,7 @@ class SplitWriter:
         self.directory, self.split, self.dtype = Path(directory), split, np.dtype(dtype)
         self._file = open(tokens_path(self.directory, split), "wb")
         self._lengths: list[int] = []
+        self.doc_bytes: list[int] = []
         self.num_bytes = 0
 
     def add(self, ids, num_bytes: int) -> None:
@@ -50,6 +51,7 @@ class SplitWriter:
         array = np.asarray(ids, dtype=self.dtype)
         self._file.write(array.tobytes())
         self._lengths.append(len(array))
+        self.doc_bytes.append(num_bytes)
         self.num_bytes += num_bytes
 
     @property
@@ -75,6 +77,38 @@ class SplitWriter:
             "bytes_per_token": self.num_bytes / num_tokens if num_tokens else 0.0,
             "doc_tokens": length_stats(lengths),
         }
+
+
+def rewrite_splits(directory: Path, dtype: str, layout: dict[str, list[tuple[str, int]]],
+                   doc_bytes: dict[str, list[int]]) -> dict[str, dict]:
+    """Rewrite the closed splits of ``directory`` so split ``s`` holds the documents ``layout[s]``,
+    each named ``(old split, index)``, in that order; return the new manifest entries.
+
+    Used when documents change split after they were written (``splitting.rescue_moves``); the
+    new files are written beside the old ones and renamed over them.
+    """
+    directory = Path(directory)
+    scratch = directory / ".rewrite"
+    scratch.mkdir()
+    old = {}
+    for split in SPLITS:
+        offsets = np.load(offsets_path(directory, split))
+        tokens = (np.memmap(tokens_path(directory, split), dtype=dtype, mode="r") if offsets[-1]
+                  else np.zeros(0, dtype=dtype))
+        old[split] = (offsets, tokens)
+    entries = {}
+    for split in SPLITS:
+        writer = SplitWriter(scratch, split, dtype)
+        for source, i in layout[split]:
+            offsets, tokens = old[source]
+            writer.add(tokens[offsets[i]:offsets[i + 1]], doc_bytes[source][i])
+        entries[split] = writer.close()
+    del old  # unmap before the files are replaced
+    for split in SPLITS:
+        tokens_path(scratch, split).replace(tokens_path(directory, split))
+        offsets_path(scratch, split).replace(offsets_path(directory, split))
+    scratch.rmdir()
+    return entries
 
 
 def length_stats(lengths: np.ndarray) -> dict:
@@ -104,10 +138,50 @@ def read_manifest(directory: str | Path) -> dict:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise UserError(f"The manifest '{path}' is damaged; prepare the data again.") from None
+    if not isinstance(manifest, dict):
+        raise UserError(f"The manifest '{path}' is damaged; prepare the data again.")
     if manifest.get("format") != FORMAT:
         raise UserError(f"'{directory}' was prepared in format {manifest.get('format')!r}, this version "
                         f"reads {FORMAT!r}; prepare the data again.")
+    if not _well_formed(manifest):
+        raise UserError(f"The manifest '{path}' lacks its splits, dtype or tokenizer entries; prepare the data again.")
     return manifest
+
+
+def _well_formed(manifest: dict) -> bool:
+    """The entries readers use are there with the right types (a hand-edited or foreign manifest
+    otherwise fails later as a KeyError)."""
+    splits, tokenizer = manifest.get("splits"), manifest.get("tokenizer")
+    counts_ok = isinstance(splits, dict) and bool(splits) and all(
+        isinstance(entry, dict) and all(isinstance(entry.get(k), int) and entry[k] >= 0
+                                        for k in ("num_docs", "num_tokens"))
+        for entry in splits.values())
+    return (counts_ok and _unsigned_dtype(manifest.get("dtype")) and isinstance(tokenizer, dict)
+            and all(isinstance(tokenizer.get(k), int) for k in ("eot_id", "vocab_size")))
+
+
+def _unsigned_dtype(name) -> bool:
+    """uint16 / uint32 for text, uint8 for small synthetic vocabularies; nothing else holds token ids."""
+    try:
+        return isinstance(name, str) and np.dtype(name).kind == "u"
+    except TypeError:
+        return False
+
+
+def load_offsets(directory: str | Path, split: str, entry: dict) -> np.ndarray:
+    """The document offsets of ``split``, checked against its manifest ``entry``; UserError when
+    the file is missing, damaged or does not match."""
+    directory = Path(directory).expanduser()
+    path = offsets_path(directory, split)
+    try:
+        offsets = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        raise UserError(f"The offsets file '{path}' is missing or damaged; prepare the data again.") from None
+    if (offsets.ndim != 1 or offsets.dtype.kind not in "iu" or len(offsets) != entry["num_docs"] + 1
+            or offsets[0] != 0 or int(offsets[-1]) != entry["num_tokens"] or np.any(np.diff(offsets) < 0)):
+        raise UserError(f"The offsets of split '{split}' in '{directory}' do not match its manifest; "
+                        "prepare the data again.")
+    return offsets
 
 
 class TokenSplit:
@@ -136,10 +210,7 @@ class TokenSplit:
         # np.memmap cannot map an empty file; an empty split is a valid (if useless) split.
         self.tokens = (np.memmap(path, dtype=self.dtype, mode="r") if expected
                        else np.zeros(0, dtype=self.dtype))
-        self.offsets = np.load(offsets_path(self.directory, split))
-        if len(self.offsets) != self.info["num_docs"] + 1 or int(self.offsets[-1]) != self.info["num_tokens"]:
-            raise UserError(f"The offsets of split '{split}' in '{self.directory}' do not match its manifest; "
-                            "prepare the data again.")
+        self.offsets = load_offsets(self.directory, split, self.info)
         self.doc_lengths = np.diff(self.offsets)
 
     @property

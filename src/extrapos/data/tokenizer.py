@@ -26,7 +26,8 @@ import base64
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from extrapos.errors import UserError
@@ -37,6 +38,11 @@ BPE_SPECIAL_TOKENS = [EOT_TOKEN, PAD_TOKEN, MASK_TOKEN]  # ids 0, 1, 2 in a trai
 EOT_CANDIDATES = [EOT_TOKEN, "</s>", "<eos>", "<|end_of_text|>", "<|eot_id|>", "[SEP]", "<|im_end|>"]
 BYTE_ALPHABET = 256
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer.tiktoken")
+# BPE training rescans every word that holds the pair it merges, so one word of n characters costs
+# O(n) per merge and O(n^2) in all: a 200k-character line without spaces (base64, minified code)
+# took 30 s, 400k over two minutes. Training sees runs of (non-)whitespace cut to at most this
+# many characters; no word of ordinary text is that long, so the tokenizer trained on it is the same.
+MAX_TRAINING_RUN = 256
 
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|"""
@@ -187,8 +193,12 @@ class TiktokenTokenizer(Tokenizer):
         ranks = read_tiktoken_ranks(path)
         sidecar = path.with_name(path.name + ".json")
         if sidecar.exists():
-            meta = json.loads(sidecar.read_text())
-            return cls(ranks, meta["pattern"], meta["special_tokens"], path.stem)
+            try:
+                meta = json.loads(sidecar.read_bytes())
+                return cls(ranks, str(meta["pattern"]), dict(meta["special_tokens"]), path.stem)
+            except (ValueError, KeyError, TypeError):  # also JSONDecodeError, UnicodeDecodeError
+                raise UserError(f"The tiktoken sidecar '{sidecar}' is damaged (it needs 'pattern' and "
+                                "'special_tokens'); restore it or delete it to use the defaults.") from None
         name = path.name.lower()
         top = max(ranks.values()) + 1
         if "o200k" in name:
@@ -259,11 +269,27 @@ def parse_bpe_spec(spec: str) -> int:
     return n
 
 
+def capped_runs(texts: Iterable[str], max_run: int = MAX_TRAINING_RUN) -> Iterator[str]:
+    """The texts, each cut inside its runs of non-whitespace (or whitespace) longer than ``max_run``
+    characters into pieces whose runs are at most ``max_run`` long; a text without such runs is
+    yielded unchanged. Cuts fall inside a run, never next to its first character, so every other
+    pre-token of the text is the same in the pieces as in the whole."""
+    pattern = re.compile(rf"\S{{{max_run + 1},}}|\s{{{max_run + 1},}}")
+    for text in texts:
+        start = 0
+        for run in pattern.finditer(text):
+            for cut in range(run.start() + max_run, run.end(), max_run):
+                yield text[start:cut]
+                start = cut
+        yield text[start:]
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int) -> HFTokenizer:
-    """Train a GPT-2 style byte-level BPE: no unknown tokens, lossless decoding.
+    """Train a GPT-2 style byte-level BPE (Radford et al. 2019): no unknown tokens, lossless decoding.
 
     Special tokens come first (end-of-text 0, padding 1, mask 2). Training is deterministic for
-    the same texts in the same order, so a cache keyed by corpus and spec stays valid.
+    the same texts in the same order, so a cache keyed by corpus and spec stays valid. Training
+    reads the texts through ``capped_runs``, which keeps it linear in the input.
     """
     from tokenizers import Tokenizer as RustTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -277,7 +303,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> HFTokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(texts, trainer=trainer)
+    tok.train_from_iterator(capped_runs(texts), trainer=trainer)
     return HFTokenizer(tok, source=f"bpe:{vocab_size}")
 
 
@@ -310,12 +336,21 @@ def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
         if found is None:
             raise UserError(f"The directory '{path}' holds no tokenizer ({', '.join(TOKENIZER_FILES)}).")
         path = found
+    try:
+        return _load_file(path)
+    except OSError as e:  # unreadable (permissions), vanished, or a directory named like a file
+        raise UserError(f"Cannot read the tokenizer '{path}' ({e.strerror or e}); check the path and its "
+                        "permissions.") from None
+
+
+def _load_file(path: Path) -> Tokenizer:
     name = path.name.lower()
     if name.endswith(".json"):
         from tokenizers import Tokenizer as RustTokenizer
 
+        data = path.read_bytes()  # read here, so an unreadable file is an OSError, not a parse error
         try:
-            backend = RustTokenizer.from_file(str(path))
+            backend = RustTokenizer.from_str(data.decode("utf-8"))
         except Exception:  # tokenizers raises a bare Exception with serde's message
             raise UserError(f"'{path}' is not a Hugging Face tokenizer.json file.") from None
         return HFTokenizer(backend, source=str(path))
