@@ -158,12 +158,13 @@ def test_two_processes_on_one_run(reference, tiny_data, scratch, cache):
     try:
         deadline = time.time() + 60
         while time.time() < deadline and not ((out / ".lock").is_file() and "process" in (out / ".lock").read_text()):
-            time.sleep(0.2)
-        time.sleep(1.0)
+            time.sleep(0.05)
+        first.send_signal(signal.SIGSTOP)  # hold it while it holds the lock
         second = run(["train", "--out", str(out), "--resume", "--set", "train.steps=40", "--no-progress"],
                      cache=cache)
         assert_one_sentence_error(second, "is being trained by process")
     finally:
+        first.send_signal(signal.SIGCONT)
         first.wait(timeout=120)
     assert first.returncode == 0
     steps = [s for s, loss, _ in losses(out) if loss is not None]
