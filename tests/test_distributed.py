@@ -178,3 +178,44 @@ def test_checkpoints_resume_on_another_world_size(tiny_data, tmp_path):
     _cut_back_to(tmp_path / "one-to-two", 3)
     torchrun(29552, tmp_path / "one-to-two", ["train.parallel=fsdp"], resume=True)
     assert_close_trajectories(losses(tmp_path / "one-to-two"), losses(one))
+
+
+SHARDED_EVAL = '''
+import json, sys
+import torch.distributed as dist
+from extrapos import evaluate as ev
+from extrapos.runtime import init_distributed
+import torch
+
+rank, world, _ = init_distributed(torch.device("cpu"))
+rows = [0]
+score = ev.token_losses
+def counting(model, tokens, *args, **kw):
+    rows[0] += tokens.shape[0]
+    return score(model, tokens, *args, **kw)
+ev.token_losses = counting
+result = ev.evaluate(sys.argv[1], ev.EvalRequest(lengths=[1, 2, 4]), name="sharded", batch_tokens=96,
+                     progress=False)
+open(f"{sys.argv[2]}/rows-{rank}.json", "w").write(json.dumps({"rows": rows[0], "world": world}))
+'''
+
+
+@pytest.mark.slow
+def test_sharded_evaluation_equals_one_process(tiny_data, tmp_path):
+    from extrapos.evaluate import EvalRequest, evaluate
+
+    run = tmp_path / "run"
+    single(tiny_data, run, **{"train.steps": 3})
+    script = tmp_path / "sharded_eval.py"
+    script.write_text(SHARDED_EVAL)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29561",
+                    str(script), str(run), str(tmp_path)], check=True, capture_output=True, timeout=300, env=env)
+    one = evaluate(run, EvalRequest(lengths=[1, 2, 4]), name="one", batch_tokens=96, progress=False)
+    sharded = json.loads((run / "eval" / "sharded.json").read_text())
+    assert [r["loss"] for r in sharded["results"]] == [r["loss"] for r in one["results"]]
+    assert sharded["per_position"] == one["per_position"] and sharded["target_tokens"] == one["target_tokens"]
+    counts = [json.loads((tmp_path / f"rows-{r}.json").read_text()) for r in (0, 1)]
+    total = sum(one["results"][i]["windows"] for i in range(3))
+    assert all(c["world"] == 2 and 0 < c["rows"] < total for c in counts)  # each rank scored a share
+    assert sum(c["rows"] for c in counts) == total
