@@ -1,7 +1,17 @@
-"""Data parallel training under torchrun (2 CPU processes, gloo): it runs, logs the global batch
-and learns like one process does (marked slow: it starts two interpreters)."""
+"""Data parallel training under torchrun (2 CPU processes, gloo), DDP and FSDP2.
 
+What "the same run" means across world sizes: the global batch of 2 ranks x b windows is the next
+2b windows of one stream, exactly the batch of 1 rank x 2b, so the loss trajectories agree to fp32
+rounding (the gradient is reduced in another order, never bit for bit). On one world size a killed
+and resumed job repeats its losses exactly. One 2-process test runs in the default suite (CI); the
+rest are marked slow. Each test has its own --master_port, so they never collide.
+"""
+
+import json
+import os
 import shutil
+import signal
+import struct
 import subprocess
 import sys
 
@@ -10,26 +20,202 @@ import torch
 from safetensors.torch import load_file
 
 from extrapos.config import load_config
+from extrapos.presets import read_toml
 from extrapos.train import read_metrics, train
 from tests.conftest import tiny_overrides
 
+TOL = 2e-5  # fp32: a different summation order of the same gradients, a few steps of AdamW
 
-@pytest.mark.slow
-@pytest.mark.skipif(shutil.which("torchrun") is None and sys.platform != "linux", reason="needs torchrun")
-def test_two_process_data_parallel_run_trains_and_logs_the_global_batch(tiny_data, tmp_path):
-    sets = tiny_overrides(tiny_data, **{"train.steps": 4, "train.batch_size": 2})
-    args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
-            "-m", "extrapos", "train", "--config", "cpu/tiny", "--out", str(tmp_path / "ddp"), "--no-progress"]
+
+def torchrun(port, out, sets, nproc=2, resume=False, popen=False):
+    args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+            str(port), "-m", "extrapos", "train", "--out", str(out), "--no-progress"]
+    args += ["--resume"] if resume else ["--config", "cpu/tiny"]
     for s in sets:
         args += ["--set", s]
-    subprocess.run(args, check=True, capture_output=True, timeout=300)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    if popen:
+        return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def children(pid):
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+def losses(run_dir):
+    return [m["loss"] for m in read_metrics(run_dir) if "loss" in m]
+
+
+def header(path):
+    """A safetensors file's header: every tensor's name, dtype, shape and offset, and the metadata."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(n))
+
+
+def assert_close_trajectories(a, b):
+    assert len(a) == len(b) and len(a) >= 3
+    assert max(abs(x - y) for x, y in zip(a, b)) < TOL, (a, b)
+
+
+def single(tiny_data, out, **sets):
+    return train(load_config("cpu/tiny", tiny_overrides(tiny_data, **sets)), out, progress=False)
+
+
+def test_fsdp_two_ranks_equal_one_rank_with_twice_the_batch(tiny_data, tmp_path):
+    """The CI test: 2 FSDP2 ranks x 2 windows with 2 micro-batches per step (gradient sync only on
+    the second) = 1 process x 4 windows; the gathered checkpoint has the single-process format."""
+    common = {"train.steps": 4, "train.batch_tokens": 2 * 2 * 32 * 2}
+    torchrun(29541, tmp_path / "fsdp", tiny_overrides(tiny_data, **common, **{"train.batch_size": 2,
+                                                                              "train.parallel": "fsdp"}))
+    single(tiny_data, tmp_path / "one", **common, **{"train.batch_size": 4})
+    logged = [m for m in read_metrics(tmp_path / "fsdp") if "loss" in m]
+    assert [m["step"] for m in logged] == [1, 2, 3, 4] and logged[-1]["tokens"] == 4 * 256
+    assert_close_trajectories(losses(tmp_path / "fsdp"), losses(tmp_path / "one"))
+    assert losses(tmp_path / "fsdp")[-1] < losses(tmp_path / "fsdp")[0]
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        got, want = (tmp_path / r / "checkpoints" / "step-4" / name for r in ("fsdp", "one"))
+        assert header(got) == header(want), name  # same names, dtypes, shapes, tied-weight metadata
+    w_fsdp = load_file(str(tmp_path / "fsdp" / "checkpoints" / "step-4" / "model.safetensors"))
+    w_one = load_file(str(tmp_path / "one" / "checkpoints" / "step-4" / "model.safetensors"))
+    assert max(float((w_fsdp[k] - w_one[k]).abs().max()) for k in w_one) < 1e-4
+    # the config of a DDP run is written as before the option existed; an FSDP run records it
+    assert "parallel" not in read_toml(tmp_path / "one" / "config.toml")["train"]
+    assert read_toml(tmp_path / "fsdp" / "config.toml")["train"]["parallel"] == "fsdp"
+
+
+@pytest.mark.slow
+def test_ddp_two_ranks_equal_one_rank_with_twice_the_batch(tiny_data, tmp_path):
+    torchrun(29542, tmp_path / "ddp", tiny_overrides(tiny_data, **{"train.steps": 5, "train.batch_size": 2}))
+    single(tiny_data, tmp_path / "one", **{"train.steps": 5, "train.batch_size": 4})
     logged = [m for m in read_metrics(tmp_path / "ddp") if "loss" in m]
-    assert [m["step"] for m in logged] == [1, 2, 3, 4] and logged[-1]["tokens"] == 4 * 2 * 2 * 32
-    w = load_file(str(tmp_path / "ddp" / "checkpoints" / "step-4" / "model.safetensors"))
-    assert all(torch.isfinite(t).all() for t in w.values())
-    # a single process sees a different window order (the sampler shards by rank), so compare the
-    # learning signal rather than bits: both runs reduce the loss from the same start
-    single = train(load_config("cpu/tiny", tiny_overrides(tiny_data, **{"train.steps": 4, "train.batch_size": 4})),
-                   tmp_path / "single", progress=False)
-    assert abs(logged[0]["loss"] - read_metrics(tmp_path / "single")[0]["loss"]) < 0.05
-    assert logged[-1]["loss"] < logged[0]["loss"] and single.final_loss < logged[0]["loss"]
+    assert [m["step"] for m in logged] == [1, 2, 3, 4, 5] and logged[-1]["tokens"] == 5 * 2 * 2 * 32
+    assert_close_trajectories(losses(tmp_path / "ddp"), losses(tmp_path / "one"))
+
+
+@pytest.mark.slow
+def test_fsdp_with_activation_checkpointing_equals_one_rank_and_bf16_trains(tiny_data, tmp_path):
+    sets = {"train.steps": 4, "train.batch_size": 2, "train.parallel": "fsdp",
+            "train.activation_checkpointing": "true", "model.dropout": 0.0}
+    torchrun(29543, tmp_path / "ac", tiny_overrides(tiny_data, **sets))
+    single(tiny_data, tmp_path / "one", **{"train.steps": 4, "train.batch_size": 4})
+    assert_close_trajectories(losses(tmp_path / "ac"), losses(tmp_path / "one"))
+    # bf16 parameters and fp32 gradient reductions (MixedPrecisionPolicy): it runs and learns
+    torchrun(29544, tmp_path / "bf16", tiny_overrides(tiny_data, **{**sets, "train.precision": "bf16",
+                                                                    "train.steps": 6}))
+    got = losses(tmp_path / "bf16")
+    assert all(map(torch.isfinite, torch.tensor(got))) and got[-1] < got[0]
+    assert abs(got[0] - losses(tmp_path / "one")[0]) < 0.05  # the same start, to bf16 rounding
+    w = load_file(str(tmp_path / "bf16" / "checkpoints" / "step-6" / "model.safetensors"))
+    assert all(t.dtype == torch.float32 for t in w.values())  # fp32 master weights are saved
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel,port", [("fsdp", 29545), ("ddp", 29546)])
+def test_killed_two_process_job_resumes_exactly(tiny_data, tmp_path, parallel, port):
+    """SIGKILL torchrun and both workers after a checkpoint, resume under torchrun: the same losses
+    and weights, bit for bit, as the job that was never interrupted."""
+    sets = tiny_overrides(tiny_data, **{"train.steps": 8, "train.batch_size": 2, "train.checkpoint_every": 3,
+                                        "train.keep_checkpoints": 10, "train.parallel": parallel,
+                                        "model.dropout": 0.1})
+    torchrun(port, tmp_path / "reference", sets)
+    killed = tmp_path / "killed"
+    proc = torchrun(port + 10, killed, sets, popen=True)
+    for line in proc.stdout:  # blocks until rank 0 reports the second checkpoint
+        if "checkpoint saved" in line and "step-6" in line:
+            break
+    workers = children(proc.pid)  # torchrun starts each worker in a session of its own
+    assert len(workers) == 2
+    for pid in [proc.pid, *workers]:  # the whole job, as a scheduler kills it
+        os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "summary.json").exists()
+    torchrun(port + 20, killed, [], resume=True)
+    assert losses(killed) == losses(tmp_path / "reference")
+    want = load_file(str(tmp_path / "reference" / "checkpoints" / "step-8" / "model.safetensors"))
+    got = load_file(str(killed / "checkpoints" / "step-8" / "model.safetensors"))
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def _cut_back_to(run_dir, step):
+    """The run as if it had been stopped right after its checkpoint at ``step``."""
+    for ckpt in (run_dir / "checkpoints").glob("step-*"):
+        if int(ckpt.name.split("-")[1]) > step:
+            shutil.rmtree(ckpt)
+    (run_dir / "summary.json").unlink()
+
+
+@pytest.mark.slow
+def test_checkpoints_resume_on_another_world_size(tiny_data, tmp_path):
+    """2 FSDP ranks -> 1 process and 1 process -> 2 FSDP ranks. With train.batch_tokens fixed the
+    global batch stays the same (accumulation doubles on one process), so the resumed steps read the
+    same windows and their losses equal the uninterrupted run's to fp32 rounding."""
+    common = {"train.steps": 6, "train.checkpoint_every": 3, "train.keep_checkpoints": 10,
+              "train.batch_size": 2, "train.batch_tokens": 2 * 2 * 32}
+    two = tmp_path / "two"
+    torchrun(29551, two, tiny_overrides(tiny_data, **common, **{"train.parallel": "fsdp"}))
+    one = tmp_path / "one"
+    single(tiny_data, one, **common)
+    assert_close_trajectories(losses(two), losses(one))
+
+    # 2 -> 1: the one process continues the FSDP run's checkpoint (FSDP needs 2+ processes: ddp)
+    shutil.copytree(two, tmp_path / "two-to-one")
+    _cut_back_to(tmp_path / "two-to-one", 3)
+    from extrapos.cli import main
+
+    assert main(["train", "--out", str(tmp_path / "two-to-one"), "--resume", "--no-progress",
+                 "--set", "train.parallel=ddp"]) == 0
+    resumed = [m for m in read_metrics(tmp_path / "two-to-one") if "loss" in m]
+    assert [m["step"] for m in resumed] == [1, 2, 3, 4, 5, 6]
+    assert_close_trajectories([m["loss"] for m in resumed], losses(two))
+
+    # 1 -> 2: two FSDP ranks continue the single process's checkpoint
+    shutil.copytree(one, tmp_path / "one-to-two")
+    _cut_back_to(tmp_path / "one-to-two", 3)
+    torchrun(29552, tmp_path / "one-to-two", ["train.parallel=fsdp"], resume=True)
+    assert_close_trajectories(losses(tmp_path / "one-to-two"), losses(one))
+
+
+SHARDED_EVAL = '''
+import json, sys
+import torch.distributed as dist
+from extrapos import evaluate as ev
+from extrapos.runtime import init_distributed
+import torch
+
+rank, world, _ = init_distributed(torch.device("cpu"))
+rows = [0]
+score = ev.token_losses
+def counting(model, tokens, *args, **kw):
+    rows[0] += tokens.shape[0]
+    return score(model, tokens, *args, **kw)
+ev.token_losses = counting
+result = ev.evaluate(sys.argv[1], ev.EvalRequest(lengths=[1, 2, 4]), name="sharded", batch_tokens=96,
+                     progress=False)
+open(f"{sys.argv[2]}/rows-{rank}.json", "w").write(json.dumps({"rows": rows[0], "world": world}))
+'''
+
+
+@pytest.mark.slow
+def test_sharded_evaluation_equals_one_process(tiny_data, tmp_path):
+    from extrapos.evaluate import EvalRequest, evaluate
+
+    run = tmp_path / "run"
+    single(tiny_data, run, **{"train.steps": 3})
+    script = tmp_path / "sharded_eval.py"
+    script.write_text(SHARDED_EVAL)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29561",
+                    str(script), str(run), str(tmp_path)], check=True, capture_output=True, timeout=300, env=env)
+    one = evaluate(run, EvalRequest(lengths=[1, 2, 4]), name="one", batch_tokens=96, progress=False)
+    sharded = json.loads((run / "eval" / "sharded.json").read_text())
+    assert [r["loss"] for r in sharded["results"]] == [r["loss"] for r in one["results"]]
+    assert sharded["per_position"] == one["per_position"] and sharded["target_tokens"] == one["target_tokens"]
+    counts = [json.loads((tmp_path / f"rows-{r}.json").read_text()) for r in (0, 1)]
+    total = sum(one["results"][i]["windows"] for i in range(3))
+    assert all(c["world"] == 2 and 0 < c["rows"] < total for c in counts)  # each rank scored a share
+    assert sum(c["rows"] for c in counts) == total

@@ -35,6 +35,22 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 @dataclass
+class TensorState:
+    """A model and optimizer state as tensors in this module's layout, for processes that hold no
+    whole module to save (FSDP shards gathered on rank 0) or load into.
+
+    ``weights`` holds one name per shared tensor and ``weights_metadata`` the dropped names
+    (dropped -> kept), as safetensors' ``save_model`` writes them; ``optimizer`` is keyed
+    ``<param index>.<state name>``, ``param_groups`` as ``Optimizer.state_dict`` gives them.
+    """
+
+    weights: dict[str, torch.Tensor]
+    weights_metadata: dict[str, str]
+    optimizer: dict[str, torch.Tensor]
+    param_groups: list[dict[str, Any]]
+
+
+@dataclass
 class Checkpoint:
     path: Path
     step: int
@@ -173,12 +189,15 @@ def _rng_tensors() -> dict[str, torch.Tensor]:
 def save_checkpoint(
     run_dir: Path,
     step: int,
-    model: nn.Module,
+    model: nn.Module | TensorState,
     optimizer: torch.optim.Optimizer | None,
     state: dict[str, Any],
     keep: int = 0,
 ) -> Path:
-    """Write ``run_dir/checkpoints/step-<step>`` atomically; keep the newest ``keep`` (0 keeps all)."""
+    """Write ``run_dir/checkpoints/step-<step>`` atomically; keep the newest ``keep`` (0 keeps all).
+
+    ``model`` is a module and ``optimizer`` its optimizer, or ``model`` is a ``TensorState`` that
+    holds both (``optimizer`` None): the files are the same either way."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):
@@ -187,8 +206,13 @@ def save_checkpoint(
     tmp = root / f".tmp-step-{step}"
     try:
         tmp.mkdir()
-        save_model(model, str(tmp / "model.safetensors"))
         groups = []
+        if isinstance(model, TensorState):
+            save_file(model.weights, str(tmp / "model.safetensors"), metadata=model.weights_metadata or None)
+            groups = model.param_groups
+            save_file(model.optimizer, str(tmp / "optimizer.safetensors"))
+        else:
+            save_model(model, str(tmp / "model.safetensors"))
         if optimizer is not None:
             tensors, groups = _optimizer_tensors(optimizer)
             save_file(tensors, str(tmp / "optimizer.safetensors"))
@@ -253,6 +277,16 @@ def load_optimizer(optimizer: torch.optim.Optimizer, ckpt: Checkpoint) -> None:
         idx, _, name = key.partition(".")
         per_param.setdefault(int(idx), {})[name] = value
     optimizer.load_state_dict({"state": per_param, "param_groups": state["param_groups"]})
+
+
+def read_state(ckpt: Checkpoint) -> TensorState:
+    """A checkpoint's weights and optimizer state as tensors (for a model with no whole module here)."""
+    from safetensors import safe_open
+
+    with safe_open(str(ckpt.path / "model.safetensors"), framework="pt") as f:
+        metadata = {k: v for k, v in (f.metadata() or {}).items()}
+    return TensorState(load_file(str(ckpt.path / "model.safetensors")), metadata,
+                       load_file(str(ckpt.path / "optimizer.safetensors")), ckpt.state["param_groups"])
 
 
 def restore_rng(ckpt: Checkpoint) -> None:

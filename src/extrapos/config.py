@@ -74,6 +74,8 @@ class TrainConfig:
     grad_clip: float = 1.0               # 0 disables
     precision: str = "fp32"              # fp32 | bf16 (autocast)
     compile: bool = False
+    parallel: str = "ddp"                # ddp | fsdp (FSDP2) across torchrun processes
+    activation_checkpointing: bool = False  # recompute each block's activations in the backward
     seed: int = 0
     device: str = "auto"                 # auto | cpu | cuda | cuda:N
     threads: int | None = None           # torch intra-op threads on CPU (None: torch's default)
@@ -97,10 +99,20 @@ class RunConfig:
         return self.train.seq_len or self.model.train_length
 
     def to_dict(self) -> dict[str, Any]:
-        return _drop_none(dataclasses.asdict(self))
+        d = _drop_none(dataclasses.asdict(self))
+        for section, defaults in WRITTEN_WHEN_SET.items():
+            for key, default in defaults.items():
+                if d[section].get(key) == default:
+                    del d[section][key]
+        return d
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())
+
+
+# Keys added after runs were saved, written only when they differ from their default: a run saved
+# before them keeps a byte-identical config.toml, which `compare` and `extend` compare as text.
+WRITTEN_WHEN_SET: dict[str, dict[str, Any]] = {"train": {"parallel": "ddp", "activation_checkpointing": False}}
 
 
 def _drop_none(d: Any) -> Any:
@@ -167,6 +179,7 @@ def _validate_train(t: TrainConfig) -> None:
         _require(value is None or value > 0, f"train.{key}", "positive", value)
     _require(t.batch_size >= 1, "train.batch_size", "a positive integer", t.batch_size)
     _require(t.precision in ("fp32", "bf16"), "train.precision", "'fp32' or 'bf16'", t.precision)
+    _require(t.parallel in ("ddp", "fsdp"), "train.parallel", "'ddp' or 'fsdp'", t.parallel)
     _require(t.schedule in ("cosine", "linear", "constant"), "train.schedule", "cosine, linear or constant",
              t.schedule)
     _require(t.lr >= 0 and math.isfinite(t.lr), "train.lr", "a non-negative number", t.lr)

@@ -225,10 +225,16 @@ def score_windows(model, spans: torch.Tensor, window: int, batch_tokens: int, pr
     Plain mode: non-overlapping windows, each starting at position 0. Sliding mode (``stride``):
     windows advance by ``stride`` and each scores only its last ``stride`` targets (the first window
     scores all of its own), so every target is scored once with up to ``window - 1`` tokens of context.
+    Under torchrun the batches are dealt out to the ranks and the losses all-reduced: each target is
+    scored by one rank in the batch a single process would put it in, so the result is the same.
     """
+    import torch.distributed as dist
+
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    rank = dist.get_rank() if world > 1 else 0
     n, span_plus = spans.shape
     span_len = span_plus - 1
-    out = torch.empty(n, span_len)
+    out = torch.empty(n, span_len) if world == 1 else torch.zeros(n, span_len)  # others' targets: summed in
     device = next(model.parameters()).device
     if stride is None or stride >= window:
         starts = [(s, s, s + window) for s in range(0, span_len, window)]  # (window start, score from, to)
@@ -242,7 +248,7 @@ def score_windows(model, spans: torch.Tensor, window: int, batch_tokens: int, pr
     jobs = [(i, w) for i in range(n) for w in starts]
     per_batch = max(1, batch_tokens // window)
     positions = torch.arange(window, device=device).unsqueeze(0)
-    for b in range(0, len(jobs), per_batch):
+    for b in range(rank * per_batch, len(jobs), world * per_batch):
         chunk = jobs[b:b + per_batch]
         toks = torch.stack([spans[i, w0:w0 + window] for i, (w0, _, _) in chunk]).to(device)
         tgts = torch.stack([spans[i, w0 + 1:w0 + window + 1] for i, (w0, _, _) in chunk]).to(device)
@@ -250,7 +256,12 @@ def score_windows(model, spans: torch.Tensor, window: int, batch_tokens: int, pr
         for row, (i, (w0, s0, s1)) in enumerate(chunk):
             out[i, s0:s1] = losses[row, s0 - w0:s1 - w0]
         if bar is not None:
-            bar.update(sum(s1 - s0 for _, (_, s0, s1) in chunk))
+            bar.update(sum(s1 - s0 for _, (_, s0, s1) in chunk) * world)
+    if world > 1:
+        # every target was written by exactly one rank and is 0 on the others: the sum is exact
+        summed = out.to(device)  # NCCL reduces device tensors, gloo CPU ones
+        dist.all_reduce(summed)
+        out = summed.cpu()
     return out
 
 

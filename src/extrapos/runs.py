@@ -33,9 +33,15 @@ class LoadedRun:
 
 def load_run(run_dir: str | Path, device: str | torch.device = "cpu", step: int | None = None,
              checkpoint: ckpt_io.Checkpoint | None = None) -> LoadedRun:
-    """Load the newest intact (or a given ``step``'s, or a verified ``checkpoint``) weights, model in eval mode."""
+    """Load the newest intact (or a given ``step``'s, or a verified ``checkpoint``) weights, model in eval mode.
+
+    ``device`` "auto" is CUDA when a GPU is visible, else the CPU."""
     from extrapos.data import load_tokenizer
     from extrapos.model import Decoder
+    from extrapos.runtime import resolve_device
+
+    if device == "auto":
+        device = resolve_device("auto")
 
     path = Path(run_dir)
     cfg = load_run_config(path)

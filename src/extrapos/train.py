@@ -6,7 +6,8 @@ effective batch in tokens, clipping, bf16 autocast, optional torch.compile, peri
 ``metrics.jsonl`` + a progress bar, atomic checkpoints that resume exactly, and a clear stop on a
 non-finite loss. It runs in stages (``Trainer``): build or resume, ``train_step`` once per optimizer
 step, the periodic work (log, validate, checkpoint), finish. Multi-process (torchrun) is data
-parallel: each rank reads its own shard of the window order, rank 0 alone writes files.
+parallel, DDP or FSDP2 (``train.parallel``, parallelize.py): each rank reads its own share of the
+global window order, rank 0 alone writes files, and checkpoints have the single-process format.
 How exact resume works is described in docs/architecture.md.
 """
 
@@ -16,7 +17,6 @@ import json
 import math
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from extrapos import checkpoint as ckpt_io
+from extrapos import parallelize
 from extrapos.config import RunConfig, load_run_config
 from extrapos.data.batch import Batch
 from extrapos.errors import UserError
@@ -138,7 +139,7 @@ def run_is_complete(run_dir: Path) -> bool:
 # keys a --resume may change: they decide how long to train and what to log, not what is learned
 RESUMABLE_KEYS = {f"train.{k}" for k in ("steps", "tokens", "epochs", "log_every", "eval_every", "eval_batches",
                                          "checkpoint_every", "keep_checkpoints", "threads", "tensorboard",
-                                         "wandb")}
+                                         "wandb", "parallel", "activation_checkpointing")}
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, object]:
@@ -198,6 +199,7 @@ def train(
     else:
         cfg, changes = resume_config(run_dir, cfg)
     rank, world, device = init_distributed(resolve_device(cfg.train.device))
+    parallelize.check_parallel(cfg, world)
     is_main = rank == 0
     if is_main:
         ensure_writable_dir(run_dir, "the run")
@@ -222,6 +224,8 @@ class Trainer:
         self.is_main = rank == 0
         self.progress = progress and self.is_main
         t = cfg.train
+        parallelize.check_parallel(cfg, world)
+        self.sharded = parallelize.is_sharded(cfg, world)
         if t.threads and device.type == "cpu":
             torch.set_num_threads(t.threads)
         warn_slow_bf16(device, t.precision)
@@ -241,11 +245,13 @@ class Trainer:
         self.model = Decoder(cfg.model).to(device)
         if init_from is not None:
             ckpt_io.load_weights(self.model, Path(init_from))
+        self.ties = parallelize.tied_names(self.model)  # seen before sharding hides them
+        # FSDP2 replaces the parameters by shards, so the optimizer is built after it, and restored after both
+        self.train_model = parallelize.parallelize(self.model, cfg, device, world)
         self.optimizer = build_optimizer(self.model, cfg)
         self.metrics = MetricsLog(run_dir, cfg, enabled=self.is_main)
         self.start_step, self.elapsed_before, self.tokens_seen = 0, 0.0, 0
         self.resumed_from = self._restore() if resume else None
-        self.train_model = self._wrap(self.model)
         self.flops_per_token = flops_per_token(cfg.model, cfg.seq_len)
         self.peak_flops = matmul_peak_flops(str(device), t.precision) if self.is_main else 0.0
         self.t_start = time.perf_counter()
@@ -286,24 +292,22 @@ class Trainer:
                 (self.run_dir / "summary.json").unlink(missing_ok=True)
             return None
         state = last.state
-        ckpt_io.load_weights(self.model, last)
-        ckpt_io.load_optimizer(self.optimizer, last)
+        if self.sharded:
+            parallelize.load_state(self.model, self.optimizer, last, self.ties)
+        else:
+            ckpt_io.load_weights(self.model, last)
+            ckpt_io.load_optimizer(self.optimizer, last)
         ckpt_io.restore_rng(last)
         self.sampler.load_state_dict(state["sampler"])
+        saved_world = state["sampler"].get("world_size", 1)
+        if saved_world != self.world and self.is_main:
+            _say(f"extrapos train: resuming a checkpoint of {saved_world} process(es) on {self.world}; the data "
+                 f"stream continues where it stopped, {self.plan.tokens_per_step} tokens per step.")
         self.start_step, self.elapsed_before, self.tokens_seen = state["step"], state["elapsed"], state["tokens"]
         self.metrics.truncate_after(self.start_step)
         if self.is_main:
             ckpt_io.prune_checkpoints(self.run_dir, self.cfg.train.keep_checkpoints)
         return last
-
-    def _wrap(self, model: nn.Module) -> nn.Module:
-        """The module the steps run through: DDP across processes, then torch.compile if asked."""
-        if self.world > 1:
-            from torch.nn.parallel import DistributedDataParallel
-
-            device_ids = [self.device.index] if self.device.type == "cuda" else None
-            model = DistributedDataParallel(model, device_ids=device_ids)
-        return torch.compile(model) if self.cfg.train.compile else model
 
     # ---- one optimizer step -----------------------------------------------------------------
 
@@ -318,11 +322,11 @@ class Trainer:
         n_tokens = torch.tensor(float(sum(b.num_tokens for b in batches)), device=device)
         if world > 1:
             torch.distributed.all_reduce(n_tokens)
-        n_tokens = n_tokens * 1.0 / world  # DDP averages gradients over ranks
+        n_tokens = n_tokens * 1.0 / world  # DDP and FSDP2 average gradients over ranks
         step_loss = torch.zeros((), device=device)
         for i, b in enumerate(batches):
-            # gradients are all-reduced once per step, on the last micro-batch
-            sync = nullcontext() if (world == 1 or i == accum - 1) else self.train_model.no_sync()
+            # gradients are reduced across processes once per step, on the last micro-batch
+            sync = parallelize.gradient_sync(self.train_model, self.model, cfg, world, enabled=i == accum - 1)
             with sync, autocast(device, cfg.train.precision):
                 logits = self.train_model(b.tokens, b.positions)
                 loss = masked_loss_sum(logits, b) / n_tokens
@@ -369,10 +373,12 @@ class Trainer:
             self.save(done, stats.loss)
 
     def save(self, step: int, loss: float, val_loss: float | None = None) -> None:
+        # shards are gathered by every process (a collective) into one full state on rank 0
+        gathered = parallelize.gather_state(self.model, self.optimizer, self.ties) if self.sharded else None
         if self.is_main:
             extra = {"val_loss": val_loss} if step == self.plan.total_steps else {}
             path = ckpt_io.save_checkpoint(
-                self.run_dir, step, self.model, self.optimizer,
+                self.run_dir, step, gathered or self.model, None if gathered else self.optimizer,
                 {"sampler": self.sampler.state_dict(), "elapsed": self.elapsed(),
                  "tokens": self.tokens_seen, "loss": loss, "config": self.cfg.to_dict(), **extra},
                 keep=self.cfg.train.keep_checkpoints,

@@ -82,11 +82,64 @@ def test_same_seed_same_stream_other_seed_other_stream(synthetic_split):
 def test_ranks_get_disjoint_equal_shares(synthetic_split):
     split = synthetic_split(numbered_docs(LENGTHS))
     shares = [epoch_of_windows(ContiguousSampler(split, 4, 2, seed=1, rank=r, world_size=3)) for r in range(3)]
-    assert [len(s) for s in shares] == [5, 5, 5]  # 16 windows: one dropped so every rank has 5
+    assert [len(s) for s in shares] == [5, 5, 5]  # 16 windows: 5 per rank from the first 15 of the stream
     flat = [t for s in shares for t in s]
     assert len(set(flat)) == 15 and set(flat) <= set(epoch_of_windows(ContiguousSampler(split, 4, 2, seed=1)))
     with pytest.raises(UserError, match="outside the world size"):
         ContiguousSampler(split, 4, 2, rank=3, world_size=3)
+
+
+ODD = [*LENGTHS, 5]  # 17 windows: an epoch that 2 ranks cannot split evenly
+
+
+def global_batches(samplers, n):
+    """First tokens of ``n`` global batches of these rank samplers, ranks interleaved as they take them."""
+    out = []
+    for _ in range(n):
+        per_rank = [s.next_batch().tokens[:, 0].tolist() for s in samplers]
+        out.append([t for row in zip(*per_rank) for t in row])
+    return out
+
+
+def test_two_ranks_of_b_read_the_batches_of_one_rank_of_2b(synthetic_split):
+    split = synthetic_split(numbered_docs(ODD))
+    one = ContiguousSampler(split, 4, 6, seed=3)
+    want = [one.next_batch().tokens[:, 0].tolist() for _ in range(9)]  # 54 windows: across 3 epoch ends
+    two = [ContiguousSampler(split, 4, 3, seed=3, rank=r, world_size=2) for r in range(2)]
+    assert global_batches(two, 9) == want
+    assert one.epoch == two[0].epoch == two[1].epoch == 3
+
+
+def test_a_stream_position_resumes_on_another_world_size(synthetic_split):
+    """2 ranks -> 1 -> 2 ranks, a global batch of 2 windows throughout: the windows of one unbroken stream."""
+    split = synthetic_split(numbered_docs(ODD))
+    reference = ContiguousSampler(split, 4, 2, seed=4)
+    want = [reference.next_batch().tokens[:, 0].tolist() for _ in range(14)]
+    two = [ContiguousSampler(split, 4, 1, seed=4, rank=r, world_size=2) for r in range(2)]
+    got = global_batches(two, 5)
+    state = json.loads(json.dumps(two[0].state_dict()))
+    assert state == two[1].state_dict() and state["position"] == 10  # every rank holds the global position
+    one = ContiguousSampler(split, 4, 2, seed=4)
+    one.load_state_dict(state)
+    got += [one.next_batch().tokens[:, 0].tolist() for _ in range(5)]  # runs across the epoch end
+    two = [ContiguousSampler(split, 4, 1, seed=4, rank=r, world_size=2) for r in range(2)]
+    for s in two:
+        s.load_state_dict(one.state_dict())
+    got += global_batches(two, 4)
+    assert got == want
+
+
+def test_a_state_saved_with_per_rank_positions_continues_its_epoch(synthetic_split):
+    split = synthetic_split(numbered_docs(LENGTHS))
+    ranks = [ContiguousSampler(split, 4, 2, seed=5, rank=r, world_size=2) for r in range(2)]
+    for s in ranks:
+        s.next_batch()
+        s.next_batch()
+    old = {k: v for k, v in ranks[1].state_dict().items() if k != "stream"}
+    old["position"] = 4  # what each rank had taken, as states recorded it before positions were global
+    resumed = ContiguousSampler(split, 4, 2, seed=5, rank=1, world_size=2)
+    resumed.load_state_dict(old)
+    assert torch.equal(resumed.next_batch().tokens, ranks[1].next_batch().tokens)
 
 
 def test_resume_mid_epoch_continues_the_same_stream(synthetic_split):

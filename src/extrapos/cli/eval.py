@@ -28,7 +28,7 @@ def register(sub) -> None:
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     p.add_argument("--name", default=None, help="result name in RUN/eval/ (default: from the options)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing different result")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
@@ -76,13 +76,17 @@ def position_options(args, lengths: list[int]) -> dict[str, Any]:
 
 def run(args) -> int:
     from extrapos.evaluate import EvalRequest, evaluate, format_result
+    from extrapos.runtime import init_distributed, resolve_device
 
     lengths = parse_lengths(args.lengths)
     req = EvalRequest(lengths=lengths, corpus=args.corpus, data_dir=args.data, split=args.split,
                       max_tokens=args.max_tokens, position_options=position_options(args, lengths),
                       stride=args.stride, precision=args.precision, step=args.step)
-    result = evaluate(args.run, req, name=args.name, overwrite=args.overwrite, device=args.device,
-                      progress=not args.no_progress)
-    print(format_result(result))
-    print(f"-> {Path(args.run) / 'eval' / (result['name'] + '.json')}")
+    # under torchrun the windows are scored by all ranks together (each ends with the whole result)
+    rank, _, device = init_distributed(resolve_device(args.device))
+    result = evaluate(args.run, req, name=args.name, overwrite=args.overwrite, device=str(device),
+                      progress=not args.no_progress and rank == 0)
+    if rank == 0:
+        print(format_result(result))
+        print(f"-> {Path(args.run) / 'eval' / (result['name'] + '.json')}")
     return 0

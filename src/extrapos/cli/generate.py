@@ -18,7 +18,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scale", type=float, default=None, help="ExPE/ExQPE inference-time scale")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole prefix every token (slow)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.set_defaults(func=run)
 
 

@@ -44,7 +44,7 @@ def register(sub) -> None:
     p.add_argument("--name", default=None, help="result name in RUN/eval/")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--plot", default=None, help="write the length x depth heatmap here (PNG)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_passkey)
 
@@ -60,7 +60,7 @@ def register(sub) -> None:
     s.add_argument("--step", type=int, default=None)
     s.add_argument("--name", default=None)
     s.add_argument("--overwrite", action="store_true")
-    s.add_argument("--device", default="cpu")
+    s.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
     s.set_defaults(func=run_synthetic)
 
     m = sub.add_parser("lm-eval", help="lm-evaluation-harness tasks on a run (hellaswag, arc_easy, ...)",

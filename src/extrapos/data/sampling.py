@@ -50,10 +50,14 @@ def gather(tokens: np.ndarray, starts: np.ndarray, span: int) -> np.ndarray:
 class Sampler:
     """Endless, deterministic, resumable, rank-sharded stream over ``num_items`` items per epoch.
 
-    Each epoch the items are permuted with ``(seed, epoch)``; the permutation is cut to a
-    multiple of ``world_size`` (so every rank gets the same number of batches and data-parallel
-    training never waits on a rank that ran out) and rank r takes every world_size-th item.
-    Batches run across epoch boundaries, so the stream never ends and never repeats a partial batch.
+    Each epoch the items are permuted with ``(seed, epoch)``, and the epochs' permutations laid end
+    to end are one global stream that does not depend on the number of ranks. A batch of every
+    rank together is the next ``world_size x batch_size`` items of that stream, of which rank r
+    takes every world_size-th item starting at r. So 2 ranks x batch b read, step for step, the same
+    windows as 1 rank x batch 2b (the same global batch, only split), every rank gets the same number
+    of items per batch, and the stream position (``state_dict``) counts items of all ranks: a run
+    checkpointed on one world size resumes on another where it stopped. Batches run across epoch
+    boundaries, so the stream never ends and never repeats a partial batch.
     """
 
     def __init__(self, split: TokenSplit, seq_len: int, batch_size: int, seed: int = 0, rank: int = 0,
@@ -83,7 +87,8 @@ class Sampler:
 
     @property
     def windows_per_epoch(self) -> int:
-        """Items this rank sees per epoch (equal on every rank)."""
+        """Items this rank sees per epoch (on average: an epoch of an odd number of items is split
+        unevenly when a global batch runs across its end)."""
         return self.num_items // self.world_size
 
     @property
@@ -100,15 +105,13 @@ class Sampler:
                 "use a shorter sequence length or prepare longer documents.")
 
     def _order(self, epoch: int) -> np.ndarray:
-        """This rank's items of ``epoch`` in order."""
+        """The items of ``epoch`` in order (all ranks' together)."""
         if self._order_cache is None or self._order_cache[0] != epoch:
-            permutation = np.random.default_rng([self.seed, epoch]).permutation(self.num_items)
-            usable = self.windows_per_epoch * self.world_size
-            self._order_cache = (epoch, permutation[:usable][self.rank::self.world_size])
+            self._order_cache = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.num_items))
         return self._order_cache[1]
 
-    def next_items(self, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """The next ``count`` items of this rank's stream and their epochs; advances the stream."""
+    def _next_global(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """The next ``count`` items of the global stream and their epochs; advances the stream."""
         items, epochs = [], []
         while count:
             order = self._order(self._epoch)
@@ -121,6 +124,14 @@ class Sampler:
                 self._epoch, self._position = self._epoch + 1, 0
         return np.concatenate(items), np.concatenate(epochs)
 
+    def next_items(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's ``count`` items of the next global batch and their epochs; advances the stream.
+
+        Every rank advances the global stream by ``world_size x count`` and keeps its own slice, so the
+        ranks stay in step without talking to each other."""
+        items, epochs = self._next_global(count * self.world_size)
+        return items[self.rank::self.world_size], epochs[self.rank::self.world_size]
+
     def next_batch(self) -> Batch:
         return self._build_batch(*self.next_items(self.batch_size))
 
@@ -129,20 +140,28 @@ class Sampler:
             yield self.next_batch()
 
     def state_dict(self) -> dict:
-        """Where the stream stands, as plain JSON: enough to resume mid-epoch exactly."""
+        """Where the stream stands, as plain JSON: enough to resume mid-epoch exactly.
+
+        ``position`` counts the items of the epoch that all ranks together have taken
+        (``stream = "global"``), so the state means the same on any number of ranks."""
         return {"sampler": type(self).__name__, "epoch": self._epoch, "position": self._position,
-                "seed": self.seed, "seq_len": self.seq_len, "world_size": self.world_size,
+                "stream": "global", "seed": self.seed, "seq_len": self.seq_len, "world_size": self.world_size,
                 "num_items": self.num_items}
 
     def load_state_dict(self, state: dict) -> None:
         mine = self.state_dict()
-        for key in ("sampler", "seed", "seq_len", "world_size", "num_items"):
+        for key in ("sampler", "seed", "seq_len", "num_items"):
             if state.get(key) != mine[key]:
                 raise UserError(f"Cannot resume the data stream: its {key} was {state.get(key)!r}, now "
-                                f"{mine[key]!r}; resume with the same data, sequence length, seed and ranks.")
-        if not 0 <= state["position"] < max(self.windows_per_epoch, 1):
+                                f"{mine[key]!r}; resume with the same data, sequence length and seed.")
+        position = int(state["position"])
+        if state.get("stream") != "global":
+            # saved before positions were global: each of its world_size ranks had taken `position`
+            # items of an epoch whose interleaved order is the same as the global stream's
+            position *= int(state.get("world_size", 1))
+        if not 0 <= position < max(self.num_items, 1):
             raise UserError(f"Cannot resume the data stream: position {state['position']} is outside the epoch.")
-        self._epoch, self._position = int(state["epoch"]), int(state["position"])
+        self._epoch, self._position = int(state["epoch"]), position
 
 
 class ContiguousSampler(Sampler):
