@@ -21,7 +21,8 @@ LAYERS = [
     ("model", {"model"}),
     ("run helpers", {"config", "checkpoint", "parallelize", "perf", "metrics", "runtime", "runs", "report",
                      "stats", "lock"}),
-    ("commands", {"catalog", "train", "evaluate", "generate", "diagnostics", "bench", "extend", "compare",
+    ("commands", {"catalog", "train", "evaluate", "evaluate_mlm", "generate", "diagnostics", "bench", "extend",
+                  "compare",
                   "tasks", "integrations"}),
     ("cli", {"cli", "__main__"}),
 ]

@@ -3,6 +3,8 @@
 Shapes: q (B, H, Tq, d_h); k, v (B, H_kv, Tk, d_h) with H % H_kv == 0; Tq <= Tk. Attention is
 causal with the queries aligned to the END of the keys (query t sees keys j <= t + Tk - Tq),
 which covers both full forwards (Tq == Tk) and cached decoding (Tq new tokens after Tk - Tq).
+``causal=False`` (the encoder flavour, docs/encoder.md) drops the mask: every query sees every key,
+on every path below.
 
 ``attention`` picks the kernel; every path equals ``attention_reference`` in the tests:
 no bias -> fused SDPA; ``FoldedBias`` (ALiBi, CABLE) -> one extra q/k dimension in fused SDPA,
@@ -64,19 +66,21 @@ def bias_block(bias: Bias, q_slice: slice | None = None) -> Tensor:
     raise TypeError(f"unknown bias description {type(bias).__name__}")
 
 
-def attention_reference(q: Tensor, k: Tensor, v: Tensor, bias: Bias | None = None, dropout_p: float = 0.0) -> Tensor:
-    """Plain materialized softmax(q k^T / sqrt(d_h) + bias + causal mask) v. The tests' ground truth."""
+def attention_reference(q: Tensor, k: Tensor, v: Tensor, bias: Bias | None = None, dropout_p: float = 0.0,
+                        causal: bool = True) -> Tensor:
+    """Plain materialized softmax(q k^T / sqrt(d_h) + bias (+ causal mask)) v. The tests' ground truth."""
     B, H, Tq, Dh = q.shape
     Tk = k.shape[2]
     k, v = _expand_kv(k, H), _expand_kv(v, H)
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(Dh)
     i = torch.arange(Tq, device=q.device).unsqueeze(-1) + (Tk - Tq)
     j = torch.arange(Tk, device=q.device)
+    visible = (j <= i) if causal else torch.ones(Tq, Tk, dtype=torch.bool, device=q.device)
     if isinstance(bias, LogitBias):
-        scores = scores + bias.fn(scores, q, bias.q_feat, bias.k_feat, j <= i).to(scores.dtype)
+        scores = scores + bias.fn(scores, q, bias.q_feat, bias.k_feat, visible).to(scores.dtype)
     elif bias is not None:
         scores = scores + bias_block(bias).to(scores.dtype)
-    scores = scores.masked_fill(j > i, float("-inf"))
+    scores = scores.masked_fill(~visible, float("-inf"))
     weights = torch.softmax(scores.to(_softmax_dtype(scores.dtype)), dim=-1).to(v.dtype)
     if dropout_p:
         weights = torch.dropout(weights, dropout_p, train=True)
@@ -91,22 +95,24 @@ def attention(
     dropout_p: float = 0.0,
     *,
     chunk_size: int | None = None,
+    causal: bool = True,
 ) -> Tensor:
-    """Causal attention (see module docstring); dropout_p applies to the attention weights.
+    """Causal (or, ``causal=False``, bidirectional) attention, see module docstring; dropout_p applies
+    to the attention weights.
 
     ``chunk_size`` (queries per block of the pairwise path) defaults to ``CHUNK_ELEMENTS`` worth.
     """
     _check_shapes(q, k, v)
     if bias is None:
-        return _sdpa(q, k, v, dropout_p)
+        return _sdpa(q, k, v, dropout_p, causal=causal)
     if _flex_wanted(q, bias, dropout_p):
-        out = _flex_or_none(q, k, v, bias)
+        out = _flex_or_none(q, k, v, bias, causal)
         if out is not None:
             return out
     if isinstance(bias, FoldedBias):
-        return folded_attention(q, k, v, bias, dropout_p)
+        return folded_attention(q, k, v, bias, dropout_p, causal=causal)
     if isinstance(bias, (PairwiseBias, LogitBias)):
-        return chunked_attention(q, k, v, bias, dropout_p, chunk_size=chunk_size)
+        return chunked_attention(q, k, v, bias, dropout_p, chunk_size=chunk_size, causal=causal)
     raise TypeError(f"unknown bias description {type(bias).__name__}")
 
 
@@ -123,10 +129,13 @@ def _causal_mask(Tq: int, Tk: int, device: torch.device) -> Tensor:
     return torch.arange(Tk, device=device) <= i
 
 
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, scale: float | None = None) -> Tensor:
-    """Fused SDPA, causal with bottom-right alignment; GQA without copying k/v."""
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, scale: float | None = None,
+          causal: bool = True) -> Tensor:
+    """Fused SDPA, causal with bottom-right alignment (or unmasked); GQA without copying k/v."""
     Tq, Tk = q.shape[2], k.shape[2]
     kwargs = {"dropout_p": dropout_p, "scale": scale, "enable_gqa": q.shape[1] != k.shape[1]}
+    if not causal:
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
     if Tq == Tk:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, **kwargs)
     if Tq == 1:  # the one new token sees every key
@@ -154,6 +163,7 @@ def folded_attention(
     subtract_reference: bool = True,
     fold_dtype: torch.dtype | None = None,
     block: int | None = None,
+    causal: bool = True,
 ) -> Tensor:
     """Fused SDPA with a rank-one bias folded into one extra q/k dimension (exact, see module doc).
 
@@ -163,7 +173,9 @@ def folded_attention(
     call per block of queries with its own shift, so every query's nearby keys have small features
     (max error at 16k positions drops from ~1e-3 to ~1e-6 in fp32, docs/attention.md).
     ``subtract_reference`` and ``fold_dtype`` exist for the precision measurements in
-    ``benchmarks/bench_attention.py``; the defaults are the right choice.
+    ``benchmarks/bench_attention.py``; the defaults are the right choice. Bidirectional
+    (``causal=False``): every block sees all keys and is shifted by the key at its last query's
+    position (still a row constant, and still small near each query).
     """
     B, H, Tq, Dh = q.shape
     Tk, Hkv = k.shape[2], k.shape[1]
@@ -177,33 +189,36 @@ def folded_attention(
     block = block or max(FOLD_BLOCK, H * Dh)
     past = Tk - Tq
     if Tq <= block or not subtract_reference:
-        out = _fold_call(q, k, v, qf, kf, dropout_p, dtype, subtract_reference)
+        ref = -1 if causal else past + Tq - 1
+        out = _fold_call(q, k, v, qf, kf, dropout_p, dtype, subtract_reference, causal, ref)
     else:
         outs = []
         for s in reversed(range(0, Tq, block)):  # largest first, as in chunked_attention
             e = min(s + block, Tq)
-            kend = past + e
+            kend = past + e if causal else Tk
             args = (q[:, :, s:e], k[:, :, :kend], v[:, :, :kend], qf[:, :, s:e], kf[:, :, :kend])
-            outs.append(_fold_call(*args, dropout_p, dtype, True))
+            outs.append(_fold_call(*args, dropout_p, dtype, True, causal, past + e - 1))
         out = torch.cat(outs[::-1], dim=2)
     return out.to(q.dtype)
 
 
 def _fold_call(
-    q: Tensor, k: Tensor, v: Tensor, qf: Tensor, kf: Tensor, dropout_p: float, dtype: torch.dtype, shift: bool
+    q: Tensor, k: Tensor, v: Tensor, qf: Tensor, kf: Tensor, dropout_p: float, dtype: torch.dtype, shift: bool,
+    causal: bool = True, ref: int = -1,
 ) -> Tensor:
-    """One SDPA call over q' = [q, qf sqrt(d_h), 0..], k' = [k, kf, 0..], v' = [v, 0..]."""
+    """One SDPA call over q' = [q, qf sqrt(d_h), 0..], k' = [k, kf, 0..], v' = [v, 0..]; ``ref``: the key
+    whose feature is subtracted (causal: the last one, which the last query sees)."""
     B, H, Tq, Dh = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     if shift:
-        kf = kf - kf[..., -1:].detach()  # a per-(b, h) constant: a row constant of the bias, exact
+        kf = kf - kf[..., ref:ref + 1 if ref != -1 else None].detach()  # a per-(b, h) constant: a row constant
     pad = 8 - Dh % 8  # >= 1 extra dims: fused kernels want head dims that are multiples of 8
     q2 = torch.cat([q.to(dtype), (qf * math.sqrt(Dh)).unsqueeze(-1), q.new_zeros(B, H, Tq, pad - 1, dtype=dtype)], -1)
     k2 = torch.cat([k.to(dtype), kf.unsqueeze(-1), k.new_zeros(B, Hkv, Tk, pad - 1, dtype=dtype)], -1)
     v2 = F.pad(v.to(dtype), (0, pad))
     # autocast would cast the fp32 fold back to half precision: keep it off here
     with torch.autocast(q.device.type, enabled=False):
-        out = _sdpa(q2, k2, v2, dropout_p, scale=1.0 / math.sqrt(Dh))
+        out = _sdpa(q2, k2, v2, dropout_p, scale=1.0 / math.sqrt(Dh), causal=causal)
     return out[..., :Dh]
 
 
@@ -224,13 +239,14 @@ def default_chunk_size(B: int, H: int, Tq: int, Tk: int, Dh: int | None = None) 
 
 
 def _chunk(
-    q: Tensor, k: Tensor, v: Tensor, qf: Tensor, kf: Tensor, fn: Callable, offset: int, dropout_p: float
+    q: Tensor, k: Tensor, v: Tensor, qf: Tensor, kf: Tensor, fn: Callable, offset: int, dropout_p: float,
+    causal: bool = True,
 ) -> Tensor:
     """One block of queries (the last of which sits at key index ``offset + tq - 1``) vs its keys."""
     tq, Tk = q.shape[2], k.shape[2]
     dtype = _softmax_dtype(q.dtype)
     i = torch.arange(tq, device=q.device).unsqueeze(-1) + offset
-    future = torch.arange(Tk, device=q.device) > i
+    future = (torch.arange(Tk, device=q.device) > i) & causal
     if not torch.is_grad_enabled():  # inference: one score block, updated in place
         scores = (q @ k.transpose(-1, -2)).to(dtype).mul_(1 / math.sqrt(q.shape[-1]))
         scores.add_(fn(qf, kf)).masked_fill_(future, float("-inf"))
@@ -247,12 +263,14 @@ def _chunk(
 
 
 def _logit_chunk(
-    q: Tensor, k: Tensor, v: Tensor, qf: Tensor, kf: Tensor, fn: Callable, offset: int, dropout_p: float
+    q: Tensor, k: Tensor, v: Tensor, qf: Tensor, kf: Tensor, fn: Callable, offset: int, dropout_p: float,
+    causal: bool = True,
 ) -> Tensor:
     """``_chunk`` for a ``LogitBias``: fn also sees the block's unmasked logits, queries and causal mask."""
     tq, Tk = q.shape[2], k.shape[2]
     dtype = _softmax_dtype(q.dtype)
     visible = torch.arange(Tk, device=q.device) <= torch.arange(tq, device=q.device).unsqueeze(-1) + offset
+    visible = visible | (not causal)
     scores = (q @ k.transpose(-1, -2)).to(dtype) / math.sqrt(q.shape[-1])
     scores = scores + fn(scores, q, qf, kf, visible).to(dtype)
     scores = scores.masked_fill(~visible, float("-inf"))
@@ -264,7 +282,7 @@ def _logit_chunk(
 
 def chunked_attention(
     q: Tensor, k: Tensor, v: Tensor, bias: PairwiseBias | LogitBias, dropout_p: float = 0.0, *,
-    chunk_size: int | None = None
+    chunk_size: int | None = None, causal: bool = True
 ) -> Tensor:
     """Pairwise- or logit-bias attention in blocks of queries: memory O(chunk * Tk) (see module doc)."""
     B, H, Tq, Dh = q.shape
@@ -274,7 +292,7 @@ def chunked_attention(
     past = Tk - Tq
     run = _logit_chunk if isinstance(bias, LogitBias) else _chunk
     if chunk >= Tq:
-        return run(q, k, v, bias.q_feat, bias.k_feat, bias.fn, past, dropout_p)
+        return run(q, k, v, bias.q_feat, bias.k_feat, bias.fn, past, dropout_p, causal)
     # recompute each block in backward instead of storing its (chunk, Tk) weights
     use_ckpt = torch.is_grad_enabled()
     outs = []
@@ -282,12 +300,12 @@ def chunked_attention(
     # the previous one (in increasing order glibc keeps growing its heap: 2 GB RSS at 16k vs 0.2)
     for s in reversed(range(0, Tq, chunk)):
         e = min(s + chunk, Tq)
-        kend = past + e  # keys after the block's last query are all masked: skip them
+        kend = past + e if causal else Tk  # causal: keys after the block's last query are masked, skip them
         args = (q[:, :, s:e], k[:, :, :kend], v[:, :, :kend], bias.q_feat[:, :, s:e], bias.k_feat[:, :, :kend])
         if use_ckpt:
-            out = checkpoint(run, *args, bias.fn, past + s, dropout_p, use_reentrant=False)
+            out = checkpoint(run, *args, bias.fn, past + s, dropout_p, causal, use_reentrant=False)
         else:
-            out = run(*args, bias.fn, past + s, dropout_p)
+            out = run(*args, bias.fn, past + s, dropout_p, causal)
         outs.append(out)
     return torch.cat(outs[::-1], dim=2)
 
@@ -315,7 +333,7 @@ def _flex_wanted(q: Tensor, bias: Bias, dropout_p: float) -> bool:
     return isinstance(bias, PairwiseBias) or q.dtype in (torch.float16, torch.bfloat16)
 
 
-def _flex_or_none(q: Tensor, k: Tensor, v: Tensor, bias: Bias) -> Tensor | None:
+def _flex_or_none(q: Tensor, k: Tensor, v: Tensor, bias: Bias, causal: bool = True) -> Tensor | None:
     """FlexAttention on CUDA, or None (caller falls back) when it is missing or fails."""
     if _flex_state.get("broken"):
         return None
@@ -325,22 +343,23 @@ def _flex_or_none(q: Tensor, k: Tensor, v: Tensor, bias: Bias) -> Tensor | None:
 
             _flex_state["fn"] = torch.compile(flex_attention, dynamic=False)
             _flex_state["mask"] = create_block_mask
-        return _flex(q, k, v, bias, _flex_state["fn"], _flex_state["mask"])
+        return _flex(q, k, v, bias, _flex_state["fn"], _flex_state["mask"], causal)
     except Exception as e:  # import errors, compile errors, unsupported captures: use the fallback
         _flex_state["broken"] = True
         warnings.warn(f"FlexAttention unavailable ({type(e).__name__}: {e}); using the chunked path", stacklevel=3)
         return None
 
 
-def _flex(q: Tensor, k: Tensor, v: Tensor, bias: Bias, flex_attention: Callable, create_block_mask: Callable) -> Tensor:
+def _flex(q: Tensor, k: Tensor, v: Tensor, bias: Bias, flex_attention: Callable, create_block_mask: Callable,
+          causal: bool = True) -> Tensor:
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
     past = Tk - Tq
 
-    def causal(b, h, qi, kj):
+    def visible(b, h, qi, kj):
         return kj <= qi + past
 
-    block_mask = None if Tq == 1 else create_block_mask(causal, None, None, Tq, Tk, device=q.device)
+    block_mask = None if Tq == 1 or not causal else create_block_mask(visible, None, None, Tq, Tk, device=q.device)
     if isinstance(bias, FoldedBias):
         kf = bias.k_feat.float()
         qf = bias.q_feat.float().expand(B, H, Tq)

@@ -86,6 +86,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     tensorboard: bool = False
     wandb: str | None = None             # a W&B project name to log to (needs wandb installed)
+    objective: str = "lm"                # lm: next token (decoders) | mlm: masked tokens (encoder flavour)
 
 
 @dataclass
@@ -112,7 +113,10 @@ class RunConfig:
 
 # Keys added after runs were saved, written only when they differ from their default: a run saved
 # before them keeps a byte-identical config.toml, which `compare` and `extend` compare as text.
-WRITTEN_WHEN_SET: dict[str, dict[str, Any]] = {"train": {"parallel": "ddp", "activation_checkpointing": False}}
+WRITTEN_WHEN_SET: dict[str, dict[str, Any]] = {
+    "model": {"parallel_residual": False, "embed_norm": False, "post_norm": False},
+    "train": {"parallel": "ddp", "activation_checkpointing": False, "objective": "lm"},
+}
 
 
 def _drop_none(d: Any) -> Any:
@@ -160,6 +164,9 @@ def validate(cfg: RunConfig) -> None:
     cfg.model.validate()
     _validate_train(cfg.train)
     _validate_data(cfg.data)
+    if (cfg.train.objective == "mlm") != (cfg.model.flavour == "encoder"):
+        raise UserError(f"train.objective={cfg.train.objective!r} does not fit model.flavour={cfg.model.flavour!r}: "
+                        "the encoder flavour trains with objective mlm, the decoders (gpt2, llama) with lm.")
     from extrapos.positions import registry
 
     registry.build_options(cfg.model.positions["name"], {k: v for k, v in cfg.model.positions.items() if k != "name"})
@@ -190,6 +197,7 @@ def _validate_train(t: TrainConfig) -> None:
     _require(0 <= t.beta2 < 1, "train.beta2", "in [0, 1)", t.beta2)
     _require(t.eps > 0, "train.eps", "positive", t.eps)
     _require(t.grad_clip >= 0, "train.grad_clip", "non-negative (0 disables clipping)", t.grad_clip)
+    _require(t.objective in ("lm", "mlm"), "train.objective", "lm (next token) or mlm (masked tokens)", t.objective)
     _require(t.log_every >= 1, "train.log_every", "at least 1", t.log_every)
     _require(t.eval_batches >= 1, "train.eval_batches", "at least 1", t.eval_batches)
     for key in ("eval_every", "checkpoint_every", "keep_checkpoints"):

@@ -1,10 +1,15 @@
-"""A decoder-only transformer with pluggable positional encodings and a KV cache.
+"""A transformer with pluggable positional encodings and a KV cache: decoders and an encoder.
 
-Two flavours share one code path:
+Three flavours share one code path:
 
 * ``gpt2``: pre-LayerNorm blocks, GELU (tanh) MLP of 4d, dropout, biases, tied embeddings.
 * ``llama``: pre-RMSNorm (eps 1e-5), SwiGLU MLP (hidden 8d/3 rounded up to a multiple of 256), no
   biases, tied or untied embeddings, optional grouped-query attention (``n_kv_heads``).
+* ``encoder``: a BERT-style bidirectional encoder for masked language modelling (Devlin et al.
+  2019, §3.1 and App. A): the gpt2 block with the exact (erf) GELU, attention without a causal
+  mask (the encodings switch to their bidirectional forms, docs/encoder.md), and BERT's MLM head
+  (dense d -> d, GELU, LayerNorm, then the tied embedding matrix plus an output bias). Pre-norm by
+  default, as modern encoders (ModernBERT, Warner et al. 2024, §2.1); ``post_norm`` gives BERT's.
 
 Options that pretrained checkpoints need (``integrations/hf.py``), all off by default:
 
@@ -13,6 +18,8 @@ Options that pretrained checkpoints need (``integrations/hf.py``), all off by de
 * ``parallel_residual``: ``h + attn(norm1 h) + mlp(norm2 h)`` (GPT-J / GPT-NeoX, Black et al. 2022, §2).
 * ``embed_norm``: a LayerNorm on the embeddings before the first block (Bloom, Le Scao et al. 2022, §3.2).
 * ``qkv_bias``: biases on the Q/K/V projection only (Qwen2, Yang et al. 2024); ``None`` follows ``bias``.
+* ``post_norm``: post-LN blocks ``h = norm1(h + attn(h)); h = norm2(h + mlp(h))`` and no final norm
+  (Vaswani et al. 2017, §3.1; BERT), usually with ``embed_norm``.
 
 The positional encoding (``self.pos``, see positions/base.py) is called at its four hooks:
 
@@ -45,15 +52,15 @@ from torch import Tensor, nn
 from extrapos.attention import attention
 from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, PositionalEncoding
-from extrapos.positions.registry import build_encoding
+from extrapos.positions.registry import build_encoding, spec
 
-FLAVOURS = ("gpt2", "llama")
+FLAVOURS = ("gpt2", "llama", "encoder")
 ACTIVATIONS = ("gelu_tanh", "gelu", "silu", "relu")
 
 
 @dataclass
 class ModelConfig:
-    flavour: str = "gpt2"  # "gpt2" | "llama"
+    flavour: str = "gpt2"  # "gpt2" | "llama" | "encoder" (bidirectional, MLM head)
     n_layers: int = 4
     d_model: int = 128
     n_heads: int = 4
@@ -71,6 +78,7 @@ class ModelConfig:
     parallel_residual: bool = False  # GPT-NeoX: h + attn(norm1 h) + mlp(norm2 h)
     embed_norm: bool = False  # Bloom: LayerNorm on the embeddings
     qkv_bias: bool | None = None  # None: as use_bias (Qwen2: True with bias False)
+    post_norm: bool = False  # BERT / original Transformer: norm after each residual add, no final norm
 
     # ---- derived ---------------------------------------------------------------------------
     @property
@@ -82,8 +90,13 @@ class ModelConfig:
         return self.n_kv_heads or self.n_heads
 
     @property
+    def causal(self) -> bool:
+        """Decoders attend to the past only; the encoder to every token."""
+        return self.flavour != "encoder"
+
+    @property
     def use_bias(self) -> bool:
-        return self.flavour == "gpt2" if self.bias is None else self.bias
+        return self.flavour in ("gpt2", "encoder") if self.bias is None else self.bias
 
     @property
     def use_qkv_bias(self) -> bool:
@@ -93,19 +106,19 @@ class ModelConfig:
     def act(self) -> str:
         if self.activation is not None:
             return self.activation
-        return "silu" if self.flavour == "llama" else "gelu_tanh"
+        return {"llama": "silu", "encoder": "gelu"}.get(self.flavour, "gelu_tanh")
 
     @property
     def hidden(self) -> int:
         if self.mlp_hidden is not None:
             return self.mlp_hidden
-        if self.flavour == "gpt2":
+        if self.flavour != "llama":
             return 4 * self.d_model
         return 256 * math.ceil(int(8 * self.d_model / 3) / 256)  # Llama's multiple_of = 256
 
     def validate(self) -> ModelConfig:
         if self.flavour not in FLAVOURS:
-            raise UserError(f"unknown model flavour {self.flavour!r}; choose gpt2 or llama.")
+            raise UserError(f"unknown model flavour {self.flavour!r}; choose gpt2, llama or encoder.")
         for name in ("n_layers", "d_model", "n_heads", "vocab_size", "train_length"):
             if getattr(self, name) < 1:
                 raise UserError(f"model.{name} must be a positive integer, got {getattr(self, name)}.")
@@ -119,6 +132,11 @@ class ModelConfig:
             raise UserError(f"unknown activation {self.activation!r}; choose one of: {', '.join(ACTIVATIONS)}.")
         if not isinstance(self.positions, dict) or "name" not in self.positions:
             raise UserError('model.positions must be a table with a "name" (e.g. {name = "rope"}).')
+        if not self.causal:
+            reason = spec(self.positions["name"]).cls.causal_only
+            if reason:
+                raise UserError(f"the encoding {self.positions['name']!r} cannot be used by the encoder flavour "
+                                f"(bidirectional attention): {reason}")
         return self
 
 
@@ -128,11 +146,17 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "cpu-tiny": dict(flavour="gpt2", n_layers=2, d_model=64, n_heads=4, train_length=64),
     "cpu-small": dict(flavour="gpt2", n_layers=4, d_model=128, n_heads=4, train_length=64),
     "cpu-llama": dict(flavour="llama", n_layers=4, d_model=128, n_heads=4, train_length=64),
+    # the CPU twin of bert-base; vocab: a bpe:8192 tokenizer plus the encoder's added special tokens
+    "cpu-encoder": dict(flavour="encoder", n_layers=4, d_model=128, n_heads=4, vocab_size=8256, train_length=64),
     # GPT-2 family (Radford et al. 2019; gpt2-tiny is a 6-layer d 512 model for quick GPU runs)
     "gpt2-tiny": dict(flavour="gpt2", n_layers=6, d_model=512, n_heads=8, train_length=256),
     "gpt2-small": dict(flavour="gpt2", n_layers=12, d_model=768, n_heads=12, vocab_size=50257, train_length=1024),
     "gpt2-medium": dict(flavour="gpt2", n_layers=24, d_model=1024, n_heads=16, vocab_size=50257,
                         train_length=1024),
+    # BERT-base (Devlin et al. 2019, §3: L 12, H 768, A 12; WordPiece vocab 30522; dropout 0.1), L_t 512 as
+    # the CABLE paper's encoder experiment; pre-norm (set post_norm and embed_norm for BERT's blocks)
+    "bert-base": dict(flavour="encoder", n_layers=12, d_model=768, n_heads=12, vocab_size=30522, dropout=0.1,
+                      train_length=512),
     # ExPE App. B, Table 6: 35M total / 23M non-embedding needs an untied head (vocab 32000, d 384)
     "expe-35m": dict(flavour="gpt2", n_layers=6, d_model=384, n_heads=12, vocab_size=32000, dropout=0.1,
                      tie_embeddings=False, train_length=512),
@@ -240,6 +264,7 @@ def _norm(cfg: ModelConfig) -> nn.Module:
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.causal = cfg.causal
         self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         self.q_out = cfg.n_heads * cfg.head_dim
         self.kv_out = cfg.kv_heads * cfg.head_dim
@@ -267,7 +292,7 @@ class Attention(nn.Module):
         bias = pos.bias(x, positions, layer, cache.state if cache is not None else None)
         if cache is not None:
             k, v, bias = cache.update(k, v, bias)
-        y = attention(q, k, v, bias, self.dropout if self.training else 0.0)
+        y = attention(q, k, v, bias, self.dropout if self.training else 0.0, causal=self.causal)
         return self.proj(y.transpose(1, 2).reshape(B, T, self.q_out))
 
 
@@ -305,8 +330,12 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
         self.parallel = cfg.parallel_residual
+        self.post_norm = cfg.post_norm
 
     def forward(self, h: Tensor, positions: Tensor, pos: PositionalEncoding, cache: LayerCache | None) -> Tensor:
+        if self.post_norm:
+            h = self.norm1(h + self.drop(self.attn(h, positions, self.layer, pos, cache)))
+            return self.norm2(h + self.drop(self.mlp(h)))
         if self.parallel:
             a = self.drop(self.attn(self.norm1(h), positions, self.layer, pos, cache))
             return h + a + self.drop(self.mlp(self.norm2(h)))
@@ -314,15 +343,30 @@ class Block(nn.Module):
         return h + self.drop(self.mlp(self.norm2(h)))
 
 
-# ---- the decoder -------------------------------------------------------------------------------
+class MLMHead(nn.Module):
+    """BERT's prediction-head transform (Devlin et al. 2019, App. A.1; HF ``BertPredictionHeadTransform``):
+    dense d -> d, GELU, LayerNorm, before the (tied) output embedding; plus the output bias it adds."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.use_bias)
+        self.norm = _norm(cfg)
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.norm(F.gelu(self.dense(h)))
+
+
+# ---- the model ---------------------------------------------------------------------------------
 class Decoder(nn.Module):
-    """Decoder-only LM. ``forward(tokens, positions, cache=None)`` -> logits (B, T, V)."""
+    """The LM of every flavour (the name is historical: ``flavour = "encoder"`` makes it bidirectional
+    with an MLM head). ``forward(tokens, positions, cache=None)`` -> logits (B, T, V)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg.validate()
         ctx = EncodingContext(d_model=cfg.d_model, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
-                              n_layers=cfg.n_layers, train_length=cfg.train_length)
+                              n_layers=cfg.n_layers, train_length=cfg.train_length, causal=cfg.causal)
         options = {k: v for k, v in cfg.positions.items() if k != "name"}
         self.pos: PositionalEncoding = build_encoding(cfg.positions["name"], ctx, options)
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -330,7 +374,11 @@ class Decoder(nn.Module):
             self.emb_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.use_bias)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.norm = _norm(cfg)
+        # post-norm blocks end normalised; modules are created only when used, so the decoders keep
+        # their parameters and RNG stream
+        self.norm = nn.Identity() if cfg.post_norm else _norm(cfg)
+        if not cfg.causal:
+            self.mlm_head = MLMHead(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.reset_parameters()
         if cfg.tie_embeddings:
@@ -361,6 +409,9 @@ class Decoder(nn.Module):
         """Final-normed hidden states (B, T, d) of the new tokens."""
         if tokens.shape != positions.shape:
             raise ValueError(f"tokens {tuple(tokens.shape)} and positions {tuple(positions.shape)} differ in shape")
+        if cache is not None and not self.cfg.causal:
+            raise UserError("an encoder attends to every token of its input, so it has no KV cache and no "
+                            "incremental decoding; call it on the whole sequence.")
         h = self.pos.embed(self.tok_emb(tokens), positions)
         if self.cfg.embed_norm:
             h = self.emb_norm(h)
@@ -370,7 +421,9 @@ class Decoder(nn.Module):
         return self.norm(h)
 
     def logits(self, h: Tensor) -> Tensor:
-        return self.lm_head(h)
+        if self.cfg.causal:
+            return self.lm_head(h)
+        return self.lm_head(self.mlm_head(h)) + self.mlm_head.bias
 
     def forward(self, tokens: Tensor, positions: Tensor, cache: KVCache | None = None) -> Tensor:
         return self.logits(self.hidden_states(tokens, positions, cache))
@@ -401,7 +454,8 @@ def matmul_parameters(cfg: ModelConfig) -> int:
     d, dh = cfg.d_model, cfg.head_dim
     attn = d * (cfg.n_heads + 2 * cfg.kv_heads) * dh + cfg.n_heads * dh * d
     mlp = (3 if cfg.flavour == "llama" else 2) * d * cfg.hidden
-    return cfg.n_layers * (attn + mlp) + d * cfg.vocab_size
+    head = 0 if cfg.causal else d * d  # the encoder's MLM head transform
+    return cfg.n_layers * (attn + mlp) + d * cfg.vocab_size + head
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:

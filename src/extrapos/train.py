@@ -28,6 +28,7 @@ from extrapos import checkpoint as ckpt_io
 from extrapos import parallelize
 from extrapos.config import RunConfig, load_run_config
 from extrapos.data.batch import Batch
+from extrapos.data.mlm import objective_sampler
 from extrapos.errors import UserError
 from extrapos.files import atomic_write, ensure_writable_dir
 from extrapos.lock import RunLock
@@ -116,6 +117,7 @@ def validation_loss(model: nn.Module, cfg: RunConfig, split, device: torch.devic
         return None  # validation split too small for one window: nothing to report
     if sampler.windows_per_epoch == 0:
         return None
+    sampler = objective_sampler(cfg.train.objective, sampler, model_vocab_size=cfg.model.vocab_size)
     n_batches = min(cfg.train.eval_batches, max(1, sampler.windows_per_epoch // cfg.train.batch_size))
     was_training = model.training
     model.eval()
@@ -232,6 +234,8 @@ class Trainer:
         # everything that can fail on the user's input is checked before the run directory is written
         tokenizer, data_dir, self.train_split, self.val_split = self._open_data()
         self.sampler = build_sampler(cfg, self.train_split, t.batch_size, seed=t.seed, rank=rank, world=world)
+        # objective mlm: masked batches, the encoder's special tokens added to the run's tokenizer
+        self.sampler = objective_sampler(t.objective, self.sampler, tokenizer, cfg.model.vocab_size)
         if self.sampler.windows_per_epoch < t.batch_size * world:
             raise UserError(
                 f"the training split has {self.sampler.windows_per_epoch} windows of {cfg.seq_len} tokens, "

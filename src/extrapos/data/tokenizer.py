@@ -78,6 +78,16 @@ class Tokenizer:
         """Write what ``load_tokenizer(directory)`` needs; return the main file."""
         raise NotImplementedError
 
+    def token_id(self, name: str) -> int | None:
+        """The id of a whole (special) token, or None when the vocabulary has no such token."""
+        raise NotImplementedError
+
+    def add_special_tokens(self, names: list[str]) -> None:
+        """Append the missing tokens of ``names`` to the vocabulary (an encoder's [CLS], [MASK], ...);
+        tokens already present keep their ids, so adding twice changes nothing."""
+        raise UserError(f"extrapos cannot add special tokens to a {self.kind} tokenizer; use bpe:N or a "
+                        "tokenizer.json that has them.")
+
     def _canonical_bytes(self) -> bytes:
         raise NotImplementedError
 
@@ -116,6 +126,16 @@ class HFTokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=False)
+
+    def token_id(self, name: str) -> int | None:
+        return self.backend.token_to_id(name)
+
+    def add_special_tokens(self, names: list[str]) -> None:
+        missing = [n for n in names if self.backend.token_to_id(n) is None]
+        if missing:
+            self.backend.add_special_tokens(missing)  # appended after the last id, in this order
+            self.vocab_size = self.backend.get_vocab_size(with_added_tokens=True)
+            self._hash = None
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / "tokenizer.json"
@@ -161,6 +181,10 @@ class SentencePieceTokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.backend.decode([int(i) for i in ids])
+
+    def token_id(self, name: str) -> int | None:
+        piece = self.backend.piece_to_id(name)  # the unknown piece's id for a name it does not know
+        return piece if self.backend.id_to_piece(piece) == name else None
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / "tokenizer.model"
@@ -219,6 +243,21 @@ class TiktokenTokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.backend.decode([int(i) for i in ids], errors="replace")
+
+    def token_id(self, name: str) -> int | None:
+        return self.special_tokens.get(name)
+
+    def add_special_tokens(self, names: list[str]) -> None:
+        import tiktoken
+
+        missing = [n for n in names if n not in self.special_tokens]
+        if missing:
+            top = max(max(self.ranks.values()), *self.special_tokens.values()) + 1
+            self.special_tokens = {**self.special_tokens, **{n: top + i for i, n in enumerate(missing)}}
+            self.backend = tiktoken.Encoding(name=self.backend.name, pat_str=self.pattern,
+                                             mergeable_ranks=self.ranks, special_tokens=self.special_tokens)
+            self.vocab_size = self.backend.n_vocab
+            self._hash = None
 
     def _rank_lines(self) -> bytes:
         return b"".join(base64.b64encode(token) + b" " + str(rank).encode() + b"\n"

@@ -43,6 +43,9 @@ class EncodingContext:
     head_dim: int
     n_layers: int
     train_length: int  # L_t: the training sequence length (ExPE's theta and FIRE's L derive from it)
+    # False in the encoder flavour: every query sees every key, and relative biases read |i - j|
+    # (their bidirectional forms: docs/encoder.md); True (decoders) keeps the causal definitions
+    causal: bool = True
 
 
 @dataclass
@@ -110,6 +113,8 @@ class PositionalEncoding(nn.Module):
     #: registry metadata, set by subclasses
     family: ClassVar[str] = "none"
     paper: ClassVar[str] = ""
+    #: None when the encoding has a bidirectional form; else the one-sentence reason it has none
+    causal_only: ClassVar[str | None] = None
 
     @dataclass
     class Options:
@@ -117,6 +122,8 @@ class PositionalEncoding(nn.Module):
 
     def __init__(self, ctx: EncodingContext, options: Any = None):
         super().__init__()
+        if not ctx.causal and self.causal_only:
+            raise UserError(f"encoding '{type(self).__name__}' cannot be bidirectional: {self.causal_only}")
         self.ctx = ctx
         self.options = options if options is not None else self.Options()
 

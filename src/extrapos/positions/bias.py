@@ -9,6 +9,10 @@ Each returns a bias *description* from the ``bias`` hook and never a T x T tenso
 * ``t5`` (Raffel et al. 2020): a learned scalar per (bucket of j - i, head).
 
 The last three are ``PairwiseBias`` (features: float positions, F = 1) evaluated in query chunks.
+
+Bidirectional forms (``ctx.causal`` False, the encoder flavour; table in docs/encoder.md): ALiBi
+-m_h |i - j| (not rank one: a ``PairwiseBias``), Kerple unchanged (it already reads |i - j|), FIRE
+normalised by the farthest key the query sees on either side, T5 with T5's bidirectional buckets.
 Distances always come from the ``positions`` argument, never from indices, so segmented training,
 random positions and cached decoding get the right biases. Features are float32 (float64 when the
 model runs in float64): positions are exact in fp32 up to 2**24.
@@ -66,7 +70,12 @@ def alibi_slopes(n_heads: int) -> list[float]:
 
 
 class ALiBi(PositionalEncoding):
-    """Bias -m_h (i - j) with fixed per-head slopes m_h (Press et al. 2022, §3)."""
+    """Bias -m_h (i - j) with fixed per-head slopes m_h (Press et al. 2022, §3).
+
+    Bidirectional: -m_h |i - j|, symmetric in i and j (the paper defines the causal form only). The
+    causal fold (m_h j plus a row constant) does not extend: |i - j| is not rank one in (i, j), so
+    the bidirectional bias is a ``PairwiseBias`` on the query-chunked path.
+    """
 
     family = "bias"
     paper = "Press et al. 2022, Train short, test long: attention with linear biases (ALiBi)"
@@ -75,9 +84,17 @@ class ALiBi(PositionalEncoding):
         super().__init__(ctx, options)
         self.register_buffer("slopes", torch.tensor(alibi_slopes(ctx.n_heads), dtype=torch.float64), persistent=False)
 
-    def bias(self, x: Tensor, positions: Tensor, layer: int, state: dict | None) -> FoldedBias:
+    def bias(self, x: Tensor, positions: Tensor, layer: int, state: dict | None) -> FoldedBias | PairwiseBias:
         dtype = feature_dtype(x)
         B, T = positions.shape
+        if not self.ctx.causal:
+            slopes = self.slopes.to(dtype)[None, :, None, None]
+            p = _position_features(positions, dtype)
+
+            def fn(qf: Tensor, kf: Tensor) -> Tensor:
+                return -slopes * _distance(qf, kf)
+
+            return PairwiseBias(q_feat=p, k_feat=p, fn=fn)
         m = self.slopes.to(dtype)[None, :, None].expand(B, -1, T)
         # -m (i - j) = m * j - m * i, and -m * i is a row constant the softmax ignores
         j = positions.to(dtype)[:, None, :].expand(B, self.ctx.n_heads, T)
@@ -152,6 +169,11 @@ class FIRE(PositionalEncoding):
     scale of 1 rather than of L_t); the normaliser gets ``eps`` so psi(max(L, i)) = 0 (e.g. L -> 0
     at i = 0) cannot divide by zero. max, not min: queries before L share one normaliser, later
     ones are normalised by their own position (the paper; one public implementation has min).
+
+    Bidirectional (the paper defines the causal form): the normaliser's i is the distance to the
+    farthest key the query sees, max(i - first, last - i) over the keys' positions, as i is in the
+    causal case (positions from 0), so u = psi(|i - j|) / psi(max(L, reach_i)) stays in [0, 1] at
+    every length; the bias is mirror-symmetric (reversing the positions maps it onto itself).
     """
 
     family = "bias"
@@ -182,11 +204,14 @@ class FIRE(PositionalEncoding):
         dtype = feature_dtype(x)
         p = _position_features(positions, dtype)
         c, L, eps = self.c[layer].abs().to(dtype), self.threshold(layer).to(dtype), self.options.eps
-        mlp = self.mlps[layer]
+        mlp, causal = self.mlps[layer], self.ctx.causal
 
         def fn(qf: Tensor, kf: Tensor) -> Tensor:
             num = torch.log1p(c * _distance(qf, kf))  # psi(i - j), (B, 1, tq, Tk)
-            den = torch.log1p(c * torch.maximum(qf, L)) + eps  # psi(max(L, i)), (B, 1, tq, 1)
+            # causal: the farthest visible key is at position 0; bidirectional: either end of the keys
+            reach = qf if causal else torch.maximum(qf - kf.amin(dim=-2, keepdim=True),
+                                                    kf.amax(dim=-2, keepdim=True) - qf)
+            den = torch.log1p(c * torch.maximum(reach, L)) + eps  # psi(max(L, i)), (B, 1, tq, 1)
             u = (num / den).to(mlp[0].weight.dtype)
             if not torch.is_grad_enabled():
                 return _mlp_by_unit(mlp, u)
@@ -212,12 +237,19 @@ def _mlp_by_unit(mlp: nn.Sequential, u: Tensor) -> Tensor:
 # ---- T5 ---------------------------------------------------------------------------------------
 
 
-def t5_bucket(relative_position: Tensor, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
-    """Causal T5 bucket of relative_position = j - i (Raffel et al. 2020; bidirectional=False).
+def t5_bucket(relative_position: Tensor, num_buckets: int = 32, max_distance: int = 128,
+              bidirectional: bool = False) -> Tensor:
+    """T5 bucket of relative_position = j - i (Raffel et al. 2020, §2.1; T5's ``_relative_position_bucket``).
 
-    n = max(i - j, 0); n < num_buckets / 2 gets its own bucket, larger n are log-spaced over the
-    other half up to max_distance and clamped to the last bucket.
+    Causal: n = max(i - j, 0); n < num_buckets / 2 gets its own bucket, larger n are log-spaced over
+    the other half up to max_distance and clamped to the last bucket. Bidirectional (T5's encoder):
+    half the buckets for keys before or at the query, half (offset by num_buckets / 2) for keys
+    after it, each half bucketing n = |j - i| as above with num_buckets / 2 buckets.
     """
+    if bidirectional:
+        half = num_buckets // 2
+        after = (relative_position > 0).to(torch.long) * half
+        return after + t5_bucket(-relative_position.abs(), half, max_distance)
     n = (-relative_position).clamp(min=0)
     max_exact = num_buckets // 2
     n_safe = n.clamp(min=1).to(torch.float32)  # log(0) is never selected, keep it finite
@@ -232,7 +264,8 @@ class T5Bias(PositionalEncoding):
     """Learned scalar per (bucket of j - i, head), one table for all layers (Raffel et al. 2020, §2.1).
 
     Init: zeros by default, so an untrained model is exactly NoPE and every run starts the same;
-    ``init_std > 0`` draws N(0, init_std^2) as T5 does (HF uses std d_model^-1/2).
+    ``init_std > 0`` draws N(0, init_std^2) as T5 does (HF uses std d_model^-1/2). Bidirectional:
+    T5's encoder buckets (``t5_bucket(bidirectional=True)``), direction-aware, so not symmetric.
     """
 
     family = "bias"
@@ -252,11 +285,11 @@ class T5Bias(PositionalEncoding):
 
     def bias(self, x: Tensor, positions: Tensor, layer: int, state: dict | None) -> PairwiseBias:
         p = _position_features(positions, feature_dtype(x))  # integers are exact in fp32 below 2**24
-        o, table = self.options, self.table.to(feature_dtype(x))
+        o, table, both = self.options, self.table.to(feature_dtype(x)), not self.ctx.causal
 
         def fn(qf: Tensor, kf: Tensor) -> Tensor:
             rel = (kf.transpose(-1, -2) - qf).round().to(torch.long)  # j - i, (B, 1, tq, Tk)
-            b = t5_bucket(rel, o.num_buckets, o.max_distance)
+            b = t5_bucket(rel, o.num_buckets, o.max_distance, bidirectional=both)
             return table[b.squeeze(1)].permute(0, 3, 1, 2)  # (B, H, tq, Tk)
 
         return PairwiseBias(q_feat=p, k_feat=p, fn=fn)

@@ -14,7 +14,14 @@ Registered names: ``cable`` (the above), ``cable-nw`` (g = 1, ``weighted = false
 q.k logits that are not divided by sqrt(d_h)).
 
 -g_i S_i is a row constant, so B_ij = g_i S_j up to it: a ``FoldedBias`` that runs through fused
-attention; K-CABLE's kernel is not rank one: a ``PairwiseBias``. The KV cache keeps the running sum
+attention; K-CABLE's kernel is not rank one: a ``PairwiseBias``.
+
+Bidirectional (the encoder flavour; the paper defines the causal form only): S is the same
+inclusive cumulative sum, over the whole sequence, and B_ij = -g_i |S_i - S_j|, so the keys at or
+before the query get exactly the causal bias and a later key j is charged f_{i+1} + ... + f_j, the
+increments between the two tokens; |S_i - S_j| is a distance (symmetric in i and j), g_i weighs
+the query's row. Not rank one: a ``PairwiseBias``. K-CABLE squares S_i - S_j already: unchanged.
+Why this form and not a mirrored one: docs/encoder.md. The KV cache keeps the running sum
 S per layer (``state["cable_S"]``). The choices the paper leaves open (projections, init, the
 official variant's logit scale) are in docs/attention.md, "Encoding choices".
 """
@@ -42,6 +49,12 @@ def _linear(d: int, h: int, bias: bool) -> nn.Linear:
     if bias:
         nn.init.zeros_(lin.bias)
     return lin
+
+
+def abs_cable_fn(qf: Tensor, kf: Tensor) -> Tensor:
+    """Bidirectional CABLE block: -g_i |S_i - S_j| from qf (.., tq, 2) = (g, S) and kf (.., Tk, 1) = S."""
+    g, s_i = qf[..., 0:1], qf[..., 1:2]
+    return -g * (s_i - kf.transpose(-1, -2)).abs()
 
 
 def k_cable_fn(qf: Tensor, kf: Tensor) -> Tensor:
@@ -99,8 +112,9 @@ class CABLE(PositionalEncoding):
             state[STATE_KEY] = S[..., -1]
         if g is None:
             g = torch.ones_like(S)
-        if self.options.kernel:
-            return PairwiseBias(q_feat=torch.stack((g, S), dim=-1), k_feat=S.unsqueeze(-1), fn=k_cable_fn)
+        if self.options.kernel or not self.ctx.causal:
+            fn = k_cable_fn if self.options.kernel else abs_cable_fn
+            return PairwiseBias(q_feat=torch.stack((g, S), dim=-1), k_feat=S.unsqueeze(-1), fn=fn)
         # -g_i (S_i - S_j) = g_i S_j - g_i S_i, the last a row constant
         return FoldedBias(q_feat=g, k_feat=S)
 

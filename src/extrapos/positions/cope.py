@@ -53,6 +53,8 @@ class CoPE(PositionalEncoding):
 
     family = "contextual"
     paper = "Golovneva et al. 2024, Contextual position encoding: learning to count what's important (CoPE)"
+    causal_only = ("its positions count the gated keys from the key up to the query in one direction, and the "
+                   "paper defines no count over keys after the query; use rope, alibi, cable or another encoding.")
 
     @dataclass
     class Options:

@@ -22,6 +22,10 @@ How it differs from CABLE (cable.py): both are cumulative sums of per-token incr
   there); ``cable-official`` (softplus(x w + b) increments, no g) is FoX with (w, b) negated,
   except that it drops attention's 1/sqrt(d_h).
 
+Bidirectional (the paper defines the causal form): D_ij = -|c_i - c_j|, the log-gates of the
+tokens between the two (the query's side included, as in the causal form for j <= i); not rank
+one, so a ``PairwiseBias``.
+
 The paper's "Pro" block (output gate, QK-norm, key shift) changes the attention block rather than
 the positional signal and is not part of this encoding. Init: w ~ N(0, 0.02) as the repository's
 other projections and b = ``bias_init`` (0: f ~ 0.5 per token at the start).
@@ -35,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from extrapos.positions.base import EncodingContext, FoldedBias, PositionalEncoding
+from extrapos.positions.base import EncodingContext, FoldedBias, PairwiseBias, PositionalEncoding
 from extrapos.positions.bias import feature_dtype
 from extrapos.positions.registry import register
 
@@ -69,8 +73,15 @@ class ForgettingAttention(PositionalEncoding):
             if STATE_KEY in state:  # continue the running sum of the cached tokens
                 c = c + state[STATE_KEY].unsqueeze(-1)
             state[STATE_KEY] = c[..., -1]
+        if not self.ctx.causal:
+            return PairwiseBias(q_feat=c.unsqueeze(-1), k_feat=c.unsqueeze(-1), fn=_symmetric_decay)
         # D_ij = c_i - c_j: c_i is a row constant
         return FoldedBias(q_feat=torch.ones_like(c), k_feat=-c)
+
+
+def _symmetric_decay(qf: Tensor, kf: Tensor) -> Tensor:
+    """-|c_i - c_j| for a block of queries qf (B, H, tq, 1) and all keys kf (B, H, Tk, 1)."""
+    return -(qf - kf.transpose(-1, -2)).abs()
 
 
 register("fox", ForgettingAttention,

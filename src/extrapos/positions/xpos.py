@@ -57,6 +57,8 @@ class XPos(RoPE):
 
     family = "rotary"
     paper = "Sun et al. 2022, A length-extrapolatable transformer (xPos, blockwise causal attention)"
+    causal_only = ("its factor zeta^((n - m) / B) decays only for keys before the query and grows without bound "
+                   "for keys after it; use rope for a bidirectional rotary encoding.")
 
     @dataclass
     class Options(RoPE.Options):
