@@ -211,6 +211,7 @@ def compare(spec: str, out: str | Path, extra: list[str] | None = None, progress
     jobs = [(row, seed) for row in trained for seed in seeds]
     run_dirs: dict[tuple[str, int | None], Path] = {}
     configs: dict[tuple[str, int | None], RunConfig] = {}
+    _check_heldout_fits(sweep, trained, list(extra or []))
     for i, (row, seed) in enumerate(jobs, 1):
         # the seed goes last: it is what distinguishes the runs of one row
         cfg = row_config(sweep, row, list(extra or []) + ([f"train.seed={seed}"] if seed is not None else []))
@@ -313,6 +314,19 @@ def _combine_seeds(results: list[dict[str, Any]], seeds: list[int]) -> dict[str,
     combined["wall_time"] = sum(r["wall_time"] for r in results)
     combined["seeds"] = results
     return combined
+
+
+def _check_heldout_fits(sweep: Sweep, trained: list[SweepRow], extra: list[str]) -> None:
+    """Before any training: the test split must hold a document for the longest evaluated window."""
+    from extrapos.data import check_heldout
+    from extrapos.runtime import prepare_run_data
+
+    if not trained:
+        return
+    cfg = row_config(sweep, trained[0], extra)
+    factors = [k for r in sweep.rows if r.extend is not None for k in r.factors]
+    longest = max([*sweep.lengths, *factors]) * cfg.model.train_length
+    check_heldout(prepare_run_data(cfg), "test", longest + 1)
 
 
 def _run_extensions(sweep: Sweep, out: Path, run_dirs: dict[tuple[str, int | None], Path], extra: list[str],

@@ -53,6 +53,8 @@ class DataConfig:
     alpha: float = 0.25                  # chunk / prefix fraction (segmented sampling)
     extended_length: int | None = None   # L_e for segmented samplers (windows of L_e tokens)
     chunk_targets: str | None = None     # chunk: None/"original" (original next token) | "concatenated"
+    split_rule: str | None = None        # None/"document": whole documents per split | "within": held-out tails
+    split_gap: int | None = None         # tokens skipped between a document's splits (split_rule = within)
 
 
 @dataclass
@@ -222,6 +224,9 @@ def _validate_data(d: DataConfig) -> None:
     # None (the default, absent from saved configs so older runs compare equal) means "original"
     _require(d.chunk_targets in (None, "original", "concatenated"), "data.chunk_targets",
              "'original' or 'concatenated'", d.chunk_targets)
+    _require(d.split_rule in (None, "document", "within"), "data.split_rule", "'document' or 'within'", d.split_rule)
+    _require(d.split_gap is None or d.split_gap >= 0, "data.split_gap", "a non-negative number of tokens",
+             d.split_gap)
     _require(d.chunk_targets in (None, "original") or d.sampler == "chunk", "data.chunk_targets",
              "left unset unless data.sampler = chunk", d.chunk_targets)
 

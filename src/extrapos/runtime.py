@@ -69,10 +69,12 @@ def prepare_run_data(cfg: RunConfig, progress: bool = True) -> Path:
             raise UserError(f"data.dir {path} is not a prepared data directory; run `extrapos data prepare` first.")
         return path
     d = cfg.data
+    # unset split keys keep the call (and so the cache key) of runs saved before they existed
+    split = {k: v for k, v in (("split_rule", d.split_rule), ("split_gap", d.split_gap)) if v is not None}
     return prepare_data(
         d.corpus, d.tokenizer, None, min_doc_tokens=d.min_doc_tokens, max_tokens=d.max_tokens,
         max_docs=d.max_docs, split_fractions=tuple(d.split_fractions), text_field=d.text_field,
-        progress=progress,
+        progress=progress, **split,
     )
 
 

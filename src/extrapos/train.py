@@ -274,7 +274,13 @@ class Trainer:
                 f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size is {cfg.model.vocab_size}; "
                 f"set model.vocab_size={tokenizer.vocab_size} or use a smaller tokenizer."
             )
-        return tokenizer, data_dir, open_split(data_dir, "train"), open_split(data_dir, "val")
+        train_split, val_split = open_split(data_dir, "train"), open_split(data_dir, "val")
+        longest = int(val_split.doc_lengths.max(initial=0))
+        if self.is_main and longest < cfg.seq_len + 1:
+            print(f"extrapos: warning: no validation document holds one window of {cfg.seq_len + 1} tokens (the "
+                  f"longest has {longest}), so this run reports no validation loss; prepare the data with "
+                  "data.split_rule = \"within\" or a larger validation fraction to get one.", flush=True)
+        return tokenizer, data_dir, train_split, val_split
 
     def _write_run_files(self, tokenizer, data_dir: Path) -> None:
         """config.toml, the tokenizer and data.json: written atomically, and only when they change."""

@@ -219,3 +219,20 @@ def test_passkey_with_bad_depths_and_modes(trained, cache):
                       fragments=["depths"])
     assert_user_error(["passkey", str(trained), "--mode", "guess"], cache=cache, watch=[trained],
                       fragments=["mode"])
+
+
+def test_compare_checks_the_held_out_split_before_training(tiny_data, scratch, cache):
+    sweep = scratch / "long.toml"
+    sweep.write_text('train = "cpu/tiny"\nlengths = [1, 1000]\n'
+                     f'set = ["data.dir=\\"{tiny_data}\\"", "model.vocab_size=512", "model.train_length=32"]\n'
+                     '[[rows]]\nname = "RoPE"\npositions = { name = "rope" }\n')
+    assert_user_error(["compare", str(sweep), "--out", str(scratch / "cmp")], cache=cache, watch=[tiny_data],
+                      fragments=["No test document", "32,001 tokens"])
+    assert not (scratch / "cmp" / "runs").exists()  # nothing was trained
+
+
+@pytest.mark.parametrize("args,fragment", [(["eval"], "the following arguments are required: run"),
+                                           (["train", "--nosuch"], "unrecognized arguments: --nosuch"),
+                                           (["data", "prepare", "--max-docs", "abc"], "invalid int value")])
+def test_argument_errors_are_one_sentence(args, fragment, cache):
+    assert_user_error(args, cache=cache, fragments=[fragment])

@@ -29,10 +29,17 @@ COMMAND_MODULES = [
 ]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with the house's error form: one sentence on one line, exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"extrapos: error: {message.rstrip('.')}; see `{self.prog} --help`.\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from extrapos import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="extrapos",
         description="Train short, test long: positional encodings for length extrapolation.",
     )
