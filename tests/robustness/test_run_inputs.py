@@ -236,3 +236,35 @@ def test_compare_checks_the_held_out_split_before_training(tiny_data, scratch, c
                                            (["data", "prepare", "--max-docs", "abc"], "invalid int value")])
 def test_argument_errors_are_one_sentence(args, fragment, cache):
     assert_user_error(args, cache=cache, fragments=[fragment])
+
+
+def test_bf16_on_a_cpu_without_native_bf16_is_said_once(monkeypatch, capsys):
+    import torch
+
+    from extrapos import runtime
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert not runtime.cpu_has_fast_bf16()
+    runtime.warn_slow_bf16(torch.device("cpu"), "bf16")
+    out = capsys.readouterr().out
+    assert "no native bf16" in out and "AVX2" in out and "train.precision=fp32" in out
+    runtime.warn_slow_bf16(torch.device("cpu"), "fp32")
+    assert capsys.readouterr().out == ""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512_BF16")
+    assert runtime.cpu_has_fast_bf16()
+
+
+def test_bench_report_skips_bf16_columns_with_a_note():
+    from extrapos.bench import format_bench
+    from extrapos.diagnostics import position_resolution
+
+    row = {"step_ms": 10.0, "ratio": 1.0, "mfu": 0.5}
+    r = {"settings": {"size": "cpu-tiny", "vocab": 64, "train_length": 32, "batch": 2, "threads": 1,
+                      "torch": "x", "eval_lengths": [1]},
+         "machine": {"cpu_capability": "AVX2", "matmul_peak_gflops_fp32": 100.0, "matmul_peak_gflops_bf16": None},
+         "train_fp32": {"nope": row}, "train_bf16": None,
+         "eval_time": {"nope": {"time_ms_1x": 1.0}}, "eval_memory": {"nope": {"peak_mb_1x": 1.0}},
+         "generation": {"nope": {"decode_ms": 1.0, "cached_tok_s": 1.0, "recompute_tok_s": 1.0, "cache_speedup": 1.0}},
+         "resolution": position_resolution(train_length=32, multiples=(1,)), "wall_time_s": 1.0}
+    text = format_bench(r)
+    assert "bf16 columns are skipped" in text and "| nope | 10.0 (1.00) | 50.0% | skipped | - |" in text
