@@ -19,9 +19,10 @@ LAYERS = [
     ("positions", {"positions"}),
     ("attention", {"attention"}),
     ("model", {"model"}),
-    ("run helpers", {"config", "checkpoint", "perf", "metrics", "runtime", "runs", "report", "stats", "lock"}),
+    ("run helpers", {"config", "checkpoint", "perf", "metrics", "runtime", "runs", "report", "stats", "lock",
+                     "task_tables"}),
     ("commands", {"catalog", "train", "evaluate", "generate", "diagnostics", "bench", "extend", "compare",
-                  "tasks", "integrations"}),
+                  "compare_tasks", "tasks", "integrations"}),
     ("cli", {"cli", "__main__"}),
 ]
 RANK = {unit: rank for rank, (_, units) in enumerate(LAYERS) for unit in units}
