@@ -69,6 +69,13 @@ def test_task_only_sweep_scores_every_row_and_rerenders_byte_identically(tmp_pat
     tasks_now = {k: v for k, v in _snapshot(out).items() if k.startswith("tasks/")}
     assert tasks_now == {k: v for k, v in before.items() if k.startswith("tasks/")} and len(tasks_now) == 3
 
+    # changed task options are scored again (not refused as "a different evaluation under the same name")
+    f = _synthetic_sweep(tmp_path)
+    f.write_text(f.read_text().replace("examples = 6", "examples = 5"))
+    compare(str(f), out, progress=False)
+    rope = json.loads((out / entries[0]["tasks"]["synthetic"]).read_text())
+    assert [r["examples"] for r in rope["results"]] == [5, 5, 5]
+
 
 def test_task_keys_are_checked(tmp_path):
     bad = tmp_path / "bad.toml"
@@ -103,6 +110,37 @@ def test_passkey_columns_beside_the_loss_columns(tmp_path, tiny_data):
     result = json.loads((out / entries[0]["tasks"]["passkey"]).read_text())
     assert sorted({(c["ev"], c["depth"]) for c in result["results"]}) == [(4, 0.0), (4, 1.0), (8, 0.0), (8, 1.0)]
     assert all(0 <= c["rank_accuracy"] <= 1 for c in result["results"])
+    before = _snapshot(out)
+    assert main(["report", str(out)]) == 0
+    assert _snapshot(out) == before
+
+
+@pytest.mark.slow  # lm-eval's evaluator: a few seconds per row on top of the training
+def test_lm_eval_columns_on_a_local_task(tmp_path, tiny_data):
+    pytest.importorskip("lm_eval")
+    from tests.test_lm_eval import CHOICE_DOCS, YAML
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "choice.jsonl").write_text("".join(json.dumps(x) + "\n" for x in CHOICE_DOCS))
+    (tasks / "xp_choice.yaml").write_text(YAML["xp_choice"].format(dir=tasks))
+    sets = tiny_overrides(tiny_data, **{"train.steps": 4})
+    f = tmp_path / "sweep.toml"
+    f.write_text(
+        'title = "lm-eval"\ntrain = "cpu/tiny"\nlengths = [1]\nmax_eval_tokens = 128\n'
+        f'tasks = ["lm-eval"]\nlm_eval = {{ tasks = ["xp_choice"], include_path = "{tasks}", '
+        'include_defaults = false, batch_size = 2 }\n'
+        f"set = {json.dumps(sets)}\n"
+        '[[rows]]\nname = "RoPE"\npositions = { name = "rope" }\n'
+        '[[rows]]\nname = "RoPE yarn"\nreuse = "RoPE"\neval = { scaling = "yarn", factor = 2.0 }\n'
+    )
+    out = tmp_path / "out"
+    text = compare(str(f), out, progress=False).read_text()
+    entries = json.loads((out / "rows.json").read_text())
+    plain, yarn = (json.loads((out / e["tasks"]["lm-eval"]).read_text()) for e in entries)
+    assert plain["applied"] == {} and yarn["applied"] == {"scaling": "yarn", "factor": 2.0}
+    acc = plain["results"]["xp_choice"]["acc,none"]
+    assert f"| RoPE | 32 | {acc:.3f} |" in text and "xp_choice (acc)" in text
     before = _snapshot(out)
     assert main(["report", str(out)]) == 0
     assert _snapshot(out) == before

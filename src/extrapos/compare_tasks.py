@@ -18,9 +18,10 @@ row's result, merged over extension runs and averaged over seeds, is copied to
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,7 @@ def score(task: str, specs: TaskSpecs, run_dir: Path, lengths: list[int], positi
         s = specs.synthetic
         return score_synthetic(run_dir, lengths, examples=s.examples, task=s.task, seed=s.seed,
                                position_options=position_options, base_length=base_length,
-                               name=_name("synthetic", lengths, position_options, base_length))
+                               name=_name("synthetic", lengths, position_options, base_length, s))
     if task == "passkey":
         from extrapos.tasks.passkey import passkey
 
@@ -119,7 +120,8 @@ def score(task: str, specs: TaskSpecs, run_dir: Path, lengths: list[int], positi
         return passkey(run_dir, lengths, depths=p.depths, trials=p.trials, mode=p.mode, haystack=p.haystack,
                        candidates=p.candidates, key_digits=p.key_digits, seed=p.seed,
                        position_options=position_options, base_length=base_length,
-                       name=_name(f"passkey-{p.mode}", lengths, position_options, base_length), progress=progress)
+                       name=_name(f"passkey-{p.mode}", lengths, position_options, base_length, p),
+                       progress=progress)
     from extrapos.integrations.lm_eval import position_options as lm_options
     from extrapos.integrations.lm_eval import run_lm_eval
 
@@ -139,12 +141,15 @@ def score(task: str, specs: TaskSpecs, run_dir: Path, lengths: list[int], positi
                        metadata=e.metadata, **adapter)
 
 
-def _name(prefix: str, lengths: list[int], options: dict[str, Any], base_length: int | None) -> str:
-    """A result name per request, so rows scoring one run at different lengths or options never collide."""
+def _name(prefix: str, lengths: list[int], options: dict[str, Any], base_length: int | None, spec: Any) -> str:
+    """A result name per request, so rows scoring one run at different lengths or options never collide, and
+    a sweep whose task options changed scores again instead of meeting the earlier result under its name
+    (the digest covers the task options)."""
     from extrapos.tasks.common import slug
 
+    digest = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:8]
     parts = [prefix, "ev" + "_".join(map(str, lengths))] + [slug(f"{k}{v}") for k, v in sorted(options.items())]
-    return "-".join(parts + ([f"base{base_length}"] if base_length else []))
+    return "-".join(parts + ([f"base{base_length}"] if base_length else []) + [digest])
 
 
 def merge_lengths(results: list[dict[str, Any]]) -> dict[str, Any]:
