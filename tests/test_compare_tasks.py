@@ -96,10 +96,12 @@ def test_passkey_columns_beside_the_loss_columns(tmp_path, tiny_data):
     f = tmp_path / "sweep.toml"
     f.write_text(
         'title = "loss and passkey"\ntrain = "cpu/tiny"\nlengths = [4, 8]\nmax_eval_tokens = 256\n'
+        'extend_tokens = 2048\n'
         'tasks = ["passkey"]\npasskey = { depths = [0.0, 1.0], trials = 2, candidates = 3 }\n'
         f"set = {json.dumps(sets)}\n"
         '[[rows]]\nname = "RoPE"\npositions = { name = "rope" }\n'
         '[[rows]]\nname = "NoPE"\npositions = { name = "nope" }\n'
+        '[[rows]]\nname = "RoPE chunk"\nextend = { from = "RoPE", method = "chunk", alpha = 0.25, factor = [4] }\n'
     )
     out = tmp_path / "out"
     text = compare(str(f), out, progress=False).read_text()
@@ -110,6 +112,13 @@ def test_passkey_columns_beside_the_loss_columns(tmp_path, tiny_data):
     result = json.loads((out / entries[0]["tasks"]["passkey"]).read_text())
     assert sorted({(c["ev"], c["depth"]) for c in result["results"]}) == [(4, 0.0), (4, 1.0), (8, 0.0), (8, 1.0)]
     assert all(0 <= c["rank_accuracy"] <= 1 for c in result["results"])
+    # the extension row's factor-4 run is scored at ev = 4 only, in its parent's L_t (prompts of 4 x 32 tokens)
+    extended = json.loads((out / entries[2]["tasks"]["passkey"]).read_text())
+    assert {(c["ev"], c["length"]) for c in extended["results"]} == {(4, 128)}
+    assert extended["parts"] == [{"run": str(out / "runs" / "rope-chunk-x4"), "name": extended["name"]}]
+    passkey_part = text[text.index("Passkey retrieval"):]
+    chunk_line = next(line for line in passkey_part.splitlines() if line.startswith("| RoPE chunk |"))
+    assert chunk_line.endswith(" | – |")  # ev=8 is empty for the extension row
     before = _snapshot(out)
     assert main(["report", str(out)]) == 0
     assert _snapshot(out) == before
