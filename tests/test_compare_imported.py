@@ -101,3 +101,32 @@ def test_pretrained_extension_presets_name_imported_runs():
         assert all(r.extend.alpha == 0.25 and r.factors == [2, 4] for r in chunk)
         for r in imported:
             assert f"--out {r.run}" in sweep.notes  # the notes say how to create every run the preset names
+
+
+@pytest.mark.slow  # three imports, six extension runs and their evaluations: about a minute
+def test_the_cpu_twin_runs_on_tiny_random_models(tmp_path, monkeypatch):
+    """The shipped CPU twin's rows (GPT-2 with its table interpolated, GPT-NeoX, Bloom; full and chunk-0.25 to
+    2x and 4x), on tiny random models of the same architectures instead of the hub's, with tiny budgets."""
+    from extrapos.integrations.hf import import_pretrained
+    from extrapos.presets import find_sweep
+
+    corpus = _corpus(tmp_path / "corpus")
+    for kind, run in (("gpt_neox", "runs/hf-pythia-14m"), ("gpt2", "runs/hf-tiny-gpt2"), ("bloom", "runs/hf-tiny-bloom")):
+        save_hf(kind, tmp_path / f"hf-{kind}")
+        import_pretrained(tmp_path / f"hf-{kind}", tmp_path / run,
+                          data={"corpus": str(corpus), "split_fractions": [0.5, 0.25, 0.25]})
+    text = find_sweep("pretrained-extension").read_text()
+    text = text.replace("extend_tokens = 65_536", "extend_tokens = 1024").replace("max_eval_tokens = 16_384",
+                                                                                 "max_eval_tokens = 256")
+    (tmp_path / "twin.toml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    report = compare(str(tmp_path / "twin.toml"), out, progress=False)
+    results = {r["name"]: r for r in json.loads((out / "results.json").read_text())}
+    assert len(results) == 9 and all([x["ev"] for x in r["results"]] == [2, 4] for r in results.values())
+    assert results["tiny GPT-2 OOTB"]["applied"] == {"interpolate_to": "max"}  # its table of CONTEXT rows, stretched
+    assert {r["encoding"] for r in results.values()} == {"learned", "rope", "alibi"}
+    before = _snapshot(out)
+    report.unlink()
+    assert main(["report", str(out)]) == 0
+    assert _snapshot(out) == before
