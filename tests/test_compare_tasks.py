@@ -69,6 +69,15 @@ def test_task_only_sweep_scores_every_row_and_rerenders_byte_identically(tmp_pat
     tasks_now = {k: v for k, v in _snapshot(out).items() if k.startswith("tasks/")}
     assert tasks_now == {k: v for k, v in before.items() if k.startswith("tasks/")} and len(tasks_now) == 3
 
+    # a run directory holds loss and task results side by side in eval/: each kind goes to its own table
+    from extrapos.evaluate import EvalRequest, evaluate
+
+    evaluate(out / "runs" / "rope", EvalRequest(lengths=[1], max_tokens=64), progress=False)
+    assert main(["report", str(out / "runs" / "rope"), "--out", str(tmp_path / "single")]) == 0
+    single = (tmp_path / "single" / "report.md").read_text()
+    assert "Mean token loss" in single and "Token accuracy (higher is better" in single
+    assert "| rope/synthetic-ev1_2_4-" in single
+
     # changed task options are scored again (not refused as "a different evaluation under the same name")
     f = _synthetic_sweep(tmp_path)
     f.write_text(f.read_text().replace("examples = 6", "examples = 5"))

@@ -376,9 +376,18 @@ def collect_rows(paths: list[str | Path]) -> tuple[list[Row], Path | None]:
                     rows.append(Row(entry["name"], None, tasks))
         elif (p / "eval").is_dir():
             for f in sorted((p / "eval").glob("*.json")):
-                rows.append(Row(f"{p.name}/{f.stem}", json.loads(f.read_text())))
+                rows.append(_file_row(f"{p.name}/{f.stem}", json.loads(f.read_text())))
         elif p.suffix == ".json" and p.is_file():
-            rows.append(Row(p.stem, json.loads(p.read_text())))
+            rows.append(_file_row(p.stem, json.loads(p.read_text())))
         else:
             raise UserError(f"{p} is neither a compare directory, a run with eval/ results, nor an eval JSON file.")
     return rows, compare_dir
+
+
+def _file_row(name: str, doc: dict[str, Any]) -> Row:
+    """A saved result as a row: a task result (passkey, synthetic:..., lm-eval: it names its ``task``) becomes
+    a task row, anything else a loss row; a run's eval/ holds both kinds."""
+    task = doc.get("task") if isinstance(doc, dict) else None
+    if isinstance(task, str):
+        return Row(name, None, {"synthetic" if task.startswith("synthetic:") else task: doc})
+    return Row(name, doc)
