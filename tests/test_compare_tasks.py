@@ -134,7 +134,7 @@ def test_passkey_columns_beside_the_loss_columns(tmp_path, tiny_data):
 
 
 @pytest.mark.slow  # lm-eval's evaluator: a few seconds per row on top of the training
-def test_lm_eval_columns_on_a_local_task(tmp_path, tiny_data):
+def test_lm_eval_columns_on_a_local_task(tmp_path, tiny_data, monkeypatch):
     pytest.importorskip("lm_eval")
     from tests.test_lm_eval import CHOICE_DOCS, YAML
 
@@ -162,3 +162,13 @@ def test_lm_eval_columns_on_a_local_task(tmp_path, tiny_data):
     before = _snapshot(out)
     assert main(["report", str(out)]) == 0
     assert _snapshot(out) == before
+
+    import extrapos.integrations.lm_eval as adapter
+
+    def no_second_run(*args, **kwargs):
+        raise AssertionError("the harness ran again for a request whose result is saved")
+
+    monkeypatch.setattr(adapter, "run_lm_eval", no_second_run)
+    compare(str(f), out, progress=False)  # a resumed sweep reuses the saved lm-eval results
+    assert {k: v for k, v in _snapshot(out).items() if k.startswith("tasks/")} == \
+        {k: v for k, v in before.items() if k.startswith("tasks/")}

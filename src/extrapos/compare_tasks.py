@@ -135,10 +135,28 @@ def score(task: str, specs: TaskSpecs, run_dir: Path, lengths: list[int], positi
     adapter = {"scale": position_options.get("scale"), "rope_scaling": position_options.get("scaling"),
                "factor": position_options.get("factor")}
     lm_options(**adapter)  # the adapter's own check, before lm-eval starts
+    name = _name("lm-eval", [], position_options, None, e)
+    previous = _previous_lm_eval(run_dir, name)
+    if previous is not None:
+        return previous
     limit = int(e.limit) if e.limit is not None and e.limit >= 1 else e.limit
     return run_lm_eval(run_dir, e.tasks, num_fewshot=e.num_fewshot, limit=limit, max_length=e.max_length,
                        batch_size=e.batch_size, include_path=e.include_path, include_defaults=e.include_defaults,
-                       metadata=e.metadata, **adapter)
+                       metadata=e.metadata, name=name, **adapter)
+
+
+def _previous_lm_eval(run_dir: Path, name: str) -> dict[str, Any] | None:
+    """The saved lm-eval result of this request (its name carries the options' digest) on the run's current
+    checkpoint, so a resumed sweep does not run the harness again; None when it must run."""
+    from extrapos.tasks.common import scored_checkpoint
+
+    path = Path(run_dir) / "eval" / f"{name}.json"
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    same = isinstance(previous, dict) and previous.get("checkpoint_step") == scored_checkpoint(run_dir, None)["step"]
+    return previous if same else None
 
 
 def _name(prefix: str, lengths: list[int], options: dict[str, Any], base_length: int | None, spec: Any) -> str:
@@ -148,7 +166,8 @@ def _name(prefix: str, lengths: list[int], options: dict[str, Any], base_length:
     from extrapos.tasks.common import slug
 
     digest = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:8]
-    parts = [prefix, "ev" + "_".join(map(str, lengths))] + [slug(f"{k}{v}") for k, v in sorted(options.items())]
+    parts = [prefix] + (["ev" + "_".join(map(str, lengths))] if lengths else [])
+    parts += [slug(f"{k}{v}") for k, v in sorted(options.items())]
     return "-".join(parts + ([f"base{base_length}"] if base_length else []) + [digest])
 
 
