@@ -20,10 +20,9 @@ LAYERS = [
     ("attention", {"attention"}),
     ("model", {"model"}),
     ("run helpers", {"config", "checkpoint", "parallelize", "perf", "metrics", "runtime", "runs", "report",
-                     "stats", "lock"}),
+                     "stats", "lock", "task_tables"}),
     ("commands", {"catalog", "train", "evaluate", "evaluate_mlm", "generate", "diagnostics", "bench", "extend",
-                  "compare",
-                  "tasks", "integrations"}),
+                  "compare", "compare_tasks", "tasks", "integrations"}),
     ("cli", {"cli", "__main__"}),
 ]
 RANK = {unit: rank for rank, (_, units) in enumerate(LAYERS) for unit in units}

@@ -27,7 +27,7 @@ def test_shipped_sweeps_load_and_build_their_configs():
     for name in sweep_names():
         sweep = load_sweep(name)
         for row in sweep.rows:
-            if not row.reuse:
+            if not row.reuse and row.run is None and row.positions is not None:
                 cfg = compare_mod.row_config(sweep, row, [])
                 assert cfg.model.positions["name"] == row.positions["name"]
     quick = load_sweep("quick")

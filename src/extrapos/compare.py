@@ -48,6 +48,20 @@ initialisation and the data order change, and the evaluation targets never do (t
 held-out split's documents, which no seed touches). A row's result is then the mean over its
 seeds (``OUT/merged/<row>.json``, the per-seed results inside it under ``seeds``), and its
 intervals combine documents and seeds.
+
+Task columns (``extrapos.compare_tasks``): ``tasks = ["synthetic" | "passkey" | "lm-eval", ...]`` with
+option tables ``synthetic = {...}``, ``passkey = {...}``, ``lm_eval = { tasks = [...] }`` score every
+row beside the loss columns; ``loss = false`` drops the loss columns (a synthetic corpus's test split
+holds single L_t examples, which a k x L_t window would only concatenate)::
+
+    tasks = ["synthetic"]
+    loss = false
+
+Imported and other existing runs: a row ``run = "runs/hf-gpt2"`` names a run directory (an
+``extrapos import`` output or any trained run) instead of training one. A relative path is taken from
+the current directory, like every path on the command line; the run is never written to except for its
+own ``eval/`` results. Such a row is evaluated, reused and extended like a trained row; it cannot be
+combined with ``seeds`` (there is one run, not one per seed).
 """
 
 from __future__ import annotations
@@ -61,12 +75,20 @@ from pathlib import Path
 from typing import Any
 
 from extrapos import schema
+from extrapos.compare_tasks import (
+    TaskSpecs,
+    mean_over_seeds,
+    merge_lengths,
+    parse_task_specs,
+    write_row_result,
+)
+from extrapos.compare_tasks import score as score_task
 from extrapos.config import RunConfig, load_config, validate
 from extrapos.errors import UserError
 from extrapos.evaluate import EvalRequest, default_name, evaluate, format_result
 from extrapos.files import atomic_write
 from extrapos.presets import find_sweep, read_toml, sweep_names
-from extrapos.report import Row, markdown_table, write_report
+from extrapos.report import Row, loss_rows, markdown_table, write_report
 
 __all__ = ["ExtensionSpec", "Sweep", "SweepRow", "compare", "load_sweep", "row_config", "slug", "sweep_names"]
 
@@ -91,6 +113,7 @@ class SweepRow:
     eval: dict[str, Any] = field(default_factory=dict)
     reuse: str | None = None
     extend: ExtensionSpec | None = None
+    run: str | None = None   # an existing run directory (e.g. an `extrapos import` output) instead of training
 
     @property
     def factors(self) -> list[int]:
@@ -111,6 +134,11 @@ class Sweep:
     extend_tokens: int | None = None  # token budget of every extension run (None: compute-equivalent)
     baseline: str | None = None      # the row differences are taken to (None: the first row)
     seeds: list[int] | None = None   # train each trained row once per seed (None: once, with the preset's seed)
+    loss: bool = True                # the loss columns (false: task columns only)
+    tasks: list[str] = field(default_factory=list)  # task columns: synthetic, passkey, lm-eval
+    synthetic: dict[str, Any] | None = None  # options of each task column (extrapos.compare_tasks)
+    passkey: dict[str, Any] | None = None
+    lm_eval: dict[str, Any] | None = None
 
 
 def load_sweep(spec: str) -> Sweep:
@@ -139,7 +167,20 @@ def load_sweep(spec: str) -> Sweep:
                                     or any(x < 0 for x in sweep.seeds)):
         raise UserError(f"{path}: seeds must be a non-empty list of distinct non-negative integers, "
                         f"got {sweep.seeds}.")
+    task_specs(sweep, path)
+    if not sweep.loss and not sweep.tasks:
+        raise UserError(f"{path}: loss = false leaves nothing to report; add tasks = [\"synthetic\", ...] "
+                        "or drop loss = false.")
+    if sweep.seeds is not None and any(r.run for r in sweep.rows):
+        raise UserError(f"{path}: rows naming an existing run (run = ...) have one run, not one per seed; "
+                        "drop seeds or those rows.")
     return sweep
+
+
+def task_specs(sweep: Sweep, path: Path | str) -> TaskSpecs:
+    """The sweep's task columns, checked (``extrapos.compare_tasks``)."""
+    return parse_task_specs(Path(path), sweep.tasks, {"synthetic": sweep.synthetic, "passkey": sweep.passkey,
+                                                      "lm_eval": sweep.lm_eval})
 
 
 def _extension_spec(path: Path, row: str, raw: Any) -> ExtensionSpec:
@@ -161,13 +202,17 @@ def _check_rows(path: Path, rows: list[SweepRow]) -> None:
     if len(by_name) != len(rows):
         raise UserError(f"{path}: row names must be unique.")
     for r in rows:
+        if r.run is not None and (r.positions is not None or r.set or r.reuse or r.extend is not None):
+            raise UserError(f"{path}: row '{r.name}' names an existing run (run = {r.run!r}), so it takes no "
+                            "positions, set, reuse or extend; evaluate it with eval = {...}, extend it from "
+                            "another row.")
         if r.reuse and r.reuse not in by_name:
             raise UserError(f"{path}: row '{r.name}' reuses '{r.reuse}', which is not a row.")
         if r.extend is None:
             continue
         parent = by_name.get(r.extend.parent)
         if parent is None or parent.reuse or parent.extend is not None:
-            raise UserError(f"{path}: row '{r.name}' needs extend = {{ from = <a trained row>, ... }}; "
+            raise UserError(f"{path}: row '{r.name}' needs extend = {{ from = <a trained or run = row>, ... }}; "
                             f"'{r.extend.parent}' is not a trained row.")
         if r.reuse or not r.factors or not all(isinstance(f, int) and f >= 1 for f in r.factors):
             raise UserError(f"{path}: row '{r.name}': extend.factor must be a positive integer or a list of them, "
@@ -203,13 +248,14 @@ def compare(spec: str, out: str | Path, extra: list[str] | None = None, progress
     from extrapos.train import run_is_complete, train
 
     sweep = load_sweep(spec)
+    specs = task_specs(sweep, find_sweep(spec))
     out = Path(out)
+    run_dirs: dict[tuple[str, int | None], Path] = {(r.name, None): existing_run(r) for r in sweep.rows if r.run}
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    trained = [r for r in sweep.rows if not r.reuse and r.extend is None]
+    trained = [r for r in sweep.rows if not r.reuse and r.extend is None and r.run is None]
     seeds: list[int | None] = list(sweep.seeds) if sweep.seeds else [None]
     jobs = [(row, seed) for row in trained for seed in seeds]
-    run_dirs: dict[tuple[str, int | None], Path] = {}
     configs: dict[tuple[str, int | None], RunConfig] = {}
     _check_heldout_fits(sweep, trained, list(extra or []))
     for i, (row, seed) in enumerate(jobs, 1):
@@ -232,30 +278,93 @@ def compare(spec: str, out: str | Path, extra: list[str] | None = None, progress
     entries, rows = [], []
     max_tokens = max_eval_tokens or sweep.max_eval_tokens
     for row in sweep.rows:
-        per_seed = [_evaluate_row(sweep, row, seed, out, run_dirs, extension_dirs, max_tokens, progress)
-                    for seed in seeds]
-        if sweep.seeds:
-            result = _combine_seeds([r for r, _, _ in per_seed], list(sweep.seeds))
-            merged = out / "merged" / f"{slug(row.name)}.json"
-            merged.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(merged, json.dumps(result, indent=1))
-            runs = [run for _, r, _ in per_seed for run in (r if isinstance(r, list) else [r])]
-            entries.append({"name": row.name, "run": runs, "eval": str(merged.relative_to(out))})
+        result, entry = None, {"name": row.name}
+        if sweep.loss:
+            per_seed = [_evaluate_row(sweep, row, seed, out, run_dirs, extension_dirs, max_tokens, progress)
+                        for seed in seeds]
+            if sweep.seeds:
+                result = _combine_seeds([r for r, _, _ in per_seed], list(sweep.seeds))
+                merged = out / "merged" / f"{slug(row.name)}.json"
+                merged.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(merged, json.dumps(result, indent=1))
+                runs = [run for _, r, _ in per_seed for run in (r if isinstance(r, list) else [r])]
+                entry.update({"run": runs, "eval": str(merged.relative_to(out))})
+            else:
+                _, runs, eval_path = per_seed[0]
+                result = per_seed[0][0]
+                entry.update({"run": runs, "eval": eval_path})
+            if progress:
+                print(f"{row.name}:\n{format_result(result)}", flush=True)
         else:
-            result, runs, eval_path = per_seed[0]
-            entries.append({"name": row.name, "run": runs, "eval": eval_path})
-        if progress:
-            print(f"{row.name}:\n{format_result(result)}", flush=True)
-        rows.append(Row(row.name, result))
+            entry.update({"run": _row_runs(sweep, row, seeds, out, run_dirs, extension_dirs), "eval": None})
+        task_results = _score_row_tasks(sweep, specs, row, seeds, run_dirs, extension_dirs, progress)
+        if task_results:
+            entry["tasks"] = {t: write_row_result(out, t, slug(row.name), r) for t, r in task_results.items()}
+        entries.append(entry)
+        rows.append(Row(row.name, result, task_results))
     atomic_write(out / "rows.json", json.dumps(entries, indent=1))
     facts = _facts(sweep, configs, run_dirs, rows, time.perf_counter() - t0, extension_dirs)
     atomic_write(out / "facts.json", json.dumps(facts, indent=1))
     settings = report_settings(sweep)
     atomic_write(out / "report.json", json.dumps(settings, indent=1))
     report = write_report(rows, out, facts=facts, **settings)
-    print(markdown_table(rows))
+    if loss_rows(rows):
+        print(markdown_table(loss_rows(rows)))
     print(f"-> {report}")
     return report
+
+
+def existing_run(row: SweepRow) -> Path:
+    """The run directory a ``run = ...`` row names (relative paths from the current directory), checked."""
+    path = Path(row.run).expanduser()
+    if not (path / "config.toml").is_file():
+        raise UserError(f"row '{row.name}' names the run {row.run!r}, but {path.resolve()} holds no run "
+                        "(config.toml); create it first, e.g. `extrapos import SOURCE --out "
+                        f"{row.run}` (relative paths are taken from the current directory).")
+    return path
+
+
+def _rel(path: Path, out: Path) -> str:
+    """A run's path as rows.json records it: relative to the comparison, absolute when it lies outside."""
+    try:
+        return str(path.relative_to(out))
+    except ValueError:
+        return str(path.resolve())
+
+
+def _row_runs(sweep: Sweep, row: SweepRow, seeds: list[int | None], out: Path,
+              run_dirs: dict[tuple[str, int | None], Path],
+              extension_dirs: dict[tuple[str, int, int | None], Path]) -> list[str] | str:
+    """The run(s) a row scores, for rows.json when it has no loss evaluation to record them."""
+    if row.extend is not None:
+        runs = [_rel(extension_dirs[(row.name, k, seed)], out) for seed in seeds for k in row.factors]
+    else:
+        runs = [_rel(run_dirs[(row.reuse or row.name, seed)], out) for seed in seeds]
+    return runs[0] if len(runs) == 1 else runs
+
+
+def _score_row_tasks(sweep: Sweep, specs: TaskSpecs, row: SweepRow, seeds: list[int | None],
+                     run_dirs: dict[tuple[str, int | None], Path],
+                     extension_dirs: dict[tuple[str, int, int | None], Path], progress: bool) -> dict[str, Any]:
+    """task -> the row's result: an extension row's factor-k run scored at ev = k (in its parent's L_t; lm-eval:
+    the largest factor's run), every other row at the sweep's lengths; the mean over seeds with ``seeds``."""
+    results = {}
+    for task in specs.enabled():
+        per_seed = []
+        for seed in seeds:
+            if row.extend is not None:
+                factors = row.factors[-1:] if task == "lm-eval" else row.factors
+                parts = []
+                for k in factors:
+                    run_dir = extension_dirs[(row.name, k, seed)]
+                    base = json.loads((run_dir / "parent.json").read_text())["train_length"]
+                    parts.append(score_task(task, specs, run_dir, [k], dict(row.eval), base, progress))
+                per_seed.append(parts[0] if task == "lm-eval" else merge_lengths(parts))
+            else:
+                source = run_dirs[(row.reuse or row.name, seed)]  # run = rows exist only without seeds
+                per_seed.append(score_task(task, specs, source, list(sweep.lengths), dict(row.eval), None, progress))
+        results[task] = mean_over_seeds(per_seed, list(sweep.seeds)) if sweep.seeds else per_seed[0]
+    return results
 
 
 def report_settings(sweep: Sweep) -> dict[str, Any]:
@@ -281,11 +390,17 @@ def _evaluate_row(sweep: Sweep, row: SweepRow, seed: int | None, out: Path,
         merged = out / "merged" / f"{run_slug(row.name, seed)}.json"
         merged.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(merged, json.dumps(result, indent=1))
-        return result, [str(p.relative_to(out)) for p, _ in parts], str(merged.relative_to(out))
+        return result, [_rel(p, out) for p, _ in parts], str(merged.relative_to(out))
     source = run_dirs[(row.reuse or row.name, seed)]
     req = EvalRequest(lengths=sweep.lengths, position_options=dict(row.eval), max_tokens=max_tokens)
     result = evaluate(source, req, progress=progress)
-    return result, str(source.relative_to(out)), str((source / "eval" / f"{default_name(req)}.json").relative_to(out))
+    saved = source / "eval" / f"{default_name(req)}.json"
+    if not saved.resolve().is_relative_to(out.resolve()):
+        # an existing run outside the comparison: the report reads only files inside it, so keep a copy
+        saved = out / "merged" / f"{run_slug(row.name, seed)}.json"
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(saved, json.dumps(result, indent=1))
+    return result, _rel(source, out), str(saved.relative_to(out))
 
 
 def _combine_seeds(results: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
@@ -321,12 +436,17 @@ def _check_heldout_fits(sweep: Sweep, trained: list[SweepRow], extra: list[str])
     from extrapos.data import check_heldout
     from extrapos.runtime import prepare_run_data
 
-    if not trained:
+    from extrapos.data.synthetic import task_of
+
+    if not trained or not sweep.loss:  # task columns generate their own examples
         return
     cfg = row_config(sweep, trained[0], extra)
+    data_dir = prepare_run_data(cfg)
+    if task_of(data_dir) is not None:
+        return
     factors = [k for r in sweep.rows if r.extend is not None for k in r.factors]
     longest = max([*sweep.lengths, *factors]) * cfg.model.train_length
-    check_heldout(prepare_run_data(cfg), "test", longest + 1)
+    check_heldout(data_dir, "test", longest + 1)
 
 
 def _run_extensions(sweep: Sweep, out: Path, run_dirs: dict[tuple[str, int | None], Path], extra: list[str],
@@ -373,30 +493,60 @@ def _check_same_config(run_dir: Path, cfg: RunConfig) -> None:
                         "delete that run directory or use another --out.")
 
 
+def _existing_run_facts(sweep: Sweep, run_dirs: dict[tuple[str, int | None], Path], scored: list[Row]) -> list[str]:
+    """One line per ``run = ...`` row: where it came from (an import's source.json, else its config), L_t;
+    they have no summary.json (nothing was trained here)."""
+    from extrapos.config import load_run_config
+
+    facts = []
+    for row in (r for r in sweep.rows if r.run):
+        path = run_dirs[(row.name, None)]
+        cfg = load_run_config(path)
+        m = cfg.model
+        line = (f"{row.name}: existing run {row.run} ({m.flavour}, {m.n_layers} layers, d={m.d_model}, "
+                f"{m.n_heads} heads, encoding {m.positions['name']}, L_t={cfg.seq_len}")
+        source = path / "source.json"
+        if source.is_file():
+            record = json.loads(source.read_text())
+            line += (f"; imported from {record.get('source')} ({record.get('architecture')}, context "
+                     f"{record.get('context_length')}), not trained by this sweep")
+        facts.append(line + f"; data: corpus {cfg.data.corpus}, tokenizer {Path(str(cfg.data.tokenizer)).name})")
+    if scored:
+        facts.append(f"evaluation on the held-out test split, {scored[0].result['target_tokens']:,} target tokens "
+                     f"per length from {scored[0].result['documents_used']} documents")
+    return facts
+
+
 def _facts(sweep: Sweep, configs: dict[tuple[str, int | None], RunConfig],
            run_dirs: dict[tuple[str, int | None], Path], rows: list[Row], wall: float,
            extension_dirs: dict[tuple[str, int, int | None], Path] | None = None) -> list[str]:
     """What a reader needs to judge the table: model size, tokens, corpus, tokenizer, seed, time."""
-    first = next(iter(configs.values()))
-    m, d, t = first.model, first.data, first.train
     summaries = {n: json.loads((p / "summary.json").read_text()) for n, p in run_dirs.items()
-                 if (p / "summary.json").is_file()}
+                 if (p / "summary.json").is_file() and n in configs}
     params = sorted({s["parameters"]["total"] for s in summaries.values()})
     tokens = sorted({s["tokens"] for s in summaries.values()})
-    facts = [
-        f"model: {m.flavour}, {m.n_layers} layers, d={m.d_model}, {m.n_heads} heads, "
-        f"{', '.join(f'{p / 1e6:.2f}M' for p in params)} parameters",
-        f"training: L_t={first.seq_len}, {', '.join(f'{x:,}' for x in tokens)} tokens per model, "
-        f"batch {t.batch_size}, lr {t.lr:g} -> {t.end_lr:g}, {t.precision}, "
-        + (f"seeds {', '.join(map(str, sweep.seeds))}" if sweep.seeds else f"seed {t.seed}"),
-        f"data: corpus {d.corpus}, tokenizer {d.tokenizer}; evaluation on the held-out test split, "
-        f"{rows[0].result['target_tokens']:,} target tokens per length from {rows[0].result['documents_used']} documents",
-        ("each row trained once per seed: within a seed every row has the same data order, across seeds the "
-         "initialisation and the data order differ and the evaluation targets do not; numbers are means over "
-         "seeds; same budget, no per-method tuning") if sweep.seeds else
-        "every row trained with the same data order, budget and seed; no per-method tuning",
-        f"sweep wall time {wall / 60:.1f} min (this invocation; reused runs cost nothing)",
-    ]
+    scored = loss_rows(rows)
+    facts = []
+    if configs:
+        first = next(iter(configs.values()))
+        m, d, t = first.model, first.data, first.train
+        facts += [
+            f"model: {m.flavour}, {m.n_layers} layers, d={m.d_model}, {m.n_heads} heads, "
+            f"{', '.join(f'{p / 1e6:.2f}M' for p in params)} parameters",
+            f"training: L_t={first.seq_len}, {', '.join(f'{x:,}' for x in tokens)} tokens per model, "
+            f"batch {t.batch_size}, lr {t.lr:g} -> {t.end_lr:g}, {t.precision}, "
+            + (f"seeds {', '.join(map(str, sweep.seeds))}" if sweep.seeds else f"seed {t.seed}"),
+            f"data: corpus {d.corpus}, tokenizer {d.tokenizer}; "
+            + (f"evaluation on the held-out test split, {scored[0].result['target_tokens']:,} target tokens per "
+               f"length from {scored[0].result['documents_used']} documents" if scored else
+               "no loss columns (loss = false): the task columns below are the evaluation"),
+            ("each row trained once per seed: within a seed every row has the same data order, across seeds the "
+             "initialisation and the data order differ and the evaluation targets do not; numbers are means over "
+             "seeds; same budget, no per-method tuning") if sweep.seeds else
+            "every row trained with the same data order, budget and seed; no per-method tuning",
+        ]
+    facts += _existing_run_facts(sweep, run_dirs, scored if not configs else [])
+    facts.append(f"sweep wall time {wall / 60:.1f} min (this invocation; reused runs cost nothing)")
     if extension_dirs:
         parents = [json.loads((p / "parent.json").read_text()) for p in extension_dirs.values()
                    if (p / "parent.json").is_file()]

@@ -8,7 +8,9 @@ each row's paired difference to a baseline row, flagged "within noise" when its 
 "(no interval)". The same numbers go to CSV and JSON, and two PNG plots show loss against
 evaluation length (log-scaled x, bands = the intervals) and loss by position in the longest
 windows. `extrapos report` rebuilds all of it from ``eval/*.json`` files, so a report never needs
-a model; the bootstrap is seeded, so a re-rendered report is byte-identical.
+a model; the bootstrap is seeded, so a re-rendered report is byte-identical. Rows of a sweep with task
+columns also carry task results (passkey, synthetic tasks, lm-eval), rendered after the loss tables by
+``extrapos.task_tables``; a sweep with ``loss = false`` has task tables only.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import io
 import json
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,8 @@ from extrapos.files import atomic_write
 @dataclass
 class Row:
     name: str
-    result: dict[str, Any]  # an eval/*.json document
+    result: dict[str, Any] | None  # an eval/*.json document (None: a task-only row, sweep key loss = false)
+    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # task -> the row's task result
 
     def metric(self, ev: int, metric: str) -> float | None:
         for r in self.result["results"]:
@@ -42,6 +45,11 @@ class Row:
     def seeds(self) -> list[dict[str, Any]]:
         """The per-seed results of a row trained once per seed ([] for a single run)."""
         return self.result.get("seeds") or []
+
+
+def loss_rows(rows: list[Row]) -> list[Row]:
+    """The rows that have a loss evaluation."""
+    return [row for row in rows if row.result is not None]
 
 
 @dataclass(frozen=True)
@@ -278,16 +286,39 @@ def write_report(rows: list[Row], out_dir: Path, title: str, facts: list[str] | 
     ``baseline``: the row the differences are taken to (default: the first); ``sequence_ppl``: add
     the segmented-sequences paper's aggregate (mean of per-window perplexities, Karypis et al. eq. 3).
     """
-    if not rows:
+    from extrapos import task_tables as tables
+
+    task_rows = [row for row in rows if row.tasks]
+    rows = loss_rows(rows)
+    if not rows and not task_rows:
         raise UserError("nothing to report: no evaluation results were found; run `extrapos eval` first.")
     out_dir.mkdir(parents=True, exist_ok=True)
-    base = baseline_row(rows, baseline)
-    cells = cell_intervals(rows, base.name)
-    plots = plot(rows, out_dir / "plots", title, cells)
     parts = [f"# {title}", ""]
     if facts:
         parts += [f"- {f}" for f in facts] + [""]
-    parts += ["Mean token loss (nats) on the same target tokens at every length; best per column in bold.", ""]
+    cells: dict[tuple[str, int], Cell] = {}
+    if rows:
+        loss_parts, cells = _loss_sections(rows, out_dir, title, baseline, sequence_ppl)
+        parts += loss_parts
+    if task_rows:
+        parts += ([""] if rows else []) + tables.task_sections(task_rows, tables.plot_tasks(task_rows, out_dir / "plots"))
+        _atomic_write(out_dir / "tasks.csv", tables.tasks_csv(task_rows))
+    report = out_dir / "report.md"
+    _atomic_write(report, "\n".join(parts) + "\n")
+    if rows:
+        _atomic_write(out_dir / "results.csv", rows_to_csv(rows, cells))
+        _atomic_write(out_dir / "results.json", json.dumps([{**r.result, "eval_name": r.result["name"], "name": r.name}
+                                                            for r in rows], indent=1))
+    return report
+
+
+def _loss_sections(rows: list[Row], out_dir: Path, title: str, baseline: str | None,
+                   sequence_ppl: bool) -> tuple[list[str], dict[tuple[str, int], Cell]]:
+    """The loss part of the report (tables with intervals, differences to the baseline, plots) and its cells."""
+    base = baseline_row(rows, baseline)
+    cells = cell_intervals(rows, base.name)
+    plots = plot(rows, out_dir / "plots", title, cells)
+    parts = ["Mean token loss (nats) on the same target tokens at every length; best per column in bold.", ""]
     parts += _uncertainty_note(cells) + [""]
     parts += [markdown_table(rows, "loss", cells), "",
               f"Difference to the baseline row ({base.name}), row minus baseline in nats (negative = better), with "
@@ -306,11 +337,7 @@ def write_report(rows: list[Row], out_dir: Path, title: str, facts: list[str] | 
               markdown_table(rows, "tail_loss"), ""]
     for p in plots:
         parts.append(f"![{p.stem}](plots/{p.name})")
-    report = out_dir / "report.md"
-    _atomic_write(report, "\n".join(parts) + "\n")
-    _atomic_write(out_dir / "results.csv", rows_to_csv(rows, cells))
-    _atomic_write(out_dir / "results.json", json.dumps([{**r.result, "eval_name": r.result["name"], "name": r.name} for r in rows], indent=1))
-    return report
+    return parts, cells
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -320,7 +347,9 @@ def _atomic_write(path: Path, text: str) -> None:
 def _read_rows(compare_dir: Path) -> list[dict[str, Any]]:
     try:
         entries = json.loads((compare_dir / "rows.json").read_text())
-        assert isinstance(entries, list) and all(isinstance(e["eval"], str) and "name" in e for e in entries)
+        assert isinstance(entries, list) and all((isinstance(e["eval"], str) or e["eval"] is None and e.get("tasks"))
+                                                 and "name" in e for e in entries)
+        assert all(isinstance(p, str) for e in entries for p in (e.get("tasks") or {}).values())
     except (ValueError, KeyError, TypeError, AssertionError):
         raise UserError(f"{compare_dir / 'rows.json'} is damaged; rebuild it with `extrapos compare`.") from None
     return entries
@@ -334,17 +363,31 @@ def collect_rows(paths: list[str | Path]) -> tuple[list[Row], Path | None]:
         if (p / "rows.json").is_file():
             compare_dir = p
             for entry in _read_rows(p):
-                f = p / entry["eval"]
-                if not f.resolve().is_relative_to(p.resolve()):
-                    raise UserError(f"{p / 'rows.json'} points outside the comparison ({entry['eval']}); "
-                                    "rebuild it with `extrapos compare`.")
-                if f.is_file():
-                    rows.append(Row(entry["name"], json.loads(f.read_text())))
+                files = {t: p / f for t, f in (entry.get("tasks") or {}).items()}
+                f = p / entry["eval"] if entry["eval"] is not None else None
+                for g in [f, *files.values()]:
+                    if g is not None and not g.resolve().is_relative_to(p.resolve()):
+                        raise UserError(f"{p / 'rows.json'} points outside the comparison ({g}); "
+                                        "rebuild it with `extrapos compare`.")
+                tasks = {t: json.loads(g.read_text()) for t, g in files.items() if g.is_file()}
+                if f is not None and f.is_file():
+                    rows.append(Row(entry["name"], json.loads(f.read_text()), tasks))
+                elif tasks:
+                    rows.append(Row(entry["name"], None, tasks))
         elif (p / "eval").is_dir():
             for f in sorted((p / "eval").glob("*.json")):
-                rows.append(Row(f"{p.name}/{f.stem}", json.loads(f.read_text())))
+                rows.append(_file_row(f"{p.name}/{f.stem}", json.loads(f.read_text())))
         elif p.suffix == ".json" and p.is_file():
-            rows.append(Row(p.stem, json.loads(p.read_text())))
+            rows.append(_file_row(p.stem, json.loads(p.read_text())))
         else:
             raise UserError(f"{p} is neither a compare directory, a run with eval/ results, nor an eval JSON file.")
     return rows, compare_dir
+
+
+def _file_row(name: str, doc: dict[str, Any]) -> Row:
+    """A saved result as a row: a task result (passkey, synthetic:..., lm-eval: it names its ``task``) becomes
+    a task row, anything else a loss row; a run's eval/ holds both kinds."""
+    task = doc.get("task") if isinstance(doc, dict) else None
+    if isinstance(task, str):
+        return Row(name, None, {"synthetic" if task.startswith("synthetic:") else task: doc})
+    return Row(name, doc)

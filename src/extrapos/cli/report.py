@@ -18,7 +18,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from extrapos.report import collect_rows, markdown_table, write_report
+    from extrapos.report import collect_rows, loss_rows, markdown_table, write_report
 
     rows, compare_dir = collect_rows(args.paths)
     out = Path(args.out) if args.out else (compare_dir or Path("report"))
@@ -31,6 +31,7 @@ def run(args) -> int:
     title = args.title or settings.get("title") or "Length extrapolation"
     report = write_report(rows, out, title, facts, baseline=args.baseline or settings.get("baseline"),
                           sequence_ppl=bool(settings.get("sequence_ppl", False)))
-    print(markdown_table(rows))
+    if loss_rows(rows):
+        print(markdown_table(loss_rows(rows)))
     print(f"-> {report}")
     return 0

@@ -1,0 +1,216 @@
+"""Task columns of a comparison sweep: passkey retrieval, synthetic-task accuracy and lm-eval scores per row.
+
+Perplexity can stay flat past L_t while a model ignores the far context, so a sweep may score its rows
+on tasks beside (or, with ``loss = false``, instead of) the loss columns::
+
+    tasks = ["synthetic", "passkey", "lm-eval"]
+    synthetic = { examples = 64 }                               # extrapos.tasks.synthetic.score_synthetic
+    passkey = { depths = [0, 0.5, 1], trials = 10, mode = "rank" }  # extrapos.tasks.passkey.passkey
+    lm_eval = { tasks = ["arc_easy"], limit = 200 }             # extrapos.integrations.lm_eval.run_lm_eval
+
+Every row is scored at the sweep's ``lengths`` (multiples of L_t) with the row's ``eval`` options
+(so a ``reuse`` row scores its run with an inference-time change); an extension row's factor-k run
+is scored at ev = k only, in units of its parent's L_t, exactly like its loss column. The task
+functions write into the run's own ``eval/`` directory (and reuse an identical earlier request); the
+row's result, merged over extension runs and averaged over seeds, is copied to
+``OUT/tasks/<task>/<row>.json``, which is what the report reads (``extrapos.task_tables``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from extrapos import schema
+from extrapos.errors import UserError
+from extrapos.files import atomic_write
+
+TASKS = ("synthetic", "passkey", "lm-eval")
+
+
+@dataclass
+class SyntheticColumns:
+    """Accuracy on the answer tokens of a synthetic task (Kazemnejad et al. 2023, §4)."""
+
+    examples: int = 64
+    task: str | None = None   # a synthetic:... spec; default: the task the run trained on
+    seed: int | None = None   # the evaluation examples' seed; default: the task's
+
+
+@dataclass
+class PasskeyColumns:
+    """Passkey retrieval (Mohtashami & Jaggi 2023, §4.2): accuracy per length, the mean over depths."""
+
+    depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    trials: int = 10
+    mode: str = "rank"
+    candidates: int = 10
+    haystack: str = "filler"
+    key_digits: int = 5
+    seed: int = 0
+
+
+@dataclass
+class LmEvalColumns:
+    """lm-evaluation-harness tasks, scored once per row (at the run's L_t unless ``max_length``)."""
+
+    tasks: list[str] = field(default_factory=list)
+    num_fewshot: int | None = None
+    limit: float | None = None
+    max_length: int | None = None
+    batch_size: int = 8
+    include_path: str | None = None
+    include_defaults: bool = True
+    metadata: dict[str, Any] | None = None
+
+
+@dataclass
+class TaskSpecs:
+    synthetic: SyntheticColumns | None = None
+    passkey: PasskeyColumns | None = None
+    lm_eval: LmEvalColumns | None = None
+
+    def enabled(self) -> list[str]:
+        return [t for t in TASKS if getattr(self, t.replace("-", "_")) is not None]
+
+
+def parse_task_specs(path: Path, tasks: list[str], options: dict[str, dict[str, Any] | None]) -> TaskSpecs:
+    """The sweep's ``tasks`` list and option tables, checked; an option table for an unlisted task is refused
+    (it would silently do nothing)."""
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or len(set(tasks)) != len(tasks):
+        raise UserError(f"{path}: tasks must be distinct names from {', '.join(TASKS)}, got {tasks}.")
+    specs = TaskSpecs()
+    for task, cls in (("synthetic", SyntheticColumns), ("passkey", PasskeyColumns), ("lm-eval", LmEvalColumns)):
+        key = task.replace("-", "_")
+        raw = options.get(key)
+        if raw is not None and task not in tasks:
+            raise UserError(f"{path}: '{key}' options are given but tasks does not list \"{task}\"; add it to tasks.")
+        if task not in tasks:
+            continue
+        keys = ", ".join(f.name for f in fields(cls))
+        spec = schema.build(cls, dict(raw or {}), where=f"{path}: {key}.{{key}}",
+                            unknown=f"{path}: {key} has no option '{{key}}'; its options are {keys}.")
+        setattr(specs, key, spec)
+    if specs.passkey is not None and specs.passkey.mode not in ("rank", "generate", "both"):
+        raise UserError(f"{path}: passkey.mode must be rank, generate or both, got {specs.passkey.mode!r}.")
+    if specs.lm_eval is not None and not specs.lm_eval.tasks:
+        raise UserError(f"{path}: lm-eval columns need lm_eval = {{ tasks = [\"arc_easy\", ...] }}.")
+    return specs
+
+
+def score(task: str, specs: TaskSpecs, run_dir: Path, lengths: list[int], position_options: dict[str, Any],
+          base_length: int | None, progress: bool) -> dict[str, Any]:
+    """One run's result for ``task`` at ``lengths`` (x ``base_length``, default the run's L_t)."""
+    if task == "synthetic":
+        from extrapos.tasks.synthetic import score_synthetic
+
+        s = specs.synthetic
+        return score_synthetic(run_dir, lengths, examples=s.examples, task=s.task, seed=s.seed,
+                               position_options=position_options, base_length=base_length,
+                               name=_name("synthetic", lengths, position_options, base_length, s))
+    if task == "passkey":
+        from extrapos.tasks.passkey import passkey
+
+        p = specs.passkey
+        return passkey(run_dir, lengths, depths=p.depths, trials=p.trials, mode=p.mode, haystack=p.haystack,
+                       candidates=p.candidates, key_digits=p.key_digits, seed=p.seed,
+                       position_options=position_options, base_length=base_length,
+                       name=_name(f"passkey-{p.mode}", lengths, position_options, base_length, p),
+                       progress=progress)
+    from extrapos.integrations.lm_eval import position_options as lm_options
+    from extrapos.integrations.lm_eval import run_lm_eval
+
+    e = specs.lm_eval
+    # a row's eval options use the encoding's names (scale; scaling + factor); the adapter takes them as
+    # scale, rope_scaling and factor and applies them with the same set_options call
+    unsupported = set(position_options) - {"scale", "scaling", "factor"}
+    if unsupported:
+        raise UserError(f"lm-eval columns take the eval options scale, scaling and factor only, not "
+                        f"{', '.join(sorted(unsupported))}; drop lm-eval or that row's option.")
+    adapter = {"scale": position_options.get("scale"), "rope_scaling": position_options.get("scaling"),
+               "factor": position_options.get("factor")}
+    lm_options(**adapter)  # the adapter's own check, before lm-eval starts
+    name = _name("lm-eval", [], position_options, None, e)
+    previous = _previous_lm_eval(run_dir, name)
+    if previous is not None:
+        return previous
+    limit = int(e.limit) if e.limit is not None and e.limit >= 1 else e.limit
+    return run_lm_eval(run_dir, e.tasks, num_fewshot=e.num_fewshot, limit=limit, max_length=e.max_length,
+                       batch_size=e.batch_size, include_path=e.include_path, include_defaults=e.include_defaults,
+                       metadata=e.metadata, name=name, **adapter)
+
+
+def _previous_lm_eval(run_dir: Path, name: str) -> dict[str, Any] | None:
+    """The saved lm-eval result of this request (its name carries the options' digest) on the run's current
+    checkpoint, so a resumed sweep does not run the harness again; None when it must run."""
+    from extrapos.tasks.common import scored_checkpoint
+
+    path = Path(run_dir) / "eval" / f"{name}.json"
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    same = isinstance(previous, dict) and previous.get("checkpoint_step") == scored_checkpoint(run_dir, None)["step"]
+    return previous if same else None
+
+
+def _name(prefix: str, lengths: list[int], options: dict[str, Any], base_length: int | None, spec: Any) -> str:
+    """A result name per request, so rows scoring one run at different lengths or options never collide, and
+    a sweep whose task options changed scores again instead of meeting the earlier result under its name
+    (the digest covers the task options)."""
+    from extrapos.tasks.common import slug
+
+    digest = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:8]
+    parts = [prefix] + (["ev" + "_".join(map(str, lengths))] if lengths else [])
+    parts += [slug(f"{k}{v}") for k, v in sorted(options.items())]
+    return "-".join(parts + ([f"base{base_length}"] if base_length else []) + [digest])
+
+
+def merge_lengths(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Results of one row scored one length each (extension runs) as one result with every length."""
+    merged = {k: v for k, v in results[-1].items() if k not in ("results", "by_length")}
+    merged["results"] = [c for r in results for c in r["results"]]
+    if all("by_length" in r for r in results):
+        merged["by_length"] = [c for r in results for c in r["by_length"]]
+    merged["parts"] = [{"run": r["run"], "name": r["name"]} for r in results]
+    merged["wall_time"] = sum(r.get("wall_time", 0.0) for r in results)
+    return merged
+
+
+def mean_over_seeds(results: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
+    """One row from its per-seed results: every number in a cell the mean over seeds (cells matched by
+    position: every seed scored the same lengths, depths and examples); the per-seed results under ``seeds``."""
+    combined = {k: v for k, v in results[0].items() if k not in ("results", "by_length", "wall_time")}
+    for key in ("results", "by_length"):
+        if key in results[0]:
+            combined[key] = _mean_cells([r[key] for r in results])
+    combined["seed_values"] = list(seeds)
+    combined["wall_time"] = sum(r.get("wall_time", 0.0) for r in results)
+    combined["seeds"] = results
+    return combined
+
+
+def _mean_cells(per_seed: list[Any]) -> Any:
+    first = per_seed[0]
+    if isinstance(first, dict):
+        return {k: _mean_cells([p[k] for p in per_seed]) for k in first}
+    if isinstance(first, list):
+        return [_mean_cells(list(v)) for v in zip(*per_seed)]
+    if isinstance(first, (int, float)) and not isinstance(first, bool) and all(p == first for p in per_seed):
+        return first  # lengths, depths, counts: the same for every seed
+    if isinstance(first, (int, float)) and not isinstance(first, bool):
+        return statistics.fmean(per_seed)
+    return first
+
+
+def write_row_result(out: Path, task: str, row_slug: str, result: dict[str, Any]) -> str:
+    """Copy a row's task result into the comparison directory; returns its path relative to ``out``."""
+    path = out / "tasks" / task / f"{row_slug}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(result, indent=1, default=str))
+    return str(path.relative_to(out))
