@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -215,24 +216,38 @@ def default_chunk_size(B: int, H: int, Tq: int, Tk: int, Dh: int | None = None) 
     for long sequences, no more than the layer's keys (B, H, Tk, d_h) do, so the blocks add a
     bounded fraction to what a forward holds anyway (small models stay within ~1.2x of NoPE's
     evaluation memory at 16k; big models keep big, fast blocks). Sequences whose whole score matrix
-    fits in MIN_BLOCK_ELEMENTS run as one block."""
+    fits in MIN_BLOCK_ELEMENTS (under autograd: CHUNK_ELEMENTS) run as one block."""
     whole = B * H * Tq * Tk
-    if whole <= MIN_BLOCK_ELEMENTS:
+    if whole <= MIN_BLOCK_ELEMENTS or (torch.is_grad_enabled() and whole <= CHUNK_ELEMENTS):
+        # training lengths (B H T^2 <= 4M, e.g. 8 x 4 x 256^2) run whole: checkpointed chunks would
+        # recompute their forward in backward and pay per-chunk overhead, for memory a step can spare
         return Tq
     budget = CHUNK_ELEMENTS if Dh is None else min(CHUNK_ELEMENTS, max(MIN_BLOCK_ELEMENTS, B * H * Tk * Dh))
     return max(MIN_CHUNK, min(Tq, budget // max(1, B * H * Tk)))
 
 
 def _chunk(
-    q: Tensor, k: Tensor, v: Tensor, qf: Tensor, kf: Tensor, fn: Callable, offset: int, dropout_p: float
+    q: Tensor, k: Tensor, v: Tensor, qf: Tensor, kf: Tensor, fn: Callable, offset: int, dropout_p: float,
+    table: Callable | None = None,
 ) -> Tensor:
     """One block of queries (the last of which sits at key index ``offset + tq - 1``) vs its keys."""
     tq, Tk = q.shape[2], k.shape[2]
     dtype = _softmax_dtype(q.dtype)
+    scale = 1 / math.sqrt(q.shape[-1])
+    block = None if table is None else distance_block(table, qf, kf, offset, dtype)
+    if block is not None:  # the bias with the causal mask already in it (-inf on future keys)
+        if not torch.is_grad_enabled() and not dropout_p and q.dtype in (torch.float32, torch.float64):
+            # inference in full precision: the fused kernel takes the block as a float mask
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=block, scale=scale)
+        scores = (q @ k.transpose(-1, -2)).to(dtype) / math.sqrt(q.shape[-1])
+        weights = torch.softmax(scores + block, dim=-1).to(v.dtype)
+        if dropout_p:
+            weights = torch.dropout(weights, dropout_p, train=True)
+        return weights @ v
     i = torch.arange(tq, device=q.device).unsqueeze(-1) + offset
     future = torch.arange(Tk, device=q.device) > i
     if not torch.is_grad_enabled():  # inference: one score block, updated in place
-        scores = (q @ k.transpose(-1, -2)).to(dtype).mul_(1 / math.sqrt(q.shape[-1]))
+        scores = (q @ k.transpose(-1, -2)).to(dtype).mul_(scale)
         scores.add_(fn(qf, kf)).masked_fill_(future, float("-inf"))
         weights = torch.softmax(scores, dim=-1, dtype=dtype)
         del scores
@@ -244,6 +259,45 @@ def _chunk(
     if dropout_p:
         weights = torch.dropout(weights, dropout_p, train=True)
     return weights @ v
+
+
+def distance_block(table: Callable, qf: Tensor, kf: Tensor, offset: int, dtype: torch.dtype) -> Tensor | None:
+    """The bias of a ``DistanceBias`` block from its table, the causal mask included (-inf), or None.
+
+    qf (B, 1, tq, 1) / kf (B, 1, Tk, 1) are positions; the block's queries are keys offset..offset+tq-1.
+    Contiguous positions (every row p_j = p_0 + j, the common case): bias[i, j] = g(offset + i - j)
+    is a Toeplitz matrix, the same for every row of the batch, built as strided windows of the
+    table ((1, H, tq, Tk): B times smaller than the scores; its gradient sums the windows back).
+    Sorted positions (segments, random positions): d = p_i - p_j >= 0 on the visible keys, gathered
+    from the table ((B, H, tq, Tk)). Anything else, or a table that does not cover the block
+    (FIRE past L): None, and the caller evaluates ``fn`` on every pair.
+    """
+    tq, Tk = qf.shape[2], kf.shape[2]
+    if qf.shape[1] != 1 or kf.shape[1] != 1 or qf.shape[-1] != 1:
+        return None
+    kp, qp = kf[:, 0, :, 0], qf[:, 0, :, 0]
+    if not torch.equal(qp, kp[:, offset: offset + tq]):
+        return None
+    step = kp[:, 1:] - kp[:, :-1]
+    if bool((step == 1).all()):
+        n = offset + tq  # distances 0 .. offset + tq - 1
+        g = table(qf, n)
+        if g is None:
+            return None
+        g = g.to(dtype)
+        # u[m] = g(offset + tq - 1 - m) for m < n, -inf after (future keys); row i = window tq - 1 - i
+        u = torch.cat([g.flip(-1), g.new_full((g.shape[0], Tk - 1 - offset), float("-inf"))], dim=-1)
+        return u.unfold(-1, Tk, 1).flip(-2).unsqueeze(0)
+    if not bool((step >= 0).all()):
+        return None
+    n = int((qp[:, -1] - kp[:, 0]).max().item()) + 1  # the largest visible distance, + 1
+    g = table(qf, n)
+    if g is None:
+        return None
+    d = qp.unsqueeze(-1) - kp.unsqueeze(-2)  # (B, tq, Tk), >= 0 on the visible keys
+    future = torch.arange(Tk, device=qf.device) > torch.arange(tq, device=qf.device).unsqueeze(-1) + offset
+    idx = d.clamp(0, n - 1).to(torch.long)
+    return g.to(dtype)[:, idx].transpose(0, 1).masked_fill(future, float("-inf"))
 
 
 def _logit_chunk(
@@ -272,7 +326,8 @@ def chunked_attention(
     k, v = _expand_kv(k, H), _expand_kv(v, H)  # O(T * d) copies at most; the scores dominate
     chunk = chunk_size or default_chunk_size(B, H, Tq, Tk, Dh)
     past = Tk - Tq
-    run = _logit_chunk if isinstance(bias, LogitBias) else _chunk
+    table = getattr(bias, "table", None)  # a DistanceBias (positions/bias.py): O(T) distinct values
+    run = _logit_chunk if isinstance(bias, LogitBias) else partial(_chunk, table=table)
     if chunk >= Tq:
         return run(q, k, v, bias.q_feat, bias.k_feat, bias.fn, past, dropout_p)
     # recompute each block in backward instead of storing its (chunk, Tk) weights

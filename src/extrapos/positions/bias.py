@@ -8,15 +8,19 @@ Each returns a bias *description* from the ``bias`` hook and never a T x T tenso
 * ``fire`` (Li et al. 2023): f(psi(i - j) / psi(max(L, i))), psi(x) = log(c x + 1), f an MLP.
 * ``t5`` (Raffel et al. 2020): a learned scalar per (bucket of j - i, head).
 
-The last three are ``PairwiseBias`` (features: float positions, F = 1) evaluated in query chunks.
-Distances always come from the ``positions`` argument, never from indices, so segmented training,
-random positions and cached decoding get the right biases. Features are float32 (float64 when the
-model runs in float64): positions are exact in fp32 up to 2**24.
+The last three are ``DistanceBias`` (a ``PairwiseBias`` whose features are float positions, F = 1)
+evaluated in query chunks. Kerple and T5 depend on i - j alone, FIRE on i - j once max(L, i) = L:
+``DistanceBias.table`` gives the bias on the O(T) distances 0..n-1 and ``attention.py`` expands it
+(strided views for contiguous positions, a gather for sorted ones) instead of evaluating ``fn`` on
+every one of the O(T^2) pairs. Distances always come from the ``positions`` argument, never from
+indices, so segmented training, random positions and cached decoding get the right biases. Features
+are float32 (float64 when the model runs in float64): positions are exact in fp32 up to 2**24.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +29,17 @@ from torch import Tensor, nn
 from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, FoldedBias, PairwiseBias, PositionalEncoding
 from extrapos.positions.registry import register
+
+
+@dataclass
+class DistanceBias(PairwiseBias):
+    """A ``PairwiseBias`` on float positions (F = 1) that is, for some query blocks, a function of the
+    distance d = i - j alone: ``table(qf, n)`` returns the bias at d = 0, 1, ..., n - 1 as an
+    (H or 1, n) tensor valid for every query of the block ``qf``, or None where it is not (FIRE's
+    queries past L). ``fn`` stays the definition: the reference, FlexAttention and the blocks the
+    table does not cover use it, and the tests hold the table path against it."""
+
+    table: Callable[[Tensor, int], Tensor | None] | None = None
 
 
 def feature_dtype(x: Tensor) -> torch.dtype:
@@ -129,15 +144,22 @@ class Kerple(PositionalEncoding):
         r1, r2 = (t.to(dtype)[:, None, None] for t in self.params(layer))
         if self.options.form == "log":
 
-            def fn(qf: Tensor, kf: Tensor) -> Tensor:
-                return -r1 * torch.log1p(r2 * _distance(qf, kf))
+            def kernel(d: Tensor, r1: Tensor, r2: Tensor) -> Tensor:
+                return -r1 * torch.log1p(r2 * d)
 
         else:
 
-            def fn(qf: Tensor, kf: Tensor) -> Tensor:
-                return -r1 * _distance(qf, kf).pow(r2)
+            def kernel(d: Tensor, r1: Tensor, r2: Tensor) -> Tensor:
+                return -r1 * d.pow(r2)
 
-        return PairwiseBias(q_feat=p, k_feat=p, fn=fn)
+        def fn(qf: Tensor, kf: Tensor) -> Tensor:
+            return kernel(_distance(qf, kf), r1, r2)
+
+        def table(qf: Tensor, n: int) -> Tensor:
+            # the same expression on the n distinct distances: (H, 1, 1) params -> (H, n)
+            return kernel(torch.arange(n, dtype=dtype, device=qf.device), r1[:, :, 0], r2[:, :, 0])
+
+        return DistanceBias(q_feat=p, k_feat=p, fn=fn, table=table)
 
 
 # ---- FIRE -------------------------------------------------------------------------------------
@@ -193,7 +215,16 @@ class FIRE(PositionalEncoding):
             out = mlp(u.unsqueeze(-1))  # (B, 1, tq, Tk, H)
             return out.squeeze(1).permute(0, 3, 1, 2)
 
-        return PairwiseBias(q_feat=p, k_feat=p, fn=fn)
+        def table(qf: Tensor, n: int) -> Tensor | None:
+            # queries strictly before L share the normaliser psi(L) (strictly: at i = L, maximum's
+            # gradient is split between i and L), so their bias is a function of i - j alone
+            if qf.numel() == 0 or not bool(qf.max() < L):
+                return None
+            d = torch.arange(n, dtype=dtype, device=qf.device)
+            u = (torch.log1p(c * d) / (torch.log1p(c * L) + eps)).to(mlp[0].weight.dtype)
+            return mlp(u.unsqueeze(-1)).transpose(0, 1)  # (H, n)
+
+        return DistanceBias(q_feat=p, k_feat=p, fn=fn, table=table)
 
 
 def _mlp_by_unit(mlp: nn.Sequential, u: Tensor) -> Tensor:
@@ -259,7 +290,11 @@ class T5Bias(PositionalEncoding):
             b = t5_bucket(rel, o.num_buckets, o.max_distance)
             return table[b.squeeze(1)].permute(0, 3, 1, 2)  # (B, H, tq, Tk)
 
-        return PairwiseBias(q_feat=p, k_feat=p, fn=fn)
+        def by_distance(qf: Tensor, n: int) -> Tensor:
+            rel = -torch.arange(n, device=qf.device)  # j - i for d = i - j = 0 .. n - 1
+            return table[t5_bucket(rel, o.num_buckets, o.max_distance)].transpose(0, 1)  # (H, n)
+
+        return DistanceBias(q_feat=p, k_feat=p, fn=fn, table=by_distance)
 
 
 register("alibi", ALiBi, "ALiBi: linear bias -m_h (i - j), fixed geometric slopes (folded into fused attention)")
