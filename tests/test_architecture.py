@@ -18,7 +18,7 @@ LAYERS = [
     ("data", {"data"}),
     ("positions", {"positions"}),
     ("attention", {"attention"}),
-    ("model", {"model"}),
+    ("model", {"model", "losses"}),
     ("run helpers", {"config", "checkpoint", "perf", "metrics", "runtime", "runs", "report", "stats", "lock"}),
     ("commands", {"catalog", "train", "evaluate", "generate", "diagnostics", "bench", "extend", "compare",
                   "tasks", "integrations"}),

@@ -319,7 +319,7 @@ def test_distance_table_path_equals_reference_with_gradients(name, layout, chunk
         full = enc.bias(torch.zeros(B, T, 16, dtype=F64), pos, 1, None)
         new = enc.bias(torch.zeros(B, Tq, 16, dtype=F64), pos[:, T - Tq:], 1, None)
         assert isinstance(new, DistanceBias)
-        blk = distance_block(new.table, new.q_feat, full.k_feat, T - Tq, F64)
+        blk, _ = distance_block(new.table, new.q_feat, full.k_feat, T - Tq, F64)
         assert blk is not None and blk.shape[0] == (1 if layout == "contiguous" else B)
         dec = DistanceBias(new.q_feat, full.k_feat, new.fn, new.table)
         qs = q[:, :, T - Tq:]
@@ -352,6 +352,22 @@ def test_distance_block_declines_unsorted_positions():
     enc = build_encoding("kerple-log", CTX).double()
     pos = torch.tensor([[0, 5, 3, 9]])
     bias = enc.bias(torch.zeros(1, 4, 16, dtype=F64), pos, 0, None)
-    assert distance_block(bias.table, bias.q_feat, bias.k_feat, 0, F64) is None
+    assert distance_block(bias.table, bias.q_feat, bias.k_feat, 0, F64)[0] is None
     q, k, v = (torch.randn(1, 4, 4, 4, dtype=F64) for _ in range(3))
     torch.testing.assert_close(attention(q, k, v, bias), attention_reference(q, k, v, bias))
+
+
+def test_fire_mlp_piecewise_linear_equals_the_mlp():
+    """The inference form (affine between the ReLU breakpoints) is the MLP, breakpoints included."""
+    from extrapos.positions.bias import _mlp_piecewise
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(1, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).double()
+    with torch.no_grad():
+        mlp[0].weight[3] = 0.0  # a constant unit (no breakpoint)
+        mlp[0].bias[5] = -mlp[0].weight[5, 0] * 0.5  # a breakpoint exactly at u = 0.5
+    u = torch.cat([torch.rand(2 * 5 * 7, dtype=F64) * 3 - 1, torch.tensor([0.5, 0.0] * 5, dtype=F64)])
+    u = u.reshape(2, 1, 5, 8)
+    expected = mlp(u.unsqueeze(-1)).squeeze(1).permute(0, 3, 1, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(_mlp_piecewise(mlp, u), expected, rtol=1e-12, atol=1e-12)

@@ -211,7 +211,7 @@ class FIRE(PositionalEncoding):
             den = torch.log1p(c * torch.maximum(qf, L)) + eps  # psi(max(L, i)), (B, 1, tq, 1)
             u = (num / den).to(mlp[0].weight.dtype)
             if not torch.is_grad_enabled():
-                return _mlp_by_unit(mlp, u)
+                return _mlp_piecewise(mlp, u) if u.numel() >= PIECEWISE_MIN else _mlp_by_unit(mlp, u)
             out = mlp(u.unsqueeze(-1))  # (B, 1, tq, Tk, H)
             return out.squeeze(1).permute(0, 3, 1, 2)
 
@@ -228,16 +228,49 @@ class FIRE(PositionalEncoding):
 
 
 def _mlp_by_unit(mlp: nn.Sequential, u: Tensor) -> Tensor:
-    """The 1 -> width -> H ReLU MLP applied to every element of u (B, 1, tq, Tk), one hidden unit at a
-    time: out = b2 + sum_m W2[:, m] relu(W1[m] u + b1[m]). Same function as ``mlp(u[..., None])``
-    but holds a few (B, H, tq, Tk) blocks instead of (B, tq, Tk, width). Out of place, because
-    FlexAttention traces it under vmap."""
+    """The 1 -> width -> H ReLU MLP applied to every element of u (B, 1, tq, Tk) without autograd:
+    the hidden layer in pieces of ``MLP_PIECE`` elements (each (piece, width), a few MB), both layers
+    as matmuls, so memory stays a few (B, H, tq, Tk) blocks instead of (B, tq, Tk, width). Same
+    function as ``mlp(u[..., None])``; out of place, because FlexAttention traces it under vmap."""
     first, last = mlp[0], mlp[2]
-    w1, b1, w2 = first.weight[:, 0], first.bias, last.weight
-    out = last.bias.view(1, -1, 1, 1)
-    for m in range(w1.shape[0]):
-        out = torch.addcmul(out, torch.relu(u * w1[m] + b1[m]), w2[:, m].view(1, -1, 1, 1))
-    return out.expand(u.shape[0], -1, *u.shape[2:])
+    B, _, tq, Tk = u.shape
+    flat = u.reshape(-1, 1)
+    pieces = [torch.addmm(last.bias, torch.relu(torch.addmm(first.bias, flat[s: s + MLP_PIECE], first.weight.t())),
+                          last.weight.t()) for s in range(0, flat.shape[0], MLP_PIECE)]
+    out = torch.cat(pieces) if len(pieces) > 1 else pieces[0]  # (B tq Tk, H)
+    return out.t().reshape(-1, B, tq, Tk).transpose(0, 1)
+
+
+#: elements of u per piece of FIRE's hidden layer at inference (x width 32: 8 MB in fp32)
+MLP_PIECE = 1 << 16
+#: blocks of at least this many elements use the piecewise-linear form (small ones, e.g. FlexAttention's
+#: traced single pairs, the plain matmuls)
+PIECEWISE_MIN = 1 << 12
+
+
+def _mlp_piecewise(mlp: nn.Sequential, u: Tensor) -> Tensor:
+    """The 1 -> width -> H ReLU MLP on every element of u (B, 1, tq, Tk), as the piecewise-linear
+    function it is: f(u) = b2 + sum_m W2[:, m] relu(w1_m u + b1_m) is affine between the sorted
+    breakpoints t_m = -b1_m / w1_m, f(u) = A_k u + C_k on interval k (A_k, C_k: sums over the units
+    active there). One bucketize and two gathers per element instead of a width-wide hidden layer;
+    equal to the MLP up to rounding (continuous at the breakpoints, where relu(0) = 0 on both sides).
+    Inference only: the active sets are piecewise constant, so no gradient flows through them."""
+    first, last = mlp[0], mlp[2]
+    w1, b1, w2, b2 = first.weight[:, 0], first.bias, last.weight, last.bias
+    t = (-b1[w1 != 0] / w1[w1 != 0]).sort().values  # (K,) breakpoints
+    if t.numel():
+        reps = torch.cat([t[:1] - 1, (t[1:] + t[:-1]) / 2, t[-1:] + 1])  # one point inside each interval
+    else:
+        reps = w1.new_zeros(1)
+    active = (reps[:, None] * w1 + b1 > 0).to(w1.dtype)  # (K + 1, width)
+    slope = ((active * w1) @ w2.t()).t().contiguous()  # (H, K + 1)
+    intercept = (b2 + (active * b1) @ w2.t()).t().contiguous()
+    B, _, tq, Tk = u.shape
+    flat = u.reshape(-1)
+    idx = torch.bucketize(flat, t).expand(slope.shape[0], -1)  # interval k: t[k-1] < u <= t[k]
+    # gather with an expanded index: the fastest of the CPU indexing kernels here
+    out = torch.addcmul(torch.gather(intercept, 1, idx), torch.gather(slope, 1, idx), flat)  # (H, N)
+    return out.reshape(-1, B, tq, Tk).transpose(0, 1)
 
 
 # ---- T5 ---------------------------------------------------------------------------------------
