@@ -344,7 +344,8 @@ def chunked_attention(
     past = Tk - Tq
     table = getattr(bias, "table", None)  # a DistanceBias (positions/bias.py): O(T) distinct values
     chunk = chunk_size or default_chunk_size(B, H, Tq, Tk, Dh)
-    if chunk_size is None and table is not None and not torch.is_grad_enabled() and _contiguous(bias.k_feat):
+    if (chunk_size is None and table is not None and not torch.is_grad_enabled() and _contiguous(bias.k_feat)
+            and table(bias.q_feat[:, :, -1:], 1) is not None):  # the last query (the largest position) covered
         # the fused kernel with a zero-copy Toeplitz mask holds no (chunk, Tk) block: bigger chunks
         chunk = max(chunk, min(Tq, TOEPLITZ_CHUNK))
     run = _logit_chunk if isinstance(bias, LogitBias) else partial(_chunk, table=table)
