@@ -87,6 +87,20 @@ def _interleaved(names: list[str], repeats: int, fn) -> dict[str, list[float]]:
     return times
 
 
+_PEAK = "__matmul_peak__"
+
+
+def _matmul_rate(precision: str, n: int = 1024, reps: int = 4) -> float:
+    """FLOP/s of ``reps`` n x n matmuls right now (one sample of the peak, see bench_training)."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - t0)
+
+
 def bench_training(names: list[str], s: BenchSettings, precision: str, progress) -> dict[str, dict[str, float]]:
     models = {n: _model(n, s) for n in names}
     # what the trainer runs: fused AdamW, the head fused with the loss in fp32 (losses.py)
@@ -109,16 +123,26 @@ def bench_training(names: list[str], s: BenchSettings, precision: str, progress)
         progress()
         return (time.perf_counter() - t0) / s.steps_per_repeat
 
+    # the matmul peak is measured between the steps too: on a shared machine a peak taken once, at a
+    # quiet (or busy) moment, would put MFU above 100 % (or below 30 %); the median of these is the peak
+    rates: list[float] = []
+
+    def step_or_peak(name: str) -> float:
+        if name != _PEAK:
+            return step(name)
+        rates.append(_matmul_rate(precision))
+        return 0.0
+
     step_names = list(names)
     for n in step_names:  # warm-up: first-call allocations and lazy inits out of the timings
         step(n)
-    times = _interleaved(step_names, s.repeats, step)
-    peak = matmul_peak_flops("cpu", precision)
+    times = _interleaved(step_names + [_PEAK], s.repeats, step_or_peak)
+    peak = max(statistics.median(rates), 1.0)
     out = {}
     for n in names:
         sec = statistics.median(times[n])
         tok_s = s.batch * s.train_length / sec
-        out[n] = {"step_ms": sec * 1e3, "tokens_per_s": tok_s, "spread": _spread(times[n]),
+        out[n] = {"step_ms": sec * 1e3, "tokens_per_s": tok_s, "spread": _spread(times[n]), "peak_gflops": peak / 1e9,
                   "mfu": flops_per_token(models[n].cfg, s.train_length) * tok_s / peak}
     base = out.get("nope", {}).get("step_ms")
     for n in out:
