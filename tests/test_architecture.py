@@ -18,7 +18,7 @@ LAYERS = [
     ("data", {"data"}),
     ("positions", {"positions"}),
     ("attention", {"attention"}),
-    ("model", {"model"}),
+    ("model", {"model", "losses"}),
     ("run helpers", {"config", "checkpoint", "parallelize", "perf", "metrics", "runtime", "runs", "report",
                      "stats", "lock", "task_tables"}),
     ("commands", {"catalog", "train", "evaluate", "evaluate_mlm", "generate", "diagnostics", "bench", "extend",

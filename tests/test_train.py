@@ -94,15 +94,15 @@ def test_killed_run_resumes_exactly(tiny_data, tmp_path):
 
 
 def test_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tiny_data, tmp_path, monkeypatch):
-    real = train_mod.masked_loss_sum
+    real = train_mod.model_loss_sum
     calls = {"n": 0}
 
-    def poisoned(logits, batch):
+    def poisoned(*args):
         calls["n"] += 1
-        loss = real(logits, batch)
+        loss = real(*args)
         return loss * float("nan") if calls["n"] == 5 else loss
 
-    monkeypatch.setattr(train_mod, "masked_loss_sum", poisoned)
+    monkeypatch.setattr(train_mod, "model_loss_sum", poisoned)
     cfg = load_config("cpu/tiny", tiny_overrides(tiny_data, **{"train.checkpoint_every": 2}))
     with pytest.raises(train_mod.TrainingDiverged, match="at step 5; the last good checkpoint is .*step-4"):
         train_mod.train(cfg, tmp_path / "run", progress=False)

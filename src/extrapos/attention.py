@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,9 @@ MIN_CHUNK = 16
 #: score blocks of up to this many elements (1 MB in fp32) are always allowed: training lengths
 #: (T <= 256 at H = 4, T <= 512 at H = 1) run as one block, exactly like the reference
 MIN_BLOCK_ELEMENTS = 1 << 18
+#: queries per block of a contiguous DistanceBias at inference (fused SDPA, zero-copy Toeplitz mask):
+#: large enough to keep the kernel busy, small enough that the skipped future keys stay few
+TOEPLITZ_CHUNK = 256
 #: queries sharing one k_feat shift in the folded path; longer forwards fold block by block (precision)
 FOLD_BLOCK = 256
 #: FlexAttention (CUDA) only for forwards with at least this many queries, see ``_flex_wanted``
@@ -230,9 +234,11 @@ def default_chunk_size(B: int, H: int, Tq: int, Tk: int, Dh: int | None = None) 
     for long sequences, no more than the layer's keys (B, H, Tk, d_h) do, so the blocks add a
     bounded fraction to what a forward holds anyway (small models stay within ~1.2x of NoPE's
     evaluation memory at 16k; big models keep big, fast blocks). Sequences whose whole score matrix
-    fits in MIN_BLOCK_ELEMENTS run as one block."""
+    fits in MIN_BLOCK_ELEMENTS (under autograd: CHUNK_ELEMENTS) run as one block."""
     whole = B * H * Tq * Tk
-    if whole <= MIN_BLOCK_ELEMENTS:
+    if whole <= MIN_BLOCK_ELEMENTS or (torch.is_grad_enabled() and whole <= CHUNK_ELEMENTS):
+        # training lengths (B H T^2 <= 4M, e.g. 8 x 4 x 256^2) run whole: checkpointed chunks would
+        # recompute their forward in backward and pay per-chunk overhead, for memory a step can spare
         return Tq
     budget = CHUNK_ELEMENTS if Dh is None else min(CHUNK_ELEMENTS, max(MIN_BLOCK_ELEMENTS, B * H * Tk * Dh))
     return max(MIN_CHUNK, min(Tq, budget // max(1, B * H * Tk)))
@@ -241,14 +247,35 @@ def default_chunk_size(B: int, H: int, Tq: int, Tk: int, Dh: int | None = None) 
 def _chunk(
     q: Tensor, k: Tensor, v: Tensor, qf: Tensor, kf: Tensor, fn: Callable, offset: int, dropout_p: float,
     causal: bool = True,
+    table: Callable | None = None,
 ) -> Tensor:
     """One block of queries (the last of which sits at key index ``offset + tq - 1``) vs its keys."""
     tq, Tk = q.shape[2], k.shape[2]
+    table = table if causal else None  # distance tables hold causal biases with the causal mask built in
     dtype = _softmax_dtype(q.dtype)
+    scale = 1 / math.sqrt(q.shape[-1])
+    fused = not torch.is_grad_enabled() and not dropout_p and q.dtype in (torch.float32, torch.float64)
+    block, reversed_rows = (None, False) if table is None else distance_block(
+        table, qf, kf, offset, dtype, reversed_rows=fused)
+    if block is not None:  # the bias with the causal mask already in it (-inf on future keys)
+        if fused:  # inference in full precision: the fused kernel takes the block as a float mask
+            if not reversed_rows:
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=block, scale=scale)
+            # a zero-copy Toeplitz view whose row r belongs to query tq - 1 - r: flip the queries
+            out = F.scaled_dot_product_attention(q.flip(2), k, v, attn_mask=block, scale=scale)
+            return out.flip(2)
+        scores = (q @ k.transpose(-1, -2)).to(dtype) / math.sqrt(q.shape[-1])
+        weights = torch.softmax(scores + block, dim=-1).to(v.dtype)
+        if dropout_p:
+            weights = torch.dropout(weights, dropout_p, train=True)
+        return weights @ v
     i = torch.arange(tq, device=q.device).unsqueeze(-1) + offset
     future = (torch.arange(Tk, device=q.device) > i) & causal
+    if fused:  # inference in full precision: the bias block, masked in place, is the fused kernel's mask
+        block = fn(qf, kf).to(dtype).contiguous().masked_fill_(future, float("-inf"))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=block, scale=scale)
     if not torch.is_grad_enabled():  # inference: one score block, updated in place
-        scores = (q @ k.transpose(-1, -2)).to(dtype).mul_(1 / math.sqrt(q.shape[-1]))
+        scores = (q @ k.transpose(-1, -2)).to(dtype).mul_(scale)
         scores.add_(fn(qf, kf)).masked_fill_(future, float("-inf"))
         weights = torch.softmax(scores, dim=-1, dtype=dtype)
         del scores
@@ -260,6 +287,51 @@ def _chunk(
     if dropout_p:
         weights = torch.dropout(weights, dropout_p, train=True)
     return weights @ v
+
+
+def distance_block(
+    table: Callable, qf: Tensor, kf: Tensor, offset: int, dtype: torch.dtype, reversed_rows: bool = False
+) -> tuple[Tensor | None, bool]:
+    """The bias of a ``DistanceBias`` block from its table, the causal mask included (-inf), or None;
+    and whether its rows run in reverse query order.
+
+    qf (B, 1, tq, 1) / kf (B, 1, Tk, 1) are positions; the block's queries are keys offset..offset+tq-1.
+    Contiguous positions (every row p_j = p_0 + j, the common case): bias[i, j] = g(offset + i - j)
+    is a Toeplitz matrix, the same for every row of the batch: windows of one vector u of
+    tq + Tk - 1 values, u[m] = g(offset + tq - 1 - m). Window r is the row of query tq - 1 - r, so
+    with ``reversed_rows`` the block is a zero-copy strided view (1, H, tq, Tk) whose rows run in
+    reverse query order (the caller flips the queries); otherwise the rows are flipped into a
+    (1, H, tq, Tk) copy, B times smaller than the scores (its gradient sums the windows back).
+    Sorted positions (segments, random positions): d = p_i - p_j >= 0 on the visible keys, gathered
+    from the table ((B, H, tq, Tk)). Anything else, or a table that does not cover the block
+    (FIRE past L): None, and the caller evaluates ``fn`` on every pair.
+    """
+    tq, Tk = qf.shape[2], kf.shape[2]
+    if qf.shape[1] != 1 or kf.shape[1] != 1 or qf.shape[-1] != 1:
+        return None, False
+    kp, qp = kf[:, 0, :, 0], qf[:, 0, :, 0]
+    if not torch.equal(qp, kp[:, offset: offset + tq]):
+        return None, False
+    step = kp[:, 1:] - kp[:, :-1]
+    if bool((step == 1).all()):
+        n = offset + tq  # distances 0 .. offset + tq - 1
+        g = table(qf, n)
+        if g is None:
+            return None, False
+        g = g.to(dtype)
+        u = torch.cat([g.flip(-1), g.new_full((g.shape[0], Tk - 1 - offset), float("-inf"))], dim=-1)
+        windows = u.unfold(-1, Tk, 1).unsqueeze(0)  # (1, H, tq, Tk), window r = query tq - 1 - r
+        return (windows, True) if reversed_rows else (windows.flip(-2), False)
+    if not bool((step >= 0).all()):
+        return None, False
+    n = int((qp[:, -1] - kp[:, 0]).max().item()) + 1  # the largest visible distance, + 1
+    g = table(qf, n)
+    if g is None:
+        return None, False
+    d = qp.unsqueeze(-1) - kp.unsqueeze(-2)  # (B, tq, Tk), >= 0 on the visible keys
+    future = torch.arange(Tk, device=qf.device) > torch.arange(tq, device=qf.device).unsqueeze(-1) + offset
+    idx = d.clamp(0, n - 1).to(torch.long)
+    return g.to(dtype)[:, idx].transpose(0, 1).masked_fill(future, float("-inf")), False
 
 
 def _logit_chunk(
@@ -288,9 +360,15 @@ def chunked_attention(
     B, H, Tq, Dh = q.shape
     Tk = k.shape[2]
     k, v = _expand_kv(k, H), _expand_kv(v, H)  # O(T * d) copies at most; the scores dominate
-    chunk = chunk_size or default_chunk_size(B, H, Tq, Tk, Dh)
     past = Tk - Tq
-    run = _logit_chunk if isinstance(bias, LogitBias) else _chunk
+    table = getattr(bias, "table", None)  # a DistanceBias (positions/bias.py): O(T) distinct values
+    chunk = chunk_size or default_chunk_size(B, H, Tq, Tk, Dh)
+    if (chunk_size is None and causal and table is not None and not torch.is_grad_enabled()
+            and _contiguous(bias.k_feat)
+            and table(bias.q_feat[:, :, -1:], 1) is not None):  # the last query (the largest position) covered
+        # the fused kernel with a zero-copy Toeplitz mask holds no (chunk, Tk) block: bigger chunks
+        chunk = max(chunk, min(Tq, TOEPLITZ_CHUNK))
+    run = _logit_chunk if isinstance(bias, LogitBias) else partial(_chunk, table=table)
     if chunk >= Tq:
         return run(q, k, v, bias.q_feat, bias.k_feat, bias.fn, past, dropout_p, causal)
     # recompute each block in backward instead of storing its (chunk, Tk) weights
@@ -308,6 +386,12 @@ def chunked_attention(
             out = run(*args, bias.fn, past + s, dropout_p, causal)
         outs.append(out)
     return torch.cat(outs[::-1], dim=2)
+
+
+def _contiguous(k_feat: Tensor) -> bool:
+    """Key positions (B, 1, Tk, 1) that step by exactly one in every row."""
+    p = k_feat[:, 0, :, 0] if k_feat.dim() == 4 and k_feat.shape[1] == 1 and k_feat.shape[-1] == 1 else None
+    return p is not None and bool(((p[:, 1:] - p[:, :-1]) == 1).all())
 
 
 # ---- CUDA: FlexAttention ---------------------------------------------------------------------

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from extrapos.errors import UserError
+from extrapos.losses import model_loss_sum
 from extrapos.model import Decoder, flops_per_token, model_config
 from extrapos.perf import matmul_peak_flops
 from extrapos.positions import registry
@@ -72,6 +72,11 @@ def _precision_ctx(precision: str):
     return autocast(torch.device("cpu"), precision)
 
 
+def _spread(times: list[float]) -> float:
+    """(max - min) / median of the repeats: how much the machine moved during the measurement."""
+    return (max(times) - min(times)) / statistics.median(times)
+
+
 def _interleaved(names: list[str], repeats: int, fn) -> dict[str, list[float]]:
     """Run fn(name) -> seconds for every name, ``repeats`` rounds, names in a rotating order."""
     times: dict[str, list[float]] = {n: [] for n in names}
@@ -82,37 +87,62 @@ def _interleaved(names: list[str], repeats: int, fn) -> dict[str, list[float]]:
     return times
 
 
+_PEAK = "__matmul_peak__"
+
+
+def _matmul_rate(precision: str, n: int = 1024, reps: int = 4) -> float:
+    """FLOP/s of ``reps`` n x n matmuls right now (one sample of the peak, see bench_training)."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - t0)
+
+
 def bench_training(names: list[str], s: BenchSettings, precision: str, progress) -> dict[str, dict[str, float]]:
     models = {n: _model(n, s) for n in names}
-    opts = {n: torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True) for n, m in models.items()}
+    # what the trainer runs: fused AdamW, the head fused with the loss in fp32 (losses.py)
+    opts = {n: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True) for n, m in models.items()}
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, s.vocab, (s.batch, s.train_length + 1), generator=g)
     x, y = tokens[:, :-1], tokens[:, 1:]
     pos = torch.arange(s.train_length).expand(s.batch, -1)
+    mask = torch.ones(y.shape)
 
     def step(name: str) -> float:
         m, opt = models[name], opts[name]
         t0 = time.perf_counter()
         for _ in range(s.steps_per_repeat):
             with _precision_ctx(precision):
-                logits = m(x, pos)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+                loss = model_loss_sum(m, x, pos, y, mask) / mask.numel()
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
         progress()
         return (time.perf_counter() - t0) / s.steps_per_repeat
 
+    # the matmul peak is measured between the steps too: on a shared machine a peak taken once, at a
+    # quiet (or busy) moment, would put MFU above 100 % (or below 30 %); the median of these is the peak
+    rates: list[float] = []
+
+    def step_or_peak(name: str) -> float:
+        if name != _PEAK:
+            return step(name)
+        rates.append(_matmul_rate(precision))
+        return 0.0
+
     step_names = list(names)
     for n in step_names:  # warm-up: first-call allocations and lazy inits out of the timings
         step(n)
-    times = _interleaved(step_names, s.repeats, step)
-    peak = matmul_peak_flops("cpu", precision)
+    times = _interleaved(step_names + [_PEAK], s.repeats, step_or_peak)
+    peak = max(statistics.median(rates), 1.0)
     out = {}
     for n in names:
         sec = statistics.median(times[n])
         tok_s = s.batch * s.train_length / sec
-        out[n] = {"step_ms": sec * 1e3, "tokens_per_s": tok_s,
+        out[n] = {"step_ms": sec * 1e3, "tokens_per_s": tok_s, "spread": _spread(times[n]), "peak_gflops": peak / 1e9,
                   "mfu": flops_per_token(models[n].cfg, s.train_length) * tok_s / peak}
     base = out.get("nope", {}).get("step_ms")
     for n in out:
@@ -241,6 +271,127 @@ def bench_generation(names: list[str], s: BenchSettings, progress) -> dict[str, 
     return out
 
 
+#: the shape of the peer comparison (issue 15): Llama + RoPE, d 256, 4 layers, 4 heads, MLP 768,
+#: vocab 8192, tied embeddings, batch 8 x 256, forward + backward + AdamW, fp32
+PEER_SHAPE = {"d_model": 256, "n_layers": 4, "n_heads": 4, "mlp_hidden": 768, "vocab": 8192, "batch": 8, "seq": 256}
+
+
+def bench_peer(rounds: int = 7, progress=None) -> dict[str, Any] | None:
+    """extrapos llama + RoPE vs Hugging Face ``LlamaForCausalLM`` of the same shape, one training step
+    each (fp32, fused AdamW on both sides), interleaved rounds, medians; None without transformers.
+
+    Each side runs its own usual loss: extrapos the trainer's (the head fused with the loss,
+    losses.py), Hugging Face its logits and an fp32 cross-entropy over them.
+    """
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError:
+        return None
+    from extrapos.model import count_parameters
+
+    p = PEER_SHAPE
+    torch.manual_seed(0)
+    ours = Decoder(model_config(flavour="llama", n_layers=p["n_layers"], d_model=p["d_model"], n_heads=p["n_heads"],
+                                mlp_hidden=p["mlp_hidden"], vocab_size=p["vocab"], tie_embeddings=True,
+                                train_length=p["seq"], positions={"name": "rope"}))
+    hf_cfg = LlamaConfig(vocab_size=p["vocab"], hidden_size=p["d_model"], intermediate_size=p["mlp_hidden"],
+                         num_hidden_layers=p["n_layers"], num_attention_heads=p["n_heads"],
+                         num_key_value_heads=p["n_heads"], max_position_embeddings=p["seq"], rms_norm_eps=1e-5,
+                         tie_word_embeddings=True, attention_bias=False, mlp_bias=False)
+    hf = LlamaForCausalLM._from_config(hf_cfg, attn_implementation="sdpa", dtype=torch.float32).train()
+    n_ours = count_parameters(ours)["total"]
+    n_hf = sum(t.numel() for t in {id(t): t for t in hf.parameters()}.values())
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, p["vocab"], (p["batch"], p["seq"] + 1), generator=g)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    pos = torch.arange(p["seq"]).expand(p["batch"], -1)
+    mask = torch.ones(y.shape)
+    opts = {"extrapos": torch.optim.AdamW(ours.parameters(), lr=1e-4, fused=True),
+            "transformers": torch.optim.AdamW(hf.parameters(), lr=1e-4, fused=True)}
+
+    def step(name: str) -> float:
+        t0 = time.perf_counter()
+        if name == "extrapos":
+            loss = model_loss_sum(ours, x, pos, y, mask) / mask.numel()
+        else:
+            logits = hf(input_ids=x).logits
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        loss.backward()
+        opts[name].step()
+        opts[name].zero_grad(set_to_none=True)
+        if progress:
+            progress()
+        return time.perf_counter() - t0
+
+    names = ["extrapos", "transformers"]
+    for n in names:  # warm-up
+        step(n)
+    times = _interleaved(names, max(7, rounds), step)
+    med = {n: statistics.median(t) for n, t in times.items()}
+    import transformers
+
+    return {"shape": p, "rounds": max(7, rounds), "params_extrapos": n_ours, "params_transformers": n_hf,
+            "transformers": transformers.__version__,
+            **{f"{n}_ms": med[n] * 1e3 for n in names}, **{f"{n}_spread": _spread(times[n]) for n in names},
+            "ratio": med["extrapos"] / med["transformers"]}
+
+
+def format_peer(r: dict[str, Any]) -> str:
+    p = r["shape"]
+    return (f"llama + RoPE training step (d {p['d_model']}, {p['n_layers']} layers, {p['n_heads']} heads, MLP "
+            f"{p['mlp_hidden']}, vocab {p['vocab']}, tied, batch {p['batch']} x {p['seq']}, fp32, fwd + bwd + AdamW; "
+            f"{r['params_extrapos']:,} vs {r['params_transformers']:,} parameters), median of {r['rounds']} "
+            f"interleaved rounds, CPU capability {torch.backends.cpu.get_cpu_capability()}: extrapos "
+            f"{r['extrapos_ms']:.0f} ms (spread {r['extrapos_spread']:.0%}), transformers {r['transformers']} "
+            f"LlamaForCausalLM {r['transformers_ms']:.0f} ms (spread {r['transformers_spread']:.0%}), "
+            f"ratio {r['ratio']:.2f}")
+
+
+#: the figures of issue 15 and their targets: (label, what, encodings, target, higher is better)
+TARGETS = [
+    ("training step vs NoPE: Kerple log / power", "train", ("kerple-log", "kerple-power"), 1.10, False),
+    ("training step vs NoPE: T5 bias", "train", ("t5",), 1.10, False),
+    ("training step vs NoPE: FIRE", "train", ("fire",), 1.15, False),
+    ("training step vs NoPE: K-CABLE", "train", ("k-cable",), 1.10, False),
+    ("evaluation time at 16 x L_t vs NoPE, pairwise biases", "eval16",
+     ("kerple-log", "kerple-power", "fire", "t5", "k-cable"), 1.5, False),
+    ("training MFU, fp32 (vs the matmul peak measured in this run)", "mfu", ("nope",), 0.65, True),
+    ("llama + RoPE training step vs transformers LlamaForCausalLM", "peer", (), 0.90, False),
+]
+
+
+def target_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(figure, measured, target, met) for every figure of TARGETS this run measured."""
+    rows = []
+    k = max(r["settings"]["eval_lengths"])
+    for label, what, names, target, higher in TARGETS:
+        if what == "peer":
+            if not r.get("peer"):
+                continue
+            vals = {"": r["peer"]["ratio"]}
+        elif what == "mfu":
+            vals = {n: r["train_fp32"][n]["mfu"] for n in names if n in r["train_fp32"]}
+        elif what == "train":
+            vals = {n: r["train_fp32"][n]["ratio"] for n in names if n in r["train_fp32"]}
+        else:
+            et = r["eval_time"]
+            vals = {n: et[n][f"time_ms_{k}x"] / et["nope"][f"time_ms_{k}x"] for n in names if n in et}
+        if not vals:
+            continue
+        worst = min(vals.values()) if higher else max(vals.values())
+        fmt = (lambda v: f"{v:.1%}") if what == "mfu" else (lambda v: f"{v:.2f}")
+        shown = ", ".join(f"{n} {fmt(v)}" if n else fmt(v) for n, v in vals.items())
+        met = worst >= target if higher else worst <= target
+        rows.append((label, shown, ("> " if higher else "<= ") + fmt(target), "yes" if met else "no"))
+    return rows
+
+
+def format_targets(r: dict[str, Any]) -> str:
+    lines = ["| figure (issue 15) | measured | target | met |", "|---|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in target_rows(r)]
+    return "\n".join(lines)
+
+
 def run_bench(quick: bool = False, encodings: list[str] | None = None, progress: bool = True) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
@@ -255,7 +406,7 @@ def run_bench(quick: bool = False, encodings: list[str] | None = None, progress:
         names = ["nope"] + names
     n = len(names)
     total = (2 * n * (s.repeats + 1) + len(s.eval_lengths) * n * (max(2, s.repeats - 2) + 1)
-             + n + n * (max(2, s.repeats - 2) + 1) + n)
+             + n + n * (max(2, s.repeats - 2) + 1) + n + 2 * 8)
     bar = tqdm(total=total, disable=not progress, desc="bench", unit="run")
     tick = lambda: bar.update(1)  # noqa: E731
     t0 = time.perf_counter()
@@ -273,6 +424,7 @@ def run_bench(quick: bool = False, encodings: list[str] | None = None, progress:
         "eval_memory": bench_eval_memory(names, s, tick),
         "generation": bench_generation(names, s, tick),
         "resolution": position_resolution(train_length=512, multiples=(1, 2, 4, 8, 16)),
+        "peer": bench_peer(7, tick),
     }
     bar.close()
     result["wall_time_s"] = time.perf_counter() - t0
@@ -316,6 +468,11 @@ def format_bench(r: dict[str, Any]) -> str:
         lines += ["", f"CABLE decoding per token / ALiBi's: {gen['cable']['decode_ms'] / gen['alibi']['decode_ms']:.2f}"]
     from extrapos.diagnostics import format_resolution
 
+    lines += ["", "Spread of the training repeats ((max - min) / median), fp32: "
+              + ", ".join(f"{n} {tf[n]['spread']:.0%}" for n in tf if "spread" in tf[n])]
+    if r.get("peer"):
+        lines += ["", format_peer(r["peer"])]
+    lines += ["", format_targets(r)]
     lines += ["", format_resolution(r["resolution"]), "", f"bench wall time {r['wall_time_s']:.0f} s"]
     return "\n".join(lines)
 

@@ -434,9 +434,8 @@ def _combine_seeds(results: list[dict[str, Any]], seeds: list[int]) -> dict[str,
 def _check_heldout_fits(sweep: Sweep, trained: list[SweepRow], extra: list[str]) -> None:
     """Before any training: the test split must hold a document for the longest evaluated window."""
     from extrapos.data import check_heldout
-    from extrapos.runtime import prepare_run_data
-
     from extrapos.data.synthetic import task_of
+    from extrapos.runtime import prepare_run_data
 
     if not trained or not sweep.loss:  # task columns generate their own examples
         return

@@ -285,3 +285,89 @@ def test_fire_mlp_by_hidden_unit_equals_the_mlp():
     u = torch.rand(2, 1, 5, 7, dtype=torch.float64) * 3
     expected = mlp(u.unsqueeze(-1)).squeeze(1).permute(0, 3, 1, 2)
     torch.testing.assert_close(_mlp_by_unit(mlp, u), expected)
+
+
+# ---- the distance tables (DistanceBias.table): the fast path against fn on every pair ----------
+
+
+def _fire_before_L(enc, T):
+    """FIRE with L beyond every position: the table covers every query block."""
+    with torch.no_grad():
+        enc.l_scale.fill_(2.0 * T / CTX.train_length)
+    return enc
+
+
+@pytest.mark.parametrize("name", ["kerple-log", "kerple-power", "fire", "t5"])
+@pytest.mark.parametrize("layout", ["contiguous", "sorted-gaps"])
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_distance_table_path_equals_reference_with_gradients(name, layout, chunk):
+    """The table path (Toeplitz windows for contiguous positions, a gather for sorted ones) equals the
+    materialized reference that evaluates fn on every pair: outputs and gradients w.r.t. q, k, v and
+    every parameter of the encoding, full forwards and decode-shaped blocks, fp64."""
+    from extrapos.attention import distance_block
+    from extrapos.positions.bias import DistanceBias
+
+    torch.manual_seed(0)
+    enc = build_encoding(name, CTX, {"init_std": 0.5} if name == "t5" else None).double()
+    B, T, H, Dh = 2, 17, CTX.n_heads, CTX.head_dim
+    pos = torch.arange(T).expand(B, T) + torch.tensor([[0], [7]]) if layout == "contiguous" else _positions(B, T)
+    if name == "fire":
+        _fire_before_L(enc, int(pos.max()) + 1)
+    q, k, v = (torch.randn(B, H, T, Dh, dtype=F64, requires_grad=True) for _ in range(3))
+    leaves = [q, k, v, *enc.parameters()]
+    for Tq in (T, 3, 1):
+        full = enc.bias(torch.zeros(B, T, 16, dtype=F64), pos, 1, None)
+        new = enc.bias(torch.zeros(B, Tq, 16, dtype=F64), pos[:, T - Tq:], 1, None)
+        assert isinstance(new, DistanceBias)
+        blk, _ = distance_block(new.table, new.q_feat, full.k_feat, T - Tq, F64)
+        assert blk is not None and blk.shape[0] == (1 if layout == "contiguous" else B)
+        dec = DistanceBias(new.q_feat, full.k_feat, new.fn, new.table)
+        qs = q[:, :, T - Tq:]
+        ref = attention_reference(qs, k, v, dec)
+        out = attention(qs, k, v, dec, chunk_size=chunk)
+        torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+        w = ref.detach().cos()
+        g_ref = torch.autograd.grad((ref * w).sum(), leaves, allow_unused=True, retain_graph=True)
+        g_out = torch.autograd.grad((out * w).sum(), leaves, allow_unused=True)
+        for a, b in zip(g_out, g_ref):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+        with torch.no_grad():  # the inference path (fused SDPA with the block as a float mask)
+            torch.testing.assert_close(attention(qs, k, v, dec, chunk_size=chunk), ref, rtol=1e-10, atol=1e-10)
+
+
+def test_fire_table_covers_only_queries_before_L():
+    enc = build_encoding("fire", CTX).double()  # L = L_t = 8
+    p = torch.arange(12, dtype=F64)[None, None, :, None]
+    bias = enc.bias(torch.zeros(1, 12, 16, dtype=F64), torch.arange(12)[None], 0, None)
+    assert bias.table(p[:, :, :8], 8) is not None  # positions 0..7 < L
+    assert bias.table(p[:, :, :9], 9) is None  # position 8 = L: maximum(i, L) ties, use fn
+    assert bias.table(p, 12) is None
+
+
+def test_distance_block_declines_unsorted_positions():
+    from extrapos.attention import distance_block
+
+    enc = build_encoding("kerple-log", CTX).double()
+    pos = torch.tensor([[0, 5, 3, 9]])
+    bias = enc.bias(torch.zeros(1, 4, 16, dtype=F64), pos, 0, None)
+    assert distance_block(bias.table, bias.q_feat, bias.k_feat, 0, F64)[0] is None
+    q, k, v = (torch.randn(1, 4, 4, 4, dtype=F64) for _ in range(3))
+    torch.testing.assert_close(attention(q, k, v, bias), attention_reference(q, k, v, bias))
+
+
+def test_fire_mlp_piecewise_linear_equals_the_mlp():
+    """The inference form (affine between the ReLU breakpoints) is the MLP, breakpoints included."""
+    from extrapos.positions.bias import _mlp_piecewise
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(1, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).double()
+    with torch.no_grad():
+        mlp[0].weight[3] = 0.0  # a constant unit (no breakpoint)
+        mlp[0].bias[5] = -mlp[0].weight[5, 0] * 0.5  # a breakpoint exactly at u = 0.5
+    u = torch.cat([torch.rand(2 * 5 * 7, dtype=F64) * 3 - 1, torch.tensor([0.5, 0.0] * 5, dtype=F64)])
+    u = u.reshape(2, 1, 5, 8)
+    expected = mlp(u.unsqueeze(-1)).squeeze(1).permute(0, 3, 1, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(_mlp_piecewise(mlp, u), expected, rtol=1e-12, atol=1e-12)

@@ -8,19 +8,24 @@ Each returns a bias *description* from the ``bias`` hook and never a T x T tenso
 * ``fire`` (Li et al. 2023): f(psi(i - j) / psi(max(L, i))), psi(x) = log(c x + 1), f an MLP.
 * ``t5`` (Raffel et al. 2020): a learned scalar per (bucket of j - i, head).
 
-The last three are ``PairwiseBias`` (features: float positions, F = 1) evaluated in query chunks.
+The last three are ``DistanceBias`` (a ``PairwiseBias`` whose features are float positions, F = 1)
+evaluated in query chunks. Kerple and T5 depend on i - j alone, FIRE on i - j once max(L, i) = L:
+``DistanceBias.table`` gives the bias on the O(T) distances 0..n-1 and ``attention.py`` expands it
+(strided views for contiguous positions, a gather for sorted ones) instead of evaluating ``fn`` on
+every one of the O(T^2) pairs (causal attention only: the tables hold the causal mask).
 
 Bidirectional forms (``ctx.causal`` False, the encoder flavour; table in docs/encoder.md): ALiBi
 -m_h |i - j| (not rank one: a ``PairwiseBias``), Kerple unchanged (it already reads |i - j|), FIRE
 normalised by the farthest key the query sees on either side, T5 with T5's bidirectional buckets.
-Distances always come from the ``positions`` argument, never from indices, so segmented training,
-random positions and cached decoding get the right biases. Features are float32 (float64 when the
-model runs in float64): positions are exact in fp32 up to 2**24.
+Distances always come from the ``positions`` argument, never from
+indices, so segmented training, random positions and cached decoding get the right biases. Features
+are float32 (float64 when the model runs in float64): positions are exact in fp32 up to 2**24.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +34,17 @@ from torch import Tensor, nn
 from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, FoldedBias, PairwiseBias, PositionalEncoding
 from extrapos.positions.registry import register
+
+
+@dataclass
+class DistanceBias(PairwiseBias):
+    """A ``PairwiseBias`` on float positions (F = 1) that is, for some query blocks, a function of the
+    distance d = i - j alone: ``table(qf, n)`` returns the bias at d = 0, 1, ..., n - 1 as an
+    (H or 1, n) tensor valid for every query of the block ``qf``, or None where it is not (FIRE's
+    queries past L). ``fn`` stays the definition: the reference, FlexAttention and the blocks the
+    table does not cover use it, and the tests hold the table path against it."""
+
+    table: Callable[[Tensor, int], Tensor | None] | None = None
 
 
 def feature_dtype(x: Tensor) -> torch.dtype:
@@ -146,15 +162,22 @@ class Kerple(PositionalEncoding):
         r1, r2 = (t.to(dtype)[:, None, None] for t in self.params(layer))
         if self.options.form == "log":
 
-            def fn(qf: Tensor, kf: Tensor) -> Tensor:
-                return -r1 * torch.log1p(r2 * _distance(qf, kf))
+            def kernel(d: Tensor, r1: Tensor, r2: Tensor) -> Tensor:
+                return -r1 * torch.log1p(r2 * d)
 
         else:
 
-            def fn(qf: Tensor, kf: Tensor) -> Tensor:
-                return -r1 * _distance(qf, kf).pow(r2)
+            def kernel(d: Tensor, r1: Tensor, r2: Tensor) -> Tensor:
+                return -r1 * d.pow(r2)
 
-        return PairwiseBias(q_feat=p, k_feat=p, fn=fn)
+        def fn(qf: Tensor, kf: Tensor) -> Tensor:
+            return kernel(_distance(qf, kf), r1, r2)
+
+        def table(qf: Tensor, n: int) -> Tensor:
+            # the same expression on the n distinct distances: (H, 1, 1) params -> (H, n)
+            return kernel(torch.arange(n, dtype=dtype, device=qf.device), r1[:, :, 0], r2[:, :, 0])
+
+        return DistanceBias(q_feat=p, k_feat=p, fn=fn, table=table)
 
 
 # ---- FIRE -------------------------------------------------------------------------------------
@@ -214,24 +237,66 @@ class FIRE(PositionalEncoding):
             den = torch.log1p(c * torch.maximum(reach, L)) + eps  # psi(max(L, i)), (B, 1, tq, 1)
             u = (num / den).to(mlp[0].weight.dtype)
             if not torch.is_grad_enabled():
-                return _mlp_by_unit(mlp, u)
+                return _mlp_piecewise(mlp, u) if u.numel() >= PIECEWISE_MIN else _mlp_by_unit(mlp, u)
             out = mlp(u.unsqueeze(-1))  # (B, 1, tq, Tk, H)
             return out.squeeze(1).permute(0, 3, 1, 2)
 
-        return PairwiseBias(q_feat=p, k_feat=p, fn=fn)
+        def table(qf: Tensor, n: int) -> Tensor | None:
+            # queries strictly before L share the normaliser psi(L) (strictly: at i = L, maximum's
+            # gradient is split between i and L), so their bias is a function of i - j alone
+            if qf.numel() == 0 or not bool(qf.max() < L):
+                return None
+            d = torch.arange(n, dtype=dtype, device=qf.device)
+            u = (torch.log1p(c * d) / (torch.log1p(c * L) + eps)).to(mlp[0].weight.dtype)
+            return mlp(u.unsqueeze(-1)).transpose(0, 1)  # (H, n)
+
+        return DistanceBias(q_feat=p, k_feat=p, fn=fn, table=table)
 
 
 def _mlp_by_unit(mlp: nn.Sequential, u: Tensor) -> Tensor:
-    """The 1 -> width -> H ReLU MLP applied to every element of u (B, 1, tq, Tk), one hidden unit at a
-    time: out = b2 + sum_m W2[:, m] relu(W1[m] u + b1[m]). Same function as ``mlp(u[..., None])``
-    but holds a few (B, H, tq, Tk) blocks instead of (B, tq, Tk, width). Out of place, because
-    FlexAttention traces it under vmap."""
+    """The 1 -> width -> H ReLU MLP applied to every element of u (B, 1, tq, Tk) without autograd:
+    the hidden layer in pieces of ``MLP_PIECE`` elements (each (piece, width), a few MB), both layers
+    as matmuls, so memory stays a few (B, H, tq, Tk) blocks instead of (B, tq, Tk, width). Same
+    function as ``mlp(u[..., None])``; out of place, because FlexAttention traces it under vmap."""
     first, last = mlp[0], mlp[2]
-    w1, b1, w2 = first.weight[:, 0], first.bias, last.weight
-    out = last.bias.view(1, -1, 1, 1)
-    for m in range(w1.shape[0]):
-        out = torch.addcmul(out, torch.relu(u * w1[m] + b1[m]), w2[:, m].view(1, -1, 1, 1))
-    return out.expand(u.shape[0], -1, *u.shape[2:])
+    B, _, tq, Tk = u.shape
+    flat = u.reshape(-1, 1)
+    pieces = [torch.addmm(last.bias, torch.relu(torch.addmm(first.bias, flat[s: s + MLP_PIECE], first.weight.t())),
+                          last.weight.t()) for s in range(0, flat.shape[0], MLP_PIECE)]
+    out = torch.cat(pieces) if len(pieces) > 1 else pieces[0]  # (B tq Tk, H)
+    return out.t().reshape(-1, B, tq, Tk).transpose(0, 1)
+
+
+#: elements of u per piece of FIRE's hidden layer at inference (x width 32: 8 MB in fp32)
+MLP_PIECE = 1 << 16
+#: blocks of at least this many elements use the piecewise-linear form (small ones, e.g. FlexAttention's
+#: traced single pairs, the plain matmuls)
+PIECEWISE_MIN = 1 << 12
+
+
+def _mlp_piecewise(mlp: nn.Sequential, u: Tensor) -> Tensor:
+    """The 1 -> width -> H ReLU MLP on every element of u (B, 1, tq, Tk), as the piecewise-linear
+    function it is: f(u) = b2 + sum_m W2[:, m] relu(w1_m u + b1_m) is affine between the sorted
+    breakpoints t_m = -b1_m / w1_m, f(u) = A_k u + C_k on interval k (A_k, C_k: sums over the units
+    active there). One bucketize and two gathers per element instead of a width-wide hidden layer;
+    equal to the MLP up to rounding (continuous at the breakpoints, where relu(0) = 0 on both sides).
+    Inference only: the active sets are piecewise constant, so no gradient flows through them."""
+    first, last = mlp[0], mlp[2]
+    w1, b1, w2, b2 = first.weight[:, 0], first.bias, last.weight, last.bias
+    t = (-b1[w1 != 0] / w1[w1 != 0]).sort().values  # (K,) breakpoints
+    if t.numel():
+        reps = torch.cat([t[:1] - 1, (t[1:] + t[:-1]) / 2, t[-1:] + 1])  # one point inside each interval
+    else:
+        reps = w1.new_zeros(1)
+    active = (reps[:, None] * w1 + b1 > 0).to(w1.dtype)  # (K + 1, width)
+    slope = ((active * w1) @ w2.t()).t().contiguous()  # (H, K + 1)
+    intercept = (b2 + (active * b1) @ w2.t()).t().contiguous()
+    B, _, tq, Tk = u.shape
+    flat = u.reshape(-1)
+    idx = torch.bucketize(flat, t).expand(slope.shape[0], -1)  # interval k: t[k-1] < u <= t[k]
+    # gather with an expanded index: the fastest of the CPU indexing kernels here
+    out = torch.addcmul(torch.gather(intercept, 1, idx), torch.gather(slope, 1, idx), flat)  # (H, N)
+    return out.reshape(-1, B, tq, Tk).transpose(0, 1)
 
 
 # ---- T5 ---------------------------------------------------------------------------------------
@@ -292,7 +357,11 @@ class T5Bias(PositionalEncoding):
             b = t5_bucket(rel, o.num_buckets, o.max_distance, bidirectional=both)
             return table[b.squeeze(1)].permute(0, 3, 1, 2)  # (B, H, tq, Tk)
 
-        return PairwiseBias(q_feat=p, k_feat=p, fn=fn)
+        def by_distance(qf: Tensor, n: int) -> Tensor:
+            rel = -torch.arange(n, device=qf.device)  # j - i for d = i - j = 0 .. n - 1
+            return table[t5_bucket(rel, o.num_buckets, o.max_distance)].transpose(0, 1)  # (H, n)
+
+        return DistanceBias(q_feat=p, k_feat=p, fn=fn, table=by_distance)
 
 
 register("alibi", ALiBi, "ALiBi: linear bias -m_h (i - j), fixed geometric slopes (folded into fused attention)")

@@ -60,7 +60,40 @@ def abs_cable_fn(qf: Tensor, kf: Tensor) -> Tensor:
 def k_cable_fn(qf: Tensor, kf: Tensor) -> Tensor:
     """K-CABLE block: -log(1 + (g_i (S_i - S_j))^2) from qf (.., tq, 2) = (g, S) and kf (.., Tk, 1) = S."""
     g, s_i = qf[..., 0:1], qf[..., 1:2]
-    return -torch.log1p((g * (s_i - kf.transpose(-1, -2))) ** 2)
+    if torch.is_grad_enabled() and (qf.requires_grad or kf.requires_grad):
+        return _KCableBlock.apply(g, s_i, kf)
+    return (g * (s_i - kf.transpose(-1, -2))).square_().log1p_().neg_()
+
+
+class _KCableBlock(torch.autograd.Function):
+    """-log1p((g_i (s_i - S_j))^2) with a hand-written backward that saves no (tq, Tk) block.
+
+    With w = g_i (s_i - S_j) and G the incoming gradient, dz/dw = -2 w / (1 + w^2) =: D, so
+    grad g_i = sum_j D (s_i - S_j) = s_i sum_j D - (D S)_i, grad s_i = g_i sum_j D and
+    grad S_j = -(g^T D)_j: two matrix-vector products instead of broadcast reductions, and w is
+    recomputed rather than stored (autograd of the plain expression keeps four blocks alive)."""
+
+    @staticmethod
+    def forward(ctx, g: Tensor, s_i: Tensor, kf: Tensor) -> Tensor:
+        ctx.save_for_backward(g, s_i, kf)
+        return -torch.log1p((g * (s_i - kf.transpose(-1, -2))) ** 2)  # the same ops as the plain form
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        g, s_i, kf = ctx.saved_tensors
+        w = g * (s_i - kf.transpose(-1, -2))
+        d = w.mul(-2).div_(w.square_().add_(1)).mul_(grad)  # dz/dw * G, (B, H, tq, Tk)
+        row = d.sum(-1, keepdim=True)  # (B, H, tq, 1)
+        grad_g = s_i * row - d @ kf
+        grad_s = g * row
+        grad_k = -(d.transpose(-1, -2) @ g)  # (B, H, Tk, 1)
+        return _reduce_to(grad_g, g), _reduce_to(grad_s, s_i), _reduce_to(grad_k, kf)
+
+
+def _reduce_to(grad: Tensor, like: Tensor) -> Tensor:
+    """Sum a gradient over the dimensions ``like`` broadcast along."""
+    dims = [i for i, (a, b) in enumerate(zip(grad.shape, like.shape)) if b == 1 and a != 1]
+    return grad.sum(dims, keepdim=True) if dims else grad
 
 
 class CABLE(PositionalEncoding):

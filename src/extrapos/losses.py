@@ -1,0 +1,96 @@
+"""The language-modelling loss: masked token cross-entropy, and the same fused with the output head.
+
+``masked_loss_sum(logits, targets, mask)`` is the plain definition (fp32 log-softmax over the whole
+(B, T, V) logits). ``linear_cross_entropy_sum(h, weight, targets, mask)`` computes the same sum from
+the final hidden states and the head's weight, ``chunk`` rows at a time, and never holds all the
+logits: each block's logits are turned into their gradient (softmax minus the one-hot target) while
+they are still in cache and the head's two backward matmuls run right away, so backward is a
+multiplication by the incoming scalar (the fused linear cross-entropy of Hsu et al. 2024, "Liger
+Kernel: efficient Triton kernels for LLM training", §3.2, here in plain torch ops). At d = 128, V = 8192 the full fp32 log-softmax and its
+backward are most of a CPU step's non-matmul time (``benchmarks/bench_train.py`` measures it).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+#: rows of logits per block: 256 x 8192 fp32 = 8 MB, in cache on common CPUs
+CHUNK_ROWS = 256
+
+
+def masked_loss_sum(logits: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
+    """Sum of token cross-entropies over the loss mask, in fp32 (fp64 stays fp64): the definition."""
+    logits = logits.to(_loss_dtype(logits.dtype))
+    losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+    return (losses * mask.flatten()).sum()
+
+
+def _loss_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """sum_t mask_t * CE(h_t W^T, y_t); the gradients are computed in forward, block by block."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, mask: Tensor, chunk: int, grads: bool) -> Tensor:
+        n = h.shape[0]
+        need_h, need_w = grads and ctx.needs_input_grad[0], grads and ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(h) if need_h else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        dtype = _loss_dtype(h.dtype)
+        total = h.new_zeros((), dtype=dtype)
+        rows = torch.arange(min(chunk, n), device=h.device)
+        for s in range(0, n, chunk):
+            e = min(s + chunk, n)
+            hc, y, m = h[s:e], targets[s:e], mask[s:e].to(dtype)
+            logits = (hc @ weight.t()).to(dtype)  # (c, V)
+            lse = torch.logsumexp(logits, dim=-1)
+            r = rows[: e - s]
+            total += ((lse - logits[r, y]) * m).sum()
+            if need_h or need_w:
+                # d loss / d logits = mask * (softmax - onehot), computed in place on the block
+                grad = logits.sub_(lse.unsqueeze(-1)).exp_()
+                grad[r, y] -= 1
+                grad.mul_(m.unsqueeze(-1))
+                grad = grad.to(h.dtype)
+                if need_h:
+                    torch.mm(grad, weight, out=grad_h[s:e])
+                if need_w:
+                    grad_w.addmm_(grad.t(), hc)
+        ctx.save_for_backward(grad_h, grad_w)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        grad_h, grad_w = ctx.saved_tensors
+        g = grad_out
+        return (None if grad_h is None else grad_h * g.to(grad_h.dtype),
+                None if grad_w is None else grad_w * g.to(grad_w.dtype), None, None, None, None)
+
+
+def linear_cross_entropy_sum(h: Tensor, weight: Tensor, targets: Tensor, mask: Tensor,
+                             chunk: int = CHUNK_ROWS) -> Tensor:
+    """``masked_loss_sum(h @ weight.T, targets, mask)`` without materializing the logits.
+
+    h (..., d), weight (V, d), targets and mask (...). fp32 and fp64 only: under autocast use the
+    plain path, which casts the head's matmul as autocast does.
+    """
+    grads = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)  # none in validation
+    return _LinearCrossEntropy.apply(h.reshape(-1, h.shape[-1]), weight, targets.reshape(-1),
+                                     mask.reshape(-1), chunk, grads)
+
+
+def model_loss_sum(model, tokens: Tensor, positions: Tensor, targets: Tensor, mask: Tensor,
+                   fused: bool = True) -> Tensor:
+    """The masked loss sum of a ``Decoder``'s forward: fused with its head when it can be (``fused``,
+    no autocast, a plain linear head), else through the logits."""
+    head = getattr(model, "lm_head", None)
+    plain_head = isinstance(head, torch.nn.Linear) and head.bias is None and hasattr(model, "hidden_states")
+    # the encoder's logits pass through its MLM head first: only a decoder's head is the bare linear layer
+    plain_head = plain_head and getattr(getattr(model, "cfg", None), "causal", True)
+    if fused and plain_head and not torch.is_autocast_enabled(tokens.device.type):
+        return linear_cross_entropy_sum(model.hidden_states(tokens, positions), head.weight, targets, mask)
+    return masked_loss_sum(model(tokens, positions), targets, mask)
