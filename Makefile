@@ -21,13 +21,14 @@ demo: $(STAMP)
 	$(BIN)/extrapos compare quick --out runs/compare-quick
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -m ""
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_data.py

@@ -5,7 +5,8 @@
     python benchmarks/bench_attention.py --lengths 256,1024 --encodings alibi,t5
 
 Head configuration of a small model: B = 1, H = 4, d_h = 32 (d = 128), forward only (no grad),
-as in long-context evaluation, one torch thread by default (``--threads``). Every (encoding, length, path) runs in a fresh subprocess and its
+as in long-context evaluation, one torch thread by default (``--threads``). Every (encoding, length, path)
+runs in a fresh subprocess and its
 peak memory is the growth of the process's max RSS during the attention call (torch allocations
 are invisible to tracemalloc). The reference materializes (B, H, T, T) scores, bias, mask and
 weights, so it is skipped where that would exceed ``--ref-limit-gb``.
@@ -22,7 +23,18 @@ import sys
 import time
 
 B, H, DH = 1, 4, 32
-ENCODINGS = ["none", "alibi", "cable", "cable-nw", "cable-official", "kerple-log", "kerple-power", "fire", "t5", "k-cable"]
+ENCODINGS = [
+    "none",
+    "alibi",
+    "cable",
+    "cable-nw",
+    "cable-official",
+    "kerple-log",
+    "kerple-power",
+    "fire",
+    "t5",
+    "k-cable",
+]
 
 
 def _setup(name: str, T: int, dtype=None):
@@ -71,12 +83,17 @@ def run_one(name: str, T: int, path: str, repeats: int, threads: int) -> dict:
     cmd = [sys.executable, __file__, "--worker", name, str(T), path, str(repeats), str(threads)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
-        return {"error": res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}"}
+        return {
+            "error": res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}"
+        }
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 def table(encodings: list[str], lengths: list[int], ref_limit_gb: float, threads: int) -> None:
-    header = f"{'encoding':<15}{'T':>7}  {'ref ms':>10}{'fast ms':>10}{'speedup':>9}  {'ref MB':>9}{'fast MB':>9}{'mem ratio':>10}"
+    header = (
+        f"{'encoding':<15}{'T':>7}  {'ref ms':>10}{'fast ms':>10}{'speedup':>9}  "
+        f"{'ref MB':>9}{'fast MB':>9}{'mem ratio':>10}"
+    )
     print(header)
     print("-" * len(header))
     for name in encodings:
@@ -87,12 +104,18 @@ def table(encodings: list[str], lengths: list[int], ref_limit_gb: float, threads
             fast = run_one(name, T, "fast", repeats, threads)
             cells = []
             for r in (ref, fast):
-                cells.append("skipped" if r is None else ("error" if "error" in r else f"{1e3 * r['time_s']:.1f}"))
+                cells.append(
+                    "skipped" if r is None else ("error" if "error" in r else f"{1e3 * r['time_s']:.1f}")
+                )
             ok = ref is not None and "error" not in ref and "error" not in fast
             speed = f"{ref['time_s'] / fast['time_s']:.2f}x" if ok else "-"
             mem = [("-" if r is None or "error" in r else f"{r['peak_mb']:.0f}") for r in (ref, fast)]
             mratio = f"{ref['peak_mb'] / max(fast['peak_mb'], 1.0):.1f}x" if ok else "-"
-            print(f"{name:<15}{T:>7}  {cells[0]:>10}{cells[1]:>10}{speed:>9}  {mem[0]:>9}{mem[1]:>9}{mratio:>10}", flush=True)
+            print(
+                f"{name:<15}{T:>7}  {cells[0]:>10}{cells[1]:>10}{speed:>9}  "
+                f"{mem[0]:>9}{mem[1]:>9}{mratio:>10}",
+                flush=True,
+            )
             for r in (ref, fast):
                 if r is not None and "error" in r:
                     print(f"    error: {r['error']}")
@@ -124,7 +147,9 @@ def precision(T: int) -> None:
         worst = []
         for s, e in blocks:
             blk = FoldedBias(bias.q_feat[:, :, s:e].double(), bias.k_feat[:, :, :e].double())
-            ref = attention_reference(qq[:, :, s:e].double(), kk[:, :, :e].double(), vv[:, :, :e].double(), blk)
+            ref = attention_reference(
+                qq[:, :, s:e].double(), kk[:, :, :e].double(), vv[:, :, :e].double(), blk
+            )
             worst.append((out[:, :, s:e].double() - ref).abs().max().item())
         return "  ".join(f"{w:9.2e}" for w in worst)
 
@@ -163,7 +188,9 @@ def precision(T: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per run (1: stable on a shared machine)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads per run (1: stable on a shared machine)"
+    )
     ap.add_argument("--lengths", default="256,1024,4096,16384")
     ap.add_argument("--encodings", default=",".join(ENCODINGS))
     ap.add_argument("--ref-limit-gb", type=float, default=8.0)

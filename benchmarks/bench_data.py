@@ -23,12 +23,16 @@ def bench_prepare(corpus: str, tokenizer: str, workdir: Path) -> Path:
     seconds = time.perf_counter() - started
     split = open_split(out, "train")
     total = sum(s["num_tokens"] for s in split.manifest["splits"].values())
-    print(f"prepare {corpus} with {tokenizer} (trained fresh): {seconds:.1f} s "
-          f"({total:,} tokens, {total / seconds:,.0f} tokens/s incl. training, {os.cpu_count()} cores)")
+    print(
+        f"prepare {corpus} with {tokenizer} (trained fresh): {seconds:.1f} s "
+        f"({total:,} tokens, {total / seconds:,.0f} tokens/s incl. training, {os.cpu_count()} cores)"
+    )
     return out
 
 
-def bench_sampler(data_dir: Path, seq_len: int, batch_size: int, seconds: float, packed: bool = False) -> None:
+def bench_sampler(
+    data_dir: Path, seq_len: int, batch_size: int, seconds: float, packed: bool = False
+) -> None:
     sampler = ContiguousSampler(open_split(data_dir, "train"), seq_len, batch_size, seed=0, packed=packed)
     sampler.next_batch()  # warm the page cache and the epoch order
     batches, started = 0, time.perf_counter()
@@ -38,8 +42,10 @@ def bench_sampler(data_dir: Path, seq_len: int, batch_size: int, seconds: float,
     elapsed = time.perf_counter() - started
     rate = batches * batch_size * seq_len / elapsed
     mode = "packed" if packed else "in-document"
-    print(f"sampler {mode:<11} seq_len={seq_len:<5} batch={batch_size:<3}: {rate / 1e6:6.1f} M tokens/s "
-          f"({batches / elapsed:,.0f} batches/s)")
+    print(
+        f"sampler {mode:<11} seq_len={seq_len:<5} batch={batch_size:<3}: {rate / 1e6:6.1f} M tokens/s "
+        f"({batches / elapsed:,.0f} batches/s)"
+    )
 
 
 def main() -> None:

@@ -36,8 +36,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--backward", action="store_true", help="time forward + backward instead of forward")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                    help="wall time, or this process's CPU time (steadier on a busy machine; CPU only)")
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall time, or this process's CPU time (steadier on a busy machine; CPU only)",
+    )
     ap.add_argument("--only", nargs="*", help="a subset of encodings (nope is always included)")
     args = ap.parse_args(argv)
     if args.threads:
@@ -84,8 +88,11 @@ def main(argv: list[str] | None = None) -> None:
 
     med = {n: statistics.median(t) for n, t in times.items()}
     kind = "forward+backward" if args.backward else "forward"
-    print(f"{kind} of {args.size} (vocab {args.vocab}), batch {args.batch} x {args.seq} tokens on {args.device}, "
-          f"{torch.get_num_threads()} threads, {args.clock} clock, median of {args.rounds} interleaved rounds")
+    print(
+        f"{kind} of {args.size} (vocab {args.vocab}), batch {args.batch} x {args.seq} tokens on "
+        f"{args.device}, "
+        f"{torch.get_num_threads()} threads, {args.clock} clock, median of {args.rounds} interleaved rounds"
+    )
     print(f"{'encoding':<18} {'ms':>8} {'vs nope':>8} {'spread':>7} {'params':>12} {'positional':>11}")
     for n in encodings:
         spread = (max(times[n]) - min(times[n])) / med[n]

@@ -28,7 +28,11 @@ t = time.perf_counter()
 if sys.argv[1] == "import":
     hf.import_pretrained(sys.argv[2], sys.argv[3])
 elapsed = time.perf_counter() - t
-status = {l.split(":")[0]: l.split(":")[1].strip() for l in open("/proc/self/status") if l.startswith(("VmHWM", "RssAnon", "RssFile"))}
+status = {
+    l.split(":")[0]: l.split(":")[1].strip()
+    for l in open("/proc/self/status")
+    if l.startswith(("VmHWM", "RssAnon", "RssFile"))
+}
 print(json.dumps({"peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "before_kb": base,
                   "seconds": elapsed, **status}))
 """
@@ -48,7 +52,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "hf"
-        cfg = T.GPT2Config(n_layer=args.layers, n_embd=args.d, n_head=args.heads, vocab_size=args.vocab, n_positions=1024)
+        cfg = T.GPT2Config(
+            n_layer=args.layers, n_embd=args.d, n_head=args.heads, vocab_size=args.vocab, n_positions=1024
+        )
         model = T.GPT2LMHeadModel(cfg)
         n_params = sum(p.numel() for p in model.parameters())
         model.save_pretrained(src)
@@ -57,17 +63,32 @@ def main() -> None:
         weights = sum(f.stat().st_size for f in src.glob("*.safetensors"))
         runs = {}
         for mode in ("baseline", "import"):
-            out = subprocess.run([sys.executable, "-c", CHILD, mode, str(src), str(Path(tmp) / "run")],
-                                 check=True, capture_output=True, text=True)
+            out = subprocess.run(
+                [sys.executable, "-c", CHILD, mode, str(src), str(Path(tmp) / "run")],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
             runs[mode] = json.loads(out.stdout.strip().splitlines()[-1])
         # VmHWM, not ru_maxrss: a child's ru_maxrss keeps the parent's peak from before exec
         peak = int(runs["import"]["VmHWM"].split()[0]) * 1024
         base = int(runs["baseline"]["VmHWM"].split()[0]) * 1024
-        print(json.dumps({"parameters": n_params, "weights_file_bytes": weights, "torch": torch.__version__,
-                          "peak_rss_bytes": peak, "baseline_rss_bytes": base,
-                          "peak_over_weights": round(peak / weights, 3),
-                          "(peak - baseline) / weights": round((peak - base) / weights, 3),
-                          "import_seconds": round(runs["import"]["seconds"], 2), "child": runs}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "parameters": n_params,
+                    "weights_file_bytes": weights,
+                    "torch": torch.__version__,
+                    "peak_rss_bytes": peak,
+                    "baseline_rss_bytes": base,
+                    "peak_over_weights": round(peak / weights, 3),
+                    "(peak - baseline) / weights": round((peak - base) / weights, 3),
+                    "import_seconds": round(runs["import"]["seconds"], 2),
+                    "child": runs,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
-    """A small prepared dataset: 16 State of the Union addresses, a 512-token BPE, generous val/test splits."""
+    """A small prepared dataset: 16 State of the Union addresses, a 512-token BPE, generous val/test
+    splits."""
     from extrapos.data import prepare_data
 
     out = tmp_path_factory.mktemp("data") / "sotu16"
@@ -30,9 +31,15 @@ def tiny_data(tmp_path_factory):
 def tiny_overrides(data_dir, **extra):
     """--set overrides for a seconds-long training run on ``tiny_data``."""
     values = {
-        "data.dir": f'"{data_dir}"', "model.vocab_size": 512, "model.train_length": 32,
-        "train.batch_size": 4, "train.steps": 8, "train.log_every": 1, "train.threads": 1,
-        "train.warmup": 2, "train.lr": 3e-3,
+        "data.dir": f'"{data_dir}"',
+        "model.vocab_size": 512,
+        "model.train_length": 32,
+        "train.batch_size": 4,
+        "train.steps": 8,
+        "train.log_every": 1,
+        "train.threads": 1,
+        "train.warmup": 2,
+        "train.lr": 3e-3,
     }
     values.update(extra)
     return [f"{k}={v}" for k, v in values.items()]

@@ -8,8 +8,11 @@ import torch
 
 VOCAB = 320  # the tokenizer has 300 tokens: the model's vocabulary may be larger, as in Pythia
 CONTEXT = 32
-TEXT = ["The quick brown fox jumps over the lazy dog. " * 20, "Pack my box with five dozen liquor jugs! " * 20,
-        "Sphinx of black quartz, judge my vow; 0123456789 " * 20]
+TEXT = [
+    "The quick brown fox jumps over the lazy dog. " * 20,
+    "Pack my box with five dozen liquor jugs! " * 20,
+    "Sphinx of black quartz, judge my vow; 0123456789 " * 20,
+]
 
 
 def write_tokenizer(directory: Path, vocab: int = 300) -> Path:
@@ -24,24 +27,65 @@ def hf_config(kind: str, **overrides):
 
     common = dict(vocab_size=VOCAB, initializer_range=0.1)
     if kind == "gpt2":
-        c = T.GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=CONTEXT, resid_pdrop=0.0, embd_pdrop=0.0,
-                         attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, **common)
+        c = T.GPT2Config(
+            n_layer=2,
+            n_embd=32,
+            n_head=4,
+            n_positions=CONTEXT,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=0,
+            eos_token_id=0,
+            **common,
+        )
     elif kind == "gpt_neox":
-        c = T.GPTNeoXConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=96,
-                            max_position_embeddings=CONTEXT, rotary_pct=0.25, **common)
+        c = T.GPTNeoXConfig(
+            num_hidden_layers=2,
+            hidden_size=64,
+            num_attention_heads=4,
+            intermediate_size=96,
+            max_position_embeddings=CONTEXT,
+            rotary_pct=0.25,
+            **common,
+        )
     elif kind == "bloom":  # 6 heads: ALiBi slopes for a head count that is not a power of two
         c = T.BloomConfig(n_layer=2, hidden_size=48, n_head=6, seq_length=CONTEXT, **common)
     elif kind == "llama":
-        c = T.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                          intermediate_size=96, max_position_embeddings=CONTEXT, rms_norm_eps=1e-5,
-                          tie_word_embeddings=False, **common)
+        c = T.LlamaConfig(
+            num_hidden_layers=2,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=96,
+            max_position_embeddings=CONTEXT,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            **common,
+        )
     elif kind == "mistral":
-        c = T.MistralConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=1,
-                            intermediate_size=96, max_position_embeddings=CONTEXT, sliding_window=None,
-                            tie_word_embeddings=True, **common)
+        c = T.MistralConfig(
+            num_hidden_layers=2,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            intermediate_size=96,
+            max_position_embeddings=CONTEXT,
+            sliding_window=None,
+            tie_word_embeddings=True,
+            **common,
+        )
     elif kind == "qwen2":
-        c = T.Qwen2Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                          intermediate_size=96, max_position_embeddings=CONTEXT, tie_word_embeddings=True, **common)
+        c = T.Qwen2Config(
+            num_hidden_layers=2,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=96,
+            max_position_embeddings=CONTEXT,
+            tie_word_embeddings=True,
+            **common,
+        )
     else:
         raise ValueError(kind)
     for k, v in overrides.items():
@@ -96,7 +140,7 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     model.generation_config.pad_token_id = 0
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 def make_run(directory: Path, seed: int = 0, **model_options) -> Path:

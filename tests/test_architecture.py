@@ -19,10 +19,39 @@ LAYERS = [
     ("positions", {"positions"}),
     ("attention", {"attention"}),
     ("model", {"model", "losses"}),
-    ("run helpers", {"config", "checkpoint", "parallelize", "perf", "metrics", "runtime", "runs", "report",
-                     "stats", "lock", "task_tables"}),
-    ("commands", {"catalog", "train", "evaluate", "evaluate_mlm", "generate", "diagnostics", "bench", "extend",
-                  "compare", "compare_tasks", "tasks", "integrations"}),
+    (
+        "run helpers",
+        {
+            "config",
+            "checkpoint",
+            "parallelize",
+            "perf",
+            "metrics",
+            "runtime",
+            "runs",
+            "report",
+            "stats",
+            "lock",
+            "task_tables",
+        },
+    ),
+    (
+        "commands",
+        {
+            "catalog",
+            "train",
+            "evaluate",
+            "evaluate_mlm",
+            "generate",
+            "diagnostics",
+            "bench",
+            "extend",
+            "compare",
+            "compare_tasks",
+            "tasks",
+            "integrations",
+        },
+    ),
     ("cli", {"cli", "__main__"}),
 ]
 RANK = {unit: rank for rank, (_, units) in enumerate(LAYERS) for unit in units}
@@ -74,9 +103,12 @@ def test_every_unit_has_a_layer():
 
 
 def test_imports_flow_down_the_layers():
-    upward = [f"{where} ({LAYERS[RANK[s]][0]} imports {LAYERS[RANK[t]][0]})"
-              for (s, t), wheres in import_edges().items() if RANK.get(t, 0) > RANK.get(s, 0)
-              for where in wheres]
+    upward = [
+        f"{where} ({LAYERS[RANK[s]][0]} imports {LAYERS[RANK[t]][0]})"
+        for (s, t), wheres in import_edges().items()
+        if RANK.get(t, 0) > RANK.get(s, 0)
+        for where in wheres
+    ]
     assert not upward, "imports that run back up the layers:\n" + "\n".join(upward)
 
 
@@ -114,7 +146,8 @@ def test_help_never_imports_torch():
         "import sys\n"
         "from extrapos.cli import build_parser, COMMAND_MODULES\n"
         "parser = build_parser()\n"
-        "for cmd in ['train', 'eval', 'extend', 'compare', 'report', 'generate', 'bench', 'data', 'encodings',\n"
+        "for cmd in ['train', 'eval', 'extend', 'compare', 'report', 'generate', 'bench', 'data', "
+        "'encodings',\n"
         "            'passkey', 'synthetic-eval', 'lm-eval', 'import', 'export']:\n"
         "    try:\n"
         "        parser.parse_args([cmd, '--help'])\n"

@@ -170,8 +170,12 @@ def test_folded_bf16_inputs_are_folded_in_fp32():
         out_autocast = attention(q, k, v, bias)
     torch.testing.assert_close(out_autocast, out)
     # first rows: the reference shift does not help there (k_feat ~ -T), fp32 still keeps them right
-    ref0 = attention_reference(q[:, :, :64].double(), k[:, :, :64].double(), v[:, :, :64].double(),
-                               FoldedBias(bias.q_feat[:, :, :64].double(), bias.k_feat[:, :, :64].double()))
+    ref0 = attention_reference(
+        q[:, :, :64].double(),
+        k[:, :, :64].double(),
+        v[:, :, :64].double(),
+        FoldedBias(bias.q_feat[:, :, :64].double(), bias.k_feat[:, :, :64].double()),
+    )
     assert (out[:, :, :64].double() - ref0).abs().max() < 2e-2
     naive = folded_attention(q, k, v, bias, fold_dtype=torch.bfloat16, subtract_reference=False)
     assert (naive[:, :, rows].double() - ref).abs().max() > 0.1
@@ -214,7 +218,9 @@ def test_dropout_is_unbiased(bias_kind):
 
 
 def _first(bias):
-    return type(bias)(bias.q_feat[:1], bias.k_feat[:1], *([bias.fn] if isinstance(bias, PairwiseBias) else []))
+    return type(bias)(
+        bias.q_feat[:1], bias.k_feat[:1], *([bias.fn] if isinstance(bias, PairwiseBias) else [])
+    )
 
 
 def test_dropout_checkpointed_chunks_recompute_the_same_masks(monkeypatch):

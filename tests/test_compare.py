@@ -31,7 +31,15 @@ def test_shipped_sweeps_load_and_build_their_configs():
                 cfg = compare_mod.row_config(sweep, row, [])
                 assert cfg.model.positions["name"] == row.positions["name"]
     quick = load_sweep("quick")
-    assert [r.positions["name"] for r in quick.rows] == ["nope", "sinusoidal", "rope", "alibi", "cable", "expe", "exqpe"]
+    assert [r.positions["name"] for r in quick.rows] == [
+        "nope",
+        "sinusoidal",
+        "rope",
+        "alibi",
+        "cable",
+        "expe",
+        "exqpe",
+    ]
 
 
 def test_sweep_writes_a_report_and_resumes_after_an_interruption(tmp_path, tiny_data, monkeypatch):

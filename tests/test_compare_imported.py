@@ -39,16 +39,22 @@ def _sweep(path, run: str, extra: str = "") -> str:
 
 
 def _snapshot(out):
-    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*"))
-            if p.is_file() and "runs" not in p.relative_to(out).parts}
+    return {
+        p.relative_to(out).as_posix(): p.read_bytes()
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and "runs" not in p.relative_to(out).parts
+    }
 
 
 def test_an_imported_run_is_evaluated_reused_and_extended(tmp_path, monkeypatch):
     from extrapos.integrations.hf import import_pretrained
 
     save_hf("llama", tmp_path / "hf")
-    import_pretrained(tmp_path / "hf", tmp_path / "imported", data={"corpus": str(_corpus(tmp_path / "corpus")),
-                                                                      "split_fractions": [0.5, 0.25, 0.25]})
+    import_pretrained(
+        tmp_path / "hf",
+        tmp_path / "imported",
+        data={"corpus": str(_corpus(tmp_path / "corpus")), "split_fractions": [0.5, 0.25, 0.25]},
+    )
     monkeypatch.chdir(tmp_path)  # run = "imported" is taken from the current directory
     out = tmp_path / "out"
     report = compare(_sweep(tmp_path / "sweep.toml", "imported"), out, progress=False)
@@ -56,18 +62,26 @@ def test_an_imported_run_is_evaluated_reused_and_extended(tmp_path, monkeypatch)
     text = report.read_text()
     for name in ("Llama", "Llama linear", "Llama chunk-0.25"):
         assert f"| {name} |" in text
-    assert f"Llama: existing run imported (llama, 2 layers, d=64, 4 heads, encoding rope, L_t={CONTEXT}; imported " \
-           f"from {tmp_path / 'hf'}" in text
+    assert (
+        f"Llama: existing run imported (llama, 2 layers, d=64, 4 heads, encoding rope, L_t={CONTEXT}; "
+        "imported "
+        f"from {tmp_path / 'hf'}" in text
+    )
     assert "extension: 1 runs" in text and "model: " not in text  # no trained row: no training facts
     entries = json.loads((out / "rows.json").read_text())
     assert entries[0]["run"] == [str((tmp_path / "imported").resolve())] * 2  # one evaluation per length
     assert entries[2]["run"] == ["runs/llama-chunk-0-25-x2"]
     parent = json.loads((out / "runs" / "llama-chunk-0-25-x2" / "parent.json").read_text())
-    assert parent["parent"] == str((tmp_path / "imported").resolve()) and parent["extended_length"] == 2 * CONTEXT
+    assert (
+        parent["parent"] == str((tmp_path / "imported").resolve())
+        and parent["extended_length"] == 2 * CONTEXT
+    )
     results = json.loads((out / "results.json").read_text())
     assert [[r["ev"] for r in row["results"]] for row in results] == [[1, 2], [1, 2], [2]]
     assert results[1]["applied"] == {"scaling": "linear", "factor": 2.0} and results[0]["applied"] == {}
-    assert results[0]["results"][1]["loss"] != results[1]["results"][1]["loss"]  # the scaling changed the model
+    assert (
+        results[0]["results"][1]["loss"] != results[1]["results"][1]["loss"]
+    )  # the scaling changed the model
     # the imported run got evaluation results and nothing else: no training happened in it
     assert not (tmp_path / "imported" / "summary.json").exists()
     assert (tmp_path / "imported" / "eval").is_dir()
@@ -111,20 +125,30 @@ def test_the_cpu_twin_runs_on_tiny_random_models(tmp_path, monkeypatch):
     from extrapos.presets import find_sweep
 
     corpus = _corpus(tmp_path / "corpus")
-    for kind, run in (("gpt_neox", "runs/hf-pythia-14m"), ("gpt2", "runs/hf-tiny-gpt2"), ("bloom", "runs/hf-tiny-bloom")):
+    for kind, run in (
+        ("gpt_neox", "runs/hf-pythia-14m"),
+        ("gpt2", "runs/hf-tiny-gpt2"),
+        ("bloom", "runs/hf-tiny-bloom"),
+    ):
         save_hf(kind, tmp_path / f"hf-{kind}")
-        import_pretrained(tmp_path / f"hf-{kind}", tmp_path / run,
-                          data={"corpus": str(corpus), "split_fractions": [0.5, 0.25, 0.25]})
+        import_pretrained(
+            tmp_path / f"hf-{kind}",
+            tmp_path / run,
+            data={"corpus": str(corpus), "split_fractions": [0.5, 0.25, 0.25]},
+        )
     text = find_sweep("pretrained-extension").read_text()
-    text = text.replace("extend_tokens = 65_536", "extend_tokens = 1024").replace("max_eval_tokens = 16_384",
-                                                                                 "max_eval_tokens = 256")
+    text = text.replace("extend_tokens = 65_536", "extend_tokens = 1024").replace(
+        "max_eval_tokens = 16_384", "max_eval_tokens = 256"
+    )
     (tmp_path / "twin.toml").write_text(text)
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
     report = compare(str(tmp_path / "twin.toml"), out, progress=False)
     results = {r["name"]: r for r in json.loads((out / "results.json").read_text())}
     assert len(results) == 9 and all([x["ev"] for x in r["results"]] == [2, 4] for r in results.values())
-    assert results["tiny GPT-2 OOTB"]["applied"] == {"interpolate_to": "max"}  # its table of CONTEXT rows, stretched
+    assert results["tiny GPT-2 OOTB"]["applied"] == {
+        "interpolate_to": "max"
+    }  # its table of CONTEXT rows, stretched
     assert {r["encoding"] for r in results.values()} == {"learned", "rope", "alibi"}
     before = _snapshot(out)
     report.unlink()

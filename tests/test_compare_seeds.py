@@ -1,5 +1,6 @@
 """Seeds, baselines and intervals in comparison reports: seeds change the model and the data order but never
-the evaluation targets; reports re-render byte for byte; results saved before per-document data still render."""
+the evaluation targets; reports re-render byte for byte; results saved before per-document data still
+render."""
 
 import json
 
@@ -67,7 +68,8 @@ def test_seeds_change_initialisation_and_data_order_but_not_targets(tiny_data, t
     assert not torch.equal(a.sampler.next_batch().tokens, b.sampler.next_batch().tokens)  # data order
     # the held-out targets come from the prepared split, which no training seed touches
     (spans_a, *_, docs_a), (spans_b, *_, docs_b) = (
-        collect_spans(open_split(t.cfg.data.dir, "test"), 32, 256, with_documents=True) for t in trainers)
+        collect_spans(open_split(t.cfg.data.dir, "test"), 32, 256, with_documents=True) for t in trainers
+    )
     assert (spans_a == spans_b).all() and (docs_a == docs_b).all()
 
 
@@ -125,7 +127,11 @@ def test_quick_seeds_is_the_quick_sweep_once_per_seed():
     quick, seeded = load_sweep("quick"), load_sweep("quick-seeds")
     assert seeded.seeds == [0, 1, 2] and seeded.baseline == quick.baseline == "RoPE"
     assert [r.positions for r in seeded.rows] == [r.positions for r in quick.rows]
-    assert (seeded.set, seeded.lengths, seeded.max_eval_tokens) == (quick.set, quick.lengths, quick.max_eval_tokens)
+    assert (seeded.set, seeded.lengths, seeded.max_eval_tokens) == (
+        quick.set,
+        quick.lengths,
+        quick.max_eval_tokens,
+    )
     for row in quick.rows:  # seed 0 is the quick table's own run
         assert row_config(seeded, row, ["train.seed=0"]).to_toml() == row_config(quick, row, []).to_toml()
 
@@ -138,12 +144,13 @@ def test_seeded_extension_sweep_pairs_columns_and_gives_the_papers_aggregate(tin
     spec = tmp_path / "ext.toml"
     spec.write_text(
         'title = "tiny extension"\ntrain = "cpu/tiny"\nlengths = [2, 4]\nmax_eval_tokens = 128\n'
-        f"eval_each_length = true\nextend_tokens = 128\nseeds = [0, 1]\nbaseline = \"RoPE full\"\n"
+        f'eval_each_length = true\nextend_tokens = 128\nseeds = [0, 1]\nbaseline = "RoPE full"\n'
         f"set = {json.dumps(sets)}\n"
         '[[rows]]\nname = "RoPE OOTB"\npositions = { name = "rope" }\n'
         '[[rows]]\nname = "RoPE chunk-0.5"\nextend = { from = "RoPE OOTB", method = "chunk", alpha = 0.5, '
-        'factor = [2, 4] }\n'
-        '[[rows]]\nname = "RoPE full"\nextend = { from = "RoPE OOTB", method = "full", factor = [2, 4] }\n')
+        "factor = [2, 4] }\n"
+        '[[rows]]\nname = "RoPE full"\nextend = { from = "RoPE OOTB", method = "full", factor = [2, 4] }\n'
+    )
     out = tmp_path / "out"
     compare(str(spec), out, progress=False)
     runs = sorted(p.name for p in (out / "runs").iterdir())
@@ -152,8 +159,11 @@ def test_seeded_extension_sweep_pairs_columns_and_gives_the_papers_aggregate(tin
     assert parent["parent"].endswith("rope-ootb-seed1")  # an extension continues its own seed's base model
     text = (out / "report.md").read_text()
     assert "each column scores its own spans" in text and "Karypis et al. eq. 3" in text
-    chunk = next(line for line in text.split("Difference to the baseline")[1].splitlines()
-                 if line.startswith("| RoPE chunk-0.5 |"))
+    chunk = next(
+        line
+        for line in text.split("Difference to the baseline")[1].splitlines()
+        if line.startswith("| RoPE chunk-0.5 |")
+    )
     assert chunk.count("[") == 2  # paired within each column
     before = _outputs(out)
     assert main(["report", str(out)]) == 0

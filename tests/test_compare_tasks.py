@@ -16,9 +16,19 @@ SYNTHETIC = "synthetic:passkey:length=16,train=400,val=8,test=8"
 
 
 def _synthetic_sweep(tmp_path, extra: str = "") -> object:
-    sets = ["model.vocab_size=65", "model.train_length=16", f'data.corpus="{SYNTHETIC}"', 'data.tokenizer="synthetic"',
-            "train.batch_size=8", "train.steps=6", "train.warmup=2", "train.threads=1", "train.log_every=1",
-            "train.eval_every=0", "train.checkpoint_every=0"]
+    sets = [
+        "model.vocab_size=65",
+        "model.train_length=16",
+        f'data.corpus="{SYNTHETIC}"',
+        'data.tokenizer="synthetic"',
+        "train.batch_size=8",
+        "train.steps=6",
+        "train.warmup=2",
+        "train.threads=1",
+        "train.log_every=1",
+        "train.eval_every=0",
+        "train.checkpoint_every=0",
+    ]
     f = tmp_path / "sweep.toml"
     f.write_text(
         'title = "tiny retrieval"\ntrain = "cpu/tiny"\nlengths = [1, 2, 4]\nloss = false\n'
@@ -32,15 +42,20 @@ def _synthetic_sweep(tmp_path, extra: str = "") -> object:
 
 
 def _snapshot(out):
-    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*"))
-            if p.is_file() and "runs" not in p.relative_to(out).parts}
+    return {
+        p.relative_to(out).as_posix(): p.read_bytes()
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and "runs" not in p.relative_to(out).parts
+    }
 
 
 def test_task_only_sweep_scores_every_row_and_rerenders_byte_identically(tmp_path):
     out = tmp_path / "out"
     report = compare(str(_synthetic_sweep(tmp_path)), out, progress=False)
     text = report.read_text()
-    assert "Mean token loss" not in text and not (out / "results.csv").exists()  # loss = false: no loss columns
+    assert (
+        "Mean token loss" not in text and not (out / "results.csv").exists()
+    )  # loss = false: no loss columns
     assert "Token accuracy (higher is better" in text and "Exact match (higher is better" in text
     assert "| RoPE yarn |" in text and "ev=4" in text and "![synthetic_vs_length]" in text
     assert (out / "plots" / "synthetic_vs_length.png").is_file()
@@ -50,7 +65,11 @@ def test_task_only_sweep_scores_every_row_and_rerenders_byte_identically(tmp_pat
     assert [e["eval"] for e in entries] == [None, None, None]
     rope = json.loads((out / entries[0]["tasks"]["synthetic"]).read_text())
     yarn = json.loads((out / entries[2]["tasks"]["synthetic"]).read_text())
-    assert [r["ev"] for r in rope["results"]] == [1, 2, 4] and [r["length"] for r in rope["results"]] == [16, 32, 64]
+    assert [r["ev"] for r in rope["results"]] == [1, 2, 4] and [r["length"] for r in rope["results"]] == [
+        16,
+        32,
+        64,
+    ]
     assert rope["applied"] == {} and yarn["applied"] == {"scaling": "yarn", "factor": 4.0}
     assert yarn["run"] == rope["run"]  # the reuse row scores the RoPE run, with YaRN set at inference
     # the table shows the numbers of the row's result file, not something else
@@ -89,12 +108,14 @@ def test_task_only_sweep_scores_every_row_and_rerenders_byte_identically(tmp_pat
 def test_task_keys_are_checked(tmp_path):
     bad = tmp_path / "bad.toml"
     base = 'train = "cpu/tiny"\n[[rows]]\nname = "R"\npositions = { name = "rope" }\n'
-    for head, message in [('tasks = ["ruler"]\n', "tasks must be distinct names"),
-                          ('passkey = { trials = 3 }\n', "tasks does not list \"passkey\""),
-                          ('tasks = ["passkey"]\npasskey = { tirals = 3 }\n', "passkey has no option 'tirals'"),
-                          ('tasks = ["passkey"]\npasskey = { mode = "guess" }\n', "passkey.mode must be"),
-                          ('tasks = ["lm-eval"]\n', "lm_eval = { tasks"),
-                          ('loss = false\n', "leaves nothing to report")]:
+    for head, message in [
+        ('tasks = ["ruler"]\n', "tasks must be distinct names"),
+        ("passkey = { trials = 3 }\n", 'tasks does not list "passkey"'),
+        ('tasks = ["passkey"]\npasskey = { tirals = 3 }\n', "passkey has no option 'tirals'"),
+        ('tasks = ["passkey"]\npasskey = { mode = "guess" }\n', "passkey.mode must be"),
+        ('tasks = ["lm-eval"]\n', "lm_eval = { tasks"),
+        ("loss = false\n", "leaves nothing to report"),
+    ]:
         bad.write_text(head + base)
         with pytest.raises(UserError, match=message):
             load_sweep(str(bad))
@@ -105,12 +126,13 @@ def test_passkey_columns_beside_the_loss_columns(tmp_path, tiny_data):
     f = tmp_path / "sweep.toml"
     f.write_text(
         'title = "loss and passkey"\ntrain = "cpu/tiny"\nlengths = [4, 8]\nmax_eval_tokens = 256\n'
-        'extend_tokens = 2048\n'
+        "extend_tokens = 2048\n"
         'tasks = ["passkey"]\npasskey = { depths = [0.0, 1.0], trials = 2, candidates = 3 }\n'
         f"set = {json.dumps(sets)}\n"
         '[[rows]]\nname = "RoPE"\npositions = { name = "rope" }\n'
         '[[rows]]\nname = "NoPE"\npositions = { name = "nope" }\n'
-        '[[rows]]\nname = "RoPE chunk"\nextend = { from = "RoPE", method = "chunk", alpha = 0.25, factor = [4] }\n'
+        '[[rows]]\nname = "RoPE chunk"\nextend = { from = "RoPE", method = "chunk", alpha = 0.25, factor = '
+        "[4] }\n"
     )
     out = tmp_path / "out"
     text = compare(str(f), out, progress=False).read_text()
@@ -119,13 +141,19 @@ def test_passkey_columns_beside_the_loss_columns(tmp_path, tiny_data):
     assert "chance 0.33" in text and "Rank accuracy (higher is better" in text
     entries = json.loads((out / "rows.json").read_text())
     result = json.loads((out / entries[0]["tasks"]["passkey"]).read_text())
-    assert sorted({(c["ev"], c["depth"]) for c in result["results"]}) == [(4, 0.0), (4, 1.0), (8, 0.0), (8, 1.0)]
+    assert sorted({(c["ev"], c["depth"]) for c in result["results"]}) == [
+        (4, 0.0),
+        (4, 1.0),
+        (8, 0.0),
+        (8, 1.0),
+    ]
     assert all(0 <= c["rank_accuracy"] <= 1 for c in result["results"])
-    # the extension row's factor-4 run is scored at ev = 4 only, in its parent's L_t (prompts of 4 x 32 tokens)
+    # the extension row's factor-4 run is scored at ev = 4 only, in its parent's L_t (prompts of 4 x 32
+    # tokens)
     extended = json.loads((out / entries[2]["tasks"]["passkey"]).read_text())
     assert {(c["ev"], c["length"]) for c in extended["results"]} == {(4, 128)}
     assert extended["parts"] == [{"run": str(out / "runs" / "rope-chunk-x4"), "name": extended["name"]}]
-    passkey_part = text[text.index("Passkey retrieval"):]
+    passkey_part = text[text.index("Passkey retrieval") :]
     chunk_line = next(line for line in passkey_part.splitlines() if line.startswith("| RoPE chunk |"))
     assert chunk_line.endswith(" | – |")  # ev=8 is empty for the extension row
     before = _snapshot(out)
@@ -147,7 +175,7 @@ def test_lm_eval_columns_on_a_local_task(tmp_path, tiny_data, monkeypatch):
     f.write_text(
         'title = "lm-eval"\ntrain = "cpu/tiny"\nlengths = [1]\nmax_eval_tokens = 128\n'
         f'tasks = ["lm-eval"]\nlm_eval = {{ tasks = ["xp_choice"], include_path = "{tasks}", '
-        'include_defaults = false, batch_size = 2 }\n'
+        "include_defaults = false, batch_size = 2 }\n"
         f"set = {json.dumps(sets)}\n"
         '[[rows]]\nname = "RoPE"\npositions = { name = "rope" }\n'
         '[[rows]]\nname = "RoPE yarn"\nreuse = "RoPE"\neval = { scaling = "yarn", factor = 2.0 }\n'
@@ -170,5 +198,6 @@ def test_lm_eval_columns_on_a_local_task(tmp_path, tiny_data, monkeypatch):
 
     monkeypatch.setattr(adapter, "run_lm_eval", no_second_run)
     compare(str(f), out, progress=False)  # a resumed sweep reuses the saved lm-eval results
-    assert {k: v for k, v in _snapshot(out).items() if k.startswith("tasks/")} == \
-        {k: v for k, v in before.items() if k.startswith("tasks/")}
+    assert {k: v for k, v in _snapshot(out).items() if k.startswith("tasks/")} == {
+        k: v for k, v in before.items() if k.startswith("tasks/")
+    }

@@ -26,8 +26,10 @@ def test_paper_presets_match_the_papers():
 
 
 def test_overrides_and_round_trip():
-    cfg = load_config("cpu/tiny", ["train.lr=3e-4", "model.positions.name=expe", "model.positions.scale=0.5",
-                                   "train.schedule=linear"])
+    cfg = load_config(
+        "cpu/tiny",
+        ["train.lr=3e-4", "model.positions.name=expe", "model.positions.scale=0.5", "train.schedule=linear"],
+    )
     assert cfg.train.lr == 3e-4 and cfg.train.schedule == "linear"
     assert cfg.model.positions == {"name": "expe", "scale": 0.5}
     import tomllib
@@ -35,14 +37,17 @@ def test_overrides_and_round_trip():
     assert from_dict(tomllib.loads(cfg.to_toml())) == cfg
 
 
-@pytest.mark.parametrize("override, words", [
-    (["train.lrr=1"], "unknown config key 'train.lrr'"),
-    (["train.steps=ten"], "train.steps' must be int"),
-    (["train.precision=fp16"], "train.precision"),
-    (["model.positions.name=nosuch"], "unknown positional encoding"),
-    (["model.positions.nosuch=1"], "has no option nosuch"),
-    (["trainsteps"], "section.key=value"),
-])
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        (["train.lrr=1"], "unknown config key 'train.lrr'"),
+        (["train.steps=ten"], "train.steps' must be int"),
+        (["train.precision=fp16"], "train.precision"),
+        (["model.positions.name=nosuch"], "unknown positional encoding"),
+        (["model.positions.nosuch=1"], "has no option nosuch"),
+        (["trainsteps"], "section.key=value"),
+    ],
+)
 def test_bad_configs_are_one_clear_sentence(override, words):
     with pytest.raises(UserError, match=words.replace("(", r"\(")):
         load_config("cpu/tiny", override)

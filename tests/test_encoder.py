@@ -67,7 +67,7 @@ def test_kerple_reads_abs_distance_and_is_symmetric(form):
         r2 = r2.clamp(max=2.0)
     i, j = _ij()
     d = (i - j).abs()
-    want = torch.stack([-a * (torch.log(1 + b * d) if form == "log" else d ** b) for a, b in zip(r1, r2)])
+    want = torch.stack([-a * (torch.log(1 + b * d) if form == "log" else d**b) for a, b in zip(r1, r2)])
     torch.testing.assert_close(got[0], want, rtol=1e-12, atol=1e-12)
     assert torch.allclose(got, got.transpose(-1, -2)) and torch.allclose(got, got.flip(-1, -2))
 
@@ -87,10 +87,14 @@ def test_fire_normalises_by_the_farthest_key_on_either_side_and_is_mirror_symmet
     torch.testing.assert_close(got[0], want.detach(), rtol=1e-10, atol=1e-10)
     assert torch.allclose(got, got.flip(-1, -2))
     # a causal FIRE (normaliser: the query's own position) differs exactly where the far side is longer
-    causal = build_encoding("fire", EncodingContext(**{**CTX.__dict__, "causal": True}), {"init_L": 4.0}).double()
+    causal = build_encoding(
+        "fire", EncodingContext(**{**CTX.__dict__, "causal": True}), {"init_L": 4.0}
+    ).double()
     causal.load_state_dict(enc.state_dict())
     b = causal.bias(x, p, 0, None)
-    assert not torch.allclose(b.fn(b.q_feat, b.k_feat).expand(2, H, T, T)[0, :, :T // 2], got[0, :, :T // 2])
+    assert not torch.allclose(
+        b.fn(b.q_feat, b.k_feat).expand(2, H, T, T)[0, :, : T // 2], got[0, :, : T // 2]
+    )
 
 
 def _t5_bucket_reference(rel: int, num_buckets: int, max_distance: int) -> int:
@@ -101,7 +105,9 @@ def _t5_bucket_reference(rel: int, num_buckets: int, max_distance: int) -> int:
     max_exact = num_buckets // 2
     if n < max_exact:
         return bucket + n
-    large = max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact))
+    large = max_exact + int(
+        math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    )
     return bucket + min(large, num_buckets - 1)
 
 
@@ -124,14 +130,19 @@ def _cable_reference(enc, x, layer=0):
     w_c = enc.w_c[layer].weight.detach().double()
     f = torch.relu(x @ w_c.T)  # (B, T, H)
     S = f.cumsum(1)
-    g = torch.nn.functional.softplus(x @ enc.w_s[layer].weight.detach().double().T) if enc.options.weighted \
+    g = (
+        torch.nn.functional.softplus(x @ enc.w_s[layer].weight.detach().double().T)
+        if enc.options.weighted
         else torch.ones_like(S)
+    )
     out = torch.empty(x.shape[0], H, T, T, dtype=torch.float64)
     for a in range(T):
         for b in range(T):  # the increments strictly after the earlier token, up to the later one
             lo, hi = min(a, b), max(a, b)
-            dist = f[:, lo + 1:hi + 1].sum(1)
-            out[:, :, a, b] = -g[:, a] * dist if not enc.options.kernel else -torch.log1p((g[:, a] * dist) ** 2)
+            dist = f[:, lo + 1 : hi + 1].sum(1)
+            out[:, :, a, b] = (
+                -g[:, a] * dist if not enc.options.kernel else -torch.log1p((g[:, a] * dist) ** 2)
+            )
     return out
 
 
@@ -169,7 +180,7 @@ def test_fox_is_minus_the_log_gates_between_the_tokens_and_symmetric():
     for a in range(T):
         for b in range(T):
             lo, hi = min(a, b), max(a, b)
-            want[:, :, a, b] = logf[:, lo + 1:hi + 1].sum(1)
+            want[:, :, a, b] = logf[:, lo + 1 : hi + 1].sum(1)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
     assert torch.allclose(got, got.transpose(-1, -2))
 
@@ -204,19 +215,25 @@ def test_every_registered_encoding_is_bidirectional_or_says_why_not():
 
 def _qkv(Tq=40, Tk=40, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(2, H, Tq, 8, generator=g, dtype=torch.float64),
-            torch.randn(2, 2, Tk, 8, generator=g, dtype=torch.float64),
-            torch.randn(2, 2, Tk, 8, generator=g, dtype=torch.float64))
+    return (
+        torch.randn(2, H, Tq, 8, generator=g, dtype=torch.float64),
+        torch.randn(2, 2, Tk, 8, generator=g, dtype=torch.float64),
+        torch.randn(2, 2, Tk, 8, generator=g, dtype=torch.float64),
+    )
 
 
 def test_fold_path_equals_the_reference_bidirectionally():
     q, k, v = _qkv()
     g = torch.Generator().manual_seed(1)
-    bias = FoldedBias(torch.rand(2, H, 40, generator=g, dtype=torch.float64),
-                      torch.arange(40, dtype=torch.float64).expand(2, 1, -1).contiguous() * 3)
+    bias = FoldedBias(
+        torch.rand(2, H, 40, generator=g, dtype=torch.float64),
+        torch.arange(40, dtype=torch.float64).expand(2, 1, -1).contiguous() * 3,
+    )
     want = attention_reference(q, k, v, bias, causal=False)
     torch.testing.assert_close(folded_attention(q, k, v, bias, causal=False), want)
-    torch.testing.assert_close(folded_attention(q, k, v, bias, causal=False, block=16), want)  # block by block
+    torch.testing.assert_close(
+        folded_attention(q, k, v, bias, causal=False, block=16), want
+    )  # block by block
     assert not torch.allclose(want, attention_reference(q, k, v, bias))  # the mask matters
 
 
@@ -232,7 +249,9 @@ def test_chunked_paths_equal_the_reference_bidirectionally():
             torch.testing.assert_close(chunked_attention(q, k, v, bias, chunk_size=chunk, causal=False), want)
         torch.testing.assert_close(attention(q, k, v, bias, causal=False), want)
     assert isinstance(bias, LogitBias)
-    torch.testing.assert_close(attention(q, k, v, None, causal=False), attention_reference(q, k, v, causal=False))
+    torch.testing.assert_close(
+        attention(q, k, v, None, causal=False), attention_reference(q, k, v, causal=False)
+    )
 
 
 def test_pairwise_bidirectional_gradients_match_under_checkpointing():
@@ -251,8 +270,9 @@ def test_pairwise_bidirectional_gradients_match_under_checkpointing():
 
 @pytest.mark.parametrize("name", ["rope", "alibi", "cable", "t5", "learned"])
 def test_encoder_has_no_causal_mask(name):
-    cfg = model_config("cpu-encoder", n_layers=2, d_model=32, vocab_size=64, train_length=16,
-                       positions={"name": name})
+    cfg = model_config(
+        "cpu-encoder", n_layers=2, d_model=32, vocab_size=64, train_length=16, positions={"name": name}
+    )
     torch.manual_seed(0)
     model = Decoder(cfg).eval()
     tokens = torch.randint(5, 64, (1, 16))
@@ -262,7 +282,9 @@ def test_encoder_has_no_causal_mask(name):
     with torch.no_grad():
         a, b = model(tokens, positions), model(changed, positions)
     assert not torch.allclose(a[0, 0], b[0, 0])  # the last token changes the first position's output
-    decoder = Decoder(model_config("cpu-tiny", vocab_size=64, train_length=16, positions={"name": name})).eval()
+    decoder = Decoder(
+        model_config("cpu-tiny", vocab_size=64, train_length=16, positions={"name": name})
+    ).eval()
     with torch.no_grad():
         torch.testing.assert_close(decoder(tokens, positions)[0, :-1], decoder(changed, positions)[0, :-1])
 

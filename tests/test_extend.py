@@ -1,4 +1,5 @@
-"""`extrapos extend`: equal budgets, the learned-table interpolation, parent.json, resume, and compare rows."""
+"""`extrapos extend`: equal budgets, the learned-table interpolation, parent.json, resume, and compare
+rows."""
 
 from __future__ import annotations
 
@@ -24,8 +25,12 @@ def parents(tiny_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("parents")
     runs = {}
     for name in ("learned", "rope"):
-        cfg = load_config("cpu/tiny", tiny_overrides(tiny_data, **{"model.train_length": L_T, "train.steps": 3,
-                                                                    "model.positions.name": name}))
+        cfg = load_config(
+            "cpu/tiny",
+            tiny_overrides(
+                tiny_data, **{"model.train_length": L_T, "train.steps": 3, "model.positions.name": name}
+            ),
+        )
         train(cfg, root / name, progress=False)
         runs[name] = root / name
     return runs
@@ -65,13 +70,22 @@ def test_every_method_gets_the_same_tokens_and_steps(parents):
 def test_learned_table_is_interpolated_and_the_rest_loaded(parents, tmp_path):
     out = tmp_path / "ext"
     # learning rate 0: the extension run's weights stay its initial weights
-    extend(parents["learned"], "chunk", factor=2, alpha=0.5, out=out, tokens=128, progress=False,
-           overrides=["train.lr=0", "train.end_lr=0"])
+    extend(
+        parents["learned"],
+        "chunk",
+        factor=2,
+        alpha=0.5,
+        out=out,
+        tokens=128,
+        progress=False,
+        overrides=["train.lr=0", "train.end_lr=0"],
+    )
     parent, child = load_run(parents["learned"]), load_run(out)
     assert child.cfg.model.positions["max_length"] == 32 and child.cfg.model.train_length == L_T
     old, new = parent.model.pos.table.detach(), child.model.pos.table.detach()
     assert new.shape == (32, old.shape[1])
-    # segmented sequences §3.2 with beta = 2: e'_2i = e_i, e'_2i+1 = (e_i + e_i+1) / 2, the last rows = e_{L_t-1}
+    # segmented sequences §3.2 with beta = 2: e'_2i = e_i, e'_2i+1 = (e_i + e_i+1) / 2, the last rows =
+    # e_{L_t-1}
     torch.testing.assert_close(new[0:31:2], old)
     torch.testing.assert_close(new[1:30:2], (old[:-1] + old[1:]) / 2)
     torch.testing.assert_close(new[31], old[-1])
@@ -87,16 +101,27 @@ def test_learned_table_is_interpolated_and_the_rest_loaded(parents, tmp_path):
     # the OOTB baseline is one evaluation away: the parent read through an interpolated table
     from extrapos.evaluate import EvalRequest, evaluate
 
-    res = evaluate(parents["learned"], EvalRequest(lengths=[2], position_options={"interpolate_to": "max"},
-                                                   max_tokens=64), progress=False)
+    res = evaluate(
+        parents["learned"],
+        EvalRequest(lengths=[2], position_options={"interpolate_to": "max"}, max_tokens=64),
+        progress=False,
+    )
     assert res["encoding_options"]["interpolate_to"] == 32 and res["results"][0]["window"] == 32
 
 
 def test_extend_resumes_after_an_interruption_exactly(parents, tmp_path, monkeypatch):
     sets = ["train.checkpoint_every=2", "train.keep_checkpoints=0"]
     straight = tmp_path / "straight"
-    extend(parents["learned"], "prefix", factor=2, alpha=0.5, out=straight, tokens=384, overrides=sets,
-           progress=False)
+    extend(
+        parents["learned"],
+        "prefix",
+        factor=2,
+        alpha=0.5,
+        out=straight,
+        tokens=384,
+        overrides=sets,
+        progress=False,
+    )
     cut = tmp_path / "cut"
     original = ckpt_io.save_checkpoint
 
@@ -108,32 +133,85 @@ def test_extend_resumes_after_an_interruption_exactly(parents, tmp_path, monkeyp
 
     monkeypatch.setattr(ckpt_io, "save_checkpoint", killed)
     with pytest.raises(KeyboardInterrupt):
-        extend(parents["learned"], "prefix", factor=2, alpha=0.5, out=cut, tokens=384, overrides=sets, progress=False)
+        extend(
+            parents["learned"],
+            "prefix",
+            factor=2,
+            alpha=0.5,
+            out=cut,
+            tokens=384,
+            overrides=sets,
+            progress=False,
+        )
     monkeypatch.setattr(ckpt_io, "save_checkpoint", original)
     with pytest.raises(UserError, match="--resume"):
-        extend(parents["learned"], "prefix", factor=2, alpha=0.5, out=cut, tokens=384, overrides=sets, progress=False)
+        extend(
+            parents["learned"],
+            "prefix",
+            factor=2,
+            alpha=0.5,
+            out=cut,
+            tokens=384,
+            overrides=sets,
+            progress=False,
+        )
     with pytest.raises(UserError, match="not this extension"):
-        extend(parents["learned"], "chunk", factor=2, alpha=0.5, out=cut, tokens=384, overrides=sets,
-               resume=True, progress=False)
-    result = extend(parents["learned"], "prefix", factor=2, alpha=0.5, out=cut, tokens=384, overrides=sets,
-                    resume=True, progress=False)
+        extend(
+            parents["learned"],
+            "chunk",
+            factor=2,
+            alpha=0.5,
+            out=cut,
+            tokens=384,
+            overrides=sets,
+            resume=True,
+            progress=False,
+        )
+    result = extend(
+        parents["learned"],
+        "prefix",
+        factor=2,
+        alpha=0.5,
+        out=cut,
+        tokens=384,
+        overrides=sets,
+        resume=True,
+        progress=False,
+    )
     assert result.steps == 6
     a, b = load_run(straight).model.state_dict(), load_run(cut).model.state_dict()
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    assert (cut / "metrics.jsonl").read_text() .count('"loss"') == (straight / "metrics.jsonl").read_text().count('"loss"')
+    assert (cut / "metrics.jsonl").read_text().count('"loss"') == (
+        straight / "metrics.jsonl"
+    ).read_text().count('"loss"')
 
 
 def test_cli_and_errors(parents, tmp_path):
     from extrapos.cli import main
 
     out = tmp_path / "rope-randompos"
-    args = ["extend", str(parents["rope"]), "--method", "randompos", "--factor", "2", "--tokens", "128",
-            "--rope-interpolation", "--out", str(out), "--no-progress"]
+    args = [
+        "extend",
+        str(parents["rope"]),
+        "--method",
+        "randompos",
+        "--factor",
+        "2",
+        "--tokens",
+        "128",
+        "--rope-interpolation",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert main(args) == 0
     cfg = load_run(out).cfg
     assert cfg.model.positions["scaling"] == "linear" and cfg.model.positions["factor"] == 2.0
-    assert cfg.data.sampler == "randompos" and json.loads((out / "parent.json").read_text())["rope_interpolation"]
+    assert (
+        cfg.data.sampler == "randompos"
+        and json.loads((out / "parent.json").read_text())["rope_interpolation"]
+    )
     assert main(args) == 2  # exists: needs --resume
     assert main(args + ["--resume"]) == 0  # finished: nothing to do
     with pytest.raises(UserError, match="RoPE models"):
@@ -155,8 +233,10 @@ def test_compare_extension_rows(parents, tiny_data, tmp_path):
         'title = "tiny extension"\ntrain = "cpu/tiny"\nlengths = [2, 4]\nmax_eval_tokens = 128\n'
         f"eval_each_length = true\nextend_tokens = 128\nset = {json.dumps(sets)}\n"
         '[[rows]]\nname = "APE OOTB"\npositions = { name = "learned" }\neval = { interpolate_to = "max" }\n'
-        '[[rows]]\nname = "APE chunk-0.5"\nextend = { from = "APE OOTB", method = "chunk", alpha = 0.5, factor = [2, 4] }\n'
-        '[[rows]]\nname = "APE full"\nextend = { from = "APE OOTB", method = "full", factor = 2 }\n')
+        '[[rows]]\nname = "APE chunk-0.5"\nextend = { from = "APE OOTB", method = "chunk", alpha = 0.5, '
+        "factor = [2, 4] }\n"
+        '[[rows]]\nname = "APE full"\nextend = { from = "APE OOTB", method = "full", factor = 2 }\n'
+    )
     sweep = load_sweep(str(spec))
     assert sweep.rows[1].positions == {"name": "learned"} and sweep.rows[1].factors == [2, 4]
     out = tmp_path / "out"
@@ -167,14 +247,20 @@ def test_compare_extension_rows(parents, tiny_data, tmp_path):
     assert [r["window"] for r in rows[1]["results"]] == [32, 64]
     assert rows[0]["parts"][1]["ev"] == [4]
     # each column scores the same held-out tokens for every row
-    assert rows[0]["results"][0]["tokens"] == rows[1]["results"][0]["tokens"] == rows[2]["results"][0]["tokens"]
-    assert json.loads((out / "runs" / "ape-chunk-0-5-x4" / "parent.json").read_text())["extended_length"] == 64
+    assert (
+        rows[0]["results"][0]["tokens"] == rows[1]["results"][0]["tokens"] == rows[2]["results"][0]["tokens"]
+    )
+    assert (
+        json.loads((out / "runs" / "ape-chunk-0-5-x4" / "parent.json").read_text())["extended_length"] == 64
+    )
     report = (out / "report.md").read_text()
     assert "| APE chunk-0.5 |" in report and "extension: 3 runs" in report
     compare(str(spec), out, progress=False)  # finished runs are reused
     bad = tmp_path / "bad.toml"
-    bad.write_text('[[rows]]\nname = "A"\npositions = { name = "rope" }\n'
-                   '[[rows]]\nname = "B"\nextend = { from = "nope", method = "chunk" }\n')
+    bad.write_text(
+        '[[rows]]\nname = "A"\npositions = { name = "rope" }\n'
+        '[[rows]]\nname = "B"\nextend = { from = "nope", method = "chunk" }\n'
+    )
     with pytest.raises(UserError, match="needs extend"):
         load_sweep(str(bad))
 

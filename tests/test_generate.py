@@ -46,10 +46,27 @@ def test_generate_cli_streams_a_continuation(tiny_data, tmp_path, capsys):
     from extrapos.train import train
     from tests.conftest import tiny_overrides
 
-    train(load_config("cpu/tiny", tiny_overrides(tiny_data, **{"train.steps": 3})), tmp_path / "run", progress=False)
+    train(
+        load_config("cpu/tiny", tiny_overrides(tiny_data, **{"train.steps": 3})),
+        tmp_path / "run",
+        progress=False,
+    )
     capsys.readouterr()
-    assert main(["generate", str(tmp_path / "run"), "--prompt", "Fellow citizens, " * 20,
-                 "--max-new-tokens", "16", "--seed", "1"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                str(tmp_path / "run"),
+                "--prompt",
+                "Fellow citizens, " * 20,
+                "--max-new-tokens",
+                "16",
+                "--seed",
+                "1",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.startswith("Fellow citizens, ") and len(out) > len("Fellow citizens, " * 20)
     assert main(["generate", str(tmp_path / "run")]) == 2

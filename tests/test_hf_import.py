@@ -22,7 +22,9 @@ from tests.hf_helpers import (  # noqa: E402
 
 TOL = 1e-4
 # gpt2 and llama run by default; the others are slow (seconds each on 2 shared cores): pytest -m slow
-KINDS = ["gpt2", "llama"] + [pytest.param(k, marks=pytest.mark.slow) for k in ("gpt_neox", "bloom", "mistral", "qwen2")]
+KINDS = ["gpt2", "llama"] + [
+    pytest.param(k, marks=pytest.mark.slow) for k in ("gpt_neox", "bloom", "mistral", "qwen2")
+]
 
 
 def _imported(kind, tmp_path, **overrides):
@@ -45,7 +47,7 @@ def test_import_matches_transformers(kind, tmp_path):
     cached = ours_cached_logits(run.model, tokens[:1], first=CONTEXT // 3)
     assert (cached - ref[:1]).abs().max() < TOL
     # greedy decoding from a prompt longer than the context (GPT-2: within its table)
-    prompt = tokens[0, :10 if kind == "gpt2" else CONTEXT + 10].tolist()
+    prompt = tokens[0, : 10 if kind == "gpt2" else CONTEXT + 10].tolist()
     n = CONTEXT - len(prompt) if kind == "gpt2" else 30
     from extrapos.generate import generate_tokens
 
@@ -67,8 +69,14 @@ def test_wrong_rope_base_is_detected(tmp_path):
 
 @pytest.mark.slow
 def test_llama3_scaled_llama(tmp_path):
-    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8,
+    }
     hf, run = _imported("llama", tmp_path, rope_parameters=rope)
     assert run.cfg.model.positions["scaling"] == "llama3"
     tokens = torch.randint(0, VOCAB, (1, 4 * CONTEXT))

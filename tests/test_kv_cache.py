@@ -4,7 +4,6 @@ Parametrized over ``registry.names()``: encodings registered later (bias.py, cab
 covered automatically.
 """
 
-
 import pytest
 import torch
 
@@ -19,8 +18,15 @@ FLAVOURS = {
 
 def make(name, flavour="gpt2", seed=0):
     torch.manual_seed(seed)
-    cfg = model_config(n_layers=2, d_model=32, n_heads=4, vocab_size=61, train_length=16,
-                       positions={"name": name}, **FLAVOURS[flavour])
+    cfg = model_config(
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        vocab_size=61,
+        train_length=16,
+        positions={"name": name},
+        **FLAVOURS[flavour],
+    )
     model = Decoder(cfg).eval()
     # learnable encoding parameters (FIRE, Kerple, T5, CABLE, learned ExPE...) away from their init,
     # so the test does not pass by accident of a degenerate initial value
@@ -36,7 +42,7 @@ def decode(model, tokens, positions, chunks):
     cache = model.new_cache()
     out, t = [], 0
     for c in chunks:
-        out.append(model(tokens[:, t:t + c], positions[:, t:t + c], cache))
+        out.append(model(tokens[:, t : t + c], positions[:, t : t + c], cache))
         t += c
     assert t == tokens.shape[1] and cache.length == t
     return torch.cat(out, dim=1)
@@ -81,6 +87,6 @@ def test_cached_decoding_under_autograd():
     ref = model.tok_emb.weight.grad.clone()
     model.zero_grad()
     cache = model.new_cache()
-    out = torch.cat([model(tokens[:, t:t + 1], positions[:, t:t + 1], cache) for t in range(6)], dim=1)
+    out = torch.cat([model(tokens[:, t : t + 1], positions[:, t : t + 1], cache) for t in range(6)], dim=1)
     out.sum().backward()
     torch.testing.assert_close(model.tok_emb.weight.grad, ref, atol=1e-5, rtol=1e-4)

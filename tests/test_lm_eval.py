@@ -16,15 +16,23 @@ from extrapos.integrations.lm_eval import ExtraposLM, position_options, run_lm_e
 from extrapos.runs import load_run  # noqa: E402
 
 CHOICE_DOCS = [
-    {"question": "The people of the United States", "choices": ["are free", "is blue", "of Congress"], "label": 0},
+    {
+        "question": "The people of the United States",
+        "choices": ["are free", "is blue", "of Congress"],
+        "label": 0,
+    },
     {"question": "We must work", "choices": ["together", "the", "green grass"], "label": 0},
     {"question": "The Congress", "choices": ["shall", "and"], "label": 1},
 ]
-TEXT_DOCS = [{"text": "Fellow citizens, the state of the Union is strong and the nation is at peace."},
-             {"text": "We have made progress in the economy, in education and in the defense of freedom " * 3}]
-GEN_DOCS = [{"prompt": "The President of the United", "answer": "States"},
-            {"prompt": "Mr. Speaker, Mr. Vice", "answer": "President"},
-            {"prompt": "The Congress of the", "answer": "Union"}]
+TEXT_DOCS = [
+    {"text": "Fellow citizens, the state of the Union is strong and the nation is at peace."},
+    {"text": "We have made progress in the economy, in education and in the defense of freedom " * 3},
+]
+GEN_DOCS = [
+    {"prompt": "The President of the United", "answer": "States"},
+    {"prompt": "Mr. Speaker, Mr. Vice", "answer": "President"},
+    {"prompt": "The Congress of the", "answer": "Union"},
+]
 
 YAML = {
     "xp_choice": """task: xp_choice
@@ -111,9 +119,15 @@ def _direct_logprob(model, tok, context: str, continuation: str) -> float:
 
 @pytest.mark.slow  # lm-eval's task loading and evaluator: about 5 s on top of the fixtures
 def test_three_request_types_match_a_direct_computation(tiny_run, task_dir):
-    r = run_lm_eval(tiny_run, ["xp_choice", "xp_rolling", "xp_gen"], include_path=task_dir, include_defaults=False,
-                    max_length=128,
-                    batch_size=2, log_samples=True)
+    r = run_lm_eval(
+        tiny_run,
+        ["xp_choice", "xp_rolling", "xp_gen"],
+        include_path=task_dir,
+        include_defaults=False,
+        max_length=128,
+        batch_size=2,
+        log_samples=True,
+    )
     path = tiny_run / "eval" / "lm-eval-xp_choice_xp_rolling_xp_gen.json"
     assert json.loads(path.read_text())["results"] == r["results"]
     run = load_run(tiny_run)
@@ -181,7 +195,8 @@ def test_rolling_windows_cover_every_token_once(tiny_run):
 
 def test_model_args_and_position_options(tiny_run):
     lm = lm_eval.api.registry.get_model("extrapos").create_from_arg_string(
-        f"run={tiny_run},max_length=64,rope_scaling=linear")
+        f"run={tiny_run},max_length=64,rope_scaling=linear"
+    )
     assert isinstance(lm, lm_eval.api.model.LM) and lm.max_length == 64
     assert lm.options == {"scaling": "linear", "factor": 2.0}
     assert lm.model.pos.options.scaling == "linear" and lm.model.pos.options.factor == 2.0
@@ -190,7 +205,6 @@ def test_model_args_and_position_options(tiny_run):
         position_options(factor=2.0)
     with pytest.raises(UserError, match="run=RUN_DIR"):
         ExtraposLM()
-
 
 
 def test_unknown_task_is_a_user_error(tiny_run, task_dir):
@@ -208,9 +222,15 @@ def test_requests_without_the_evaluator(tiny_run):
     reqs = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
     got = [lp for lp, _ in lm.loglikelihood(reqs)]
     assert got == pytest.approx([_direct_logprob(run.model, run.tokenizer, c, x) for c, x in pairs], abs=1e-4)
-    gen = lm.generate_until([Instance("generate_until", {}, (c, {"until": ["."], "max_gen_toks": 5}), i)
-                             for i, (c, _) in enumerate(pairs)])
+    gen = lm.generate_until(
+        [
+            Instance("generate_until", {}, (c, {"until": ["."], "max_gen_toks": 5}), i)
+            for i, (c, _) in enumerate(pairs)
+        ]
+    )
     for (c, _), text in zip(pairs, gen):
         ids = run.tokenizer.encode(c)
-        ref = run.tokenizer.decode(list(generate_tokens(run.model, ids, 5, temperature=0, eot_id=run.tokenizer.eot_id)))
+        ref = run.tokenizer.decode(
+            list(generate_tokens(run.model, ids, 5, temperature=0, eot_id=run.tokenizer.eot_id))
+        )
         assert text == ref.split(".")[0]

@@ -56,7 +56,9 @@ def test_masking_is_a_pure_function_of_the_key():
 
 def test_mask_batch_targets_are_the_original_tokens():
     tokens = torch.randint(5, V, (2, 64))
-    batch = Batch(tokens, torch.zeros_like(tokens), torch.arange(64).expand(2, -1), torch.ones(2, 64, dtype=torch.bool))
+    batch = Batch(
+        tokens, torch.zeros_like(tokens), torch.arange(64).expand(2, -1), torch.ones(2, 64, dtype=torch.bool)
+    )
     out = mask_batch(batch, (0, 0, 0), SPECIALS, V)
     assert torch.equal(out.targets, tokens) and torch.equal(out.positions, batch.positions)
     assert out.num_tokens == int(out.loss_mask.sum()) > 0
@@ -94,13 +96,16 @@ def test_special_tokens_are_found_or_added(tiny_data):
     assert encoder_special_tokens(tok) == sp and tok.vocab_size == before + 2  # adding twice changes nothing
 
 
-@pytest.mark.parametrize("overrides, words", [
-    (["model.size=\"cpu-encoder\""], "objective"),
-    (["train.objective=\"mlm\""], "objective"),
-    (["train.objective=\"clm\""], "train.objective"),
-    (["model.size=\"cpu-encoder\"", "train.objective=\"mlm\"", "model.positions=\"cope\""], "cannot be"),
-    (["model.size=\"cpu-encoder\"", "train.objective=\"mlm\"", "model.positions=\"xpos\""], "cannot be"),
-])
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (['model.size="cpu-encoder"'], "objective"),
+        (['train.objective="mlm"'], "objective"),
+        (['train.objective="clm"'], "train.objective"),
+        (['model.size="cpu-encoder"', 'train.objective="mlm"', 'model.positions="cope"'], "cannot be"),
+        (['model.size="cpu-encoder"', 'train.objective="mlm"', 'model.positions="xpos"'], "cannot be"),
+    ],
+)
 def test_user_mistakes_are_one_sentence(overrides, words):
     with pytest.raises(UserError, match=words):
         load_config("cpu/tiny", overrides)
@@ -111,12 +116,22 @@ def test_encoder_trains_end_to_end_and_evaluates_at_longer_lengths(tiny_data, tm
     from extrapos.evaluate_mlm import evaluate_mlm
     from extrapos.train import train
 
-    extra = {"model.size": '"cpu-encoder"', "model.n_layers": 2, "model.d_model": 64, "model.vocab_size": 520,
-             "train.objective": '"mlm"', "model.positions": '"alibi"', "train.steps": 25}
+    extra = {
+        "model.size": '"cpu-encoder"',
+        "model.n_layers": 2,
+        "model.d_model": 64,
+        "model.vocab_size": 520,
+        "train.objective": '"mlm"',
+        "model.positions": '"alibi"',
+        "train.steps": 25,
+    }
     cfg = load_config("cpu/tiny", tiny_overrides(tiny_data, **extra))
     result = train(cfg, tmp_path / "run", progress=False)
-    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-              if "loss" in json.loads(line)]
+    losses = [
+        json.loads(line)["loss"]
+        for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+        if "loss" in json.loads(line)
+    ]
     assert losses[-1] < losses[0] - 0.5, losses  # it learns
     assert result.val_loss is not None and np.isfinite(result.val_loss)
     res = evaluate_mlm(tmp_path / "run", EvalRequest(lengths=[1, 2, 4], max_tokens=1024), progress=False)
@@ -129,8 +144,13 @@ def test_encoder_trains_end_to_end_and_evaluates_at_longer_lengths(tiny_data, tm
 def test_vocab_too_small_for_the_added_tokens_is_a_user_error(tiny_data, tmp_path):
     from extrapos.train import train
 
-    extra = {"model.size": '"cpu-encoder"', "model.n_layers": 1, "model.d_model": 32,
-             "train.objective": '"mlm"', "train.steps": 1}
+    extra = {
+        "model.size": '"cpu-encoder"',
+        "model.n_layers": 1,
+        "model.d_model": 32,
+        "train.objective": '"mlm"',
+        "train.steps": 1,
+    }
     cfg = load_config("cpu/tiny", tiny_overrides(tiny_data, **extra))  # vocab 512: no room for [CLS], [SEP]
     with pytest.raises(UserError, match="vocab_size=514"):
         train(cfg, tmp_path / "run", progress=False)

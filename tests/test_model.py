@@ -27,11 +27,14 @@ def batch(cfg, B=2, T=10, offset=0):
     return tokens, positions
 
 
-@pytest.mark.parametrize("flavour,extra", [
-    ("gpt2", {}),
-    ("llama", {}),
-    ("llama", {"n_kv_heads": 2, "tie_embeddings": False}),
-])
+@pytest.mark.parametrize(
+    "flavour,extra",
+    [
+        ("gpt2", {}),
+        ("llama", {}),
+        ("llama", {"n_kv_heads": 2, "tie_embeddings": False}),
+    ],
+)
 def test_forward_backward(flavour, extra):
     torch.manual_seed(0)
     cfg = tiny(flavour=flavour, **extra)
@@ -144,7 +147,8 @@ def test_user_errors():
 
 
 def test_inference_mode_and_reused_positions_buffer():
-    """Decoding loops may reuse one positions tensor in place; RoPE's per-forward cos/sin memo must not go stale."""
+    """Decoding loops may reuse one positions tensor in place; RoPE's per-forward cos/sin memo must not go
+    stale."""
     torch.manual_seed(0)
     model = Decoder(tiny()).eval()
     tokens = torch.randint(0, 97, (1, 4))
@@ -153,5 +157,5 @@ def test_inference_mode_and_reused_positions_buffer():
         cache, pos, steps = model.new_cache(), torch.zeros(1, 1, dtype=torch.long), []
         for t in range(4):
             pos.fill_(t)
-            steps.append(model(tokens[:, t:t + 1], pos, cache))
+            steps.append(model(tokens[:, t : t + 1], pos, cache))
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)

@@ -37,16 +37,24 @@ def test_new_train_keys_are_written_only_when_set():
 
 def test_activation_checkpointing_changes_no_loss_and_no_parameter_name(tiny_data, tmp_path):
     sets = {"train.steps": 4, "model.dropout": 0.1}  # dropout: the recompute must redraw the same masks
-    plain = train(load_config("cpu/tiny", tiny_overrides(tiny_data, **sets)), tmp_path / "plain", progress=False)
-    ac = train(load_config("cpu/tiny", tiny_overrides(tiny_data, **sets, **{"train.activation_checkpointing": "true"})),
-               tmp_path / "ac", progress=False)
+    plain = train(
+        load_config("cpu/tiny", tiny_overrides(tiny_data, **sets)), tmp_path / "plain", progress=False
+    )
+    ac = train(
+        load_config(
+            "cpu/tiny", tiny_overrides(tiny_data, **sets, **{"train.activation_checkpointing": "true"})
+        ),
+        tmp_path / "ac",
+        progress=False,
+    )
     losses = [[m["loss"] for m in read_metrics(r.run_dir) if "loss" in m] for r in (plain, ac)]
     assert len(losses[0]) == 4 and losses[0] == losses[1]
 
     model = Decoder(load_config("cpu/tiny", tiny_overrides(tiny_data)).model)
     names = list(model.state_dict())
-    parallelize.parallelize(model, load_config("cpu/tiny", ["train.activation_checkpointing=true"]),
-                            torch.device("cpu"), world=1)
+    parallelize.parallelize(
+        model, load_config("cpu/tiny", ["train.activation_checkpointing=true"]), torch.device("cpu"), world=1
+    )
     assert list(model.state_dict()) == names
     assert all(b.forward.func is torch.utils.checkpoint.checkpoint for b in model.blocks)  # recomputed
 

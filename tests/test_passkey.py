@@ -33,6 +33,7 @@ def tok(tiny_data):
 
 # ---- stub models -----------------------------------------------------------------------------------
 
+
 class _StubCache:
     def __init__(self):
         self.tokens: list[list[int]] = []
@@ -95,6 +96,7 @@ class StubLM(nn.Module):
 
 # ---- the generator ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("depth", [0.0, 0.25, 0.5, 0.75, 1.0])
 @pytest.mark.parametrize("length", [96, 257])
 def test_prompt_has_the_exact_length_and_the_needle_at_the_asked_depth(tok, depth, length):
@@ -103,18 +105,18 @@ def test_prompt_has_the_exact_length_and_the_needle_at_the_asked_depth(tok, dept
     assert len(p.tokens) == length
     hay = length - p.needle_len - len(b.question)
     assert p.needle_start == round(depth * hay)
-    assert p.tokens[p.needle_start:p.needle_start + p.needle_len] == b.needle(p.key)
-    assert p.tokens[-len(b.question):] == b.question
+    assert p.tokens[p.needle_start : p.needle_start + p.needle_len] == b.needle(p.key)
+    assert p.tokens[-len(b.question) :] == b.question
     assert len(p.key) == 5 and p.answer == tok.encode(" " + p.key)
     text = tok.decode(p.tokens)
     assert NEEDLE.format(key=p.key) in text and text.endswith(QUESTION)
     assert text.count(p.key) == 2
     if depth == 0.0:
-        assert tok.decode(p.tokens[:p.needle_len]).strip().startswith("The pass key is")
+        assert tok.decode(p.tokens[: p.needle_len]).strip().startswith("The pass key is")
     if depth == 1.0:
         assert p.needle_start + p.needle_len == length - len(b.question)
     # around the needle: the filler, repeated and cut to the haystack length, without a gap
-    hay_tokens = p.tokens[:p.needle_start] + p.tokens[p.needle_start + p.needle_len:-len(b.question)]
+    hay_tokens = p.tokens[: p.needle_start] + p.tokens[p.needle_start + p.needle_len : -len(b.question)]
     assert hay_tokens == (b.filler * (length // len(b.filler) + 1))[:hay]
     assert tok.decode(b.filler).strip() == FILLER
 
@@ -135,11 +137,11 @@ def test_corpus_haystack_is_a_window_of_the_split(tok, tiny_data):
     b = PasskeyBuilder(tok, haystack=hay)
     p = b.build(200, 0.25, np.random.default_rng(1))
     assert len(p.tokens) == 200
-    before = np.asarray(p.tokens[:p.needle_start])
-    after = np.asarray(p.tokens[p.needle_start + p.needle_len:-len(b.question)])
+    before = np.asarray(p.tokens[: p.needle_start])
+    after = np.asarray(p.tokens[p.needle_start + p.needle_len : -len(b.question)])
     joined = np.concatenate([before, after])  # the haystack around the needle is contiguous corpus text
-    starts = np.flatnonzero(hay[:len(hay) - len(joined)] == joined[0])
-    assert any(np.array_equal(hay[s:s + len(joined)], joined) for s in starts)
+    starts = np.flatnonzero(hay[: len(hay) - len(joined)] == joined[0])
+    assert any(np.array_equal(hay[s : s + len(joined)], joined) for s in starts)
     assert FILLER not in tok.decode(p.tokens)
 
 
@@ -157,6 +159,7 @@ def test_first_number():
 
 
 # ---- the scorers -----------------------------------------------------------------------------------
+
 
 def _prompts(b, n, length=96, seed=0):
     rng = np.random.default_rng(seed)
@@ -197,7 +200,9 @@ def test_copier_fails_when_the_needle_holds_another_key(tok):
 def test_batched_greedy_equals_the_reference_generator():
     torch.manual_seed(0)
     for name in ("rope", "alibi"):
-        model = Decoder(model_config("cpu-tiny", vocab_size=61, train_length=8, positions={"name": name})).eval()
+        model = Decoder(
+            model_config("cpu-tiny", vocab_size=61, train_length=8, positions={"name": name})
+        ).eval()
         prompts = torch.randint(0, 61, (3, 21))
         got = greedy_batch(model, prompts, 6, prefill_chunk=8)
         for row in range(3):
@@ -206,6 +211,7 @@ def test_batched_greedy_equals_the_reference_generator():
 
 
 # ---- end to end on a trained run ---------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiny_run(tiny_data, tmp_path_factory):
@@ -223,7 +229,8 @@ def test_passkey_grid_on_a_trained_run(tiny_run, tmp_path):
     path = tiny_run / "eval" / "passkey-both-filler.json"
     assert json.loads(path.read_text()) == json.loads(json.dumps(r))
     assert [(c["ev"], c["length"], c["depth"]) for c in r["results"]] == [
-        (k, 32 * k, d) for k in (4, 8) for d in (0.0, 0.5, 1.0)]
+        (k, 32 * k, d) for k in (4, 8) for d in (0.0, 0.5, 1.0)
+    ]
     for c in r["results"]:
         assert c["n"] == 2 and 0 <= c["rank_accuracy"] <= 1 and 1 <= c["mean_rank"] <= 4
         assert c["exact_match"] in (0.0, 0.5, 1.0)
@@ -238,8 +245,16 @@ def test_passkey_grid_on_a_trained_run(tiny_run, tmp_path):
 
 
 def test_corpus_haystack_and_position_options_on_a_trained_run(tiny_run):
-    r = passkey(tiny_run, lengths=[4], depths=[0.5], trials=2, mode="rank", haystack="corpus",
-                candidates=3, position_options={"scaling": "linear", "factor": 2.0})
+    r = passkey(
+        tiny_run,
+        lengths=[4],
+        depths=[0.5],
+        trials=2,
+        mode="rank",
+        haystack="corpus",
+        candidates=3,
+        position_options={"scaling": "linear", "factor": 2.0},
+    )
     assert r["name"] == "passkey-rank-corpus-factor2.0-scalinglinear"
     assert r["applied"] == {"scaling": "linear", "factor": 2.0} and r["haystack_source"] != "filler"
     with pytest.raises(UserError, match="mode"):

@@ -15,9 +15,28 @@ from extrapos.positions.base import EncodingContext, PositionalEncoding
 
 CTX = EncodingContext(d_model=32, n_heads=4, head_dim=8, n_layers=2, train_length=16)
 # every encoding the README promises (the papers' methods, their ablations and the baselines)
-PROMISED = {"nope", "sinusoidal", "learned", "rope", "alibi", "kerple-log", "kerple-power", "fire", "t5",
-            "cable", "cable-nw", "k-cable", "cable-official", "expe", "expe-stable", "expe-l1", "expe-once",
-            "expe-learned", "expe-learned-init", "exqpe"}
+PROMISED = {
+    "nope",
+    "sinusoidal",
+    "learned",
+    "rope",
+    "alibi",
+    "kerple-log",
+    "kerple-power",
+    "fire",
+    "t5",
+    "cable",
+    "cable-nw",
+    "k-cable",
+    "cable-official",
+    "expe",
+    "expe-stable",
+    "expe-l1",
+    "expe-once",
+    "expe-learned",
+    "expe-learned-init",
+    "exqpe",
+}
 
 
 def test_promised_encodings_are_registered_by_discovery():
@@ -48,8 +67,9 @@ def _learnable():
 @pytest.mark.parametrize("name", _learnable())
 def test_gradients_reach_every_encoding_parameter(name):
     torch.manual_seed(0)
-    cfg = model_config(n_layers=2, d_model=32, n_heads=4, vocab_size=41, train_length=16,
-                       positions={"name": name})
+    cfg = model_config(
+        n_layers=2, d_model=32, n_heads=4, vocab_size=41, train_length=16, positions={"name": name}
+    )
     model = Decoder(cfg)
     params = dict(model.pos.named_parameters())
     tokens = torch.randint(0, 41, (2, 16))

@@ -28,8 +28,9 @@ def _relative_names():
 @pytest.mark.parametrize("name", _relative_names())
 def test_shift_invariance(name):
     torch.manual_seed(0)
-    cfg = model_config(n_layers=2, d_model=32, n_heads=4, vocab_size=53, train_length=16,
-                       positions={"name": name})
+    cfg = model_config(
+        n_layers=2, d_model=32, n_heads=4, vocab_size=53, train_length=16, positions={"name": name}
+    )
     model = Decoder(cfg).double().eval()
     tokens = torch.randint(0, 53, (2, 12))
     positions = torch.arange(12).expand(2, 12)

@@ -7,7 +7,8 @@ from extrapos.stats import cell_samples, loss_interval, paired_difference
 
 
 def _documents(rng, n, mean=5.0, tokens=64):
-    """Per-document loss sums of ``n`` documents whose mean token loss is gamma-distributed around ``mean``."""
+    """Per-document loss sums of ``n`` documents whose mean token loss is gamma-distributed around
+    ``mean``."""
     counts = rng.integers(tokens // 2, 2 * tokens, size=n).astype(float)
     per_token = rng.gamma(4.0, mean / 4.0, size=n)  # skewed, like real document losses
     return per_token * counts, counts

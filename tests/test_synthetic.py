@@ -28,8 +28,11 @@ from extrapos.data.synthetic import (
 from extrapos.errors import UserError
 from extrapos.tasks.synthetic import format_synthetic, score_examples, score_synthetic
 
-SPECS = ["synthetic:passkey:length=32", "synthetic:kv-recall:length=32,pairs=3,queries=2",
-         "synthetic:copy:length=32"]
+SPECS = [
+    "synthetic:passkey:length=32",
+    "synthetic:kv-recall:length=32,pairs=3,queries=2",
+    "synthetic:copy:length=32",
+]
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -43,12 +46,16 @@ def test_examples_have_the_exact_length_and_answer_mask(spec, n):
         assert ans.sum() == 5 and ans[-5:].all()
         k = int(np.flatnonzero(ids == KEY)[0])
         assert (ids == KEY).sum() == 1 and (ids == QUERY).sum() == 1 and ids[-6] == QUERY
-        assert np.array_equal(ids[k + 1:k + 6], ids[-5:]) and np.isin(ids[-5:], DIGIT_IDS).all()
+        assert np.array_equal(ids[k + 1 : k + 6], ids[-5:]) and np.isin(ids[-5:], DIGIT_IDS).all()
         assert np.isin(np.delete(ids, list(range(k, k + 6)) + list(range(n - 5, n + 1))), FILLER_IDS).all()
     elif t.task == "kv-recall":
         assert ans.sum() == 2 and np.array_equal(np.flatnonzero(ans), [n - 3, n])
         store = {int(ids[i + 1]): int(ids[i + 2]) for i in np.flatnonzero(ids == KEY)}
-        assert len(store) == 3 and set(store) <= set(KEY_IDS.tolist()) and set(store.values()) <= set(VALUE_IDS.tolist())
+        assert (
+            len(store) == 3
+            and set(store) <= set(KEY_IDS.tolist())
+            and set(store.values()) <= set(VALUE_IDS.tolist())
+        )
         queries = np.flatnonzero(ids == QUERY)
         assert np.array_equal(queries, [n - 5, n - 2]) and ids[queries[0] + 1] != ids[queries[1] + 1]
         for q in queries:
@@ -57,7 +64,7 @@ def test_examples_have_the_exact_length_and_answer_mask(spec, n):
         m = (n - 1) // 2
         assert ans.sum() == m and ans[-m:].all()
         s = int(np.flatnonzero(ids == SEP)[0])
-        assert ids[s - m - 1] == COPY and np.array_equal(ids[s - m:s], ids[s + 1:]) and s + m == n
+        assert ids[s - m - 1] == COPY and np.array_equal(ids[s - m : s], ids[s + 1 :]) and s + m == n
         assert (n + 1) % 2 == 0 or ids[0] in FILLER_IDS
 
 
@@ -82,9 +89,13 @@ def test_training_lengths_are_drawn_up_to_the_training_length():
 
 
 def test_bad_specs_are_user_errors():
-    for spec, match in [("synthetic:sorting", "unknown synthetic task"), ("synthetic:copy:len=3", "cannot read"),
-                        ("synthetic:kv-recall:pairs=2,queries=3", "queries"),
-                        ("synthetic:passkey:length=8", "at least 12"), ("synthetic:copy:train=x", "integer")]:
+    for spec, match in [
+        ("synthetic:sorting", "unknown synthetic task"),
+        ("synthetic:copy:len=3", "cannot read"),
+        ("synthetic:kv-recall:pairs=2,queries=3", "queries"),
+        ("synthetic:passkey:length=8", "at least 12"),
+        ("synthetic:copy:train=x", "integer"),
+    ]:
         with pytest.raises(UserError, match=match):
             SyntheticTask.parse(spec)
     with pytest.raises(UserError, match="tokenizer to 'synthetic'"):
@@ -117,8 +128,8 @@ def test_prepared_directory_and_sampler(tmp_path):
         assert (buffer[n1:] == PAD).all()
         match = [e for e in expected if np.array_equal(e[0], buffer[:n1].numpy())]
         assert match, "every row is one whole example"
-        assert torch.equal(b.loss_mask[row, :n1 - 1], torch.from_numpy(match[0][1][1:]))
-        assert not b.loss_mask[row, n1 - 1:].any()
+        assert torch.equal(b.loss_mask[row, : n1 - 1], torch.from_numpy(match[0][1][1:]))
+        assert not b.loss_mask[row, n1 - 1 :].any()
         assert torch.equal(b.positions[row], torch.arange(32))
     state = s.state_dict()
     nxt = s.next_batch()
@@ -130,6 +141,7 @@ def test_prepared_directory_and_sampler(tmp_path):
 
 
 # ---- the scorer -------------------------------------------------------------------------------------
+
 
 class AnswerStub(nn.Module):
     """Predicts, for a known example, its true next token (``told`` the examples); otherwise nothing.
@@ -147,8 +159,10 @@ class AnswerStub(nn.Module):
         out = torch.zeros(*tokens.shape, len(VOCAB))
         for r in range(tokens.shape[0]):
             prefix = tokens[r].numpy().tobytes()
-            row = next(i for i, e in enumerate(self.ids) if e[:tokens.shape[1]].tobytes() == prefix)
-            out[r, torch.arange(tokens.shape[1]), torch.from_numpy(self.told[row, 1:tokens.shape[1] + 1])] = 10.0
+            row = next(i for i, e in enumerate(self.ids) if e[: tokens.shape[1]].tobytes() == prefix)
+            out[
+                r, torch.arange(tokens.shape[1]), torch.from_numpy(self.told[row, 1 : tokens.shape[1] + 1])
+            ] = 10.0
         return out
 
     def logits(self, h):
@@ -173,13 +187,26 @@ def test_train_on_a_synthetic_corpus_and_score_beyond_the_training_length(tmp_pa
     from extrapos.train import train
 
     spec = "synthetic:passkey:length=16,train=64,val=8,test=8,digits=2"
-    cfg = load_config("cpu/tiny", [f'data.corpus="{spec}"', 'data.tokenizer="synthetic"', 'data.sampler="synthetic"',
-                                   f'data.dir="{prepare_data(spec, "synthetic", tmp_path / "d", progress=False)}"',
-                                   "model.vocab_size=65", "model.train_length=16", "train.steps=3",
-                                   "train.batch_size=8", "train.threads=1"])
+    cfg = load_config(
+        "cpu/tiny",
+        [
+            f'data.corpus="{spec}"',
+            'data.tokenizer="synthetic"',
+            'data.sampler="synthetic"',
+            f'data.dir="{prepare_data(spec, "synthetic", tmp_path / "d", progress=False)}"',
+            "model.vocab_size=65",
+            "model.train_length=16",
+            "train.steps=3",
+            "train.batch_size=8",
+            "train.threads=1",
+        ],
+    )
     train(cfg, tmp_path / "run", progress=False)
     r = score_synthetic(tmp_path / "run", lengths=[1, 4], examples=16)
-    assert json.loads((tmp_path / "run" / "eval" / "synthetic-passkey.json").read_text())["results"] == r["results"]
+    assert (
+        json.loads((tmp_path / "run" / "eval" / "synthetic-passkey.json").read_text())["results"]
+        == r["results"]
+    )
     assert [x["length"] for x in r["results"]] == [16, 64]
     assert all(x["answer_tokens"] == 32 and 0 <= x["token_accuracy"] <= 1 for x in r["results"])
     assert "| 4 | 64 |" in format_synthetic(r)

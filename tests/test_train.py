@@ -59,7 +59,9 @@ def test_weight_decay_applies_to_matrices_only(tiny_data):
 
 
 def test_gradient_accumulation_plan(tiny_data):
-    cfg = load_config("cpu/tiny", tiny_overrides(tiny_data, **{"train.batch_tokens": 512, "train.tokens": 5120}))
+    cfg = load_config(
+        "cpu/tiny", tiny_overrides(tiny_data, **{"train.batch_tokens": 512, "train.tokens": 5120})
+    )
     plan = step_plan(cfg, windows_per_epoch=1000, world=1)
     accum, total = plan.accumulation, plan.total_steps
     assert accum == 4 and total == 10  # 4 x (4 sequences x 32 tokens) = 512 tokens per step
@@ -67,17 +69,39 @@ def test_gradient_accumulation_plan(tiny_data):
 
 def test_killed_run_resumes_exactly(tiny_data, tmp_path):
     """SIGKILL a real training process after a checkpoint, resume it: same losses, same weights."""
-    sets = tiny_overrides(tiny_data, **{"train.steps": 12, "train.checkpoint_every": 3,
-                                        "model.dropout": 0.1, "train.keep_checkpoints": 10})
+    sets = tiny_overrides(
+        tiny_data,
+        **{
+            "train.steps": 12,
+            "train.checkpoint_every": 3,
+            "model.dropout": 0.1,
+            "train.keep_checkpoints": 10,
+        },
+    )
     reference = tmp_path / "reference"
     train_mod.train(load_config("cpu/tiny", sets), reference, progress=False)
 
     killed = tmp_path / "killed"
-    args = [sys.executable, "-m", "extrapos", "train", "--config", "cpu/tiny", "--out", str(killed), "--no-progress"]
+    args = [
+        sys.executable,
+        "-m",
+        "extrapos",
+        "train",
+        "--config",
+        "cpu/tiny",
+        "--out",
+        str(killed),
+        "--no-progress",
+    ]
     for s in sets:
         args += ["--set", s]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     for line in proc.stdout:  # blocks until the process reports its second checkpoint
         if "checkpoint saved" in line and "step-6" in line:
             break
@@ -93,7 +117,9 @@ def test_killed_run_resumes_exactly(tiny_data, tmp_path):
         assert torch.equal(ref_w[k], got_w[k]), k
 
 
-def test_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tiny_data, tmp_path, monkeypatch):
+def test_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
+    tiny_data, tmp_path, monkeypatch
+):
     real = train_mod.model_loss_sum
     calls = {"n": 0}
 

@@ -70,8 +70,9 @@ def bias_block(bias: Bias, q_slice: slice | None = None) -> Tensor:
     raise TypeError(f"unknown bias description {type(bias).__name__}")
 
 
-def attention_reference(q: Tensor, k: Tensor, v: Tensor, bias: Bias | None = None, dropout_p: float = 0.0,
-                        causal: bool = True) -> Tensor:
+def attention_reference(
+    q: Tensor, k: Tensor, v: Tensor, bias: Bias | None = None, dropout_p: float = 0.0, causal: bool = True
+) -> Tensor:
     """Plain materialized softmax(q k^T / sqrt(d_h) + bias (+ causal mask)) v. The tests' ground truth."""
     B, H, Tq, Dh = q.shape
     Tk = k.shape[2]
@@ -122,7 +123,10 @@ def attention(
 
 def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.shape[:3] != k.shape[:3]:
-        raise ValueError(f"attention wants q (B,H,Tq,d), k/v (B,H_kv,Tk,d); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"attention wants q (B,H,Tq,d), k/v (B,H_kv,Tk,d); got {tuple(q.shape)}, {tuple(k.shape)}, "
+            f"{tuple(v.shape)}"
+        )
     if q.shape[1] % k.shape[1] or q.shape[2] > k.shape[2]:
         raise ValueError(f"need H % H_kv == 0 and Tq <= Tk; got q {tuple(q.shape)}, k {tuple(k.shape)}")
 
@@ -133,8 +137,9 @@ def _causal_mask(Tq: int, Tk: int, device: torch.device) -> Tensor:
     return torch.arange(Tk, device=device) <= i
 
 
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, scale: float | None = None,
-          causal: bool = True) -> Tensor:
+def _sdpa(
+    q: Tensor, k: Tensor, v: Tensor, dropout_p: float, scale: float | None = None, causal: bool = True
+) -> Tensor:
     """Fused SDPA, causal with bottom-right alignment (or unmasked); GQA without copying k/v."""
     Tq, Tk = q.shape[2], k.shape[2]
     kwargs = {"dropout_p": dropout_p, "scale": scale, "enable_gqa": q.shape[1] != k.shape[1]}
@@ -207,17 +212,29 @@ def folded_attention(
 
 
 def _fold_call(
-    q: Tensor, k: Tensor, v: Tensor, qf: Tensor, kf: Tensor, dropout_p: float, dtype: torch.dtype, shift: bool,
-    causal: bool = True, ref: int = -1,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    qf: Tensor,
+    kf: Tensor,
+    dropout_p: float,
+    dtype: torch.dtype,
+    shift: bool,
+    causal: bool = True,
+    ref: int = -1,
 ) -> Tensor:
     """One SDPA call over q' = [q, qf sqrt(d_h), 0..], k' = [k, kf, 0..], v' = [v, 0..]; ``ref``: the key
     whose feature is subtracted (causal: the last one, which the last query sees)."""
     B, H, Tq, Dh = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     if shift:
-        kf = kf - kf[..., ref:ref + 1 if ref != -1 else None].detach()  # a per-(b, h) constant: a row constant
+        kf = (
+            kf - kf[..., ref : ref + 1 if ref != -1 else None].detach()
+        )  # a per-(b, h) constant: a row constant
     pad = 8 - Dh % 8  # >= 1 extra dims: fused kernels want head dims that are multiples of 8
-    q2 = torch.cat([q.to(dtype), (qf * math.sqrt(Dh)).unsqueeze(-1), q.new_zeros(B, H, Tq, pad - 1, dtype=dtype)], -1)
+    q2 = torch.cat(
+        [q.to(dtype), (qf * math.sqrt(Dh)).unsqueeze(-1), q.new_zeros(B, H, Tq, pad - 1, dtype=dtype)], -1
+    )
     k2 = torch.cat([k.to(dtype), kf.unsqueeze(-1), k.new_zeros(B, Hkv, Tk, pad - 1, dtype=dtype)], -1)
     v2 = F.pad(v.to(dtype), (0, pad))
     # autocast would cast the fp32 fold back to half precision: keep it off here
@@ -245,7 +262,14 @@ def default_chunk_size(B: int, H: int, Tq: int, Tk: int, Dh: int | None = None) 
 
 
 def _chunk(
-    q: Tensor, k: Tensor, v: Tensor, qf: Tensor, kf: Tensor, fn: Callable, offset: int, dropout_p: float,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    qf: Tensor,
+    kf: Tensor,
+    fn: Callable,
+    offset: int,
+    dropout_p: float,
     causal: bool = True,
     table: Callable | None = None,
 ) -> Tensor:
@@ -255,8 +279,9 @@ def _chunk(
     dtype = _softmax_dtype(q.dtype)
     scale = 1 / math.sqrt(q.shape[-1])
     fused = not torch.is_grad_enabled() and not dropout_p and q.dtype in (torch.float32, torch.float64)
-    block, reversed_rows = (None, False) if table is None else distance_block(
-        table, qf, kf, offset, dtype, reversed_rows=fused)
+    block, reversed_rows = (
+        (None, False) if table is None else distance_block(table, qf, kf, offset, dtype, reversed_rows=fused)
+    )
     if block is not None:  # the bias with the causal mask already in it (-inf on future keys)
         if fused:  # inference in full precision: the fused kernel takes the block as a float mask
             if not reversed_rows:
@@ -310,7 +335,7 @@ def distance_block(
     if qf.shape[1] != 1 or kf.shape[1] != 1 or qf.shape[-1] != 1:
         return None, False
     kp, qp = kf[:, 0, :, 0], qf[:, 0, :, 0]
-    if not torch.equal(qp, kp[:, offset: offset + tq]):
+    if not torch.equal(qp, kp[:, offset : offset + tq]):
         return None, False
     step = kp[:, 1:] - kp[:, :-1]
     if bool((step == 1).all()):
@@ -335,7 +360,14 @@ def distance_block(
 
 
 def _logit_chunk(
-    q: Tensor, k: Tensor, v: Tensor, qf: Tensor, kf: Tensor, fn: Callable, offset: int, dropout_p: float,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    qf: Tensor,
+    kf: Tensor,
+    fn: Callable,
+    offset: int,
+    dropout_p: float,
     causal: bool = True,
 ) -> Tensor:
     """``_chunk`` for a ``LogitBias``: fn also sees the block's unmasked logits, queries and causal mask."""
@@ -353,8 +385,14 @@ def _logit_chunk(
 
 
 def chunked_attention(
-    q: Tensor, k: Tensor, v: Tensor, bias: PairwiseBias | LogitBias, dropout_p: float = 0.0, *,
-    chunk_size: int | None = None, causal: bool = True
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: PairwiseBias | LogitBias,
+    dropout_p: float = 0.0,
+    *,
+    chunk_size: int | None = None,
+    causal: bool = True,
 ) -> Tensor:
     """Pairwise- or logit-bias attention in blocks of queries: memory O(chunk * Tk) (see module doc)."""
     B, H, Tq, Dh = q.shape
@@ -363,9 +401,14 @@ def chunked_attention(
     past = Tk - Tq
     table = getattr(bias, "table", None)  # a DistanceBias (positions/bias.py): O(T) distinct values
     chunk = chunk_size or default_chunk_size(B, H, Tq, Tk, Dh)
-    if (chunk_size is None and causal and table is not None and not torch.is_grad_enabled()
-            and _contiguous(bias.k_feat)
-            and table(bias.q_feat[:, :, -1:], 1) is not None):  # the last query (the largest position) covered
+    if (
+        chunk_size is None
+        and causal
+        and table is not None
+        and not torch.is_grad_enabled()
+        and _contiguous(bias.k_feat)
+        and table(bias.q_feat[:, :, -1:], 1) is not None
+    ):  # the last query (the largest position) covered
         # the fused kernel with a zero-copy Toeplitz mask holds no (chunk, Tk) block: bigger chunks
         chunk = max(chunk, min(Tq, TOEPLITZ_CHUNK))
     run = _logit_chunk if isinstance(bias, LogitBias) else partial(_chunk, table=table)
@@ -379,7 +422,13 @@ def chunked_attention(
     for s in reversed(range(0, Tq, chunk)):
         e = min(s + chunk, Tq)
         kend = past + e if causal else Tk  # causal: keys after the block's last query are masked, skip them
-        args = (q[:, :, s:e], k[:, :, :kend], v[:, :, :kend], bias.q_feat[:, :, s:e], bias.k_feat[:, :, :kend])
+        args = (
+            q[:, :, s:e],
+            k[:, :, :kend],
+            v[:, :, :kend],
+            bias.q_feat[:, :, s:e],
+            bias.k_feat[:, :, :kend],
+        )
         if use_ckpt:
             out = checkpoint(run, *args, bias.fn, past + s, dropout_p, causal, use_reentrant=False)
         else:
@@ -430,12 +479,21 @@ def _flex_or_none(q: Tensor, k: Tensor, v: Tensor, bias: Bias, causal: bool = Tr
         return _flex(q, k, v, bias, _flex_state["fn"], _flex_state["mask"], causal)
     except Exception as e:  # import errors, compile errors, unsupported captures: use the fallback
         _flex_state["broken"] = True
-        warnings.warn(f"FlexAttention unavailable ({type(e).__name__}: {e}); using the chunked path", stacklevel=3)
+        warnings.warn(
+            f"FlexAttention unavailable ({type(e).__name__}: {e}); using the chunked path", stacklevel=3
+        )
         return None
 
 
-def _flex(q: Tensor, k: Tensor, v: Tensor, bias: Bias, flex_attention: Callable, create_block_mask: Callable,
-          causal: bool = True) -> Tensor:
+def _flex(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Bias,
+    flex_attention: Callable,
+    create_block_mask: Callable,
+    causal: bool = True,
+) -> Tensor:
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
     past = Tk - Tq
@@ -443,7 +501,9 @@ def _flex(q: Tensor, k: Tensor, v: Tensor, bias: Bias, flex_attention: Callable,
     def visible(b, h, qi, kj):
         return kj <= qi + past
 
-    block_mask = None if Tq == 1 or not causal else create_block_mask(visible, None, None, Tq, Tk, device=q.device)
+    block_mask = (
+        None if Tq == 1 or not causal else create_block_mask(visible, None, None, Tq, Tk, device=q.device)
+    )
     if isinstance(bias, FoldedBias):
         kf = bias.k_feat.float()
         qf = bias.q_feat.float().expand(B, H, Tq)
@@ -463,4 +523,6 @@ def _flex(q: Tensor, k: Tensor, v: Tensor, bias: Bias, flex_attention: Callable,
             out = fn(a, c)
             return score + out[0, h if out.shape[1] > 1 else 0, 0, 0]
 
-    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+    return flex_attention(
+        q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1]
+    )

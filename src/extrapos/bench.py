@@ -53,16 +53,28 @@ class BenchSettings:
     @classmethod
     def for_mode(cls, quick: bool) -> BenchSettings:
         if quick:
-            return cls(batch=4, eval_lengths=(1, 4, 16), context=512, new_tokens=16, repeats=3,
-                       steps_per_repeat=1, quick=True)
+            return cls(
+                batch=4,
+                eval_lengths=(1, 4, 16),
+                context=512,
+                new_tokens=16,
+                repeats=3,
+                steps_per_repeat=1,
+                quick=True,
+            )
         return cls()
 
 
 def _model(name: str, s: BenchSettings, seed: int = 0) -> Decoder:
     torch.manual_seed(seed)
-    options = {"interpolate_to": s.train_length * max(s.eval_lengths + (s.context // s.train_length + 1,))} \
-        if name == "learned" else {}
-    cfg = model_config(s.size, vocab_size=s.vocab, train_length=s.train_length, positions={"name": name, **options})
+    options = (
+        {"interpolate_to": s.train_length * max(s.eval_lengths + (s.context // s.train_length + 1,))}
+        if name == "learned"
+        else {}
+    )
+    cfg = model_config(
+        s.size, vocab_size=s.vocab, train_length=s.train_length, positions={"name": name, **options}
+    )
     return Decoder(cfg)
 
 
@@ -81,7 +93,7 @@ def _interleaved(names: list[str], repeats: int, fn) -> dict[str, list[float]]:
     """Run fn(name) -> seconds for every name, ``repeats`` rounds, names in a rotating order."""
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeats):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for n in order:
             times[n].append(fn(n))
     return times
@@ -101,7 +113,9 @@ def _matmul_rate(precision: str, n: int = 1024, reps: int = 4) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - t0)
 
 
-def bench_training(names: list[str], s: BenchSettings, precision: str, progress) -> dict[str, dict[str, float]]:
+def bench_training(
+    names: list[str], s: BenchSettings, precision: str, progress
+) -> dict[str, dict[str, float]]:
     models = {n: _model(n, s) for n in names}
     # what the trainer runs: fused AdamW, the head fused with the loss in fp32 (losses.py)
     opts = {n: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True) for n, m in models.items()}
@@ -142,8 +156,13 @@ def bench_training(names: list[str], s: BenchSettings, precision: str, progress)
     for n in names:
         sec = statistics.median(times[n])
         tok_s = s.batch * s.train_length / sec
-        out[n] = {"step_ms": sec * 1e3, "tokens_per_s": tok_s, "spread": _spread(times[n]), "peak_gflops": peak / 1e9,
-                  "mfu": flops_per_token(models[n].cfg, s.train_length) * tok_s / peak}
+        out[n] = {
+            "step_ms": sec * 1e3,
+            "tokens_per_s": tok_s,
+            "spread": _spread(times[n]),
+            "peak_gflops": peak / 1e9,
+            "mfu": flops_per_token(models[n].cfg, s.train_length) * tok_s / peak,
+        }
     base = out.get("nope", {}).get("step_ms")
     for n in out:
         out[n]["ratio"] = out[n]["step_ms"] / base if base else None
@@ -218,7 +237,15 @@ def _child_memory(name: str, s: BenchSettings) -> dict[str, float]:
 def bench_eval_memory(names: list[str], s: BenchSettings, progress) -> dict[str, dict[str, float]]:
     out = {}
     for n in names:
-        cmd = [sys.executable, "-m", "extrapos.bench", "--memory-child", n, "--settings", json.dumps(s.__dict__)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "extrapos.bench",
+            "--memory-child",
+            n,
+            "--settings",
+            json.dumps(s.__dict__),
+        ]
         # a fixed mmap threshold stops glibc from keeping freed large blocks, so each length starts clean
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -255,7 +282,9 @@ def bench_generation(names: list[str], s: BenchSettings, progress) -> dict[str, 
 
     def recompute(name: str) -> float:
         t0 = time.perf_counter()
-        for _ in generate_tokens(models[name], prompt, max(4, s.new_tokens // 4), temperature=0, use_cache=False):
+        for _ in generate_tokens(
+            models[name], prompt, max(4, s.new_tokens // 4), temperature=0, use_cache=False
+        ):
             pass
         progress()
         return (time.perf_counter() - t0) / max(4, s.new_tokens // 4)
@@ -267,13 +296,26 @@ def bench_generation(names: list[str], s: BenchSettings, progress) -> dict[str, 
     out = {}
     for n in names:
         c, r = statistics.median(cached[n]), statistics.median(slow[n])
-        out[n] = {"cached_tok_s": 1 / c, "recompute_tok_s": 1 / r, "cache_speedup": r / c, "decode_ms": c * 1e3}
+        out[n] = {
+            "cached_tok_s": 1 / c,
+            "recompute_tok_s": 1 / r,
+            "cache_speedup": r / c,
+            "decode_ms": c * 1e3,
+        }
     return out
 
 
 #: the shape of the peer comparison (issue 15): Llama + RoPE, d 256, 4 layers, 4 heads, MLP 768,
 #: vocab 8192, tied embeddings, batch 8 x 256, forward + backward + AdamW, fp32
-PEER_SHAPE = {"d_model": 256, "n_layers": 4, "n_heads": 4, "mlp_hidden": 768, "vocab": 8192, "batch": 8, "seq": 256}
+PEER_SHAPE = {
+    "d_model": 256,
+    "n_layers": 4,
+    "n_heads": 4,
+    "mlp_hidden": 768,
+    "vocab": 8192,
+    "batch": 8,
+    "seq": 256,
+}
 
 
 def bench_peer(rounds: int = 7, progress=None) -> dict[str, Any] | None:
@@ -291,13 +333,32 @@ def bench_peer(rounds: int = 7, progress=None) -> dict[str, Any] | None:
 
     p = PEER_SHAPE
     torch.manual_seed(0)
-    ours = Decoder(model_config(flavour="llama", n_layers=p["n_layers"], d_model=p["d_model"], n_heads=p["n_heads"],
-                                mlp_hidden=p["mlp_hidden"], vocab_size=p["vocab"], tie_embeddings=True,
-                                train_length=p["seq"], positions={"name": "rope"}))
-    hf_cfg = LlamaConfig(vocab_size=p["vocab"], hidden_size=p["d_model"], intermediate_size=p["mlp_hidden"],
-                         num_hidden_layers=p["n_layers"], num_attention_heads=p["n_heads"],
-                         num_key_value_heads=p["n_heads"], max_position_embeddings=p["seq"], rms_norm_eps=1e-5,
-                         tie_word_embeddings=True, attention_bias=False, mlp_bias=False)
+    ours = Decoder(
+        model_config(
+            flavour="llama",
+            n_layers=p["n_layers"],
+            d_model=p["d_model"],
+            n_heads=p["n_heads"],
+            mlp_hidden=p["mlp_hidden"],
+            vocab_size=p["vocab"],
+            tie_embeddings=True,
+            train_length=p["seq"],
+            positions={"name": "rope"},
+        )
+    )
+    hf_cfg = LlamaConfig(
+        vocab_size=p["vocab"],
+        hidden_size=p["d_model"],
+        intermediate_size=p["mlp_hidden"],
+        num_hidden_layers=p["n_layers"],
+        num_attention_heads=p["n_heads"],
+        num_key_value_heads=p["n_heads"],
+        max_position_embeddings=p["seq"],
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        mlp_bias=False,
+    )
     hf = LlamaForCausalLM._from_config(hf_cfg, attn_implementation="sdpa", dtype=torch.float32).train()
     n_ours = count_parameters(ours)["total"]
     n_hf = sum(t.numel() for t in {id(t): t for t in hf.parameters()}.values())
@@ -306,8 +367,10 @@ def bench_peer(rounds: int = 7, progress=None) -> dict[str, Any] | None:
     x, y = tokens[:, :-1], tokens[:, 1:]
     pos = torch.arange(p["seq"]).expand(p["batch"], -1)
     mask = torch.ones(y.shape)
-    opts = {"extrapos": torch.optim.AdamW(ours.parameters(), lr=1e-4, fused=True),
-            "transformers": torch.optim.AdamW(hf.parameters(), lr=1e-4, fused=True)}
+    opts = {
+        "extrapos": torch.optim.AdamW(ours.parameters(), lr=1e-4, fused=True),
+        "transformers": torch.optim.AdamW(hf.parameters(), lr=1e-4, fused=True),
+    }
 
     def step(name: str) -> float:
         t0 = time.perf_counter()
@@ -330,21 +393,30 @@ def bench_peer(rounds: int = 7, progress=None) -> dict[str, Any] | None:
     med = {n: statistics.median(t) for n, t in times.items()}
     import transformers
 
-    return {"shape": p, "rounds": max(7, rounds), "params_extrapos": n_ours, "params_transformers": n_hf,
-            "transformers": transformers.__version__,
-            **{f"{n}_ms": med[n] * 1e3 for n in names}, **{f"{n}_spread": _spread(times[n]) for n in names},
-            "ratio": med["extrapos"] / med["transformers"]}
+    return {
+        "shape": p,
+        "rounds": max(7, rounds),
+        "params_extrapos": n_ours,
+        "params_transformers": n_hf,
+        "transformers": transformers.__version__,
+        **{f"{n}_ms": med[n] * 1e3 for n in names},
+        **{f"{n}_spread": _spread(times[n]) for n in names},
+        "ratio": med["extrapos"] / med["transformers"],
+    }
 
 
 def format_peer(r: dict[str, Any]) -> str:
     p = r["shape"]
-    return (f"llama + RoPE training step (d {p['d_model']}, {p['n_layers']} layers, {p['n_heads']} heads, MLP "
-            f"{p['mlp_hidden']}, vocab {p['vocab']}, tied, batch {p['batch']} x {p['seq']}, fp32, fwd + bwd + AdamW; "
-            f"{r['params_extrapos']:,} vs {r['params_transformers']:,} parameters), median of {r['rounds']} "
-            f"interleaved rounds, CPU capability {torch.backends.cpu.get_cpu_capability()}: extrapos "
-            f"{r['extrapos_ms']:.0f} ms (spread {r['extrapos_spread']:.0%}), transformers {r['transformers']} "
-            f"LlamaForCausalLM {r['transformers_ms']:.0f} ms (spread {r['transformers_spread']:.0%}), "
-            f"ratio {r['ratio']:.2f}")
+    return (
+        f"llama + RoPE training step (d {p['d_model']}, {p['n_layers']} layers, {p['n_heads']} heads, MLP "
+        f"{p['mlp_hidden']}, vocab {p['vocab']}, tied, batch {p['batch']} x {p['seq']}, fp32, fwd + bwd + "
+        "AdamW; "
+        f"{r['params_extrapos']:,} vs {r['params_transformers']:,} parameters), median of {r['rounds']} "
+        f"interleaved rounds, CPU capability {torch.backends.cpu.get_cpu_capability()}: extrapos "
+        f"{r['extrapos_ms']:.0f} ms (spread {r['extrapos_spread']:.0%}), transformers {r['transformers']} "
+        f"LlamaForCausalLM {r['transformers_ms']:.0f} ms (spread {r['transformers_spread']:.0%}), "
+        f"ratio {r['ratio']:.2f}"
+    )
 
 
 #: the figures of issue 15 and their targets: (label, what, encodings, target, higher is better)
@@ -353,8 +425,13 @@ TARGETS = [
     ("training step vs NoPE: T5 bias", "train", ("t5",), 1.10, False),
     ("training step vs NoPE: FIRE", "train", ("fire",), 1.15, False),
     ("training step vs NoPE: K-CABLE", "train", ("k-cable",), 1.10, False),
-    ("evaluation time at 16 x L_t vs NoPE, pairwise biases", "eval16",
-     ("kerple-log", "kerple-power", "fire", "t5", "k-cable"), 1.5, False),
+    (
+        "evaluation time at 16 x L_t vs NoPE, pairwise biases",
+        "eval16",
+        ("kerple-log", "kerple-power", "fire", "t5", "k-cable"),
+        1.5,
+        False,
+    ),
     ("training MFU, fp32 (vs the matmul peak measured in this run)", "mfu", ("nope",), 0.65, True),
     ("llama + RoPE training step vs transformers LlamaForCausalLM", "peer", (), 0.90, False),
 ]
@@ -392,7 +469,9 @@ def format_targets(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_bench(quick: bool = False, encodings: list[str] | None = None, progress: bool = True) -> dict[str, Any]:
+def run_bench(
+    quick: bool = False, encodings: list[str] | None = None, progress: bool = True
+) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from extrapos.diagnostics import position_resolution
@@ -405,8 +484,14 @@ def run_bench(quick: bool = False, encodings: list[str] | None = None, progress:
     if "nope" not in names:
         names = ["nope"] + names
     n = len(names)
-    total = (2 * n * (s.repeats + 1) + len(s.eval_lengths) * n * (max(2, s.repeats - 2) + 1)
-             + n + n * (max(2, s.repeats - 2) + 1) + n + 2 * 8)
+    total = (
+        2 * n * (s.repeats + 1)
+        + len(s.eval_lengths) * n * (max(2, s.repeats - 2) + 1)
+        + n
+        + n * (max(2, s.repeats - 2) + 1)
+        + n
+        + 2 * 8
+    )
     bar = tqdm(total=total, disable=not progress, desc="bench", unit="run")
     tick = lambda: bar.update(1)  # noqa: E731
     t0 = time.perf_counter()
@@ -415,9 +500,11 @@ def run_bench(quick: bool = False, encodings: list[str] | None = None, progress:
         bar.total -= n * (s.repeats + 1)
     result: dict[str, Any] = {
         "settings": s.__dict__ | {"threads": torch.get_num_threads(), "torch": torch.__version__},
-        "machine": {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                    "matmul_peak_gflops_fp32": matmul_peak_flops("cpu", "fp32") / 1e9,
-                    "matmul_peak_gflops_bf16": matmul_peak_flops("cpu", "bf16") / 1e9 if fast_bf16 else None},
+        "machine": {
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "matmul_peak_gflops_fp32": matmul_peak_flops("cpu", "fp32") / 1e9,
+            "matmul_peak_gflops_bf16": matmul_peak_flops("cpu", "bf16") / 1e9 if fast_bf16 else None,
+        },
         "train_fp32": bench_training(names, s, "fp32", tick),
         "train_bf16": bench_training(names, s, "bf16", tick) if fast_bf16 else None,
         "eval_time": bench_eval_time(names, s, tick),
@@ -440,15 +527,21 @@ def format_bench(r: dict[str, Any]) -> str:
     bf16_peak = m.get("matmul_peak_gflops_bf16")
     lines = [
         f"Model {s['size']} (vocab {s['vocab']}), L_t = {s['train_length']}, batch {s['batch']}, "
-        f"{s['threads']} threads, torch {s['torch']}, CPU capability {m.get('cpu_capability', '?')}; matmul peak "
+        f"{s['threads']} threads, torch {s['torch']}, CPU capability {m.get('cpu_capability', '?')}; matmul "
+        "peak "
         f"{m['matmul_peak_gflops_fp32']:.0f} GFLOP/s fp32"
         + (f", {bf16_peak:.0f} GFLOP/s bf16" if bf16_peak else "")
         + ". Ratios are to `nope` (lower is better, except speedup)."
-        + ("" if r["train_bf16"] else " The bf16 columns are skipped: this CPU has no native bf16 "
-           "(emulated bf16 runs ~20x slower than fp32 and would measure nothing a user runs)."),
+        + (
+            ""
+            if r["train_bf16"]
+            else " The bf16 columns are skipped: this CPU has no native bf16 "
+            "(emulated bf16 runs ~20x slower than fp32 and would measure nothing a user runs)."
+        ),
         "",
         "| encoding | train fp32 ms (x nope) | MFU fp32 | train bf16 ms (x nope) | MFU bf16 | "
-        + " | ".join(f"eval {k}x ms (x)" for k in s["eval_lengths"]) + " | "
+        + " | ".join(f"eval {k}x ms (x)" for k in s["eval_lengths"])
+        + " | "
         + " | ".join(f"peak MB {k}x (x)" for k in s["eval_lengths"])
         + " | decode ms/token (x) | cached tok/s | recompute tok/s | cache speedup |",
         "|---|" + "---:|" * (4 + 2 * len(s["eval_lengths"]) + 4),
@@ -456,20 +549,41 @@ def format_bench(r: dict[str, Any]) -> str:
     tf, tb, et, em, gen = r["train_fp32"], r["train_bf16"], r["eval_time"], r["eval_memory"], r["generation"]
     for n in tf:
         cells = [f"{tf[n]['step_ms']:.1f} ({tf[n]['ratio']:.2f})", f"{tf[n]['mfu']:.1%}"]
-        cells += ([f"{tb[n]['step_ms']:.1f} ({tb[n]['ratio']:.2f})", f"{tb[n]['mfu']:.1%}"] if tb else ["skipped", "-"])
+        cells += (
+            [f"{tb[n]['step_ms']:.1f} ({tb[n]['ratio']:.2f})", f"{tb[n]['mfu']:.1%}"]
+            if tb
+            else ["skipped", "-"]
+        )
         for k in s["eval_lengths"]:
-            cells.append(f"{et[n][f'time_ms_{k}x']:.1f} ({_ratio(et[n][f'time_ms_{k}x'], et['nope'][f'time_ms_{k}x'])})")
+            cells.append(
+                f"{et[n][f'time_ms_{k}x']:.1f} "
+                f"({_ratio(et[n][f'time_ms_{k}x'], et['nope'][f'time_ms_{k}x'])})"
+            )
         for k in s["eval_lengths"]:
-            cells.append(f"{em[n][f'peak_mb_{k}x']:.0f} ({_ratio(em[n][f'peak_mb_{k}x'], em['nope'][f'peak_mb_{k}x'])})")
-        cells += [f"{gen[n]['decode_ms']:.2f} ({_ratio(gen[n]['decode_ms'], gen['nope']['decode_ms'])})",
-                  f"{gen[n]['cached_tok_s']:.0f}", f"{gen[n]['recompute_tok_s']:.1f}", f"{gen[n]['cache_speedup']:.1f}x"]
+            cells.append(
+                f"{em[n][f'peak_mb_{k}x']:.0f} "
+                f"({_ratio(em[n][f'peak_mb_{k}x'], em['nope'][f'peak_mb_{k}x'])})"
+            )
+        cells += [
+            f"{gen[n]['decode_ms']:.2f} ({_ratio(gen[n]['decode_ms'], gen['nope']['decode_ms'])})",
+            f"{gen[n]['cached_tok_s']:.0f}",
+            f"{gen[n]['recompute_tok_s']:.1f}",
+            f"{gen[n]['cache_speedup']:.1f}x",
+        ]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     if "cable" in gen and "alibi" in gen:
-        lines += ["", f"CABLE decoding per token / ALiBi's: {gen['cable']['decode_ms'] / gen['alibi']['decode_ms']:.2f}"]
+        lines += [
+            "",
+            "CABLE decoding per token / ALiBi's: "
+            f"{gen['cable']['decode_ms'] / gen['alibi']['decode_ms']:.2f}",
+        ]
     from extrapos.diagnostics import format_resolution
 
-    lines += ["", "Spread of the training repeats ((max - min) / median), fp32: "
-              + ", ".join(f"{n} {tf[n]['spread']:.0%}" for n in tf if "spread" in tf[n])]
+    lines += [
+        "",
+        "Spread of the training repeats ((max - min) / median), fp32: "
+        + ", ".join(f"{n} {tf[n]['spread']:.0%}" for n in tf if "spread" in tf[n]),
+    ]
     if r.get("peer"):
         lines += ["", format_peer(r["peer"])]
     lines += ["", format_targets(r)]

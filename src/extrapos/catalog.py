@@ -22,36 +22,55 @@ def encodings_table(size: str = DEFAULT_SIZE) -> list[dict[str, Any]]:
     from extrapos.positions.registry import build_encoding, default_options, names, spec
 
     cfg = model_config(size)
-    ctx = EncodingContext(d_model=cfg.d_model, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
-                          n_layers=cfg.n_layers, train_length=cfg.train_length)
+    ctx = EncodingContext(
+        d_model=cfg.d_model,
+        n_heads=cfg.n_heads,
+        head_dim=cfg.head_dim,
+        n_layers=cfg.n_layers,
+        train_length=cfg.train_length,
+    )
     rows = []
     for name in names():
         s = spec(name)
         with torch.device("meta"):  # shapes only: no memory, no init cost
             enc = build_encoding(name, ctx)
-        rows.append({
-            "name": name,
-            "family": s.cls.family,
-            "parameters": sum(p.numel() for p in enc.parameters()),
-            "options": default_options(name),
-            "description": s.description,
-            "paper": s.cls.paper,
-        })
+        rows.append(
+            {
+                "name": name,
+                "family": s.cls.family,
+                "parameters": sum(p.numel() for p in enc.parameters()),
+                "options": default_options(name),
+                "description": s.description,
+                "paper": s.cls.paper,
+            }
+        )
     return rows
 
 
 def _format_options(options: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in options.items()) or "-"
+    return (
+        ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in options.items()) or "-"
+    )
 
 
 def format_table(rows: list[dict[str, Any]], options_width: int = 56) -> str:
     """An aligned text table; long option lists wrap within their column."""
     header = ["name", "family", "params", "options (defaults)", "paper"]
-    cells = [[r["name"], r["family"], f"{r['parameters']:,}",
-              textwrap.wrap(_format_options(r["options"]), options_width) or ["-"], r["paper"]] for r in rows]
+    cells = [
+        [
+            r["name"],
+            r["family"],
+            f"{r['parameters']:,}",
+            textwrap.wrap(_format_options(r["options"]), options_width) or ["-"],
+            r["paper"],
+        ]
+        for r in rows
+    ]
     w = [max(len(header[i]), *(len(c[i]) for c in cells)) for i in range(3)]
     w.append(max(len(header[3]), *(len(line) for c in cells for line in c[3])))
-    lines = [f"{header[0]:<{w[0]}}  {header[1]:<{w[1]}}  {header[2]:>{w[2]}}  {header[3]:<{w[3]}}  {header[4]}"]
+    lines = [
+        f"{header[0]:<{w[0]}}  {header[1]:<{w[1]}}  {header[2]:>{w[2]}}  {header[3]:<{w[3]}}  {header[4]}"
+    ]
     lines.append("-" * len(lines[0]))
     for name, family, params, opts, paper in cells:
         lines.append(f"{name:<{w[0]}}  {family:<{w[1]}}  {params:>{w[2]}}  {opts[0]:<{w[3]}}  {paper}")

@@ -127,8 +127,10 @@ def latest_intact(run_dir: Path, say=print) -> Checkpoint | None:
         if problem is None:
             return ckpt
         older = [c for c in found[: len(found) - 1 - i]]
-        say(f"extrapos: checkpoint {ckpt.path} is damaged ({problem}); "
-            + (f"trying step {older[-1].step}." if older else "no older checkpoint is left."))
+        say(
+            f"extrapos: checkpoint {ckpt.path} is damaged ({problem}); "
+            + (f"trying step {older[-1].step}." if older else "no older checkpoint is left.")
+        )
     return None
 
 
@@ -140,12 +142,16 @@ def checkpoint_at(run_dir: Path, step: int | None, say=print) -> Checkpoint:
     if step is None:
         chosen = latest_intact(run_dir, say)
         if chosen is None:
-            raise UserError(f"every checkpoint of {run_dir} is damaged; retrain it or restore the checkpoints "
-                            "from a copy.")
+            raise UserError(
+                f"every checkpoint of {run_dir} is damaged; retrain it or restore the checkpoints "
+                "from a copy."
+            )
         return chosen
     match = [c for c in found if c.step == step]
     if not match:
-        raise UserError(f"{run_dir} has no checkpoint at step {step}; it has steps {[c.step for c in found]}.")
+        raise UserError(
+            f"{run_dir} has no checkpoint at step {step}; it has steps {[c.step for c in found]}."
+        )
     problem = verify(match[0])
     if problem is not None:
         raise UserError(f"checkpoint {match[0].path} is damaged ({problem}); evaluate another --step.")
@@ -217,8 +223,11 @@ def save_checkpoint(
             tensors, groups = _optimizer_tensors(optimizer)
             save_file(tensors, str(tmp / "optimizer.safetensors"))
         save_file(_rng_tensors(), str(tmp / "rng.safetensors"))
-        files = {name: {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
-                 for name in TENSOR_FILES if (tmp / name).is_file()}
+        files = {
+            name: {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
+            for name in TENSOR_FILES
+            if (tmp / name).is_file()
+        }
         record = {**state, "step": step, "param_groups": groups, "files": files}
         (tmp / "state.json").write_text(json.dumps(record, indent=1))
         _fsync_dir(tmp)
@@ -229,8 +238,10 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)  # a full disk or a kill signal leaves no partial directory
         if type(e).__name__ == "SafetensorError":  # safetensors reports I/O errors (ENOSPC, EFBIG) as its own
             reason = str(e).rpartition("I/O error: ")[2] or str(e)
-            raise UserError(f"cannot write checkpoint {final} ({reason}); free some space or raise the file-size "
-                            "limit, then resume the run.") from None
+            raise UserError(
+                f"cannot write checkpoint {final} ({reason}); free some space or raise the file-size "
+                "limit, then resume the run."
+            ) from None
         raise
     _fsync_dir(root)
     prune_checkpoints(run_dir, keep)
@@ -255,8 +266,10 @@ def load_weights(model: nn.Module, ckpt: Checkpoint | Path, strict: bool = True)
     try:
         missing, unexpected = load_model(model, str(file), strict=False, device=str(_device_of(model)))
     except RuntimeError as e:  # shape mismatch: a checkpoint of another model size / vocabulary
-        raise UserError(f"checkpoint {file} does not fit this model ({str(e).splitlines()[0]}); "
-                        "use the config the checkpoint was trained with.") from None
+        raise UserError(
+            f"checkpoint {file} does not fit this model ({str(e).splitlines()[0]}); "
+            "use the config the checkpoint was trained with."
+        ) from None
     if strict and (missing or unexpected):
         raise UserError(
             f"checkpoint {file} does not match the model (missing {sorted(missing)[:3]}, "
@@ -285,8 +298,12 @@ def read_state(ckpt: Checkpoint) -> TensorState:
 
     with safe_open(str(ckpt.path / "model.safetensors"), framework="pt") as f:
         metadata = {k: v for k, v in (f.metadata() or {}).items()}
-    return TensorState(load_file(str(ckpt.path / "model.safetensors")), metadata,
-                       load_file(str(ckpt.path / "optimizer.safetensors")), ckpt.state["param_groups"])
+    return TensorState(
+        load_file(str(ckpt.path / "model.safetensors")),
+        metadata,
+        load_file(str(ckpt.path / "optimizer.safetensors")),
+        ckpt.state["param_groups"],
+    )
 
 
 def restore_rng(ckpt: Checkpoint) -> None:

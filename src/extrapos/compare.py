@@ -113,7 +113,7 @@ class SweepRow:
     eval: dict[str, Any] = field(default_factory=dict)
     reuse: str | None = None
     extend: ExtensionSpec | None = None
-    run: str | None = None   # an existing run directory (e.g. an `extrapos import` output) instead of training
+    run: str | None = None  # an existing run directory (e.g. an `extrapos import` output) instead of training
 
     @property
     def factors(self) -> list[int]:
@@ -130,11 +130,13 @@ class Sweep:
     rows: list[SweepRow] = field(default_factory=list)
     max_eval_tokens: int = 65_536
     notes: str = ""
-    eval_each_length: bool = False   # evaluate every length on its own (extension tables: one column per L_e)
+    eval_each_length: bool = False  # evaluate every length on its own (extension tables: one column per L_e)
     extend_tokens: int | None = None  # token budget of every extension run (None: compute-equivalent)
-    baseline: str | None = None      # the row differences are taken to (None: the first row)
-    seeds: list[int] | None = None   # train each trained row once per seed (None: once, with the preset's seed)
-    loss: bool = True                # the loss columns (false: task columns only)
+    baseline: str | None = None  # the row differences are taken to (None: the first row)
+    seeds: list[int] | None = (
+        None  # train each trained row once per seed (None: once, with the preset's seed)
+    )
+    loss: bool = True  # the loss columns (false: task columns only)
     tasks: list[str] = field(default_factory=list)  # task columns: synthetic, passkey, lm-eval
     synthetic: dict[str, Any] | None = None  # options of each task column (extrapos.compare_tasks)
     passkey: dict[str, Any] | None = None
@@ -147,52 +149,75 @@ def load_sweep(spec: str) -> Sweep:
     raw = read_toml(path)
     keys = ", ".join(f.name for f in fields(Sweep))
     raw_rows = raw.pop("rows", [])
-    sweep = schema.build(Sweep, raw, where=f"{path}: key '{{key}}'",
-                         unknown=f"{path}: unknown key '{{key}}'; a sweep has {keys}.")
+    sweep = schema.build(
+        Sweep,
+        raw,
+        where=f"{path}: key '{{key}}'",
+        unknown=f"{path}: unknown key '{{key}}'; a sweep has {keys}.",
+    )
     sweep.title = sweep.title or path.stem
     row_keys = ", ".join(f.name for f in fields(SweepRow))
     for i, r in enumerate(raw_rows):
         r = dict(r)
         where = f"{path}: row '{r.get('name', i + 1)}'"
         extend = r.pop("extend", None)
-        row = schema.build(SweepRow, r, where=where + " key '{key}'",
-                           unknown=where + f" has an unknown key '{{key}}'; a row may have {row_keys}.")
+        row = schema.build(
+            SweepRow,
+            r,
+            where=where + " key '{key}'",
+            unknown=where + f" has an unknown key '{{key}}'; a row may have {row_keys}.",
+        )
         if extend is not None:
             row.extend = _extension_spec(path, row.name, extend)
         sweep.rows.append(row)
     _check_rows(path, sweep.rows)
     if sweep.baseline is not None and sweep.baseline not in {r.name for r in sweep.rows}:
         raise UserError(f"{path}: baseline '{sweep.baseline}' is not a row; name one of the rows.")
-    if sweep.seeds is not None and (not sweep.seeds or len(set(sweep.seeds)) != len(sweep.seeds)
-                                    or any(x < 0 for x in sweep.seeds)):
-        raise UserError(f"{path}: seeds must be a non-empty list of distinct non-negative integers, "
-                        f"got {sweep.seeds}.")
+    if sweep.seeds is not None and (
+        not sweep.seeds or len(set(sweep.seeds)) != len(sweep.seeds) or any(x < 0 for x in sweep.seeds)
+    ):
+        raise UserError(
+            f"{path}: seeds must be a non-empty list of distinct non-negative integers, got {sweep.seeds}."
+        )
     task_specs(sweep, path)
     if not sweep.loss and not sweep.tasks:
-        raise UserError(f"{path}: loss = false leaves nothing to report; add tasks = [\"synthetic\", ...] "
-                        "or drop loss = false.")
+        raise UserError(
+            f'{path}: loss = false leaves nothing to report; add tasks = ["synthetic", ...] '
+            "or drop loss = false."
+        )
     if sweep.seeds is not None and any(r.run for r in sweep.rows):
-        raise UserError(f"{path}: rows naming an existing run (run = ...) have one run, not one per seed; "
-                        "drop seeds or those rows.")
+        raise UserError(
+            f"{path}: rows naming an existing run (run = ...) have one run, not one per seed; "
+            "drop seeds or those rows."
+        )
     return sweep
 
 
 def task_specs(sweep: Sweep, path: Path | str) -> TaskSpecs:
     """The sweep's task columns, checked (``extrapos.compare_tasks``)."""
-    return parse_task_specs(Path(path), sweep.tasks, {"synthetic": sweep.synthetic, "passkey": sweep.passkey,
-                                                      "lm_eval": sweep.lm_eval})
+    return parse_task_specs(
+        Path(path),
+        sweep.tasks,
+        {"synthetic": sweep.synthetic, "passkey": sweep.passkey, "lm_eval": sweep.lm_eval},
+    )
 
 
 def _extension_spec(path: Path, row: str, raw: Any) -> ExtensionSpec:
     from extrapos.extend import METHODS
 
-    usage = (f"{path}: row '{row}' needs extend = {{ from = <a trained row>, method = {' | '.join(METHODS)}, "
-             "alpha?, factor = K or [K, ...], tokens?, rope_interpolation? }")
+    usage = (
+        f"{path}: row '{row}' needs extend = {{ from = <a trained row>, method = {' | '.join(METHODS)}, "
+        "alpha?, factor = K or [K, ...], tokens?, rope_interpolation? }"
+    )
     if not isinstance(raw, dict) or "from" not in raw or raw.get("method") not in METHODS:
         raise UserError(usage + ".")
     values = {("parent" if k == "from" else k): v for k, v in raw.items()}
-    return schema.build(ExtensionSpec, values, where=f"{path}: row '{row}' extend.{{key}}",
-                        unknown=usage + " (unknown {key}).")
+    return schema.build(
+        ExtensionSpec,
+        values,
+        where=f"{path}: row '{row}' extend.{{key}}",
+        unknown=usage + " (unknown {key}).",
+    )
 
 
 def _check_rows(path: Path, rows: list[SweepRow]) -> None:
@@ -203,20 +228,26 @@ def _check_rows(path: Path, rows: list[SweepRow]) -> None:
         raise UserError(f"{path}: row names must be unique.")
     for r in rows:
         if r.run is not None and (r.positions is not None or r.set or r.reuse or r.extend is not None):
-            raise UserError(f"{path}: row '{r.name}' names an existing run (run = {r.run!r}), so it takes no "
-                            "positions, set, reuse or extend; evaluate it with eval = {...}, extend it from "
-                            "another row.")
+            raise UserError(
+                f"{path}: row '{r.name}' names an existing run (run = {r.run!r}), so it takes no "
+                "positions, set, reuse or extend; evaluate it with eval = {...}, extend it from "
+                "another row."
+            )
         if r.reuse and r.reuse not in by_name:
             raise UserError(f"{path}: row '{r.name}' reuses '{r.reuse}', which is not a row.")
         if r.extend is None:
             continue
         parent = by_name.get(r.extend.parent)
         if parent is None or parent.reuse or parent.extend is not None:
-            raise UserError(f"{path}: row '{r.name}' needs extend = {{ from = <a trained or run = row>, ... }}; "
-                            f"'{r.extend.parent}' is not a trained row.")
+            raise UserError(
+                f"{path}: row '{r.name}' needs extend = {{ from = <a trained or run = row>, ... }}; "
+                f"'{r.extend.parent}' is not a trained row."
+            )
         if r.reuse or not r.factors or not all(isinstance(f, int) and f >= 1 for f in r.factors):
-            raise UserError(f"{path}: row '{r.name}': extend.factor must be a positive integer or a list of them, "
-                            "and an extension row cannot also reuse another row.")
+            raise UserError(
+                f"{path}: row '{r.name}': extend.factor must be a positive integer or a list of them, "
+                "and an extension row cannot also reuse another row."
+            )
         if r.positions is None:
             r.positions = parent.positions  # an extension keeps its parent's encoding
 
@@ -242,15 +273,22 @@ def row_config(sweep: Sweep, row: SweepRow, extra: list[str]) -> RunConfig:
     return cfg
 
 
-def compare(spec: str, out: str | Path, extra: list[str] | None = None, progress: bool = True,
-            max_eval_tokens: int | None = None) -> Path:
+def compare(
+    spec: str,
+    out: str | Path,
+    extra: list[str] | None = None,
+    progress: bool = True,
+    max_eval_tokens: int | None = None,
+) -> Path:
     """Run (or resume) a sweep into ``out``; returns the report path."""
     from extrapos.train import run_is_complete, train
 
     sweep = load_sweep(spec)
     specs = task_specs(sweep, find_sweep(spec))
     out = Path(out)
-    run_dirs: dict[tuple[str, int | None], Path] = {(r.name, None): existing_run(r) for r in sweep.rows if r.run}
+    run_dirs: dict[tuple[str, int | None], Path] = {
+        (r.name, None): existing_run(r) for r in sweep.rows if r.run
+    }
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     trained = [r for r in sweep.rows if not r.reuse and r.extend is None and r.run is None]
@@ -280,8 +318,10 @@ def compare(spec: str, out: str | Path, extra: list[str] | None = None, progress
     for row in sweep.rows:
         result, entry = None, {"name": row.name}
         if sweep.loss:
-            per_seed = [_evaluate_row(sweep, row, seed, out, run_dirs, extension_dirs, max_tokens, progress)
-                        for seed in seeds]
+            per_seed = [
+                _evaluate_row(sweep, row, seed, out, run_dirs, extension_dirs, max_tokens, progress)
+                for seed in seeds
+            ]
             if sweep.seeds:
                 result = _combine_seeds([r for r, _, _ in per_seed], list(sweep.seeds))
                 merged = out / "merged" / f"{slug(row.name)}.json"
@@ -318,9 +358,11 @@ def existing_run(row: SweepRow) -> Path:
     """The run directory a ``run = ...`` row names (relative paths from the current directory), checked."""
     path = Path(row.run).expanduser()
     if not (path / "config.toml").is_file():
-        raise UserError(f"row '{row.name}' names the run {row.run!r}, but {path.resolve()} holds no run "
-                        "(config.toml); create it first, e.g. `extrapos import SOURCE --out "
-                        f"{row.run}` (relative paths are taken from the current directory).")
+        raise UserError(
+            f"row '{row.name}' names the run {row.run!r}, but {path.resolve()} holds no run "
+            "(config.toml); create it first, e.g. `extrapos import SOURCE --out "
+            f"{row.run}` (relative paths are taken from the current directory)."
+        )
     return path
 
 
@@ -332,9 +374,14 @@ def _rel(path: Path, out: Path) -> str:
         return str(path.resolve())
 
 
-def _row_runs(sweep: Sweep, row: SweepRow, seeds: list[int | None], out: Path,
-              run_dirs: dict[tuple[str, int | None], Path],
-              extension_dirs: dict[tuple[str, int, int | None], Path]) -> list[str] | str:
+def _row_runs(
+    sweep: Sweep,
+    row: SweepRow,
+    seeds: list[int | None],
+    out: Path,
+    run_dirs: dict[tuple[str, int | None], Path],
+    extension_dirs: dict[tuple[str, int, int | None], Path],
+) -> list[str] | str:
     """The run(s) a row scores, for rows.json when it has no loss evaluation to record them."""
     if row.extend is not None:
         runs = [_rel(extension_dirs[(row.name, k, seed)], out) for seed in seeds for k in row.factors]
@@ -343,10 +390,17 @@ def _row_runs(sweep: Sweep, row: SweepRow, seeds: list[int | None], out: Path,
     return runs[0] if len(runs) == 1 else runs
 
 
-def _score_row_tasks(sweep: Sweep, specs: TaskSpecs, row: SweepRow, seeds: list[int | None],
-                     run_dirs: dict[tuple[str, int | None], Path],
-                     extension_dirs: dict[tuple[str, int, int | None], Path], progress: bool) -> dict[str, Any]:
-    """task -> the row's result: an extension row's factor-k run scored at ev = k (in its parent's L_t; lm-eval:
+def _score_row_tasks(
+    sweep: Sweep,
+    specs: TaskSpecs,
+    row: SweepRow,
+    seeds: list[int | None],
+    run_dirs: dict[tuple[str, int | None], Path],
+    extension_dirs: dict[tuple[str, int, int | None], Path],
+    progress: bool,
+) -> dict[str, Any]:
+    """task -> the row's result: an extension row's factor-k run scored at ev = k (in its parent's L_t;
+    lm-eval:
     the largest factor's run), every other row at the sweep's lengths; the mean over seeds with ``seeds``."""
     results = {}
     for task in specs.enabled():
@@ -362,26 +416,44 @@ def _score_row_tasks(sweep: Sweep, specs: TaskSpecs, row: SweepRow, seeds: list[
                 per_seed.append(parts[0] if task == "lm-eval" else merge_lengths(parts))
             else:
                 source = run_dirs[(row.reuse or row.name, seed)]  # run = rows exist only without seeds
-                per_seed.append(score_task(task, specs, source, list(sweep.lengths), dict(row.eval), None, progress))
+                per_seed.append(
+                    score_task(task, specs, source, list(sweep.lengths), dict(row.eval), None, progress)
+                )
         results[task] = mean_over_seeds(per_seed, list(sweep.seeds)) if sweep.seeds else per_seed[0]
     return results
 
 
 def report_settings(sweep: Sweep) -> dict[str, Any]:
     """What `extrapos report OUT` needs to render the sweep's report again, byte for byte."""
-    return {"title": sweep.title, "baseline": sweep.baseline or sweep.rows[0].name,
-            "sequence_ppl": sweep.eval_each_length}
+    return {
+        "title": sweep.title,
+        "baseline": sweep.baseline or sweep.rows[0].name,
+        "sequence_ppl": sweep.eval_each_length,
+    }
 
 
-def _evaluate_row(sweep: Sweep, row: SweepRow, seed: int | None, out: Path,
-                  run_dirs: dict[tuple[str, int | None], Path], extension_dirs: dict[tuple[str, int, int | None], Path],
-                  max_tokens: int, progress: bool) -> tuple[dict[str, Any], Any, str]:
+def _evaluate_row(
+    sweep: Sweep,
+    row: SweepRow,
+    seed: int | None,
+    out: Path,
+    run_dirs: dict[tuple[str, int | None], Path],
+    extension_dirs: dict[tuple[str, int, int | None], Path],
+    max_tokens: int,
+    progress: bool,
+) -> tuple[dict[str, Any], Any, str]:
     """(result, run path(s) relative to ``out``, result file relative to ``out``) of one row at one seed."""
     if row.extend is not None or sweep.eval_each_length:
         # one evaluation per length (an extension's factor-k run at k only), merged into one row
-        parts = [(extension_dirs[(row.name, k, seed)] if row.extend is not None
-                  else run_dirs[(row.reuse or row.name, seed)], k)
-                 for k in (row.factors if row.extend is not None else sweep.lengths)]
+        parts = [
+            (
+                extension_dirs[(row.name, k, seed)]
+                if row.extend is not None
+                else run_dirs[(row.reuse or row.name, seed)],
+                k,
+            )
+            for k in (row.factors if row.extend is not None else sweep.lengths)
+        ]
         results = []
         for run_dir, k in parts:
             req = EvalRequest(lengths=[k], position_options=dict(row.eval), max_tokens=max_tokens)
@@ -415,15 +487,26 @@ def _combine_seeds(results: list[dict[str, Any]], seeds: list[int]) -> dict[str,
         assert all(x["ev"] == first["ev"] for x in same)  # every seed evaluated the same lengths
         loss = statistics.fmean(x["loss"] for x in same)
         seq = [x.get("seq_ppl") for x in same]
-        rows.append({"ev": first["ev"], "window": first["window"], "windows": first["windows"],
-                     "tokens": first["tokens"], "loss": loss, "ppl": math.exp(loss),
-                     "bpb": statistics.fmean(x["bpb"] for x in same),
-                     "tail_loss": statistics.fmean(x["tail_loss"] for x in same),
-                     "seq_ppl": statistics.fmean(seq) if None not in seq else None})
+        rows.append(
+            {
+                "ev": first["ev"],
+                "window": first["window"],
+                "windows": first["windows"],
+                "tokens": first["tokens"],
+                "loss": loss,
+                "ppl": math.exp(loss),
+                "bpb": statistics.fmean(x["bpb"] for x in same),
+                "tail_loss": statistics.fmean(x["tail_loss"] for x in same),
+                "seq_ppl": statistics.fmean(seq) if None not in seq else None,
+            }
+        )
     combined["results"] = rows
     curves = [r["per_position"] for r in results]
     if all(curves):
-        combined["per_position"] = {**curves[0], "loss": [statistics.fmean(v) for v in zip(*(c["loss"] for c in curves))]}
+        combined["per_position"] = {
+            **curves[0],
+            "loss": [statistics.fmean(v) for v in zip(*(c["loss"] for c in curves))],
+        }
     else:
         combined["per_position"] = None
     combined["wall_time"] = sum(r["wall_time"] for r in results)
@@ -448,8 +531,14 @@ def _check_heldout_fits(sweep: Sweep, trained: list[SweepRow], extra: list[str])
     check_heldout(data_dir, "test", longest + 1)
 
 
-def _run_extensions(sweep: Sweep, out: Path, run_dirs: dict[tuple[str, int | None], Path], extra: list[str],
-                    progress: bool, seeds: list[int | None]) -> dict[tuple[str, int, int | None], Path]:
+def _run_extensions(
+    sweep: Sweep,
+    out: Path,
+    run_dirs: dict[tuple[str, int | None], Path],
+    extra: list[str],
+    progress: bool,
+    seeds: list[int | None],
+) -> dict[tuple[str, int, int | None], Path]:
     """Train (or reuse / resume) every extension run: OUT/runs/<row>-x<k>[-seed<s>], from its parent row's
     run of the same seed (an extension keeps its parent's train.seed)."""
     from extrapos.config import BUDGET_KEYS, parse_override
@@ -457,7 +546,9 @@ def _run_extensions(sweep: Sweep, out: Path, run_dirs: dict[tuple[str, int | Non
     from extrapos.train import run_is_complete
 
     extra = [o for o in extra if parse_override(o)[0] not in (["train", k] for k in BUDGET_KEYS)]
-    jobs = [(row, k, seed) for row in sweep.rows if row.extend is not None for k in row.factors for seed in seeds]
+    jobs = [
+        (row, k, seed) for row in sweep.rows if row.extend is not None for k in row.factors for seed in seeds
+    ]
     dirs = {}
     for i, (row, k, seed) in enumerate(jobs, 1):
         e = row.extend
@@ -467,20 +558,36 @@ def _run_extensions(sweep: Sweep, out: Path, run_dirs: dict[tuple[str, int | Non
         state = "finished run reused" if run_is_complete(run_dir) else "resuming" if started else "extending"
         label = f"{row.name} x{k}" + ("" if seed is None else f" (seed {seed})")
         print(f"[ext {i}/{len(jobs)}] {label}: {state} -> {run_dir}", flush=True)
-        extend(run_dirs[(e.parent, seed)], e.method, k, e.alpha, run_dir,
-               tokens=e.tokens if e.tokens is not None else sweep.extend_tokens,
-               rope_interpolation=e.rope_interpolation,
-               overrides=list(row.set) + extra, resume=started, progress=progress)
+        extend(
+            run_dirs[(e.parent, seed)],
+            e.method,
+            k,
+            e.alpha,
+            run_dir,
+            tokens=e.tokens if e.tokens is not None else sweep.extend_tokens,
+            rope_interpolation=e.rope_interpolation,
+            overrides=list(row.set) + extra,
+            resume=started,
+            progress=progress,
+        )
     return dirs
 
 
 def _merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Evaluations of one length each, as one result with a column per length (the last's per-position curve)."""
+    """Evaluations of one length each, as one result with a column per length (the last's per-position
+    curve)."""
     merged = dict(results[-1])
     merged["results"] = [r for res in results for r in res["results"]]
-    merged["parts"] = [{"run": res["run"], "name": res["name"], "ev": [r["ev"] for r in res["results"]],
-                        "target_tokens": res["target_tokens"], "documents_used": res["documents_used"]}
-                       for res in results]
+    merged["parts"] = [
+        {
+            "run": res["run"],
+            "name": res["name"],
+            "ev": [r["ev"] for r in res["results"]],
+            "target_tokens": res["target_tokens"],
+            "documents_used": res["documents_used"],
+        }
+        for res in results
+    ]
     merged["wall_time"] = sum(res["wall_time"] for res in results)
     return merged
 
@@ -488,11 +595,15 @@ def _merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
 def _check_same_config(run_dir: Path, cfg: RunConfig) -> None:
     saved = (run_dir / "config.toml").read_text()
     if saved != cfg.to_toml():
-        raise UserError(f"{run_dir} was trained with a different config than this sweep asks for; "
-                        "delete that run directory or use another --out.")
+        raise UserError(
+            f"{run_dir} was trained with a different config than this sweep asks for; "
+            "delete that run directory or use another --out."
+        )
 
 
-def _existing_run_facts(sweep: Sweep, run_dirs: dict[tuple[str, int | None], Path], scored: list[Row]) -> list[str]:
+def _existing_run_facts(
+    sweep: Sweep, run_dirs: dict[tuple[str, int | None], Path], scored: list[Row]
+) -> list[str]:
     """One line per ``run = ...`` row: where it came from (an import's source.json, else its config), L_t;
     they have no summary.json (nothing was trained here)."""
     from extrapos.config import load_run_config
@@ -502,26 +613,42 @@ def _existing_run_facts(sweep: Sweep, run_dirs: dict[tuple[str, int | None], Pat
         path = run_dirs[(row.name, None)]
         cfg = load_run_config(path)
         m = cfg.model
-        line = (f"{row.name}: existing run {row.run} ({m.flavour}, {m.n_layers} layers, d={m.d_model}, "
-                f"{m.n_heads} heads, encoding {m.positions['name']}, L_t={cfg.seq_len}")
+        line = (
+            f"{row.name}: existing run {row.run} ({m.flavour}, {m.n_layers} layers, d={m.d_model}, "
+            f"{m.n_heads} heads, encoding {m.positions['name']}, L_t={cfg.seq_len}"
+        )
         source = path / "source.json"
         if source.is_file():
             record = json.loads(source.read_text())
-            line += (f"; imported from {record.get('source')} ({record.get('architecture')}, context "
-                     f"{record.get('context_length')}), not trained by this sweep")
-        facts.append(line + f"; data: corpus {cfg.data.corpus}, tokenizer {Path(str(cfg.data.tokenizer)).name})")
+            line += (
+                f"; imported from {record.get('source')} ({record.get('architecture')}, context "
+                f"{record.get('context_length')}), not trained by this sweep"
+            )
+        facts.append(
+            line + f"; data: corpus {cfg.data.corpus}, tokenizer {Path(str(cfg.data.tokenizer)).name})"
+        )
     if scored:
-        facts.append(f"evaluation on the held-out test split, {scored[0].result['target_tokens']:,} target tokens "
-                     f"per length from {scored[0].result['documents_used']} documents")
+        facts.append(
+            f"evaluation on the held-out test split, {scored[0].result['target_tokens']:,} target tokens "
+            f"per length from {scored[0].result['documents_used']} documents"
+        )
     return facts
 
 
-def _facts(sweep: Sweep, configs: dict[tuple[str, int | None], RunConfig],
-           run_dirs: dict[tuple[str, int | None], Path], rows: list[Row], wall: float,
-           extension_dirs: dict[tuple[str, int, int | None], Path] | None = None) -> list[str]:
+def _facts(
+    sweep: Sweep,
+    configs: dict[tuple[str, int | None], RunConfig],
+    run_dirs: dict[tuple[str, int | None], Path],
+    rows: list[Row],
+    wall: float,
+    extension_dirs: dict[tuple[str, int, int | None], Path] | None = None,
+) -> list[str]:
     """What a reader needs to judge the table: model size, tokens, corpus, tokenizer, seed, time."""
-    summaries = {n: json.loads((p / "summary.json").read_text()) for n, p in run_dirs.items()
-                 if (p / "summary.json").is_file() and n in configs}
+    summaries = {
+        n: json.loads((p / "summary.json").read_text())
+        for n, p in run_dirs.items()
+        if (p / "summary.json").is_file() and n in configs
+    }
     params = sorted({s["parameters"]["total"] for s in summaries.values()})
     tokens = sorted({s["tokens"] for s in summaries.values()})
     scored = loss_rows(rows)
@@ -536,27 +663,42 @@ def _facts(sweep: Sweep, configs: dict[tuple[str, int | None], RunConfig],
             f"batch {t.batch_size}, lr {t.lr:g} -> {t.end_lr:g}, {t.precision}, "
             + (f"seeds {', '.join(map(str, sweep.seeds))}" if sweep.seeds else f"seed {t.seed}"),
             f"data: corpus {d.corpus}, tokenizer {d.tokenizer}; "
-            + (f"evaluation on the held-out test split, {scored[0].result['target_tokens']:,} target tokens per "
-               f"length from {scored[0].result['documents_used']} documents" if scored else
-               "no loss columns (loss = false): the task columns below are the evaluation"),
-            ("each row trained once per seed: within a seed every row has the same data order, across seeds the "
-             "initialisation and the data order differ and the evaluation targets do not; numbers are means over "
-             "seeds; same budget, no per-method tuning") if sweep.seeds else
-            "every row trained with the same data order, budget and seed; no per-method tuning",
+            + (
+                f"evaluation on the held-out test split, {scored[0].result['target_tokens']:,} target tokens "
+                "per "
+                f"length from {scored[0].result['documents_used']} documents"
+                if scored
+                else "no loss columns (loss = false): the task columns below are the evaluation"
+            ),
+            (
+                "each row trained once per seed: within a seed every row has the same data order, across "
+                "seeds the "
+                "initialisation and the data order differ and the evaluation targets do not; numbers are "
+                "means over "
+                "seeds; same budget, no per-method tuning"
+            )
+            if sweep.seeds
+            else "every row trained with the same data order, budget and seed; no per-method tuning",
         ]
     facts += _existing_run_facts(sweep, run_dirs, scored if not configs else [])
     facts.append(f"sweep wall time {wall / 60:.1f} min (this invocation; reused runs cost nothing)")
     if extension_dirs:
-        parents = [json.loads((p / "parent.json").read_text()) for p in extension_dirs.values()
-                   if (p / "parent.json").is_file()]
+        parents = [
+            json.loads((p / "parent.json").read_text())
+            for p in extension_dirs.values()
+            if (p / "parent.json").is_file()
+        ]
         ext_tokens = sorted({p["tokens"] for p in parents})
-        facts.append(f"extension: {len(extension_dirs)} runs from the trained rows' final checkpoints, "
-                     f"L_e = {', '.join(str(x) for x in sorted({p['extended_length'] for p in parents}))}, "
-                     f"{', '.join(f'{x:,}' for x in ext_tokens)} tokens per run (the same for every method), "
-                     "fresh AdamW, lr continuing from the parent's final one (max(end_lr, 0.1 x lr) -> end_lr); each L_e column scores the same held-out windows "
-                     "of L_e tokens for every row, but each column scores its own spans (cut in L_e-token pieces from "
-                     "the documents long enough for that L_e), so compare rows within a column, not columns with "
-                     "each other")
+        facts.append(
+            f"extension: {len(extension_dirs)} runs from the trained rows' final checkpoints, "
+            f"L_e = {', '.join(str(x) for x in sorted({p['extended_length'] for p in parents}))}, "
+            f"{', '.join(f'{x:,}' for x in ext_tokens)} tokens per run (the same for every method), "
+            "fresh AdamW, lr continuing from the parent's final one (max(end_lr, 0.1 x lr) -> end_lr); each "
+            "L_e column scores the same held-out windows "
+            "of L_e tokens for every row, but each column scores its own spans (cut in L_e-token pieces from "
+            "the documents long enough for that L_e), so compare rows within a column, not columns with "
+            "each other"
+        )
     if sweep.notes:
         facts.append(sweep.notes.strip())
     return facts

@@ -37,8 +37,8 @@ class SyntheticColumns:
     """Accuracy on the answer tokens of a synthetic task (Kazemnejad et al. 2023, §4)."""
 
     examples: int = 64
-    task: str | None = None   # a synthetic:... spec; default: the task the run trained on
-    seed: int | None = None   # the evaluation examples' seed; default: the task's
+    task: str | None = None  # a synthetic:... spec; default: the task the run trained on
+    seed: int | None = None  # the evaluation examples' seed; default: the task's
 
 
 @dataclass
@@ -85,43 +85,77 @@ def parse_task_specs(path: Path, tasks: list[str], options: dict[str, dict[str, 
     if unknown or len(set(tasks)) != len(tasks):
         raise UserError(f"{path}: tasks must be distinct names from {', '.join(TASKS)}, got {tasks}.")
     specs = TaskSpecs()
-    for task, cls in (("synthetic", SyntheticColumns), ("passkey", PasskeyColumns), ("lm-eval", LmEvalColumns)):
+    for task, cls in (
+        ("synthetic", SyntheticColumns),
+        ("passkey", PasskeyColumns),
+        ("lm-eval", LmEvalColumns),
+    ):
         key = task.replace("-", "_")
         raw = options.get(key)
         if raw is not None and task not in tasks:
-            raise UserError(f"{path}: '{key}' options are given but tasks does not list \"{task}\"; add it to tasks.")
+            raise UserError(
+                f"{path}: '{key}' options are given but tasks does not list \"{task}\"; add it to tasks."
+            )
         if task not in tasks:
             continue
         keys = ", ".join(f.name for f in fields(cls))
-        spec = schema.build(cls, dict(raw or {}), where=f"{path}: {key}.{{key}}",
-                            unknown=f"{path}: {key} has no option '{{key}}'; its options are {keys}.")
+        spec = schema.build(
+            cls,
+            dict(raw or {}),
+            where=f"{path}: {key}.{{key}}",
+            unknown=f"{path}: {key} has no option '{{key}}'; its options are {keys}.",
+        )
         setattr(specs, key, spec)
     if specs.passkey is not None and specs.passkey.mode not in ("rank", "generate", "both"):
         raise UserError(f"{path}: passkey.mode must be rank, generate or both, got {specs.passkey.mode!r}.")
     if specs.lm_eval is not None and not specs.lm_eval.tasks:
-        raise UserError(f"{path}: lm-eval columns need lm_eval = {{ tasks = [\"arc_easy\", ...] }}.")
+        raise UserError(f'{path}: lm-eval columns need lm_eval = {{ tasks = ["arc_easy", ...] }}.')
     return specs
 
 
-def score(task: str, specs: TaskSpecs, run_dir: Path, lengths: list[int], position_options: dict[str, Any],
-          base_length: int | None, progress: bool) -> dict[str, Any]:
+def score(
+    task: str,
+    specs: TaskSpecs,
+    run_dir: Path,
+    lengths: list[int],
+    position_options: dict[str, Any],
+    base_length: int | None,
+    progress: bool,
+) -> dict[str, Any]:
     """One run's result for ``task`` at ``lengths`` (x ``base_length``, default the run's L_t)."""
     if task == "synthetic":
         from extrapos.tasks.synthetic import score_synthetic
 
         s = specs.synthetic
-        return score_synthetic(run_dir, lengths, examples=s.examples, task=s.task, seed=s.seed,
-                               position_options=position_options, base_length=base_length,
-                               name=_name("synthetic", lengths, position_options, base_length, s))
+        return score_synthetic(
+            run_dir,
+            lengths,
+            examples=s.examples,
+            task=s.task,
+            seed=s.seed,
+            position_options=position_options,
+            base_length=base_length,
+            name=_name("synthetic", lengths, position_options, base_length, s),
+        )
     if task == "passkey":
         from extrapos.tasks.passkey import passkey
 
         p = specs.passkey
-        return passkey(run_dir, lengths, depths=p.depths, trials=p.trials, mode=p.mode, haystack=p.haystack,
-                       candidates=p.candidates, key_digits=p.key_digits, seed=p.seed,
-                       position_options=position_options, base_length=base_length,
-                       name=_name(f"passkey-{p.mode}", lengths, position_options, base_length, p),
-                       progress=progress)
+        return passkey(
+            run_dir,
+            lengths,
+            depths=p.depths,
+            trials=p.trials,
+            mode=p.mode,
+            haystack=p.haystack,
+            candidates=p.candidates,
+            key_digits=p.key_digits,
+            seed=p.seed,
+            position_options=position_options,
+            base_length=base_length,
+            name=_name(f"passkey-{p.mode}", lengths, position_options, base_length, p),
+            progress=progress,
+        )
     from extrapos.integrations.lm_eval import position_options as lm_options
     from extrapos.integrations.lm_eval import run_lm_eval
 
@@ -130,19 +164,34 @@ def score(task: str, specs: TaskSpecs, run_dir: Path, lengths: list[int], positi
     # scale, rope_scaling and factor and applies them with the same set_options call
     unsupported = set(position_options) - {"scale", "scaling", "factor"}
     if unsupported:
-        raise UserError(f"lm-eval columns take the eval options scale, scaling and factor only, not "
-                        f"{', '.join(sorted(unsupported))}; drop lm-eval or that row's option.")
-    adapter = {"scale": position_options.get("scale"), "rope_scaling": position_options.get("scaling"),
-               "factor": position_options.get("factor")}
+        raise UserError(
+            f"lm-eval columns take the eval options scale, scaling and factor only, not "
+            f"{', '.join(sorted(unsupported))}; drop lm-eval or that row's option."
+        )
+    adapter = {
+        "scale": position_options.get("scale"),
+        "rope_scaling": position_options.get("scaling"),
+        "factor": position_options.get("factor"),
+    }
     lm_options(**adapter)  # the adapter's own check, before lm-eval starts
     name = _name("lm-eval", [], position_options, None, e)
     previous = _previous_lm_eval(run_dir, name)
     if previous is not None:
         return previous
     limit = int(e.limit) if e.limit is not None and e.limit >= 1 else e.limit
-    return run_lm_eval(run_dir, e.tasks, num_fewshot=e.num_fewshot, limit=limit, max_length=e.max_length,
-                       batch_size=e.batch_size, include_path=e.include_path, include_defaults=e.include_defaults,
-                       metadata=e.metadata, name=name, **adapter)
+    return run_lm_eval(
+        run_dir,
+        e.tasks,
+        num_fewshot=e.num_fewshot,
+        limit=limit,
+        max_length=e.max_length,
+        batch_size=e.batch_size,
+        include_path=e.include_path,
+        include_defaults=e.include_defaults,
+        metadata=e.metadata,
+        name=name,
+        **adapter,
+    )
 
 
 def _previous_lm_eval(run_dir: Path, name: str) -> dict[str, Any] | None:
@@ -155,11 +204,16 @@ def _previous_lm_eval(run_dir: Path, name: str) -> dict[str, Any] | None:
         previous = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    same = isinstance(previous, dict) and previous.get("checkpoint_step") == scored_checkpoint(run_dir, None)["step"]
+    same = (
+        isinstance(previous, dict)
+        and previous.get("checkpoint_step") == scored_checkpoint(run_dir, None)["step"]
+    )
     return previous if same else None
 
 
-def _name(prefix: str, lengths: list[int], options: dict[str, Any], base_length: int | None, spec: Any) -> str:
+def _name(
+    prefix: str, lengths: list[int], options: dict[str, Any], base_length: int | None, spec: Any
+) -> str:
     """A result name per request, so rows scoring one run at different lengths or options never collide, and
     a sweep whose task options changed scores again instead of meeting the earlier result under its name
     (the digest covers the task options)."""
@@ -184,7 +238,8 @@ def merge_lengths(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def mean_over_seeds(results: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
     """One row from its per-seed results: every number in a cell the mean over seeds (cells matched by
-    position: every seed scored the same lengths, depths and examples); the per-seed results under ``seeds``."""
+    position: every seed scored the same lengths, depths and examples); the per-seed results under
+    ``seeds``."""
     combined = {k: v for k, v in results[0].items() if k not in ("results", "by_length", "wall_time")}
     for key in ("results", "by_length"):
         if key in results[0]:

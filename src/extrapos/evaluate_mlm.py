@@ -45,8 +45,14 @@ def mask_spans(spans: np.ndarray, specials, vocab_size: int, seed: int = 0) -> t
 
 
 @torch.no_grad()
-def score_masked(model, corrupted: torch.Tensor, text: torch.Tensor, window: int, batch_tokens: int,
-                 precision: str = "fp32") -> tuple[torch.Tensor, torch.Tensor]:
+def score_masked(
+    model,
+    corrupted: torch.Tensor,
+    text: torch.Tensor,
+    window: int,
+    batch_tokens: int,
+    precision: str = "fp32",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token loss and top-1 correctness (n, L) of every span scored in windows of ``window`` tokens."""
     from extrapos.runtime import autocast
 
@@ -57,22 +63,29 @@ def score_masked(model, corrupted: torch.Tensor, text: torch.Tensor, window: int
     per_batch = max(1, batch_tokens // window)
     positions = torch.arange(window, device=device).unsqueeze(0)
     for b in range(0, len(jobs), per_batch):
-        chunk = jobs[b:b + per_batch]
-        toks = torch.stack([corrupted[i, w:w + window] for i, w in chunk]).to(device)
-        tgts = torch.stack([text[i, w:w + window] for i, w in chunk]).to(device)
+        chunk = jobs[b : b + per_batch]
+        toks = torch.stack([corrupted[i, w : w + window] for i, w in chunk]).to(device)
+        tgts = torch.stack([text[i, w : w + window] for i, w in chunk]).to(device)
         with autocast(device, precision):
             logits = model(toks, positions.expand(len(chunk), -1)).float()
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgts.flatten(), reduction="none")
         hit = (logits.argmax(-1) == tgts).cpu()
         loss = loss.view(len(chunk), window).cpu()
         for row, (i, w) in enumerate(chunk):
-            losses[i, w:w + window], correct[i, w:w + window] = loss[row], hit[row]
+            losses[i, w : w + window], correct[i, w : w + window] = loss[row], hit[row]
     return losses, correct
 
 
-def evaluate_mlm(run_dir: str | Path, req: EvalRequest | None = None, name: str | None = None,
-                 overwrite: bool = False, device: str = "cpu", batch_tokens: int = 16_384, seed: int = 0,
-                 progress: bool = True) -> dict[str, Any]:
+def evaluate_mlm(
+    run_dir: str | Path,
+    req: EvalRequest | None = None,
+    name: str | None = None,
+    overwrite: bool = False,
+    device: str = "cpu",
+    batch_tokens: int = 16_384,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
     """MLM loss of an encoder run at every length of ``req``; writes and returns ``RUN/eval/<name>.json``.
 
     ``req.stride`` and ``req.position_options`` "window"/"max" values are not supported here.
@@ -86,7 +99,9 @@ def evaluate_mlm(run_dir: str | Path, req: EvalRequest | None = None, name: str 
         raise UserError("the MLM evaluation scores non-overlapping windows only; drop --stride.")
     run_dir = Path(run_dir)
     if not (run_dir / "config.toml").is_file():
-        raise UserError(f"{run_dir} is not a run directory (no config.toml); pass the --out of `extrapos train`.")
+        raise UserError(
+            f"{run_dir} is not a run directory (no config.toml); pass the --out of `extrapos train`."
+        )
     name = check_result_name(name or f"mlm-{default_name(req)}")
     ckpt = ckpt_io.checkpoint_at(run_dir, req.step)
     digest = ckpt_io.weights_digest(ckpt)
@@ -102,7 +117,9 @@ def evaluate_mlm(run_dir: str | Path, req: EvalRequest | None = None, name: str 
     t0 = time.perf_counter()
     run = load_run(run_dir, device=device, checkpoint=ckpt)
     if run.cfg.train.objective != "mlm":
-        raise UserError(f"{run_dir} is a decoder run (objective {run.cfg.train.objective}); use `extrapos eval`.")
+        raise UserError(
+            f"{run_dir} is a decoder run (objective {run.cfg.train.objective}); use `extrapos eval`."
+        )
     if req.position_options:
         run.model.pos.set_options(**req.position_options)
     lengths = sorted(set(req.lengths))
@@ -120,27 +137,53 @@ def evaluate_mlm(run_dir: str | Path, req: EvalRequest | None = None, name: str 
     for k in lengths:
         losses, correct = score_masked(run.model, corrupted, text, k * L, batch_tokens, req.precision)
         mean = float(losses[selected].double().mean())
-        rows.append({"ev": k, "window": k * L, "windows": len(text) * (max_len // (k * L)),
-                     "masked_tokens": int(selected.sum()), "loss": mean, "ppl": math.exp(mean),
-                     "accuracy": float(correct[selected].double().mean())})
+        rows.append(
+            {
+                "ev": k,
+                "window": k * L,
+                "windows": len(text) * (max_len // (k * L)),
+                "masked_tokens": int(selected.sum()),
+                "loss": mean,
+                "ppl": math.exp(mean),
+                "accuracy": float(correct[selected].double().mean()),
+            }
+        )
         if progress:
             print(f"extrapos eval (mlm): ev {k}: loss {mean:.4f}", flush=True)
     result = {
-        "name": name, "run": str(run_dir), "objective": "mlm", "request": asdict(req), "request_key": req.key(),
-        "result_key": key, "weights_sha256": digest, "mask_seed": seed,
-        "encoding": run.cfg.model.positions["name"], "applied": req.position_options,
-        "train_length": L, "checkpoint_step": run.step, "data_dir": data_dir,
-        "documents_used": docs_used, "documents_skipped": docs_skipped, "spans": len(text),
-        "target_tokens": int(selected.sum()), "results": rows, "wall_time": time.perf_counter() - t0,
+        "name": name,
+        "run": str(run_dir),
+        "objective": "mlm",
+        "request": asdict(req),
+        "request_key": req.key(),
+        "result_key": key,
+        "weights_sha256": digest,
+        "mask_seed": seed,
+        "encoding": run.cfg.model.positions["name"],
+        "applied": req.position_options,
+        "train_length": L,
+        "checkpoint_step": run.step,
+        "data_dir": data_dir,
+        "documents_used": docs_used,
+        "documents_skipped": docs_skipped,
+        "spans": len(text),
+        "target_tokens": int(selected.sum()),
+        "results": rows,
+        "wall_time": time.perf_counter() - t0,
     }
     atomic_write(out_path, json.dumps(result, indent=1, default=str))
     return result
 
 
 def format_mlm_result(result: dict[str, Any]) -> str:
-    lines = [f"{result['run']}  encoding={result['encoding']}  L_t={result['train_length']}  (masked LM)",
-             f"{result['target_tokens']:,} masked tokens per length from {result['documents_used']} documents",
-             "| ev | window | MLM loss | ppl | accuracy |", "|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"{result['run']}  encoding={result['encoding']}  L_t={result['train_length']}  (masked LM)",
+        f"{result['target_tokens']:,} masked tokens per length from {result['documents_used']} documents",
+        "| ev | window | MLM loss | ppl | accuracy |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for r in result["results"]:
-        lines.append(f"| {r['ev']} | {r['window']} | {r['loss']:.4f} | {r['ppl']:.2f} | {r['accuracy']:.3f} |")
+        lines.append(
+            f"| {r['ev']} | {r['window']} | {r['loss']:.4f} | {r['ppl']:.2f} | {r['accuracy']:.3f} |"
+        )
     return "\n".join(lines)

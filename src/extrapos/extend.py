@@ -59,8 +59,10 @@ def _parent_split(parent: Path, cfg: RunConfig):
 
 # ---- the derived config, one part at a time: each returns the new part and what it changed ----------
 
-def extended_positions(pcfg: RunConfig, L_e: int, factor: int, rope_interpolation: bool,
-                       parent: Path) -> tuple[dict[str, Any], list[str]]:
+
+def extended_positions(
+    pcfg: RunConfig, L_e: int, factor: int, rope_interpolation: bool, parent: Path
+) -> tuple[dict[str, Any], list[str]]:
     """The encoding at L_e: a learned table resized to L_e rows; RoPE with position interpolation if asked."""
     pos, changes = dict(pcfg.model.positions), []
     name = pos["name"]
@@ -69,7 +71,9 @@ def extended_positions(pcfg: RunConfig, L_e: int, factor: int, rope_interpolatio
         pos.pop("interpolate_to", None)
         if L_e > rows:
             pos["max_length"] = L_e
-            changes.append(f"learned table interpolated {rows} -> {L_e} rows (model.positions.max_length = {L_e})")
+            changes.append(
+                f"learned table interpolated {rows} -> {L_e} rows (model.positions.max_length = {L_e})"
+            )
     if rope_interpolation:
         if name != "rope":
             raise UserError(f"--rope-interpolation applies to RoPE models; {parent} uses {name!r}.")
@@ -78,14 +82,23 @@ def extended_positions(pcfg: RunConfig, L_e: int, factor: int, rope_interpolatio
     return pos, changes
 
 
-def extended_data(data: DataConfig, method: str, alpha: float | None, L_e: int) -> tuple[DataConfig, list[str]]:
+def extended_data(
+    data: DataConfig, method: str, alpha: float | None, L_e: int
+) -> tuple[DataConfig, list[str]]:
     """The method's sampler over windows of L_e tokens (``continue``: the parent's contiguous windows)."""
     segmented = method in ("chunk", "prefix")
-    new = replace(data, sampler="contiguous" if method == "continue" else method, extended_length=L_e,
-                  packed=data.packed if method == "continue" else False,
-                  alpha=alpha if segmented else data.alpha)
-    change = (f"data.sampler {data.sampler} -> {new.sampler}" + (f" (alpha {alpha:g})" if segmented else "")
-              + f", data.extended_length = {L_e}")
+    new = replace(
+        data,
+        sampler="contiguous" if method == "continue" else method,
+        extended_length=L_e,
+        packed=data.packed if method == "continue" else False,
+        alpha=alpha if segmented else data.alpha,
+    )
+    change = (
+        f"data.sampler {data.sampler} -> {new.sampler}"
+        + (f" (alpha {alpha:g})" if segmented else "")
+        + f", data.extended_length = {L_e}"
+    )
     return new, [change]
 
 
@@ -97,20 +110,35 @@ def extended_train(train: TrainConfig, method: str, L_t: int, L_e: int) -> tuple
         seq_len = L_e
         if (batch_size * L_t) % L_e == 0:
             batch_size = batch_size * L_t // L_e
-            changes.append(f"train.seq_len = {L_e}, train.batch_size {train.batch_size} -> {batch_size} "
-                           "(the same tokens per step as the L_t methods)")
+            changes.append(
+                f"train.seq_len = {L_e}, train.batch_size {train.batch_size} -> {batch_size} "
+                "(the same tokens per step as the L_t methods)"
+            )
         else:
-            changes.append(f"train.seq_len = {L_e} (batch size kept: more tokens per step than the L_t methods)")
+            changes.append(
+                f"train.seq_len = {L_e} (batch size kept: more tokens per step than the L_t methods)"
+            )
     # continue near where the parent's schedule ended instead of re-warming to its peak: a short
     # extension re-warmed to the peak ends worse than the parent (measured: every method, `continue`
     # included, lost to no training at all). The same rule for every method.
     lr = max(train.end_lr, EXTENSION_LR_FRACTION * train.lr)
     end_lr = min(train.end_lr, lr)
-    changes.append(f"fresh AdamW with the parent's settings, lr {lr:g} -> {end_lr:g} "
-                   f"(max of the parent's end lr and {EXTENSION_LR_FRACTION:g} x its peak), "
-                   f"warmup {EXTENSION_WARMUP:g} of the steps")
-    new = replace(train, seq_len=seq_len, batch_size=batch_size, steps=None, tokens=None, epochs=None,
-                  warmup=EXTENSION_WARMUP, lr=lr, end_lr=end_lr)
+    changes.append(
+        f"fresh AdamW with the parent's settings, lr {lr:g} -> {end_lr:g} "
+        f"(max of the parent's end lr and {EXTENSION_LR_FRACTION:g} x its peak), "
+        f"warmup {EXTENSION_WARMUP:g} of the steps"
+    )
+    new = replace(
+        train,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        steps=None,
+        tokens=None,
+        epochs=None,
+        warmup=EXTENSION_WARMUP,
+        lr=lr,
+        end_lr=end_lr,
+    )
     return new, changes
 
 
@@ -132,9 +160,15 @@ def _split_budget(overrides: list[str], tokens: int | None) -> tuple[list[str], 
     return rest, tokens, literal
 
 
-def extension_config(parent: str | Path, method: str, factor: int = 2, alpha: float | None = None,
-                     tokens: int | None = None, rope_interpolation: bool = False,
-                     overrides: list[str] | None = None) -> tuple[RunConfig, dict[str, Any]]:
+def extension_config(
+    parent: str | Path,
+    method: str,
+    factor: int = 2,
+    alpha: float | None = None,
+    tokens: int | None = None,
+    rope_interpolation: bool = False,
+    overrides: list[str] | None = None,
+) -> tuple[RunConfig, dict[str, Any]]:
     """The extension run's config and its ``parent.json`` record (nothing is written)."""
     from extrapos.data.segmented import compute_equivalent_tokens, segment_length
 
@@ -171,25 +205,44 @@ def extension_config(parent: str | Path, method: str, factor: int = 2, alpha: fl
         per_step = tokens_per_step(cfg)
         steps = max(1, budget_tokens // per_step)
         cfg = replace(cfg, train=replace(cfg.train, tokens=steps * per_step))
-        changes.append(f"budget: train.tokens = {cfg.train.tokens:,} ({steps} steps of {per_step:,} tokens; "
-                       f"{budget_kind}: {budget_tokens:,})")
+        changes.append(
+            f"budget: train.tokens = {cfg.train.tokens:,} ({steps} steps of {per_step:,} tokens; "
+            f"{budget_kind}: {budget_tokens:,})"
+        )
     else:
         changes.append(f"budget: {literal_budget} (as given; token counts may differ across methods)")
     if overrides:
         changes.append("overrides: " + ", ".join(overrides))
     record = {
-        "parent": str(parent.resolve()), "checkpoint": str(ckpt.path.resolve()), "step": ckpt.step,
-        "method": method, "alpha": alpha if method in ("chunk", "prefix") else None, "factor": factor,
-        "train_length": L_t, "extended_length": L_e, "tokens": cfg.train.tokens,
+        "parent": str(parent.resolve()),
+        "checkpoint": str(ckpt.path.resolve()),
+        "step": ckpt.step,
+        "method": method,
+        "alpha": alpha if method in ("chunk", "prefix") else None,
+        "factor": factor,
+        "train_length": L_t,
+        "extended_length": L_e,
+        "tokens": cfg.train.tokens,
         "compute_equivalent": budget_kind != "override" and not literal_budget,
-        "rope_interpolation": rope_interpolation, "encoding": positions["name"], "changes": changes,
+        "rope_interpolation": rope_interpolation,
+        "encoding": positions["name"],
+        "changes": changes,
     }
     return cfg, record
 
 
-def extend(parent: str | Path, method: str, factor: int = 2, alpha: float | None = None,
-           out: str | Path | None = None, tokens: int | None = None, rope_interpolation: bool = False,
-           overrides: list[str] | None = None, resume: bool = False, progress: bool = True):
+def extend(
+    parent: str | Path,
+    method: str,
+    factor: int = 2,
+    alpha: float | None = None,
+    out: str | Path | None = None,
+    tokens: int | None = None,
+    rope_interpolation: bool = False,
+    overrides: list[str] | None = None,
+    resume: bool = False,
+    progress: bool = True,
+):
     """Create (or with ``resume`` continue) the extension run ``out``; returns train's TrainResult."""
     import torch
 
@@ -202,16 +255,26 @@ def extend(parent: str | Path, method: str, factor: int = 2, alpha: float | None
     init = out / "init" / "model.safetensors"
     if (out / "config.toml").is_file():
         if not resume:
-            raise UserError(f"{out} already holds a run; pass --resume to continue it or choose another --out.")
+            raise UserError(
+                f"{out} already holds a run; pass --resume to continue it or choose another --out."
+            )
         saved = json.loads((out / "parent.json").read_text()) if (out / "parent.json").is_file() else {}
-        if {k: saved.get(k) for k in ("parent", "method", "alpha", "factor")} != \
-                {k: record[k] for k in ("parent", "method", "alpha", "factor")}:
-            raise UserError(f"{out} extends {saved.get('parent')} with {saved.get('method')}; it is not this "
-                            "extension. Choose another --out.")
+        if {k: saved.get(k) for k in ("parent", "method", "alpha", "factor")} != {
+            k: record[k] for k in ("parent", "method", "alpha", "factor")
+        }:
+            raise UserError(
+                f"{out} extends {saved.get('parent')} with {saved.get('method')}; it is not this "
+                "extension. Choose another --out."
+            )
         if (out / "config.toml").read_text() != cfg.to_toml():
             raise UserError(f"{out} was started with a different config; resume it with the same options.")
-        return train(cfg, out, resume=True, progress=progress,
-                     init_from=init if init.is_file() else record["checkpoint"])
+        return train(
+            cfg,
+            out,
+            resume=True,
+            progress=progress,
+            init_from=init if init.is_file() else record["checkpoint"],
+        )
     out.mkdir(parents=True, exist_ok=True)
     init_from: Path = Path(record["checkpoint"])
     if cfg.model.positions["name"] == "learned" and cfg.model.positions.get("max_length"):
@@ -233,7 +296,10 @@ def extend(parent: str | Path, method: str, factor: int = 2, alpha: float | None
         init_from = init
     atomic_write(out / "parent.json", json.dumps(record, indent=1))
     if progress:
-        print(f"extrapos extend: {record['method']} x{factor} of {parent} (step {record['step']}): L_t "
-              f"{record['train_length']} -> L_e {record['extended_length']}\n  " + "\n  ".join(record["changes"]),
-              flush=True)
+        print(
+            f"extrapos extend: {record['method']} x{factor} of {parent} (step {record['step']}): L_t "
+            f"{record['train_length']} -> L_e {record['extended_length']}\n  "
+            + "\n  ".join(record["changes"]),
+            flush=True,
+        )
     return train(cfg, out, resume=False, progress=progress, init_from=init_from)

@@ -69,8 +69,10 @@ def ensure_writable_dir(path: str | Path, what: str) -> Path:
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise UserError(f"cannot write {what} in {path} ({describe_os_error(e)}); "
-                        "choose a writable location or free some space.") from None
+        raise UserError(
+            f"cannot write {what} in {path} ({describe_os_error(e)}); "
+            "choose a writable location or free some space."
+        ) from None
     return path
 
 

@@ -16,7 +16,9 @@ import torch
 from extrapos.errors import UserError
 
 
-def filter_logits(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
+def filter_logits(
+    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None
+) -> torch.Tensor:
     """Temperature, then top-k, then nucleus (top-p) filtering of one row of logits (V,)."""
     logits = logits.float() / max(temperature, 1e-8)
     if top_k is not None and 0 < top_k < logits.numel():
@@ -31,9 +33,18 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int | None, t
 
 
 @torch.no_grad()
-def generate_tokens(model, prompt: list[int], max_new_tokens: int, temperature: float = 0.8,
-                    top_k: int | None = 50, top_p: float | None = None, seed: int = 0,
-                    eot_id: int | None = None, use_cache: bool = True, prefill_chunk: int = 1024) -> Iterator[int]:
+def generate_tokens(
+    model,
+    prompt: list[int],
+    max_new_tokens: int,
+    temperature: float = 0.8,
+    top_k: int | None = 50,
+    top_p: float | None = None,
+    seed: int = 0,
+    eot_id: int | None = None,
+    use_cache: bool = True,
+    prefill_chunk: int = 1024,
+) -> Iterator[int]:
     """Yield new token ids one at a time (greedy when temperature == 0)."""
     if not prompt:
         raise UserError("the prompt is empty after tokenization; give at least one character of prompt.")
@@ -45,7 +56,7 @@ def generate_tokens(model, prompt: list[int], max_new_tokens: int, temperature: 
     logits = None
     if use_cache:
         for s in range(0, tokens.shape[1], prefill_chunk):
-            chunk = tokens[:, s:s + prefill_chunk]
+            chunk = tokens[:, s : s + prefill_chunk]
             pos = torch.arange(s, s + chunk.shape[1], device=device).unsqueeze(0)
             h = model.hidden_states(chunk, pos, cache)
         logits = model.logits(h[:, -1])[0]
@@ -80,10 +91,19 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, t
         raise UserError(f"--top-p must be in (0, 1], got {top_p}.")
 
 
-def generate_text(run_dir: str | Path, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8,
-                  top_k: int | None = 50, top_p: float | None = None, seed: int = 0, use_cache: bool = True,
-                  position_options: dict | None = None, device: str = "cpu",
-                  on_text: Callable[[str], None] | None = None) -> str:
+def generate_text(
+    run_dir: str | Path,
+    prompt: str,
+    max_new_tokens: int = 200,
+    temperature: float = 0.8,
+    top_k: int | None = 50,
+    top_p: float | None = None,
+    seed: int = 0,
+    use_cache: bool = True,
+    position_options: dict | None = None,
+    device: str = "cpu",
+    on_text: Callable[[str], None] | None = None,
+) -> str:
     """Generate a continuation of ``prompt``; ``on_text`` receives each new piece of text as it appears."""
     from extrapos.runs import load_run
 
@@ -94,17 +114,26 @@ def generate_text(run_dir: str | Path, prompt: str, max_new_tokens: int = 200, t
     ids = run.tokenizer.encode(prompt)
     out: list[int] = []
     shown = ""
-    for tok in generate_tokens(run.model, ids, max_new_tokens, temperature, top_k, top_p, seed,
-                               eot_id=run.tokenizer.eot_id, use_cache=use_cache):
+    for tok in generate_tokens(
+        run.model,
+        ids,
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        eot_id=run.tokenizer.eot_id,
+        use_cache=use_cache,
+    ):
         if tok == run.tokenizer.eot_id:
             break
         out.append(tok)
         text = run.tokenizer.decode(out)
         # stream only complete characters: a byte-level token may end mid-character
         if on_text is not None and not text.endswith("\ufffd"):
-            on_text(text[len(shown):])
+            on_text(text[len(shown) :])
             shown = text
     text = run.tokenizer.decode(out)
     if on_text is not None and len(text) > len(shown):
-        on_text(text[len(shown):])
+        on_text(text[len(shown) :])
     return text

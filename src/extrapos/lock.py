@@ -31,8 +31,10 @@ class RunLock:
             holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "another process"
             os.close(self._fd)
             self._fd = None
-            raise UserError(f"{self.path.parent} is being trained by {holder}; wait for it to finish "
-                            "(or stop it) before starting another process on the same run.") from None
+            raise UserError(
+                f"{self.path.parent} is being trained by {holder}; wait for it to finish "
+                "(or stop it) before starting another process on the same run."
+            ) from None
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, f"process {os.getpid()}".encode(), 0)
         return self

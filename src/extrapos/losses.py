@@ -6,7 +6,8 @@ the final hidden states and the head's weight, ``chunk`` rows at a time, and nev
 logits: each block's logits are turned into their gradient (softmax minus the one-hot target) while
 they are still in cache and the head's two backward matmuls run right away, so backward is a
 multiplication by the incoming scalar (the fused linear cross-entropy of Hsu et al. 2024, "Liger
-Kernel: efficient Triton kernels for LLM training", §3.2, here in plain torch ops). At d = 128, V = 8192 the full fp32 log-softmax and its
+Kernel: efficient Triton kernels for LLM training", §3.2, here in plain torch ops). At d = 128, V = 8192
+the full fp32 log-softmax and its
 backward are most of a CPU step's non-matmul time (``benchmarks/bench_train.py`` measures it).
 """
 
@@ -35,7 +36,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """sum_t mask_t * CE(h_t W^T, y_t); the gradients are computed in forward, block by block."""
 
     @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, mask: Tensor, chunk: int, grads: bool) -> Tensor:
+    def forward(
+        ctx, h: Tensor, weight: Tensor, targets: Tensor, mask: Tensor, chunk: int, grads: bool
+    ) -> Tensor:
         n = h.shape[0]
         need_h, need_w = grads and ctx.needs_input_grad[0], grads and ctx.needs_input_grad[1]
         grad_h = torch.empty_like(h) if need_h else None
@@ -67,24 +70,33 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         grad_h, grad_w = ctx.saved_tensors
         g = grad_out
-        return (None if grad_h is None else grad_h * g.to(grad_h.dtype),
-                None if grad_w is None else grad_w * g.to(grad_w.dtype), None, None, None, None)
+        return (
+            None if grad_h is None else grad_h * g.to(grad_h.dtype),
+            None if grad_w is None else grad_w * g.to(grad_w.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def linear_cross_entropy_sum(h: Tensor, weight: Tensor, targets: Tensor, mask: Tensor,
-                             chunk: int = CHUNK_ROWS) -> Tensor:
+def linear_cross_entropy_sum(
+    h: Tensor, weight: Tensor, targets: Tensor, mask: Tensor, chunk: int = CHUNK_ROWS
+) -> Tensor:
     """``masked_loss_sum(h @ weight.T, targets, mask)`` without materializing the logits.
 
     h (..., d), weight (V, d), targets and mask (...). fp32 and fp64 only: under autocast use the
     plain path, which casts the head's matmul as autocast does.
     """
     grads = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)  # none in validation
-    return _LinearCrossEntropy.apply(h.reshape(-1, h.shape[-1]), weight, targets.reshape(-1),
-                                     mask.reshape(-1), chunk, grads)
+    return _LinearCrossEntropy.apply(
+        h.reshape(-1, h.shape[-1]), weight, targets.reshape(-1), mask.reshape(-1), chunk, grads
+    )
 
 
-def model_loss_sum(model, tokens: Tensor, positions: Tensor, targets: Tensor, mask: Tensor,
-                   fused: bool = True) -> Tensor:
+def model_loss_sum(
+    model, tokens: Tensor, positions: Tensor, targets: Tensor, mask: Tensor, fused: bool = True
+) -> Tensor:
     """The masked loss sum of a ``Decoder``'s forward: fused with its head when it can be (``fused``,
     no autocast, a plain linear head), else through the logits."""
     head = getattr(model, "lm_head", None)

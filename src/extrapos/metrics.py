@@ -28,15 +28,23 @@ class MetricsLog:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                raise UserError("train.tensorboard needs the tensorboard package: pip install tensorboard.") from None
+                raise UserError(
+                    "train.tensorboard needs the tensorboard package: pip install tensorboard."
+                ) from None
             self.tb = SummaryWriter(str(run_dir / "tensorboard"))
         if cfg.train.wandb:
             try:
                 import wandb
             except ImportError:
                 raise UserError("train.wandb needs the wandb package: pip install wandb.") from None
-            self.wandb = wandb.init(project=cfg.train.wandb, name=run_dir.name, config=cfg.to_dict(),
-                                    dir=str(run_dir), resume="allow", id=run_dir.name)
+            self.wandb = wandb.init(
+                project=cfg.train.wandb,
+                name=run_dir.name,
+                config=cfg.to_dict(),
+                dir=str(run_dir),
+                resume="allow",
+                id=run_dir.name,
+            )
 
     def truncate_after(self, step: int) -> None:
         """Drop lines logged after ``step`` (they are replayed after a resume)."""

@@ -123,20 +123,26 @@ class ModelConfig:
             if getattr(self, name) < 1:
                 raise UserError(f"model.{name} must be a positive integer, got {getattr(self, name)}.")
         if self.d_model % self.n_heads:
-            raise UserError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; change one of them.")
+            raise UserError(
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; change one of them."
+            )
         if self.n_heads % self.kv_heads:
             raise UserError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.kv_heads}.")
         if not 0 <= self.dropout < 1:
             raise UserError(f"dropout must be in [0, 1), got {self.dropout}.")
         if self.activation is not None and self.activation not in ACTIVATIONS:
-            raise UserError(f"unknown activation {self.activation!r}; choose one of: {', '.join(ACTIVATIONS)}.")
+            raise UserError(
+                f"unknown activation {self.activation!r}; choose one of: {', '.join(ACTIVATIONS)}."
+            )
         if not isinstance(self.positions, dict) or "name" not in self.positions:
             raise UserError('model.positions must be a table with a "name" (e.g. {name = "rope"}).')
         if not self.causal:
             reason = spec(self.positions["name"]).cls.causal_only
             if reason:
-                raise UserError(f"the encoding {self.positions['name']!r} cannot be used by the encoder flavour "
-                                f"(bidirectional attention): {reason}")
+                raise UserError(
+                    f"the encoding {self.positions['name']!r} cannot be used by the encoder flavour "
+                    f"(bidirectional attention): {reason}"
+                )
         return self
 
 
@@ -147,25 +153,59 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "cpu-small": dict(flavour="gpt2", n_layers=4, d_model=128, n_heads=4, train_length=64),
     "cpu-llama": dict(flavour="llama", n_layers=4, d_model=128, n_heads=4, train_length=64),
     # the CPU twin of bert-base; vocab: a bpe:8192 tokenizer plus the encoder's added special tokens
-    "cpu-encoder": dict(flavour="encoder", n_layers=4, d_model=128, n_heads=4, vocab_size=8256, train_length=64),
+    "cpu-encoder": dict(
+        flavour="encoder", n_layers=4, d_model=128, n_heads=4, vocab_size=8256, train_length=64
+    ),
     # GPT-2 family (Radford et al. 2019; gpt2-tiny is a 6-layer d 512 model for quick GPU runs)
     "gpt2-tiny": dict(flavour="gpt2", n_layers=6, d_model=512, n_heads=8, train_length=256),
-    "gpt2-small": dict(flavour="gpt2", n_layers=12, d_model=768, n_heads=12, vocab_size=50257, train_length=1024),
-    "gpt2-medium": dict(flavour="gpt2", n_layers=24, d_model=1024, n_heads=16, vocab_size=50257,
-                        train_length=1024),
+    "gpt2-small": dict(
+        flavour="gpt2", n_layers=12, d_model=768, n_heads=12, vocab_size=50257, train_length=1024
+    ),
+    "gpt2-medium": dict(
+        flavour="gpt2", n_layers=24, d_model=1024, n_heads=16, vocab_size=50257, train_length=1024
+    ),
     # BERT-base (Devlin et al. 2019, §3: L 12, H 768, A 12; WordPiece vocab 30522; dropout 0.1), L_t 512 as
     # the CABLE paper's encoder experiment; pre-norm (set post_norm and embed_norm for BERT's blocks)
-    "bert-base": dict(flavour="encoder", n_layers=12, d_model=768, n_heads=12, vocab_size=30522, dropout=0.1,
-                      train_length=512),
+    "bert-base": dict(
+        flavour="encoder",
+        n_layers=12,
+        d_model=768,
+        n_heads=12,
+        vocab_size=30522,
+        dropout=0.1,
+        train_length=512,
+    ),
     # ExPE App. B, Table 6: 35M total / 23M non-embedding needs an untied head (vocab 32000, d 384)
-    "expe-35m": dict(flavour="gpt2", n_layers=6, d_model=384, n_heads=12, vocab_size=32000, dropout=0.1,
-                     tie_embeddings=False, train_length=512),
+    "expe-35m": dict(
+        flavour="gpt2",
+        n_layers=6,
+        d_model=384,
+        n_heads=12,
+        vocab_size=32000,
+        dropout=0.1,
+        tie_embeddings=False,
+        train_length=512,
+    ),
     # ExPE App. C, Table 8 (Llama 3 architecture, Mistral tokenizer: vocab 32768). 135M needs the small
     # model's head untied; "the embedding weights of the medium models are shared" (§4.2): 342M.
-    "llama-s": dict(flavour="llama", n_layers=12, d_model=768, n_heads=12, vocab_size=32768,
-                    tie_embeddings=False, train_length=512),
-    "llama-m": dict(flavour="llama", n_layers=24, d_model=1024, n_heads=16, vocab_size=32768,
-                    tie_embeddings=True, train_length=512),
+    "llama-s": dict(
+        flavour="llama",
+        n_layers=12,
+        d_model=768,
+        n_heads=12,
+        vocab_size=32768,
+        tie_embeddings=False,
+        train_length=512,
+    ),
+    "llama-m": dict(
+        flavour="llama",
+        n_layers=24,
+        d_model=1024,
+        n_heads=16,
+        vocab_size=32768,
+        tie_embeddings=True,
+        train_length=512,
+    ),
 }
 
 
@@ -180,7 +220,9 @@ def model_config(preset: str | None = None, **overrides: Any) -> ModelConfig:
     names = {f.name for f in dataclasses.fields(ModelConfig)}
     unknown = sorted(set(values) - names)
     if unknown:
-        raise UserError(f"unknown model option {', '.join(unknown)}; model options are: {', '.join(sorted(names))}.")
+        raise UserError(
+            f"unknown model option {', '.join(unknown)}; model options are: {', '.join(sorted(names))}."
+        )
     if "positions" in values:
         values["positions"] = dict(values["positions"])
     return ModelConfig(**values).validate()
@@ -212,7 +254,7 @@ class _Growing:
             if self.buf is not None:
                 new[:, :, : self.n] = self.buf[:, :, : self.n]
             self.buf = new
-        self.buf[:, :, self.n: need] = x
+        self.buf[:, :, self.n : need] = x
         self.n = need
         return self.buf[:, :, :need]
 
@@ -273,8 +315,9 @@ class Attention(nn.Module):
         self.proj = nn.Linear(self.q_out, cfg.d_model, bias=cfg.use_bias)
         self.dropout = cfg.dropout
 
-    def forward(self, x: Tensor, positions: Tensor, layer: int, pos: PositionalEncoding,
-                cache: LayerCache | None) -> Tensor:
+    def forward(
+        self, x: Tensor, positions: Tensor, layer: int, pos: PositionalEncoding, cache: LayerCache | None
+    ) -> Tensor:
         B, T, _ = x.shape
         xq, xv = pos.attn_input(x, positions, layer)
         if xq is xv:
@@ -283,7 +326,8 @@ class Attention(nn.Module):
             qk_rows = self.q_out + self.kv_out
             w, b = self.qkv.weight, self.qkv.bias
             q, k = F.linear(xq, w[:qk_rows], None if b is None else b[:qk_rows]).split(
-                (self.q_out, self.kv_out), dim=-1)
+                (self.q_out, self.kv_out), dim=-1
+            )
             v = F.linear(xv, w[qk_rows:], None if b is None else b[qk_rows:])
         q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
@@ -332,7 +376,9 @@ class Block(nn.Module):
         self.parallel = cfg.parallel_residual
         self.post_norm = cfg.post_norm
 
-    def forward(self, h: Tensor, positions: Tensor, pos: PositionalEncoding, cache: LayerCache | None) -> Tensor:
+    def forward(
+        self, h: Tensor, positions: Tensor, pos: PositionalEncoding, cache: LayerCache | None
+    ) -> Tensor:
         if self.post_norm:
             h = self.norm1(h + self.drop(self.attn(h, positions, self.layer, pos, cache)))
             return self.norm2(h + self.drop(self.mlp(h)))
@@ -365,8 +411,14 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg.validate()
-        ctx = EncodingContext(d_model=cfg.d_model, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
-                              n_layers=cfg.n_layers, train_length=cfg.train_length, causal=cfg.causal)
+        ctx = EncodingContext(
+            d_model=cfg.d_model,
+            n_heads=cfg.n_heads,
+            head_dim=cfg.head_dim,
+            n_layers=cfg.n_layers,
+            train_length=cfg.train_length,
+            causal=cfg.causal,
+        )
         options = {k: v for k, v in cfg.positions.items() if k != "name"}
         self.pos: PositionalEncoding = build_encoding(cfg.positions["name"], ctx, options)
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -394,7 +446,9 @@ class Decoder(nn.Module):
                 continue
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 residual = name.endswith("attn.proj") or name.endswith("mlp.down")
-                nn.init.normal_(module.weight, 0.0, std / math.sqrt(2 * self.cfg.n_layers) if residual else std)
+                nn.init.normal_(
+                    module.weight, 0.0, std / math.sqrt(2 * self.cfg.n_layers) if residual else std
+                )
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
@@ -408,10 +462,14 @@ class Decoder(nn.Module):
     def hidden_states(self, tokens: Tensor, positions: Tensor, cache: KVCache | None = None) -> Tensor:
         """Final-normed hidden states (B, T, d) of the new tokens."""
         if tokens.shape != positions.shape:
-            raise ValueError(f"tokens {tuple(tokens.shape)} and positions {tuple(positions.shape)} differ in shape")
+            raise ValueError(
+                f"tokens {tuple(tokens.shape)} and positions {tuple(positions.shape)} differ in shape"
+            )
         if cache is not None and not self.cfg.causal:
-            raise UserError("an encoder attends to every token of its input, so it has no KV cache and no "
-                            "incremental decoding; call it on the whole sequence.")
+            raise UserError(
+                "an encoder attends to every token of its input, so it has no KV cache and no "
+                "incremental decoding; call it on the whole sequence."
+            )
         h = self.pos.embed(self.tok_emb(tokens), positions)
         if self.cfg.embed_norm:
             h = self.emb_norm(h)
@@ -446,7 +504,12 @@ def count_parameters(model: Decoder) -> dict[str, int]:
     positional = sum(p.numel() for p in model.pos.parameters())
     table = getattr(model.pos, "table", None)
     embedding = model.tok_emb.weight.numel() + (table.numel() if isinstance(table, nn.Parameter) else 0)
-    return {"total": total, "embedding": embedding, "non_embedding": total - embedding, "positional": positional}
+    return {
+        "total": total,
+        "embedding": embedding,
+        "non_embedding": total - embedding,
+        "positional": positional,
+    }
 
 
 def matmul_parameters(cfg: ModelConfig) -> int:

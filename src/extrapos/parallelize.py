@@ -32,15 +32,24 @@ from extrapos import checkpoint as ckpt_io
 from extrapos.config import RunConfig
 from extrapos.errors import UserError
 
-__all__ = ["check_parallel", "gather_state", "gradient_sync", "is_sharded", "load_state", "parallelize",
-           "tied_names"]
+__all__ = [
+    "check_parallel",
+    "gather_state",
+    "gradient_sync",
+    "is_sharded",
+    "load_state",
+    "parallelize",
+    "tied_names",
+]
 
 
 def check_parallel(cfg: RunConfig, world: int) -> None:
     """A setting that cannot work in this launch is one sentence, before anything is written."""
     if cfg.train.parallel == "fsdp" and world < 2:
-        raise UserError("train.parallel = \"fsdp\" shards the model over several processes, but this is one "
-                        "process; launch with torchrun --nproc_per_node=N (N >= 2) or set train.parallel=ddp.")
+        raise UserError(
+            'train.parallel = "fsdp" shards the model over several processes, but this is one '
+            "process; launch with torchrun --nproc_per_node=N (N >= 2) or set train.parallel=ddp."
+        )
 
 
 def is_sharded(cfg: RunConfig, world: int) -> bool:
@@ -89,8 +98,9 @@ def _fully_shard(model: nn.Module, cfg: RunConfig, device: torch.device, world: 
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
-def gradient_sync(train_model: nn.Module, model: nn.Module, cfg: RunConfig, world: int,
-                  enabled: bool) -> AbstractContextManager:
+def gradient_sync(
+    train_model: nn.Module, model: nn.Module, cfg: RunConfig, world: int, enabled: bool
+) -> AbstractContextManager:
     """Whether this micro-batch's backward reduces gradients across processes: only the last of a
     step does, the others accumulate locally (DDP ``no_sync``, FSDP2 ``set_requires_gradient_sync``)."""
     if world == 1:
@@ -131,8 +141,9 @@ def _param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[lis
     return [[name_of[id(p)] for p in group["params"]] for group in optimizer.param_groups]
 
 
-def gather_state(model: nn.Module, optimizer: torch.optim.Optimizer,
-                 ties: dict[str, str]) -> ckpt_io.TensorState | None:
+def gather_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, ties: dict[str, str]
+) -> ckpt_io.TensorState | None:
     """The full model and optimizer state on rank 0 (None elsewhere), in the single-process layout.
 
     A collective: every process must call it.
@@ -155,14 +166,17 @@ def gather_state(model: nn.Module, optimizer: torch.optim.Optimizer,
         for key, value in state.items():
             t = value if torch.is_tensor(value) else torch.tensor(value)
             tensors[f"{index[name]}.{key}"] = t.detach().cpu().contiguous()
-    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[n] for n in g["params"]]}
-              for g in optim["param_groups"]]
+    groups = [
+        {**{k: v for k, v in g.items() if k != "params"}, "params": [index[n] for n in g["params"]]}
+        for g in optim["param_groups"]
+    ]
     kept = {k: v.contiguous() for k, v in weights.items() if k not in ties}
     return ckpt_io.TensorState(kept, dict(ties), tensors, groups)
 
 
-def load_state(model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: ckpt_io.Checkpoint,
-               ties: dict[str, str]) -> None:
+def load_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: ckpt_io.Checkpoint, ties: dict[str, str]
+) -> None:
     """Load a checkpoint of any world size into a sharded model and its optimizer.
 
     Rank 0 reads the files, the others receive their shards from it. A collective.

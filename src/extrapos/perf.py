@@ -9,7 +9,9 @@ import torch
 
 
 @functools.lru_cache(maxsize=8)
-def matmul_peak_flops(device: str = "cpu", precision: str = "fp32", n: int = 1024, seconds: float = 0.4) -> float:
+def matmul_peak_flops(
+    device: str = "cpu", precision: str = "fp32", n: int = 1024, seconds: float = 0.4
+) -> float:
     """FLOP/s of an n x n matmul on this device in this precision (best of a few timed bursts).
 
     This is the honest ceiling for MFU here: the same machine, the same dtype, the best-shaped

@@ -22,8 +22,11 @@ SWEEPS_DIR = PRESETS_DIR / "compare"
 
 def preset_names() -> list[str]:
     """Training presets (comparison sweeps live in configs/compare/ and are not training presets)."""
-    return sorted(str(p.relative_to(PRESETS_DIR).with_suffix("")) for p in PRESETS_DIR.rglob("*.toml")
-                  if p.relative_to(PRESETS_DIR).parts[0] != "compare")
+    return sorted(
+        str(p.relative_to(PRESETS_DIR).with_suffix(""))
+        for p in PRESETS_DIR.rglob("*.toml")
+        if p.relative_to(PRESETS_DIR).parts[0] != "compare"
+    )
 
 
 def sweep_names() -> list[str]:

@@ -72,8 +72,9 @@ def baseline_row(rows: list[Row], baseline: str | None) -> Row:
     for row in rows:
         if row.name == baseline:
             return row
-    raise UserError(f"baseline row {baseline!r} is not in the report; the rows are: "
-                    f"{', '.join(r.name for r in rows)}.")
+    raise UserError(
+        f"baseline row {baseline!r} is not in the report; the rows are: {', '.join(r.name for r in rows)}."
+    )
 
 
 def cell_intervals(rows: list[Row], baseline: str | None = None) -> dict[tuple[str, int], Cell]:
@@ -88,9 +89,15 @@ def cell_intervals(rows: list[Row], baseline: str | None = None) -> dict[tuple[s
             mine = stats.cell_samples(row.result, ev)
             interval = stats.loss_interval(mine.sums, mine.counts) if mine is not None else None
             diff = None
-            if (row is not base and mine is not None and ref is not None and mine.doc_index == ref.doc_index
-                    and mine.sums.shape == ref.sums.shape and stats.same_targets(row.result, base.result)
-                    and (mine.counts == ref.counts).all()):
+            if (
+                row is not base
+                and mine is not None
+                and ref is not None
+                and mine.doc_index == ref.doc_index
+                and mine.sums.shape == ref.sums.shape
+                and stats.same_targets(row.result, base.result)
+                and (mine.counts == ref.counts).all()
+            ):
                 diff = stats.paired_difference(mine.sums, mine.counts, ref.sums, ref.counts)
             cells[(row.name, ev)] = Cell(interval, diff, row is base)
     return cells
@@ -100,16 +107,17 @@ def _number(v: float, metric: str) -> str:
     return f"{v:.2f}" if metric in ("ppl", "seq_ppl") else f"{v:.3f}"
 
 
-def markdown_table(rows: list[Row], metric: str = "loss",
-                   cells: dict[tuple[str, int], Cell] | None = None) -> str:
-    """One metric per cell, best of each column in bold; with ``cells``, loss and ppl carry their intervals."""
+def markdown_table(
+    rows: list[Row], metric: str = "loss", cells: dict[tuple[str, int], Cell] | None = None
+) -> str:
+    """One metric per cell, best of each column in bold; with ``cells``, loss and ppl carry their
+    intervals."""
     cols = _columns(rows)
     best = {}
     for ev in cols:
         values = [v for row in rows if (v := row.metric(ev, metric)) is not None]
         best[ev] = min(values) if values else None
-    lines = ["| model | " + " | ".join(f"ev={ev}" for ev in cols) + " |",
-             "|---|" + "---:|" * len(cols)]
+    lines = ["| model | " + " | ".join(f"ev={ev}" for ev in cols) + " |", "|---|" + "---:|" * len(cols)]
     for row in rows:
         texts = []
         for ev in cols:
@@ -135,8 +143,7 @@ def markdown_table(rows: list[Row], metric: str = "loss",
 def difference_table(rows: list[Row], cells: dict[tuple[str, int], Cell]) -> str:
     """Each row minus the baseline (nats), with its paired interval; "within noise" when it contains 0."""
     cols = _columns(rows)
-    lines = ["| model | " + " | ".join(f"ev={ev}" for ev in cols) + " |",
-             "|---|" + "---:|" * len(cols)]
+    lines = ["| model | " + " | ".join(f"ev={ev}" for ev in cols) + " |", "|---|" + "---:|" * len(cols)]
     for row in rows:
         texts = []
         for ev in cols:
@@ -156,14 +163,17 @@ def difference_table(rows: list[Row], cells: dict[tuple[str, int], Cell]) -> str
 def seed_table(rows: list[Row]) -> str:
     """Per cell: the per-seed losses' mean and sample standard deviation (training noise alone)."""
     cols = _columns(rows)
-    lines = ["| model | seeds | " + " | ".join(f"ev={ev}" for ev in cols) + " |",
-             "|---|---:|" + "---:|" * len(cols)]
+    lines = [
+        "| model | seeds | " + " | ".join(f"ev={ev}" for ev in cols) + " |",
+        "|---|---:|" + "---:|" * len(cols),
+    ]
     for row in rows:
         texts = []
         for ev in cols:
             losses = [v for part in row.seeds if (v := Row(row.name, part).metric(ev, "loss")) is not None]
-            texts.append(f"{statistics.fmean(losses):.3f} ± {statistics.stdev(losses):.3f}"
-                         if len(losses) > 1 else "–")
+            texts.append(
+                f"{statistics.fmean(losses):.3f} ± {statistics.stdev(losses):.3f}" if len(losses) > 1 else "–"
+            )
         lines.append(f"| {row.name} | {len(row.seeds) or 1} | " + " | ".join(texts) + " |")
     return "\n".join(lines)
 
@@ -171,8 +181,28 @@ def seed_table(rows: list[Row]) -> str:
 def rows_to_csv(rows: list[Row], cells: dict[tuple[str, int], Cell] | None = None) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["model", "encoding", "applied", "ev", "window", "tokens", "loss", "ppl", "bpb", "tail_loss",
-                "seq_ppl", "seeds", "seed_sd", "loss_low", "loss_high", "diff", "diff_low", "diff_high"])
+    w.writerow(
+        [
+            "model",
+            "encoding",
+            "applied",
+            "ev",
+            "window",
+            "tokens",
+            "loss",
+            "ppl",
+            "bpb",
+            "tail_loss",
+            "seq_ppl",
+            "seeds",
+            "seed_sd",
+            "loss_low",
+            "loss_high",
+            "diff",
+            "diff_low",
+            "diff_high",
+        ]
+    )
 
     def fmt(v: float | None, spec: str = ".6f") -> str:
         return "" if v is None else format(v, spec)
@@ -181,16 +211,34 @@ def rows_to_csv(rows: list[Row], cells: dict[tuple[str, int], Cell] | None = Non
         for r in row.result["results"]:
             cell = (cells or {}).get((row.name, r["ev"]), Cell(None, None))
             iv, d = cell.interval, cell.difference
-            w.writerow([row.name, row.result["encoding"], json.dumps(row.result.get("applied") or {}), r["ev"],
-                        r["window"], r["tokens"], f"{r['loss']:.6f}", f"{r['ppl']:.4f}", f"{r['bpb']:.6f}",
-                        f"{r['tail_loss']:.6f}", fmt(r.get("seq_ppl"), ".4f"), len(row.seeds) or 1,
-                        fmt(iv.seed_sd if iv else None), fmt(iv.low if iv else None), fmt(iv.high if iv else None),
-                        fmt(d.estimate if d else None), fmt(d.low if d else None), fmt(d.high if d else None)])
+            w.writerow(
+                [
+                    row.name,
+                    row.result["encoding"],
+                    json.dumps(row.result.get("applied") or {}),
+                    r["ev"],
+                    r["window"],
+                    r["tokens"],
+                    f"{r['loss']:.6f}",
+                    f"{r['ppl']:.4f}",
+                    f"{r['bpb']:.6f}",
+                    f"{r['tail_loss']:.6f}",
+                    fmt(r.get("seq_ppl"), ".4f"),
+                    len(row.seeds) or 1,
+                    fmt(iv.seed_sd if iv else None),
+                    fmt(iv.low if iv else None),
+                    fmt(iv.high if iv else None),
+                    fmt(d.estimate if d else None),
+                    fmt(d.low if d else None),
+                    fmt(d.high if d else None),
+                ]
+            )
     return buf.getvalue()
 
 
-def plot(rows: list[Row], out_dir: Path, title: str = "",
-         cells: dict[tuple[str, int], Cell] | None = None) -> list[Path]:
+def plot(
+    rows: list[Row], out_dir: Path, title: str = "", cells: dict[tuple[str, int], Cell] | None = None
+) -> list[Path]:
     """loss_vs_length.png (bands: the cells' intervals) and per_position.png; returns the files written
     (none without matplotlib)."""
     try:
@@ -208,11 +256,17 @@ def plot(rows: list[Row], out_dir: Path, title: str = "",
     for row in rows:
         evs = [r["ev"] for r in row.result["results"]]
         losses = [r["loss"] for r in row.result["results"]]
-        line, = ax.plot(evs, losses, marker="o", label=row.name)
+        (line,) = ax.plot(evs, losses, marker="o", label=row.name)
         bands = [(ev, c.interval) for ev in evs if (c := (cells or {}).get((row.name, ev))) and c.interval]
         if bands:
-            ax.fill_between([ev for ev, _ in bands], [iv.low for _, iv in bands], [iv.high for _, iv in bands],
-                            color=line.get_color(), alpha=0.2, linewidth=0)
+            ax.fill_between(
+                [ev for ev, _ in bands],
+                [iv.low for _, iv in bands],
+                [iv.high for _, iv in bands],
+                color=line.get_color(),
+                alpha=0.2,
+                linewidth=0,
+            )
         # the extrapolation signal itself: how much worse (or better) than at the shortest length
         ax2.plot(evs, [x - losses[0] for x in losses], marker="o", color=line.get_color(), label=row.name)
     for a in (ax, ax2):
@@ -264,23 +318,37 @@ def _uncertainty_note(cells: dict[tuple[str, int], Cell]) -> list[str]:
     docs = sorted({iv.documents for iv in intervals})
     lines = []
     if intervals:
-        how = (f"a bootstrap over the held-out documents ({', '.join(map(str, docs))} per cell; documents are "
-               f"resampled, not tokens, {stats.RESAMPLES} resamples, seed {stats.BOOTSTRAP_SEED})")
+        how = (
+            f"a bootstrap over the held-out documents ({', '.join(map(str, docs))} per cell; documents are "
+            f"resampled, not tokens, {stats.RESAMPLES} resamples, seed {stats.BOOTSTRAP_SEED})"
+        )
         if seeds != [1]:
-            how += (" crossed with the training seeds (each resample also draws seeds with replacement, "
-                    "deviations rescaled by sqrt(S/(S-1))); the number is the mean over seeds")
+            how += (
+                " crossed with the training seeds (each resample also draws seeds with replacement, "
+                "deviations rescaled by sqrt(S/(S-1))); the number is the mean over seeds"
+            )
         lines.append(f"[a, b] = {round(stats.LEVEL * 100)}% interval from {how}.")
         if docs[0] < 10:
-            lines.append(f"Few documents ({docs[0]}): a bootstrap over so few units is rough and tends to be too "
-                         "narrow; score more (`--max-eval-tokens`) to tighten it.")
+            lines.append(
+                f"Few documents ({docs[0]}): a bootstrap over so few units is rough and tends to be too "
+                "narrow; score more (`--max-eval-tokens`) to tighten it."
+            )
     if any(c.interval is None for c in cells.values()):
-        lines.append("(no interval): the result was saved before evaluations recorded per-document losses; "
-                     "evaluate it again (`extrapos eval --overwrite`, or delete its eval JSON) to get one.")
+        lines.append(
+            "(no interval): the result was saved before evaluations recorded per-document losses; "
+            "evaluate it again (`extrapos eval --overwrite`, or delete its eval JSON) to get one."
+        )
     return lines
 
 
-def write_report(rows: list[Row], out_dir: Path, title: str, facts: list[str] | None = None,
-                 baseline: str | None = None, sequence_ppl: bool = False) -> Path:
+def write_report(
+    rows: list[Row],
+    out_dir: Path,
+    title: str,
+    facts: list[str] | None = None,
+    baseline: str | None = None,
+    sequence_ppl: bool = False,
+) -> Path:
     """report.md + results.csv + results.json + plots/ in ``out_dir``; returns the report path.
 
     ``baseline``: the row the differences are taken to (default: the first); ``sequence_ppl``: add
@@ -301,40 +369,64 @@ def write_report(rows: list[Row], out_dir: Path, title: str, facts: list[str] | 
         loss_parts, cells = _loss_sections(rows, out_dir, title, baseline, sequence_ppl)
         parts += loss_parts
     if task_rows:
-        parts += ([""] if rows else []) + tables.task_sections(task_rows, tables.plot_tasks(task_rows, out_dir / "plots"))
+        parts += ([""] if rows else []) + tables.task_sections(
+            task_rows, tables.plot_tasks(task_rows, out_dir / "plots")
+        )
         _atomic_write(out_dir / "tasks.csv", tables.tasks_csv(task_rows))
     report = out_dir / "report.md"
     _atomic_write(report, "\n".join(parts) + "\n")
     if rows:
         _atomic_write(out_dir / "results.csv", rows_to_csv(rows, cells))
-        _atomic_write(out_dir / "results.json", json.dumps([{**r.result, "eval_name": r.result["name"], "name": r.name}
-                                                            for r in rows], indent=1))
+        _atomic_write(
+            out_dir / "results.json",
+            json.dumps([{**r.result, "eval_name": r.result["name"], "name": r.name} for r in rows], indent=1),
+        )
     return report
 
 
-def _loss_sections(rows: list[Row], out_dir: Path, title: str, baseline: str | None,
-                   sequence_ppl: bool) -> tuple[list[str], dict[tuple[str, int], Cell]]:
-    """The loss part of the report (tables with intervals, differences to the baseline, plots) and its cells."""
+def _loss_sections(
+    rows: list[Row], out_dir: Path, title: str, baseline: str | None, sequence_ppl: bool
+) -> tuple[list[str], dict[tuple[str, int], Cell]]:
+    """The loss part of the report (tables with intervals, differences to the baseline, plots) and its
+    cells."""
     base = baseline_row(rows, baseline)
     cells = cell_intervals(rows, base.name)
     plots = plot(rows, out_dir / "plots", title, cells)
     parts = ["Mean token loss (nats) on the same target tokens at every length; best per column in bold.", ""]
     parts += _uncertainty_note(cells) + [""]
-    parts += [markdown_table(rows, "loss", cells), "",
-              f"Difference to the baseline row ({base.name}), row minus baseline in nats (negative = better), with "
-              "its paired-bootstrap interval (the same documents and seeds resampled for both rows); "
-              "\"within noise\" when the interval contains 0:", "",
-              difference_table(rows, cells), ""]
+    parts += [
+        markdown_table(rows, "loss", cells),
+        "",
+        f"Difference to the baseline row ({base.name}), row minus baseline in nats (negative = better), with "
+        "its paired-bootstrap interval (the same documents and seeds resampled for both rows); "
+        '"within noise" when the interval contains 0:',
+        "",
+        difference_table(rows, cells),
+        "",
+    ]
     if any(row.seeds for row in rows):
-        parts += ["Spread across seeds: mean ± sample standard deviation of the per-seed losses "
-                  "(training noise alone, on fixed documents):", "", seed_table(rows), ""]
+        parts += [
+            "Spread across seeds: mean ± sample standard deviation of the per-seed losses "
+            "(training noise alone, on fixed documents):",
+            "",
+            seed_table(rows),
+            "",
+        ]
     parts += ["Perplexity, exp(mean token loss):", "", markdown_table(rows, "ppl", cells), ""]
     if sequence_ppl:
-        parts += ["Mean of per-sequence perplexities (the segmented-sequences paper's aggregate, Karypis et al. "
-                  "eq. 3: exp of each L_e window's mean loss, averaged over windows; at least exp(mean loss)):", "",
-                  markdown_table(rows, "seq_ppl"), ""]
-    parts += ["Loss of each window's last L_t tokens (does more context help?):", "",
-              markdown_table(rows, "tail_loss"), ""]
+        parts += [
+            "Mean of per-sequence perplexities (the segmented-sequences paper's aggregate, Karypis et al. "
+            "eq. 3: exp of each L_e window's mean loss, averaged over windows; at least exp(mean loss)):",
+            "",
+            markdown_table(rows, "seq_ppl"),
+            "",
+        ]
+    parts += [
+        "Loss of each window's last L_t tokens (does more context help?):",
+        "",
+        markdown_table(rows, "tail_loss"),
+        "",
+    ]
     for p in plots:
         parts.append(f"![{p.stem}](plots/{p.name})")
     return parts, cells
@@ -347,11 +439,15 @@ def _atomic_write(path: Path, text: str) -> None:
 def _read_rows(compare_dir: Path) -> list[dict[str, Any]]:
     try:
         entries = json.loads((compare_dir / "rows.json").read_text())
-        assert isinstance(entries, list) and all((isinstance(e["eval"], str) or e["eval"] is None and e.get("tasks"))
-                                                 and "name" in e for e in entries)
+        assert isinstance(entries, list) and all(
+            (isinstance(e["eval"], str) or e["eval"] is None and e.get("tasks")) and "name" in e
+            for e in entries
+        )
         assert all(isinstance(p, str) for e in entries for p in (e.get("tasks") or {}).values())
     except (ValueError, KeyError, TypeError, AssertionError):
-        raise UserError(f"{compare_dir / 'rows.json'} is damaged; rebuild it with `extrapos compare`.") from None
+        raise UserError(
+            f"{compare_dir / 'rows.json'} is damaged; rebuild it with `extrapos compare`."
+        ) from None
     return entries
 
 
@@ -367,8 +463,10 @@ def collect_rows(paths: list[str | Path]) -> tuple[list[Row], Path | None]:
                 f = p / entry["eval"] if entry["eval"] is not None else None
                 for g in [f, *files.values()]:
                     if g is not None and not g.resolve().is_relative_to(p.resolve()):
-                        raise UserError(f"{p / 'rows.json'} points outside the comparison ({g}); "
-                                        "rebuild it with `extrapos compare`.")
+                        raise UserError(
+                            f"{p / 'rows.json'} points outside the comparison ({g}); "
+                            "rebuild it with `extrapos compare`."
+                        )
                 tasks = {t: json.loads(g.read_text()) for t, g in files.items() if g.is_file()}
                 if f is not None and f.is_file():
                     rows.append(Row(entry["name"], json.loads(f.read_text()), tasks))
@@ -380,7 +478,9 @@ def collect_rows(paths: list[str | Path]) -> tuple[list[Row], Path | None]:
         elif p.suffix == ".json" and p.is_file():
             rows.append(_file_row(p.stem, json.loads(p.read_text())))
         else:
-            raise UserError(f"{p} is neither a compare directory, a run with eval/ results, nor an eval JSON file.")
+            raise UserError(
+                f"{p} is neither a compare directory, a run with eval/ results, nor an eval JSON file."
+            )
     return rows, compare_dir
 
 

@@ -31,9 +31,14 @@ class LoadedRun:
         return d if (d / "manifest.json").is_file() else None
 
 
-def load_run(run_dir: str | Path, device: str | torch.device = "cpu", step: int | None = None,
-             checkpoint: ckpt_io.Checkpoint | None = None) -> LoadedRun:
-    """Load the newest intact (or a given ``step``'s, or a verified ``checkpoint``) weights, model in eval mode.
+def load_run(
+    run_dir: str | Path,
+    device: str | torch.device = "cpu",
+    step: int | None = None,
+    checkpoint: ckpt_io.Checkpoint | None = None,
+) -> LoadedRun:
+    """Load the newest intact (or a given ``step``'s, or a verified ``checkpoint``) weights, model in eval
+    mode.
 
     ``device`` "auto" is CUDA when a GPU is visible, else the CPU."""
     from extrapos.data import load_tokenizer

@@ -66,15 +66,24 @@ def prepare_run_data(cfg: RunConfig, progress: bool = True) -> Path:
     if cfg.data.dir:
         path = Path(cfg.data.dir)
         if not (path / "manifest.json").is_file():
-            raise UserError(f"data.dir {path} is not a prepared data directory; run `extrapos data prepare` first.")
+            raise UserError(
+                f"data.dir {path} is not a prepared data directory; run `extrapos data prepare` first."
+            )
         return path
     d = cfg.data
     # unset split keys keep the call (and so the cache key) of runs saved before they existed
     split = {k: v for k, v in (("split_rule", d.split_rule), ("split_gap", d.split_gap)) if v is not None}
     return prepare_data(
-        d.corpus, d.tokenizer, None, min_doc_tokens=d.min_doc_tokens, max_tokens=d.max_tokens,
-        max_docs=d.max_docs, split_fractions=tuple(d.split_fractions), text_field=d.text_field,
-        progress=progress, **split,
+        d.corpus,
+        d.tokenizer,
+        None,
+        min_doc_tokens=d.min_doc_tokens,
+        max_tokens=d.max_tokens,
+        max_docs=d.max_docs,
+        split_fractions=tuple(d.split_fractions),
+        text_field=d.text_field,
+        progress=progress,
+        **split,
     )
 
 
@@ -90,27 +99,47 @@ def build_sampler(cfg: RunConfig, split, batch_size: int, seed: int, rank: int =
     name, d = cfg.data.sampler, cfg.data
     if name == "synthetic" or (name == "contiguous" and synthetic.task_of(split.directory) is not None):
         # answer-masked examples of a synthetic: corpus; the contiguous sampler would train on every token
-        return synthetic.SyntheticSampler(split, cfg.seq_len, batch_size, seed=seed, rank=rank, world_size=world)
+        return synthetic.SyntheticSampler(
+            split, cfg.seq_len, batch_size, seed=seed, rank=rank, world_size=world
+        )
     if name == "contiguous":
-        return sampling.ContiguousSampler(split, cfg.seq_len, batch_size, seed=seed, rank=rank,
-                                          world_size=world, packed=d.packed)
+        return sampling.ContiguousSampler(
+            split, cfg.seq_len, batch_size, seed=seed, rank=rank, world_size=world, packed=d.packed
+        )
     if name not in segmented.SEGMENTED:
-        raise UserError(f"unknown data.sampler {name!r}; choose contiguous, {', '.join(segmented.SEGMENTED)}.")
+        raise UserError(
+            f"unknown data.sampler {name!r}; choose contiguous, {', '.join(segmented.SEGMENTED)}."
+        )
     if d.packed:
-        raise UserError(f"data.sampler={name} cuts windows of single documents; it cannot be packed "
-                        "(set data.packed=false).")
+        raise UserError(
+            f"data.sampler={name} cuts windows of single documents; it cannot be packed "
+            "(set data.packed=false)."
+        )
     if d.extended_length is None:
-        raise UserError(f"data.sampler={name} needs data.extended_length (L_e, e.g. 2 x the training length).")
+        raise UserError(
+            f"data.sampler={name} needs data.extended_length (L_e, e.g. 2 x the training length)."
+        )
     if name == "full":
         if cfg.seq_len != d.extended_length:
-            raise UserError(f"data.sampler=full trains on windows of data.extended_length={d.extended_length} "
-                            f"tokens; set train.seq_len={d.extended_length} too (it is {cfg.seq_len}).")
+            raise UserError(
+                f"data.sampler=full trains on windows of data.extended_length={d.extended_length} "
+                f"tokens; set train.seq_len={d.extended_length} too (it is {cfg.seq_len})."
+            )
         train_length = cfg.model.train_length
     else:
         train_length = cfg.seq_len
-    return segmented.SegmentedSampler(split, name, train_length, d.extended_length, batch_size, alpha=d.alpha,
-                                      seed=seed, rank=rank, world_size=world,
-                                      chunk_targets=d.chunk_targets or "original")
+    return segmented.SegmentedSampler(
+        split,
+        name,
+        train_length,
+        d.extended_length,
+        batch_size,
+        alpha=d.alpha,
+        seed=seed,
+        rank=rank,
+        world_size=world,
+        chunk_targets=d.chunk_targets or "original",
+    )
 
 
 # ---- the step plan -------------------------------------------------------------------------------
@@ -162,6 +191,8 @@ def cpu_has_fast_bf16() -> bool:
 
 def warn_slow_bf16(device: torch.device, precision: str) -> None:
     if precision == "bf16" and device.type == "cpu" and not cpu_has_fast_bf16():
-        print(f"extrapos: this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native bf16, so "
-              "precision=bf16 runs about 20x slower than fp32 here; use train.precision=fp32 on this machine.",
-              flush=True)
+        print(
+            f"extrapos: this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native bf16, so "
+            "precision=bf16 runs about 20x slower than fp32 here; use train.precision=fp32 on this machine.",
+            flush=True,
+        )

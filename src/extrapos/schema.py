@@ -26,7 +26,8 @@ def _type_name(hint: Any) -> str:
 
 
 def check(hint: Any, value: Any, where: str) -> Any:
-    """``value`` checked against the annotation ``hint`` (ints widened to floats); a UserError names ``where``."""
+    """``value`` checked against the annotation ``hint`` (ints widened to floats); a UserError names
+    ``where``."""
     origin = typing.get_origin(hint)
     if origin is typing.Union or isinstance(hint, types.UnionType):
         allowed = typing.get_args(hint)
@@ -83,8 +84,13 @@ def build(cls: type, values: dict[str, Any], where: str, unknown: str | None = N
     try:
         return cls(**kwargs)
     except TypeError:  # a required field is missing
-        missing = [f.name for f in dataclasses.fields(cls) if f.name not in kwargs
-                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        missing = [
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.name not in kwargs
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        ]
         if missing:
             raise UserError(f"{where.format(key=missing[0])} is required.") from None
         raise

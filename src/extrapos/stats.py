@@ -44,7 +44,7 @@ _CHUNK = 500  # replicates drawn at a time: bounds memory at _CHUNK x documents 
 
 @dataclass(frozen=True)
 class Interval:
-    estimate: float               # the statistic on the data itself (mean over seeds of per-seed values)
+    estimate: float  # the statistic on the data itself (mean over seeds of per-seed values)
     low: float
     high: float
     seeds: int = 1
@@ -64,15 +64,23 @@ class Samples:
     counts: np.ndarray
 
 
-def loss_interval(sums, counts, level: float = LEVEL, resamples: int = RESAMPLES,
-                  seed: int = BOOTSTRAP_SEED) -> Interval:
+def loss_interval(
+    sums, counts, level: float = LEVEL, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED
+) -> Interval:
     """Interval of the mean token loss; ``sums``/``counts`` are (documents,) or (seeds, documents)."""
     s, c = _as_2d(sums), _as_2d(counts)
     return _bootstrap([(1.0, s, c)], level, resamples, seed)
 
 
-def paired_difference(sums, counts, ref_sums, ref_counts, level: float = LEVEL, resamples: int = RESAMPLES,
-                      seed: int = BOOTSTRAP_SEED) -> Interval:
+def paired_difference(
+    sums,
+    counts,
+    ref_sums,
+    ref_counts,
+    level: float = LEVEL,
+    resamples: int = RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> Interval:
     """Interval of (row - reference) mean token loss over the same documents (and the same seeds, paired)."""
     a, ca, b, cb = _as_2d(sums), _as_2d(counts), _as_2d(ref_sums), _as_2d(ref_counts)
     if a.shape != b.shape:
@@ -115,11 +123,18 @@ def _bootstrap(parts, level: float, resamples: int, seed: int) -> Interval:
             centre = centre + inflate * deviations
         replicates.append(centre)
     low, high = np.quantile(np.concatenate(replicates), [(1 - level) / 2, (1 + level) / 2])
-    return Interval(float(point.mean()), float(low), float(high), n_seeds,
-                    float(point.std(ddof=1)) if n_seeds > 1 else None, n_docs)
+    return Interval(
+        float(point.mean()),
+        float(low),
+        float(high),
+        n_seeds,
+        float(point.std(ddof=1)) if n_seeds > 1 else None,
+        n_docs,
+    )
 
 
 # ---- saved evaluation results ------------------------------------------------------------------------
+
 
 def cell_samples(result: dict[str, Any], ev: int) -> Samples | None:
     """The per-document data of one length of a result (a plain one, or one combined over seeds).

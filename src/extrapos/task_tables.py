@@ -69,8 +69,11 @@ def _lm_eval_scores(result: dict[str, Any]) -> dict[str, tuple[str, float]]:
     """lm-eval task -> (metric, value): acc_norm where the task has it, else acc, else its first number."""
     out = {}
     for task, metrics in sorted(result.get("results", {}).items()):
-        numbers = {k.split(",")[0]: v for k, v in metrics.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool) and "stderr" not in k}
+        numbers = {
+            k.split(",")[0]: v
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and "stderr" not in k
+        }
         for name in ("acc_norm", "acc", "exact_match"):
             if name in numbers:
                 out[task] = (name, float(numbers[name]))
@@ -87,11 +90,15 @@ def lm_eval_table(rows) -> str:
     scores = {row.name: _lm_eval_scores(row.tasks["lm-eval"]) for row in scored}
     cols = sorted({t for s in scores.values() for t in s})
     names = {t: next(s[t][0] for s in scores.values() if t in s) for t in cols}
-    lines = ["| model | max length | " + " | ".join(f"{t} ({names[t]})" for t in cols) + " |",
-             "|---|---:|" + "---:|" * len(cols)]
+    lines = [
+        "| model | max length | " + " | ".join(f"{t} ({names[t]})" for t in cols) + " |",
+        "|---|---:|" + "---:|" * len(cols),
+    ]
     for row in scored:
         cells = [f"{scores[row.name][t][1]:.3f}" if t in scores[row.name] else "–" for t in cols]
-        lines.append(f"| {row.name} | {row.tasks['lm-eval'].get('max_length', '–')} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {row.name} | {row.tasks['lm-eval'].get('max_length', '–')} | " + " | ".join(cells) + " |"
+        )
     return "\n".join(lines)
 
 
@@ -99,15 +106,22 @@ def _describe(task: str, rows) -> str:
     first = next(row.tasks[task] for row in rows if task in row.tasks)
     if task == "synthetic":
         req = first.get("request", {})
-        return (f"Synthetic task `{first['task']}`, {req.get('examples', '?')} fresh examples of exactly ev x L_t "
-                "tokens per length (never the training examples), scored teacher-forced on the answer tokens: "
-                "per-token accuracy (argmax = answer) and exact match (every answer token of an example right).")
+        return (
+            f"Synthetic task `{first['task']}`, {req.get('examples', '?')} fresh examples of exactly ev x "
+            "L_t "
+            "tokens per length (never the training examples), scored teacher-forced on the answer tokens: "
+            "per-token accuracy (argmax = answer) and exact match (every answer token of an example right)."
+        )
     if task == "passkey":
         req = first["request"]
         chance = f"; chance {1 / req['candidates']:.2f}" if first.get("metric") == "rank_accuracy" else ""
-        return (f"Passkey retrieval ({req['mode']}, haystack {req['haystack']}): accuracy per length, the mean over "
-                f"needle depths {', '.join(f'{d:g}' for d in req['depths'])} ({req['trials']} trials per cell{chance}); "
-                "the per-depth grid is in each row's JSON under tasks/passkey/.")
+        return (
+            f"Passkey retrieval ({req['mode']}, haystack {req['haystack']}): accuracy per length, the mean "
+            "over "
+            f"needle depths {', '.join(f'{d:g}' for d in req['depths'])} ({req['trials']} trials per "
+            f"cell{chance}); "
+            "the per-depth grid is in each row's JSON under tasks/passkey/."
+        )
     return f"lm-evaluation-harness: {', '.join(first.get('tasks', []))}."
 
 
@@ -120,8 +134,12 @@ def task_sections(rows, plots: dict[str, Path]) -> list[str]:
             parts += [lm_eval_table(rows), ""]
         else:
             for metric, label in length_metrics(task, rows):
-                parts += [f"{label.capitalize()} (higher is better; best per column in bold):", "",
-                          length_table(task, rows, metric), ""]
+                parts += [
+                    f"{label.capitalize()} (higher is better; best per column in bold):",
+                    "",
+                    length_table(task, rows, metric),
+                    "",
+                ]
         if task in plots:
             parts += [f"![{plots[task].stem}](plots/{plots[task].name})", ""]
     return parts
@@ -137,14 +155,32 @@ def tasks_csv(rows) -> str:
             result = row.tasks[task]
             if task == "lm-eval":
                 for name, (metric, value) in _lm_eval_scores(result).items():
-                    w.writerow([row.name, f"lm-eval:{name}", "", result.get("max_length", ""), "", metric,
-                                f"{value:.6f}"])
+                    w.writerow(
+                        [
+                            row.name,
+                            f"lm-eval:{name}",
+                            "",
+                            result.get("max_length", ""),
+                            "",
+                            metric,
+                            f"{value:.6f}",
+                        ]
+                    )
                 continue
             for c in result["results"]:
                 for metric in ("token_accuracy", "exact_match", "answer_loss", "rank_accuracy"):
                     if isinstance(c.get(metric), (int, float)):
-                        w.writerow([row.name, task, c["ev"], c.get("length", ""), c.get("depth", ""), metric,
-                                    f"{c[metric]:.6f}"])
+                        w.writerow(
+                            [
+                                row.name,
+                                task,
+                                c["ev"],
+                                c.get("length", ""),
+                                c.get("depth", ""),
+                                metric,
+                                f"{c[metric]:.6f}",
+                            ]
+                        )
     return buf.getvalue()
 
 

@@ -78,8 +78,10 @@ class StepStats:
 
 # ---- optimisation --------------------------------------------------------------------------------
 
+
 def build_optimizer(model: nn.Module, cfg: RunConfig) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices only (norm gains, biases and scalar position params are not decayed)."""
+    """AdamW; weight decay on matrices only (norm gains, biases and scalar position params are not
+    decayed)."""
     t = cfg.train
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
@@ -136,14 +138,30 @@ def validation_loss(model: nn.Module, cfg: RunConfig, split, device: torch.devic
 
 # ---- the run -------------------------------------------------------------------------------------
 
+
 def run_is_complete(run_dir: Path) -> bool:
     return (Path(run_dir) / "summary.json").is_file()
 
 
 # keys a --resume may change: they decide how long to train and what to log, not what is learned
-RESUMABLE_KEYS = {f"train.{k}" for k in ("steps", "tokens", "epochs", "log_every", "eval_every", "eval_batches",
-                                         "checkpoint_every", "keep_checkpoints", "threads", "tensorboard",
-                                         "wandb", "parallel", "activation_checkpointing")}
+RESUMABLE_KEYS = {
+    f"train.{k}"
+    for k in (
+        "steps",
+        "tokens",
+        "epochs",
+        "log_every",
+        "eval_every",
+        "eval_batches",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "threads",
+        "tensorboard",
+        "wandb",
+        "parallel",
+        "activation_checkpointing",
+    )
+}
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, object]:
@@ -172,9 +190,11 @@ def resume_config(run_dir: Path, cfg: RunConfig | None) -> tuple[RunConfig, list
     fixed = [k for k in changed if k not in RESUMABLE_KEYS]
     if fixed:
         k = fixed[0]
-        raise UserError(f"{run_dir} was trained with {k} = {old.get(k, '(default)')!r}; --resume cannot change it "
-                        f"to {new.get(k, '(default)')!r}; drop that --set/--config, or start a new run with another "
-                        "--out.")
+        raise UserError(
+            f"{run_dir} was trained with {k} = {old.get(k, '(default)')!r}; --resume cannot change it "
+            f"to {new.get(k, '(default)')!r}; drop that --set/--config, or start a new run with another "
+            "--out."
+        )
     return cfg, [f"{k} {old.get(k, '(default)')} -> {new.get(k, '(default)')}" for k in changed]
 
 
@@ -195,7 +215,9 @@ def train(
     run_dir = Path(run_dir)
     existing = (run_dir / "config.toml").is_file()
     if existing and not resume:
-        raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out.")
+        raise UserError(
+            f"{run_dir} already holds a run; pass --resume to continue it or choose another --out."
+        )
     if not existing:
         if cfg is None:
             raise UserError(f"{run_dir} holds no run to resume; start it with --config FILE_OR_PRESET.")
@@ -214,7 +236,9 @@ def train(
             print("extrapos train: resuming with " + ", ".join(changes), flush=True)
         if resume and run_is_complete(run_dir):
             return TrainResult.from_summary(run_dir)
-        trainer = Trainer(cfg, run_dir, device, rank, world, resume=resume, progress=progress, init_from=init_from)
+        trainer = Trainer(
+            cfg, run_dir, device, rank, world, resume=resume, progress=progress, init_from=init_from
+        )
         return trainer.run()
 
 
@@ -222,8 +246,17 @@ class Trainer:
     """One training run in stages: build (or resume) -> ``train_step`` per optimizer step -> periodic
     work (log, validate, checkpoint) -> ``finish``."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, device: torch.device, rank: int = 0, world: int = 1,
-                 resume: bool = False, progress: bool = True, init_from: str | Path | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir: Path,
+        device: torch.device,
+        rank: int = 0,
+        world: int = 1,
+        resume: bool = False,
+        progress: bool = True,
+        init_from: str | Path | None = None,
+    ):
         self.cfg, self.run_dir, self.device, self.rank, self.world = cfg, run_dir, device, rank, world
         self.is_main = rank == 0
         self.progress = progress and self.is_main
@@ -273,15 +306,20 @@ class Trainer:
         tokenizer = load_tokenizer(data_dir)
         if tokenizer.vocab_size > cfg.model.vocab_size:
             raise UserError(
-                f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size is {cfg.model.vocab_size}; "
+                f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size is "
+                f"{cfg.model.vocab_size}; "
                 f"set model.vocab_size={tokenizer.vocab_size} or use a smaller tokenizer."
             )
         train_split, val_split = open_split(data_dir, "train"), open_split(data_dir, "val")
         longest = int(val_split.doc_lengths.max(initial=0))
         if self.is_main and longest < cfg.seq_len + 1:
-            print(f"extrapos: warning: no validation document holds one window of {cfg.seq_len + 1} tokens (the "
-                  f"longest has {longest}), so this run reports no validation loss; prepare the data with "
-                  "data.split_rule = \"within\" or a larger validation fraction to get one.", flush=True)
+            print(
+                f"extrapos: warning: no validation document holds one window of {cfg.seq_len + 1} tokens "
+                "(the "
+                f"longest has {longest}), so this run reports no validation loss; prepare the data with "
+                'data.split_rule = "within" or a larger validation fraction to get one.',
+                flush=True,
+            )
         return tokenizer, data_dir, train_split, val_split
 
     def _write_run_files(self, tokenizer, data_dir: Path) -> None:
@@ -313,9 +351,16 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         saved_world = state["sampler"].get("world_size", 1)
         if saved_world != self.world and self.is_main:
-            _say(f"extrapos train: resuming a checkpoint of {saved_world} process(es) on {self.world}; the data "
-                 f"stream continues where it stopped, {self.plan.tokens_per_step} tokens per step.")
-        self.start_step, self.elapsed_before, self.tokens_seen = state["step"], state["elapsed"], state["tokens"]
+            _say(
+                f"extrapos train: resuming a checkpoint of {saved_world} process(es) on {self.world}; the "
+                "data "
+                f"stream continues where it stopped, {self.plan.tokens_per_step} tokens per step."
+            )
+        self.start_step, self.elapsed_before, self.tokens_seen = (
+            state["step"],
+            state["elapsed"],
+            state["tokens"],
+        )
         self.metrics.truncate_after(self.start_step)
         if self.is_main:
             ckpt_io.prune_checkpoints(self.run_dir, self.cfg.train.keep_checkpoints)
@@ -340,9 +385,13 @@ class Trainer:
             # gradients are reduced across processes once per step, on the last micro-batch
             sync = parallelize.gradient_sync(self.train_model, self.model, cfg, world, enabled=i == accum - 1)
             with sync, autocast(device, cfg.train.precision):
-                # the head fused with the loss (losses.py) only on the bare model: a wrapper's forward must run
+                # the head fused with the loss (losses.py) only on the bare model: a wrapper's forward must
+                # run
                 fused = self.train_model is self.model and world == 1
-                loss = model_loss_sum(self.train_model, b.tokens, b.positions, b.targets, b.loss_mask, fused) / n_tokens
+                loss = (
+                    model_loss_sum(self.train_model, b.tokens, b.positions, b.targets, b.loss_mask, fused)
+                    / n_tokens
+                )
             loss.backward()
             step_loss += loss.detach()
         clip = cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf")
@@ -353,7 +402,11 @@ class Trainer:
         loss_value = float(step_loss)
         if not math.isfinite(loss_value) or not math.isfinite(float(grad_norm)):
             last_good = ckpt_io.latest_checkpoint(self.run_dir)
-            where = f"the last good checkpoint is {last_good.path}" if last_good else "no checkpoint was written yet"
+            where = (
+                f"the last good checkpoint is {last_good.path}"
+                if last_good
+                else "no checkpoint was written yet"
+            )
             raise TrainingDiverged(
                 f"the loss became non-finite ({loss_value}) at step {step + 1}; {where}; "
                 "lower train.lr or use train.precision=fp32."
@@ -372,12 +425,18 @@ class Trainer:
         t, total = self.cfg.train, self.plan.total_steps
         tok_s = self.plan.tokens_per_step / stats.seconds
         if self.is_main and (done % t.log_every == 0 or done == total or done == 1):
-            self.metrics.log({
-                "step": done, "loss": stats.loss, "lr": stats.lr, "grad_norm": stats.grad_norm,
-                "tokens": self.tokens_seen, "tokens_per_s": tok_s,
-                "mfu": self.flops_per_token * tok_s / self.peak_flops if self.peak_flops else None,
-                "elapsed": self.elapsed(),
-            })
+            self.metrics.log(
+                {
+                    "step": done,
+                    "loss": stats.loss,
+                    "lr": stats.lr,
+                    "grad_norm": stats.grad_norm,
+                    "tokens": self.tokens_seen,
+                    "tokens_per_s": tok_s,
+                    "mfu": self.flops_per_token * tok_s / self.peak_flops if self.peak_flops else None,
+                    "elapsed": self.elapsed(),
+                }
+            )
         if t.eval_every and done % t.eval_every == 0 and done != total:
             val_loss = validation_loss(self.model, self.cfg, self.val_split, self.device)
             if val_loss is not None:
@@ -391,9 +450,18 @@ class Trainer:
         if self.is_main:
             extra = {"val_loss": val_loss} if step == self.plan.total_steps else {}
             path = ckpt_io.save_checkpoint(
-                self.run_dir, step, gathered or self.model, None if gathered else self.optimizer,
-                {"sampler": self.sampler.state_dict(), "elapsed": self.elapsed(),
-                 "tokens": self.tokens_seen, "loss": loss, "config": self.cfg.to_dict(), **extra},
+                self.run_dir,
+                step,
+                gathered or self.model,
+                None if gathered else self.optimizer,
+                {
+                    "sampler": self.sampler.state_dict(),
+                    "elapsed": self.elapsed(),
+                    "tokens": self.tokens_seen,
+                    "loss": loss,
+                    "config": self.cfg.to_dict(),
+                    **extra,
+                },
                 keep=self.cfg.train.keep_checkpoints,
             )
             _say(f"checkpoint saved: {path}")
@@ -405,9 +473,12 @@ class Trainer:
     def announce(self) -> None:
         cfg, plan = self.cfg, self.plan
         n_params = count_parameters(self.model)
-        print(f"extrapos train: {n_params['total'] / 1e6:.2f}M parameters, encoding "
-              f"{cfg.model.positions['name']}, {plan.total_steps} steps x {plan.tokens_per_step} tokens "
-              f"(accumulation {plan.accumulation}) on {self.device} in {cfg.train.precision}", flush=True)
+        print(
+            f"extrapos train: {n_params['total'] / 1e6:.2f}M parameters, encoding "
+            f"{cfg.model.positions['name']}, {plan.total_steps} steps x {plan.tokens_per_step} tokens "
+            f"(accumulation {plan.accumulation}) on {self.device} in {cfg.train.precision}",
+            flush=True,
+        )
 
     def run(self) -> TrainResult:
         total = self.plan.total_steps
@@ -449,9 +520,15 @@ class Trainer:
             self.save(total, loss, val_loss)
         wall = self.elapsed()
         if self.is_main:
-            summary = {"steps": total, "tokens": self.tokens_seen, "final_loss": _finite(loss),
-                       "val_loss": _finite(val_loss), "wall_time": wall, "parameters": count_parameters(self.model),
-                       "encoding": self.cfg.model.positions["name"]}
+            summary = {
+                "steps": total,
+                "tokens": self.tokens_seen,
+                "final_loss": _finite(loss),
+                "val_loss": _finite(val_loss),
+                "wall_time": wall,
+                "parameters": count_parameters(self.model),
+                "encoding": self.cfg.model.positions["name"],
+            }
             atomic_write(self.run_dir / "summary.json", json.dumps(summary, indent=1, allow_nan=False))
         self.metrics.close()
         return TrainResult(self.run_dir, total, self.tokens_seen, loss, val_loss, wall)

@@ -31,8 +31,15 @@ def write_synthetic(directory: Path, docs: list[list[int]], eot_id: int = 0, voc
         for doc in docs if split == "train" else []:
             writer.add(doc, num_bytes=2 * len(doc))
         splits[split] = writer.close()
-    write_manifest(directory, {"format": FORMAT, "dtype": "uint16", "splits": splits,
-                               "tokenizer": {"eot_id": eot_id, "vocab_size": vocab_size}})
+    write_manifest(
+        directory,
+        {
+            "format": FORMAT,
+            "dtype": "uint16",
+            "splits": splits,
+            "tokenizer": {"eot_id": eot_id, "vocab_size": vocab_size},
+        },
+    )
     return directory
 
 

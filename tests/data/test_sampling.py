@@ -81,7 +81,9 @@ def test_same_seed_same_stream_other_seed_other_stream(synthetic_split):
 
 def test_ranks_get_disjoint_equal_shares(synthetic_split):
     split = synthetic_split(numbered_docs(LENGTHS))
-    shares = [epoch_of_windows(ContiguousSampler(split, 4, 2, seed=1, rank=r, world_size=3)) for r in range(3)]
+    shares = [
+        epoch_of_windows(ContiguousSampler(split, 4, 2, seed=1, rank=r, world_size=3)) for r in range(3)
+    ]
     assert [len(s) for s in shares] == [5, 5, 5]  # 16 windows: 5 per rank from the first 15 of the stream
     flat = [t for s in shares for t in s]
     assert len(set(flat)) == 15 and set(flat) <= set(epoch_of_windows(ContiguousSampler(split, 4, 2, seed=1)))
@@ -180,7 +182,7 @@ def test_packed_windows_cross_documents_with_end_of_text(synthetic_split):
         window = batch.tokens[0].tolist() + batch.targets[0, -1:].tolist()
         windows.add(tuple(window))
         assert batch.targets[0].tolist() == window[1:]
-    assert windows == {tuple(stream[i:i + 5]) for i in (0, 4, 8)}
+    assert windows == {tuple(stream[i : i + 5]) for i in (0, 4, 8)}
 
 
 def test_sequence_longer_than_every_document_is_a_user_error(synthetic_split):

@@ -1,4 +1,5 @@
-"""Segmented-sequence samplers (chunk / prefix / full / randompos / pose): the invariants of segmented sequences §3.3."""
+"""Segmented-sequence samplers (chunk / prefix / full / randompos / pose): the invariants of segmented
+sequences §3.3."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def batches(sampler, n):
 
 
 def check_original(batch, firsts, extended=L_E):
-    """Every token sits at its original position in an L_e window of one document, with its next token as target."""
+    """Every token sits at its original position in an L_e window of one document, with its next token as
+    target."""
     for toks, tgts, pos in zip(batch.tokens.tolist(), batch.targets.tolist(), batch.positions.tolist()):
         assert all(b > a for a, b in zip(pos, pos[1:]))  # strictly increasing
         assert all(0 <= p < extended for p in pos)
@@ -64,7 +66,7 @@ def test_chunk_segments(split, alpha):
         assert b.tokens.shape == (4, L_T) and bool(b.loss_mask.all())
         check_original(b, firsts)
         for pos in b.positions.tolist():
-            segments = [pos[i * seg:(i + 1) * seg] for i in range(n)]
+            segments = [pos[i * seg : (i + 1) * seg] for i in range(n)]
             for sgm in segments:
                 assert sgm == list(range(sgm[0], sgm[0] + seg))  # contiguous segments of alpha * L_t
             starts.append(pos[0])
@@ -117,7 +119,9 @@ def test_pose_contiguous_tokens_in_chunks_with_skipped_positions(split):
     for b in batches(s, 40):
         assert b.tokens.shape == (4, L_T) and bool(b.loss_mask.all())
         for toks, tgts, pos in zip(b.tokens.tolist(), b.targets.tolist(), b.positions.tolist()):
-            assert toks == list(range(toks[0], toks[0] + L_T)) and tgts == [t + 1 for t in toks]  # contiguous text
+            assert toks == list(range(toks[0], toks[0] + L_T)) and tgts == [
+                t + 1 for t in toks
+            ]  # contiguous text
             assert len({firsts[t] for t in toks + tgts}) == 1
             start = toks[0] - firsts[toks[0]]
             assert start + L_T <= start // L_E * L_E + L_E  # tokens and targets inside one L_e window
@@ -150,8 +154,15 @@ def test_equal_token_budgets(split):
         s = SegmentedSampler(split, method, L_T, L_E, batch_size=1, alpha=0.25)
         per_epoch[method] = s.windows_per_epoch * s.seq_len
     epochs = L_E // L_T
-    assert per_epoch["chunk"] * epochs == per_epoch["prefix"] * epochs == per_epoch["randompos"] * epochs \
-        == per_epoch["pose"] * epochs == per_epoch["full"] == compute_equivalent_tokens(split, L_T, L_E) == 12 * L_E
+    assert (
+        per_epoch["chunk"] * epochs
+        == per_epoch["prefix"] * epochs
+        == per_epoch["randompos"] * epochs
+        == per_epoch["pose"] * epochs
+        == per_epoch["full"]
+        == compute_equivalent_tokens(split, L_T, L_E)
+        == 12 * L_E
+    )
 
 
 @pytest.mark.parametrize("method", ["chunk", "prefix", "randompos", "pose"])
@@ -159,8 +170,10 @@ def test_deterministic_resumable_and_independent_of_batching(split, method):
     a = SegmentedSampler(split, method, L_T, L_E, batch_size=3, seed=5)
     b = SegmentedSampler(split, method, L_T, L_E, batch_size=3, seed=5)
     first = batches(a, 5)
-    assert all(torch.equal(x.positions, y.positions) and torch.equal(x.tokens, y.tokens)
-               for x, y in zip(first, batches(b, 5)))
+    assert all(
+        torch.equal(x.positions, y.positions) and torch.equal(x.tokens, y.tokens)
+        for x, y in zip(first, batches(b, 5))
+    )
     # resume mid-epoch (12 windows per epoch: 15 items = epoch 1, position 3) from the JSON state
     state = a.state_dict()
     assert state["epoch"] == 1 and state["position"] == 3 and state["method"] == method
@@ -176,7 +189,9 @@ def test_deterministic_resumable_and_independent_of_batching(split, method):
     other = SegmentedSampler(split, method, L_T, L_E, batch_size=15, seed=6).next_batch()
     assert not torch.equal(other.positions, stream)
     with pytest.raises(UserError, match="method"):
-        SegmentedSampler(split, "chunk" if method != "chunk" else "prefix", L_T, L_E, 3, seed=5).load_state_dict(state)
+        SegmentedSampler(
+            split, "chunk" if method != "chunk" else "prefix", L_T, L_E, 3, seed=5
+        ).load_state_dict(state)
 
 
 def test_rank_shards_are_disjoint(split):
@@ -220,10 +235,22 @@ def test_training_from_scratch_with_a_segmented_sampler(tiny_data_small):
     from extrapos.train import train
 
     data, tmp = tiny_data_small
-    cfg = lc("cpu/tiny", [f'data.dir="{data}"', "model.vocab_size=400", "model.train_length=16",
-                          "model.positions.name=expe", "data.sampler=chunk", "data.extended_length=64",
-                          "train.batch_size=2", "train.steps=2", "train.threads=1", "train.eval_every=0",
-                          "train.checkpoint_every=0"])
+    cfg = lc(
+        "cpu/tiny",
+        [
+            f'data.dir="{data}"',
+            "model.vocab_size=400",
+            "model.train_length=16",
+            "model.positions.name=expe",
+            "data.sampler=chunk",
+            "data.extended_length=64",
+            "train.batch_size=2",
+            "train.steps=2",
+            "train.threads=1",
+            "train.eval_every=0",
+            "train.checkpoint_every=0",
+        ],
+    )
     result = train(cfg, tmp / "run", progress=False)
     assert result.steps == 2 and np.isfinite(result.final_loss)
 

@@ -31,7 +31,9 @@ def test_trained_bpe_has_special_tokens_and_is_deterministic(tmp_path):
     tok = build_tokenizer("bpe:300", TEXTS)
     assert tok.vocab_size == 300 and tok.eot_id == 0
     assert tok.backend.token_to_id("<|pad|>") == 1 and tok.backend.token_to_id("<|mask|>") == 2
-    assert build_tokenizer("bpe:300", [("id", t) for t in TEXTS]).hash == tok.hash  # (id, text) pairs work too
+    assert (
+        build_tokenizer("bpe:300", [("id", t) for t in TEXTS]).hash == tok.hash
+    )  # (id, text) pairs work too
     roundtrip_checks(tok, tmp_path)
 
 
@@ -46,7 +48,9 @@ def test_tokenizer_json_file(tmp_path):
 def test_tokenizer_json_without_end_of_text_is_refused(tmp_path):
     from tokenizers import Tokenizer, models
 
-    Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(tmp_path / "tokenizer.json"))
+    Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(
+        str(tmp_path / "tokenizer.json")
+    )
     with pytest.raises(UserError, match="no end-of-text token"):
         load_tokenizer(tmp_path / "tokenizer.json")
 
@@ -54,8 +58,13 @@ def test_tokenizer_json_without_end_of_text_is_refused(tmp_path):
 def test_sentencepiece_model_trained_in_the_test(tmp_path):
     spm = pytest.importorskip("sentencepiece")
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(TEXTS * 4), model_writer=model, vocab_size=60,
-                                   character_coverage=1.0, minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TEXTS * 4),
+        model_writer=model,
+        vocab_size=60,
+        character_coverage=1.0,
+        minloglevel=2,
+    )
     (tmp_path / "tiny.model").write_bytes(model.getvalue())
     tok = load_tokenizer(tmp_path / "tiny.model")
     assert tok.kind == "sentencepiece" and tok.eot_id == 2 and tok.vocab_size == 60
@@ -75,12 +84,15 @@ def test_tiktoken_file_written_by_hand(tmp_path):
     roundtrip_checks(tok, tmp_path)
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("gpt7", "Unknown tokenizer 'gpt7'.*bpe:N"),
-    ("bpe:lots", "Cannot read the vocabulary size"),
-    ("bpe:100", "at least 259"),
-    ("./missing/tokenizer.json", "no such file"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("gpt7", "Unknown tokenizer 'gpt7'.*bpe:N"),
+        ("bpe:lots", "Cannot read the vocabulary size"),
+        ("bpe:100", "at least 259"),
+        ("./missing/tokenizer.json", "no such file"),
+    ],
+)
 def test_bad_tokenizer_specs(spec, message):
     with pytest.raises(UserError, match=message):
         build_tokenizer(spec, TEXTS)

@@ -7,12 +7,21 @@ import torch
 from extrapos.model import Decoder, model_config
 
 
-def tiny_model(name: str, options: dict | None = None, seed: int = 0, n_kv_heads: int | None = None) -> Decoder:
+def tiny_model(
+    name: str, options: dict | None = None, seed: int = 0, n_kv_heads: int | None = None
+) -> Decoder:
     """A 2-layer float64 decoder whose encoding parameters are moved away from their init."""
     torch.manual_seed(seed)
     extra = {} if n_kv_heads is None else dict(flavour="llama", n_kv_heads=n_kv_heads, tie_embeddings=False)
-    cfg = model_config(n_layers=2, d_model=32, n_heads=4, vocab_size=50, train_length=16,
-                       positions={"name": name, **(options or {})}, **extra)
+    cfg = model_config(
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        vocab_size=50,
+        train_length=16,
+        positions={"name": name, **(options or {})},
+        **extra,
+    )
     model = Decoder(cfg).double().eval()
     with torch.no_grad():
         for p in model.pos.parameters():

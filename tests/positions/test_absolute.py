@@ -1,4 +1,5 @@
-"""Sinusoidal and learned absolute encodings against their formulas (Vaswani et al. 2017 §3.5; Radford et al. 2019; segmented sequences §3.2)."""
+"""Sinusoidal and learned absolute encodings against their formulas (Vaswani et al. 2017 §3.5; Radford et al.
+2019; segmented sequences §3.2)."""
 
 import math
 

@@ -1,4 +1,5 @@
-"""ALiBi, Kerple, FIRE and T5 against their papers' formulas (Press et al. 2022; Chi et al. 2022; Li et al. 2024; Raffel et al. 2020) on small float64 inputs."""
+"""ALiBi, Kerple, FIRE and T5 against their papers' formulas (Press et al. 2022; Chi et al. 2022; Li et al.
+2024; Raffel et al. 2020) on small float64 inputs."""
 
 from __future__ import annotations
 
@@ -195,9 +196,19 @@ def _hf_relative_position_bucket(relative_position, bidirectional=True, num_buck
 @pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (16, 64), (8, 20)])
 def test_t5_buckets_match_t5_formula(num_buckets, max_distance):
     rel = torch.arange(-5000, 40)
-    want = _hf_relative_position_bucket(rel, bidirectional=False, num_buckets=num_buckets, max_distance=max_distance)
+    want = _hf_relative_position_bucket(
+        rel, bidirectional=False, num_buckets=num_buckets, max_distance=max_distance
+    )
     torch.testing.assert_close(t5_bucket(rel, num_buckets, max_distance), want)
-    assert t5_bucket(torch.tensor([0, -1, -15, -16, -127, -128, -10**6])).tolist() == [0, 1, 15, 16, 31, 31, 31]
+    assert t5_bucket(torch.tensor([0, -1, -15, -16, -127, -128, -(10**6)])).tolist() == [
+        0,
+        1,
+        15,
+        16,
+        31,
+        31,
+        31,
+    ]
 
 
 def test_t5_bias_is_table_lookup_of_buckets_and_shared_by_layers():
@@ -310,19 +321,23 @@ def test_distance_table_path_equals_reference_with_gradients(name, layout, chunk
     torch.manual_seed(0)
     enc = build_encoding(name, CTX, {"init_std": 0.5} if name == "t5" else None).double()
     B, T, H, Dh = 2, 17, CTX.n_heads, CTX.head_dim
-    pos = torch.arange(T).expand(B, T) + torch.tensor([[0], [7]]) if layout == "contiguous" else _positions(B, T)
+    pos = (
+        torch.arange(T).expand(B, T) + torch.tensor([[0], [7]])
+        if layout == "contiguous"
+        else _positions(B, T)
+    )
     if name == "fire":
         _fire_before_L(enc, int(pos.max()) + 1)
     q, k, v = (torch.randn(B, H, T, Dh, dtype=F64, requires_grad=True) for _ in range(3))
     leaves = [q, k, v, *enc.parameters()]
     for Tq in (T, 3, 1):
         full = enc.bias(torch.zeros(B, T, 16, dtype=F64), pos, 1, None)
-        new = enc.bias(torch.zeros(B, Tq, 16, dtype=F64), pos[:, T - Tq:], 1, None)
+        new = enc.bias(torch.zeros(B, Tq, 16, dtype=F64), pos[:, T - Tq :], 1, None)
         assert isinstance(new, DistanceBias)
         blk, _ = distance_block(new.table, new.q_feat, full.k_feat, T - Tq, F64)
         assert blk is not None and blk.shape[0] == (1 if layout == "contiguous" else B)
         dec = DistanceBias(new.q_feat, full.k_feat, new.fn, new.table)
-        qs = q[:, :, T - Tq:]
+        qs = q[:, :, T - Tq :]
         ref = attention_reference(qs, k, v, dec)
         out = attention(qs, k, v, dec, chunk_size=chunk)
         torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
@@ -334,7 +349,9 @@ def test_distance_table_path_equals_reference_with_gradients(name, layout, chunk
             if a is not None:
                 torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
         with torch.no_grad():  # the inference path (fused SDPA with the block as a float mask)
-            torch.testing.assert_close(attention(qs, k, v, dec, chunk_size=chunk), ref, rtol=1e-10, atol=1e-10)
+            torch.testing.assert_close(
+                attention(qs, k, v, dec, chunk_size=chunk), ref, rtol=1e-10, atol=1e-10
+            )
 
 
 def test_fire_table_covers_only_queries_before_L():

@@ -106,7 +106,9 @@ def test_cached_running_sum_over_calls_equals_one_call(name):
     layer = 1
     full = enc.bias(x, _positions(2, 12), layer, None)
     state: dict = {}
-    parts = [enc.bias(x[:, a:b], _positions(2, 12)[:, a:b], layer, state) for a, b in [(0, 7), (7, 8), (8, 12)]]
+    parts = [
+        enc.bias(x[:, a:b], _positions(2, 12)[:, a:b], layer, state) for a, b in [(0, 7), (7, 8), (8, 12)]
+    ]
     assert state[STATE_KEY].shape == (2, CTX.n_heads)
     torch.testing.assert_close(torch.cat([p.k_feat for p in parts], 2), full.k_feat)
     torch.testing.assert_close(torch.cat([p.q_feat for p in parts], 2), full.q_feat)
@@ -116,7 +118,9 @@ def test_cached_running_sum_over_calls_equals_one_call(name):
     q, k, v = (torch.randn(B, H, 12, Dh, dtype=F64) for _ in range(3))
     last = parts[-1]
     dec = type(last)(last.q_feat, full.k_feat, *([last.fn] if isinstance(last, PairwiseBias) else []))
-    torch.testing.assert_close(attention(q[:, :, 8:], k, v, dec), attention_reference(q, k, v, full)[:, :, 8:])
+    torch.testing.assert_close(
+        attention(q[:, :, 8:], k, v, dec), attention_reference(q, k, v, full)[:, :, 8:]
+    )
 
 
 def test_no_state_starts_from_zero():
@@ -186,6 +190,8 @@ def test_k_cable_block_backward_equals_autograd_of_the_formula():
         out = k_cable_fn(qf, kf)
         torch.testing.assert_close(out, plain, rtol=0, atol=0)
         w = torch.randn(plain.shape, generator=g, dtype=torch.float64)
-        for a, b in zip(torch.autograd.grad((out * w).sum(), (qf, kf)), torch.autograd.grad((plain * w).sum(), (qf, kf))):
+        for a, b in zip(
+            torch.autograd.grad((out * w).sum(), (qf, kf)), torch.autograd.grad((plain * w).sum(), (qf, kf))
+        ):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
         assert torch.autograd.gradcheck(k_cable_fn, (qf, kf))

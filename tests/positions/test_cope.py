@@ -108,4 +108,6 @@ def test_causal_ignores_positions_and_works_with_gqa():
     model = tiny_model("cope")
     tokens = torch.randint(0, 50, (1, 8))
     with torch.no_grad():  # positions are never read: any positions give the same logits
-        torch.testing.assert_close(model(tokens, torch.arange(8)[None] * 7 + 3), model(tokens, torch.arange(8)[None]))
+        torch.testing.assert_close(
+            model(tokens, torch.arange(8)[None] * 7 + 3), model(tokens, torch.arange(8)[None])
+        )

@@ -118,7 +118,6 @@ def test_exqpe_placement_and_bf16_distinctness():
     torch.testing.assert_close(xq[0, :, :4].double(), 2 * _recursive_exqpe(3, 4, 0.0, 1 / 2048, 1 / 16))
 
 
-
 def test_exqpe_motivation_bf16():
     """At long positions ExPE's p_n collide in bf16 while ExQPE's position vectors stay distinct
     (each step adds theta2 = 1/16 to one dim, exact while the counts c_k(n) <= 256, i.e. n < 256 l)."""
@@ -136,8 +135,9 @@ def test_exqpe_motivation_bf16():
 def test_decoder_feeds_overridden_input_to_q_and_k(name, to_value):
     """In the decoder, Q and K read phi(x); V reads x unless apply_to_value (seen at the projections)."""
     torch.manual_seed(0)
-    cfg = model_config(n_layers=1, d_model=D, n_heads=4, vocab_size=31,
-                       positions={"name": name, "apply_to_value": to_value})
+    cfg = model_config(
+        n_layers=1, d_model=D, n_heads=4, vocab_size=31, positions={"name": name, "apply_to_value": to_value}
+    )
     model = Decoder(cfg).double().eval()
     seen = {}
     model.blocks[0].attn.register_forward_pre_hook(lambda m, args: seen.update(x=args[0]))
@@ -157,7 +157,7 @@ def test_decoder_feeds_overridden_input_to_q_and_k(name, to_value):
         torch.nn.functional.linear = real_linear
     x = seen["x"]
     if to_value:  # one fused [Wq; Wk; Wv] projection of phi(x)
-        (xq, rows), = calls[:1]
+        ((xq, rows),) = calls[:1]
         assert rows == 3 * D
     else:  # [Wq; Wk] on phi(x), then Wv on x
         (xq, rows_qk), (xv, rows_v) = calls[:2]

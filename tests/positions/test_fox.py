@@ -35,7 +35,7 @@ def _expected_bias(enc, x, layer):
             logf = [math.log(1 / (1 + math.exp(-(float(w[h] @ x[bb, t]) + float(b[h]))))) for t in range(T)]
             for i in range(T):
                 for j in range(i + 1):
-                    D[bb, h, i, j] = sum(logf[j + 1:i + 1])
+                    D[bb, h, i, j] = sum(logf[j + 1 : i + 1])
     return D
 
 
@@ -79,4 +79,6 @@ def test_causal_and_shift_invariant():
     assert_causal(model)
     tokens = torch.randint(0, 50, (1, 8))
     with torch.no_grad():
-        torch.testing.assert_close(model(tokens, torch.arange(8)[None] + 999), model(tokens, torch.arange(8)[None]))
+        torch.testing.assert_close(
+            model(tokens, torch.arange(8)[None] + 999), model(tokens, torch.arange(8)[None])
+        )

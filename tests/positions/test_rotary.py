@@ -18,7 +18,8 @@ CTX = EncodingContext(d_model=4 * HEAD, n_heads=4, head_dim=HEAD, n_layers=1, tr
 
 
 def complex_rotation(x, positions, inv_freq, rot_dim=None):
-    """Half-split pairing: element i and i + d/2 are the real and imaginary parts of z_i; z_i *= e^{i n w_i}."""
+    """Half-split pairing: element i and i + d/2 are the real and imaginary parts of z_i; z_i *= e^{i n
+    w_i}."""
     rot_dim = rot_dim or x.shape[-1]
     half = rot_dim // 2
     z = torch.complex(x[..., :half], x[..., half:rot_dim])
@@ -91,7 +92,9 @@ def test_ntk_scaling_changes_the_base():
     s = 8.0
     rq, _ = rope(scaling="ntk", factor=s).rotate(q, k, positions)
     base = 10000.0 * s ** (HEAD / (HEAD - 2))
-    torch.testing.assert_close(rq, complex_rotation(q, positions, plain_inv_freq(base, HEAD)), atol=1e-9, rtol=0)
+    torch.testing.assert_close(
+        rq, complex_rotation(q, positions, plain_inv_freq(base, HEAD)), atol=1e-9, rtol=0
+    )
 
 
 @pytest.mark.parametrize("max_pos", [40, 63, 64, 200])
@@ -103,7 +106,9 @@ def test_dynamic_ntk(max_pos):
     rq, _ = enc.rotate(q, q, positions)
     T = max_pos + 1
     base = 10000.0 if T <= L else 10000.0 * (s * T / L - (s - 1)) ** (HEAD / (HEAD - 2))
-    torch.testing.assert_close(rq, complex_rotation(q, positions, plain_inv_freq(base, HEAD)), atol=1e-9, rtol=0)
+    torch.testing.assert_close(
+        rq, complex_rotation(q, positions, plain_inv_freq(base, HEAD)), atol=1e-9, rtol=0
+    )
 
 
 def yarn_reference(base, dim, s, L, beta_fast=32, beta_slow=1):

@@ -122,7 +122,7 @@ def test_blockwise_cached_decoding_equals_the_full_forward():
     with torch.no_grad():
         full = model(tokens, pos)
         cache = model.new_cache()
-        steps = torch.cat([model(tokens[:, t:t + 1], pos[:, t:t + 1], cache) for t in range(11)], dim=1)
+        steps = torch.cat([model(tokens[:, t : t + 1], pos[:, t : t + 1], cache) for t in range(11)], dim=1)
         unmasked = tiny_model("xpos")(tokens, pos)
     torch.testing.assert_close(steps, full, atol=1e-10, rtol=1e-10)
     assert not torch.allclose(full[:, 6:], unmasked[:, 6:])  # the mask is in effect beyond 2 blocks

@@ -9,8 +9,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # `import harness` from the tests of this folder
 
-WORDS = ("The quick brown fox jumps over the lazy dog while positional encodings tell a transformer "
-         "where each token sits and extrapolation asks what happens past the trained length. ")
+WORDS = (
+    "The quick brown fox jumps over the lazy dog while positional encodings tell a transformer "
+    "where each token sits and extrapolation asks what happens past the trained length. "
+)
 
 
 @pytest.fixture

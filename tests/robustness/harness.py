@@ -62,8 +62,15 @@ class Fault:
     error: int | None = None
 
     def spec(self) -> str:
-        return json.dumps({"target": self.target, "signal": int(self.signal), "when": self.when, "nth": self.nth,
-                           "error": self.error})
+        return json.dumps(
+            {
+                "target": self.target,
+                "signal": int(self.signal),
+                "when": self.when,
+                "nth": self.nth,
+                "error": self.error,
+            }
+        )
 
 
 # The child: install the fault (if any), then run the CLI exactly as `python -m extrapos` does.
@@ -113,44 +120,91 @@ def _child_setup(fsize_limit: int | None, unprivileged: bool, umask: int | None)
             for cap in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER):
                 if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
                     raise OSError(ctypes.get_errno(), "cannot drop a capability for an unprivileged run")
+
     return setup
 
 
-def _popen_kwargs(cache: Path, fault: Fault | None, fsize_limit: int | None, unprivileged: bool,
-                  umask: int | None, env: dict | None, cwd: Path | None) -> dict:
+def _popen_kwargs(
+    cache: Path,
+    fault: Fault | None,
+    fsize_limit: int | None,
+    unprivileged: bool,
+    umask: int | None,
+    env: dict | None,
+    cwd: Path | None,
+) -> dict:
     cache = Path(cache)
-    child_env = {**os.environ, "EXTRAPOS_CACHE": str(cache), "HOME": str(cache.parent),
-                 "PYTHONDONTWRITEBYTECODE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    child_env = {
+        **os.environ,
+        "EXTRAPOS_CACHE": str(cache),
+        "HOME": str(cache.parent),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        **(env or {}),
+    }
     child_env.pop("EXTRAPOS_TEST_FAULT", None)
     if fault is not None:
         child_env["EXTRAPOS_TEST_FAULT"] = fault.spec()
-    return {"env": child_env, "cwd": cwd or cache.parent, "text": True,
-            "preexec_fn": _child_setup(fsize_limit, unprivileged, umask)}
+    return {
+        "env": child_env,
+        "cwd": cwd or cache.parent,
+        "text": True,
+        "preexec_fn": _child_setup(fsize_limit, unprivileged, umask),
+    }
 
 
-def run(args, *, cache: Path, fault: Fault | None = None, fsize_limit: int | None = None,
-        unprivileged: bool = False, umask: int | None = None, env: dict | None = None,
-        timeout: float = TIMEOUT, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run(
+    args,
+    *,
+    cache: Path,
+    fault: Fault | None = None,
+    fsize_limit: int | None = None,
+    unprivileged: bool = False,
+    umask: int | None = None,
+    env: dict | None = None,
+    timeout: float = TIMEOUT,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess:
     """``python -m extrapos *args`` with a scratch cache; see the module docstring."""
-    return subprocess.run([sys.executable, "-c", CHILD, *map(str, args)], capture_output=True, timeout=timeout,
-                          **_popen_kwargs(cache, fault, fsize_limit, unprivileged, umask, env, cwd))
+    return subprocess.run(
+        [sys.executable, "-c", CHILD, *map(str, args)],
+        capture_output=True,
+        timeout=timeout,
+        **_popen_kwargs(cache, fault, fsize_limit, unprivileged, umask, env, cwd),
+    )
 
 
-def start(args, *, cache: Path, fault: Fault | None = None, fsize_limit: int | None = None,
-          unprivileged: bool = False, umask: int | None = None, env: dict | None = None,
-          cwd: Path | None = None) -> subprocess.Popen:
+def start(
+    args,
+    *,
+    cache: Path,
+    fault: Fault | None = None,
+    fsize_limit: int | None = None,
+    unprivileged: bool = False,
+    umask: int | None = None,
+    env: dict | None = None,
+    cwd: Path | None = None,
+) -> subprocess.Popen:
     """Like ``run``, but returns at once with the running process (stdout and stderr piped)."""
-    return subprocess.Popen([sys.executable, "-c", CHILD, *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE,
-                            **_popen_kwargs(cache, fault, fsize_limit, unprivileged, umask, env, cwd))
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **_popen_kwargs(cache, fault, fsize_limit, unprivileged, umask, env, cwd),
+    )
 
 
 def snapshot(*roots: Path) -> dict[Path, str]:
     """sha256 of every regular file under ``roots`` (a root may be a file or may not exist)."""
     digests = {}
     for root in map(Path, roots):
-        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()) \
-            if root.is_dir() else []
+        files = (
+            [root]
+            if root.is_file()
+            else sorted(p for p in root.rglob("*") if p.is_file())
+            if root.is_dir()
+            else []
+        )
         for path in files:
             digests[path] = hashlib.sha256(path.read_bytes()).hexdigest()
     return digests
@@ -171,9 +225,10 @@ def assert_one_sentence_error(result: subprocess.CompletedProcess, *fragments: s
     assert result.returncode == 2, f"exit status {result.returncode}, stderr:\n{err}"
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(PREFIX), f"not one 'extrapos: error:' line:\n{err}"
-    sentence = lines[0][len(PREFIX):]
-    assert sentence.endswith((".", "?", "!")) and not SECOND_SENTENCE.search(sentence), \
+    sentence = lines[0][len(PREFIX) :]
+    assert sentence.endswith((".", "?", "!")) and not SECOND_SENTENCE.search(sentence), (
         f"not one sentence: {sentence}"
+    )
     for fragment in fragments:
         assert fragment in sentence, f"{fragment!r} not in: {sentence}"
     return sentence

@@ -21,8 +21,15 @@ from extrapos.data import prepare_data
 from extrapos.data.staging import FOREIGN_AGE_SECONDS, ORPHAN_LOCK_SECONDS, lock_path
 
 ARGS = ["--tokenizer", "bpe:300", "--split-fractions", "0.5,0.25,0.25", "--quiet"]
-SHARDS = ["tokenizer.json", "train.bin", "val.bin", "test.bin", "train.offsets.npy", "val.offsets.npy",
-          "test.offsets.npy"]
+SHARDS = [
+    "tokenizer.json",
+    "train.bin",
+    "val.bin",
+    "test.bin",
+    "train.offsets.npy",
+    "val.offsets.npy",
+    "test.offsets.npy",
+]
 
 # name -> the place it strikes; each is a step of prepare, in order
 POINTS = {
@@ -50,8 +57,11 @@ def published(cache):
 def staging(cache):
     """Staging directories, and lock files that still have one (a lock file alone, left by a kill
     right after the rename, is empty and swept by a later prepare)."""
-    return [p for p in (cache / "data").iterdir() if ".tmp-" in p.name
-            and (p.is_dir() or p.with_name(p.name.removesuffix(".lock")).exists())]
+    return [
+        p
+        for p in (cache / "data").iterdir()
+        if ".tmp-" in p.name and (p.is_dir() or p.with_name(p.name.removesuffix(".lock")).exists())
+    ]
 
 
 def age(paths, seconds):
@@ -63,8 +73,13 @@ def age(paths, seconds):
 @pytest.fixture
 def reference(tmp_path_factory, corpus):
     """The shards of an uninterrupted prepare of the same inputs."""
-    out = prepare_data(str(corpus), "bpe:300", tmp_path_factory.mktemp("ref") / "ref",
-                       split_fractions=(0.5, 0.25, 0.25), progress=False)
+    out = prepare_data(
+        str(corpus),
+        "bpe:300",
+        tmp_path_factory.mktemp("ref") / "ref",
+        split_fractions=(0.5, 0.25, 0.25),
+        progress=False,
+    )
     return shard_digests(out)
 
 
@@ -97,8 +112,11 @@ def test_sigkill(point, cache, corpus, existing, reference):
 @pytest.mark.parametrize("point", ["mid tokenizing", "before the rename"])
 def test_sigterm_cleans_up_at_once(point, cache, corpus, existing, reference):
     before = snapshot(cache, corpus)
-    result = run(prepare_args(corpus), cache=cache, fault=Fault(POINTS[point].target, signal.SIGTERM,
-                                                                   nth=POINTS[point].nth))
+    result = run(
+        prepare_args(corpus),
+        cache=cache,
+        fault=Fault(POINTS[point].target, signal.SIGTERM, nth=POINTS[point].nth),
+    )
     assert result.returncode == 128 + signal.SIGTERM and "Traceback" not in result.stderr, result.stderr
     assert_unchanged(before)
     assert not staging(cache) and [p.name for p in published(cache)] == ["existing"]
@@ -111,8 +129,9 @@ def test_file_size_limit(limit, cache, scratch, existing, reference):
     folder.mkdir()
     for i in range(40):  # enough tokens that train.bin outgrows tokenizer.json
         (folder / f"d{i}.txt").write_text(f"Text {i} " + "positional encodings extrapolate " * (30 + i))
-    ref = prepare_data(str(folder), "bpe:300", scratch / "ref-big", split_fractions=(0.5, 0.25, 0.25),
-                       progress=False)
+    ref = prepare_data(
+        str(folder), "bpe:300", scratch / "ref-big", split_fractions=(0.5, 0.25, 0.25), progress=False
+    )
     sizes = {p.name: p.stat().st_size for p in ref.iterdir()}
     assert sizes["train.bin"] > sizes["tokenizer.json"] + 1000
     fsize = 1000 if limit == "below the tokenizer" else sizes["tokenizer.json"] + 500
@@ -126,8 +145,11 @@ def test_file_size_limit(limit, cache, scratch, existing, reference):
 
 def test_full_disk(cache, corpus, existing, reference):
     before = snapshot(cache, corpus)
-    result = run(prepare_args(corpus), cache=cache,
-                 fault=Fault("extrapos.data.shards:SplitWriter.add", nth=2, error=errno.ENOSPC))
+    result = run(
+        prepare_args(corpus),
+        cache=cache,
+        fault=Fault("extrapos.data.shards:SplitWriter.add", nth=2, error=errno.ENOSPC),
+    )
     assert_one_sentence_error(result, "No space left", "EXTRAPOS_CACHE")
     assert_unchanged(before)
     assert not staging(cache) and [p.name for p in published(cache)] == ["existing"]
@@ -146,7 +168,9 @@ def test_sweep_spares_a_live_staging_directory(cache, corpus, existing):
     (its owner died) goes; one without a lock file (another writer) stays unless a day old; a
     lock file without its directory goes once a minute old."""
     data = cache / "data"
-    live, dead, foreign, old_foreign = (data / f".x.tmp-{name}" for name in ("live", "dead", "foreign", "old"))
+    live, dead, foreign, old_foreign = (
+        data / f".x.tmp-{name}" for name in ("live", "dead", "foreign", "old")
+    )
     for path in (live, dead, foreign, old_foreign):
         path.mkdir()
         (path / "train.bin").write_bytes(b"partial")
@@ -188,8 +212,11 @@ def test_a_read_only_shared_cache_is_still_reused(cache, corpus, reference):
     result = run(prepare_args(corpus), cache=cache, unprivileged=True)
     assert result.returncode == 0 and "Reused" in result.stdout, result.stderr
     assert_unchanged(before)
-    assert_one_sentence_error(run([*prepare_args(corpus), "--max-docs", "3"], cache=cache, unprivileged=True),
-                              "Cannot write", "EXTRAPOS_CACHE")
+    assert_one_sentence_error(
+        run([*prepare_args(corpus), "--max-docs", "3"], cache=cache, unprivileged=True),
+        "Cannot write",
+        "EXTRAPOS_CACHE",
+    )
 
 
 def test_sigterm_handler_is_restored_after_prepare(tmp_path, corpus):

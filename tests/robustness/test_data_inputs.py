@@ -39,15 +39,27 @@ def tiktoken_with_sidecar(scratch, sidecar):
     """A valid tiktoken file (the 256 bytes, no merges) whose ``.json`` sidecar holds ``sidecar``."""
     import base64
 
-    path = write(scratch / "tok.tiktoken", b"".join(base64.b64encode(bytes([b])) + b" %d\n" % b for b in range(256)))
+    path = write(
+        scratch / "tok.tiktoken", b"".join(base64.b64encode(bytes([b])) + b" %d\n" % b for b in range(256))
+    )
     write(scratch / "tok.tiktoken.json", sidecar)
     return path
 
 
 GARBAGE = bytes(range(256)) * 8
-WORDLEVEL = json.dumps({"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
-                        "pre_tokenizer": None, "post_processor": None, "decoder": None,
-                        "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}})
+WORDLEVEL = json.dumps(
+    {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": None,
+        "post_processor": None,
+        "decoder": None,
+        "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"},
+    }
+)
 
 # name -> (function of (scratch, corpus) returning the arguments after PREPARE, fragments of the sentence)
 PREPARE_CASES = {
@@ -56,20 +68,36 @@ PREPARE_CASES = {
     "empty .txt file": (lambda s, c: ["--corpus", write(s / "e" / "empty.txt", "")], ["no documents"]),
     "binary .jsonl": (lambda s, c: ["--corpus", write(s / "b.jsonl", GARBAGE)], ["not valid JSON"]),
     "jsonl array lines": (lambda s, c: ["--corpus", write(s / "a.jsonl", "[1, 2]\n")], ["not a JSON object"]),
-    "jsonl without the text field": (lambda s, c: ["--corpus", write(s / "f.jsonl", '{"body": "x"}\n')],
-                                     ["--text-field"]),
-    "jsonl text is a number": (lambda s, c: ["--corpus", write(s / "n.jsonl", '{"text": 5}\n')], ["--text-field"]),
+    "jsonl without the text field": (
+        lambda s, c: ["--corpus", write(s / "f.jsonl", '{"body": "x"}\n')],
+        ["--text-field"],
+    ),
+    "jsonl text is a number": (
+        lambda s, c: ["--corpus", write(s / "n.jsonl", '{"text": 5}\n')],
+        ["--text-field"],
+    ),
     "garbage .parquet": (lambda s, c: ["--corpus", write(s / "g.parquet", GARBAGE)], ["parquet"]),
     "garbage .gz": (lambda s, c: ["--corpus", write(s / "g.txt.gz", GARBAGE)], ["Cannot read corpus file"]),
-    "truncated .gz": (lambda s, c: ["--corpus", write(s / "t.txt.gz", gzip.compress(b"x " * 5000)[:40])],
-                      ["Cannot read corpus file"]),
-    "unknown file type": (lambda s, c: ["--corpus", write(s / "data.csv", "a,b\n")], [".txt, .jsonl or .parquet"]),
+    "truncated .gz": (
+        lambda s, c: ["--corpus", write(s / "t.txt.gz", gzip.compress(b"x " * 5000)[:40])],
+        ["Cannot read corpus file"],
+    ),
+    "unknown file type": (
+        lambda s, c: ["--corpus", write(s / "data.csv", "a,b\n")],
+        [".txt, .jsonl or .parquet"],
+    ),
     "glob matching nothing": (lambda s, c: ["--corpus", f"{s}/*.nothing"], ["matches no files"]),
     "unknown corpus name": (lambda s, c: ["--corpus", "wikipedia"], ["Unknown corpus"]),
     "empty corpus spec": (lambda s, c: ["--corpus", " "], ["corpus spec is empty"]),
     "hub spec without a name": (lambda s, c: ["--corpus", "hf:"], ["hf:OWNER/NAME"]),
-    "split fractions not numbers": (lambda s, c: ["--corpus", c, "--split-fractions", "a,b,c"], ["0.9,0.05,0.05"]),
-    "split fractions over 1": (lambda s, c: ["--corpus", c, "--split-fractions", "0.9,0.2,0.1"], ["summing to 1"]),
+    "split fractions not numbers": (
+        lambda s, c: ["--corpus", c, "--split-fractions", "a,b,c"],
+        ["0.9,0.05,0.05"],
+    ),
+    "split fractions over 1": (
+        lambda s, c: ["--corpus", c, "--split-fractions", "0.9,0.2,0.1"],
+        ["summing to 1"],
+    ),
     "two split fractions": (lambda s, c: ["--corpus", c, "--split-fractions", "1,0"], ["three numbers"]),
     "nan split fractions": (lambda s, c: ["--corpus", c, "--split-fractions", "nan,0,0"], ["three numbers"]),
     "negative split fraction": (lambda s, c: ["--corpus", c, "--split-fractions=-1,1,1"], ["three numbers"]),
@@ -78,35 +106,66 @@ PREPARE_CASES = {
     "bpe size not a number": (lambda s, c: ["--corpus", c, "--tokenizer", "bpe:abc"], ["bpe:8192"]),
     "bpe size empty": (lambda s, c: ["--corpus", c, "--tokenizer", "bpe:"], ["bpe:8192"]),
     "bpe too small": (lambda s, c: ["--corpus", c, "--tokenizer", "bpe:10"], ["at least 259"]),
-    "garbage tokenizer.json": (lambda s, c: ["--corpus", c, "--tokenizer", write(s / "tokenizer.json", GARBAGE)],
-                               ["not a Hugging Face tokenizer.json"]),
-    "garbage sentencepiece model": (lambda s, c: ["--corpus", c, "--tokenizer", write(s / "x.model", GARBAGE)],
-                                    ["not a valid sentencepiece model"]),
-    "garbage tiktoken file": (lambda s, c: ["--corpus", c, "--tokenizer", write(s / "x.tiktoken", GARBAGE)],
-                              ["tiktoken"]),
-    "tokenizer dir without tokenizer": (lambda s, c: ["--corpus", c, "--tokenizer", c], ["holds no tokenizer"]),
+    "garbage tokenizer.json": (
+        lambda s, c: ["--corpus", c, "--tokenizer", write(s / "tokenizer.json", GARBAGE)],
+        ["not a Hugging Face tokenizer.json"],
+    ),
+    "garbage sentencepiece model": (
+        lambda s, c: ["--corpus", c, "--tokenizer", write(s / "x.model", GARBAGE)],
+        ["not a valid sentencepiece model"],
+    ),
+    "garbage tiktoken file": (
+        lambda s, c: ["--corpus", c, "--tokenizer", write(s / "x.tiktoken", GARBAGE)],
+        ["tiktoken"],
+    ),
+    "tokenizer dir without tokenizer": (
+        lambda s, c: ["--corpus", c, "--tokenizer", c],
+        ["holds no tokenizer"],
+    ),
     "max docs 0": (lambda s, c: ["--corpus", c, "--max-docs", "0"], ["--max-docs"]),
     "max tokens 0": (lambda s, c: ["--corpus", c, "--max-tokens", "0"], ["--max-tokens"]),
     "negative min doc tokens": (lambda s, c: ["--corpus", c, "--min-doc-tokens", "-1"], ["--min-doc-tokens"]),
-    "min doc tokens above every document": (lambda s, c: ["--corpus", c, "--min-doc-tokens", "1000000"],
-                                            ["--min-doc-tokens"]),
-    "negative split gap": (lambda s, c: ["--corpus", c, "--split-rule", "within", "--split-gap", "-1"],
-                           ["--split-gap"]),
-    "corpus is a fifo": (lambda s, c: ["--corpus", os.mkfifo(s / "pipe.txt") or s / "pipe.txt"], ["regular file"]),
-    "corpus links to /dev/zero": (lambda s, c: ["--corpus", link(s / "zero.txt", "/dev/zero")], ["regular file"]),
-    "json nested 100k deep": (lambda s, c: ["--corpus", write(s / "deep.jsonl", "[" * 100_000 + "]" * 100_000)],
-                              ["not valid JSON"]),
-    "tokenizer.json without end-of-text": (lambda s, c: ["--corpus", c, "--tokenizer", write(s / "wl.json", WORDLEVEL)],
-                                           ["no end-of-text token"]),
-    "damaged tiktoken sidecar": (lambda s, c: ["--corpus", c, "--tokenizer", tiktoken_with_sidecar(s, "{")],
-                                 ["sidecar"]),
-    "out is a link to an empty directory": (lambda s, c: ["--corpus", c, "--out", link(s / "to-empty", mkdir(s / "e"))],
-                                            ["symbolic link"]),
-    "out is a dangling link": (lambda s, c: ["--corpus", c, "--out", link(s / "dangling", s / "nowhere")],
-                               ["symbolic link"]),
+    "min doc tokens above every document": (
+        lambda s, c: ["--corpus", c, "--min-doc-tokens", "1000000"],
+        ["--min-doc-tokens"],
+    ),
+    "negative split gap": (
+        lambda s, c: ["--corpus", c, "--split-rule", "within", "--split-gap", "-1"],
+        ["--split-gap"],
+    ),
+    "corpus is a fifo": (
+        lambda s, c: ["--corpus", os.mkfifo(s / "pipe.txt") or s / "pipe.txt"],
+        ["regular file"],
+    ),
+    "corpus links to /dev/zero": (
+        lambda s, c: ["--corpus", link(s / "zero.txt", "/dev/zero")],
+        ["regular file"],
+    ),
+    "json nested 100k deep": (
+        lambda s, c: ["--corpus", write(s / "deep.jsonl", "[" * 100_000 + "]" * 100_000)],
+        ["not valid JSON"],
+    ),
+    "tokenizer.json without end-of-text": (
+        lambda s, c: ["--corpus", c, "--tokenizer", write(s / "wl.json", WORDLEVEL)],
+        ["no end-of-text token"],
+    ),
+    "damaged tiktoken sidecar": (
+        lambda s, c: ["--corpus", c, "--tokenizer", tiktoken_with_sidecar(s, "{")],
+        ["sidecar"],
+    ),
+    "out is a link to an empty directory": (
+        lambda s, c: ["--corpus", c, "--out", link(s / "to-empty", mkdir(s / "e"))],
+        ["symbolic link"],
+    ),
+    "out is a dangling link": (
+        lambda s, c: ["--corpus", c, "--out", link(s / "dangling", s / "nowhere")],
+        ["symbolic link"],
+    ),
     "out is a file": (lambda s, c: ["--corpus", c, "--out", write(s / "file", "keep me")], ["is a file"]),
-    "out is a foreign directory": (lambda s, c: ["--corpus", c, "--out", write(s / "mine" / "notes.txt", "x").parent],
-                                   ["not prepared data"]),
+    "out is a foreign directory": (
+        lambda s, c: ["--corpus", c, "--out", write(s / "mine" / "notes.txt", "x").parent],
+        ["not prepared data"],
+    ),
 }
 
 
@@ -125,36 +184,56 @@ def test_bad_prepare_input(name, scratch, cache, corpus, existing):
 
 
 def test_out_holding_other_prepared_data(scratch, cache, corpus, existing):
-    assert_user_error([*PREPARE, "--corpus", corpus, "--max-docs", "3", "--out", existing], cache=cache,
-                      watch=[scratch], fragments=["already holds data prepared from other inputs"])
+    assert_user_error(
+        [*PREPARE, "--corpus", corpus, "--max-docs", "3", "--out", existing],
+        cache=cache,
+        watch=[scratch],
+        fragments=["already holds data prepared from other inputs"],
+    )
 
 
 def test_unreadable_corpus_file(scratch, cache, corpus, existing):
     (corpus / "doc3.txt").chmod(0)
-    assert_user_error([*PREPARE, "--corpus", corpus], cache=cache, watch=[scratch], unprivileged=True,
-                      fragments=["doc3.txt"])
+    assert_user_error(
+        [*PREPARE, "--corpus", corpus],
+        cache=cache,
+        watch=[scratch],
+        unprivileged=True,
+        fragments=["doc3.txt"],
+    )
 
 
 def test_unreadable_tokenizer_file(scratch, cache, corpus, existing):
     model = write(scratch / "locked.model", GARBAGE)
     model.chmod(0)
-    assert_user_error([*PREPARE, "--corpus", corpus, "--tokenizer", model], cache=cache, watch=[scratch],
-                      unprivileged=True, fragments=["Cannot read the tokenizer", "permissions"])
+    assert_user_error(
+        [*PREPARE, "--corpus", corpus, "--tokenizer", model],
+        cache=cache,
+        watch=[scratch],
+        unprivileged=True,
+        fragments=["Cannot read the tokenizer", "permissions"],
+    )
 
 
 def test_unreadable_corpus_directory(scratch, cache, corpus, existing):
     (corpus / "sub").mkdir()
     write(corpus / "sub" / "hidden.txt", "text")
     (corpus / "sub").chmod(0)
-    assert_user_error([*PREPARE, "--corpus", corpus], cache=cache, watch=[scratch], unprivileged=True,
-                      fragments=["sub"])
+    assert_user_error(
+        [*PREPARE, "--corpus", corpus], cache=cache, watch=[scratch], unprivileged=True, fragments=["sub"]
+    )
 
 
 def test_read_only_cache(scratch, cache, corpus, existing):
     cache.chmod(0o555)
     (cache / "data").chmod(0o555)
-    sentence = assert_user_error([*PREPARE, "--corpus", corpus, "--max-docs", "5"], cache=cache, watch=[scratch],
-                                 unprivileged=True, fragments=["EXTRAPOS_CACHE"])
+    sentence = assert_user_error(
+        [*PREPARE, "--corpus", corpus, "--max-docs", "5"],
+        cache=cache,
+        watch=[scratch],
+        unprivileged=True,
+        fragments=["EXTRAPOS_CACHE"],
+    )
     assert "Cannot write" in sentence
 
 
@@ -162,11 +241,17 @@ def test_read_only_out_parent(scratch, cache, corpus, existing):
     locked = scratch / "locked"
     locked.mkdir()
     locked.chmod(0o555)
-    assert_user_error([*PREPARE, "--corpus", corpus, "--out", locked / "out"], cache=cache, watch=[scratch],
-                      unprivileged=True, fragments=["Cannot write", "--out"])
+    assert_user_error(
+        [*PREPARE, "--corpus", corpus, "--out", locked / "out"],
+        cache=cache,
+        watch=[scratch],
+        unprivileged=True,
+        fragments=["Cannot write", "--out"],
+    )
 
 
 # --- data info -----------------------------------------------------------------------------------
+
 
 def damage(directory, name, data):
     path = directory / name

@@ -27,6 +27,7 @@ SENTENCE = "Long documents need held-out text of every length, so the split must
 
 # --- item 7 ----------------------------------------------------------------------------------------
 
+
 def test_capped_runs_cut_only_long_runs():
     normal = "A sentence with words, numbers 12345 and    some spaces.\n" * 10
     assert list(capped_runs([normal], 8)) == [normal]
@@ -54,6 +55,7 @@ def test_bpe_training_is_fast_on_a_line_without_spaces():
 
 # --- item 12 ---------------------------------------------------------------------------------------
 
+
 def write_books(folder, names, repeat=60):
     folder.mkdir()
     for i, name in enumerate(names):
@@ -69,10 +71,15 @@ def all_in_train(count, fractions=(0.9, 0.05, 0.05)):
 
 def test_few_documents_still_fill_every_split(tmp_path):
     names = all_in_train(5)
-    out = prepare_data(str(write_books(tmp_path / "books", names)), "bpe:300", tmp_path / "out", progress=False)
+    out = prepare_data(
+        str(write_books(tmp_path / "books", names)), "bpe:300", tmp_path / "out", progress=False
+    )
     manifest = read_manifest(out)
-    assert {s: manifest["splits"][s]["num_docs"] for s in ("train", "val", "test")} == {"train": 3, "val": 1,
-                                                                                        "test": 1}
+    assert {s: manifest["splits"][s]["num_docs"] for s in ("train", "val", "test")} == {
+        "train": 3,
+        "val": 1,
+        "test": 1,
+    }
     assert manifest["split_rule"]["rule"] == "document"
     assert sorted(manifest["split_rule"]["moved"].values()) == ["test", "val"]
     assert manifest["warnings"] == []
@@ -83,8 +90,20 @@ def test_few_documents_still_fill_every_split(tmp_path):
 
 def test_too_few_documents_warn_in_one_sentence(tmp_path):
     books = write_books(tmp_path / "two", all_in_train(2))
-    result = run(["data", "prepare", "--quiet", "--corpus", books, "--tokenizer", "bpe:300", "--out",
-                  tmp_path / "out"], cache=tmp_path / "cache")
+    result = run(
+        [
+            "data",
+            "prepare",
+            "--quiet",
+            "--corpus",
+            books,
+            "--tokenizer",
+            "bpe:300",
+            "--out",
+            tmp_path / "out",
+        ],
+        cache=tmp_path / "cache",
+    )
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if line.startswith("extrapos: warning: ")]
     assert len(warnings) == 1 and "--split-rule within" in warnings[0], result.stderr
@@ -93,8 +112,15 @@ def test_too_few_documents_warn_in_one_sentence(tmp_path):
 
 def test_within_rule_holds_out_the_tail_of_every_document(tmp_path):
     books = write_books(tmp_path / "books", ["a", "b"], repeat=80)
-    out = prepare_data(str(books), "bpe:300", tmp_path / "out", split_fractions=(0.8, 0.1, 0.1),
-                       split_rule="within", split_gap=16, progress=False)
+    out = prepare_data(
+        str(books),
+        "bpe:300",
+        tmp_path / "out",
+        split_fractions=(0.8, 0.1, 0.1),
+        split_rule="within",
+        split_gap=16,
+        progress=False,
+    )
     manifest = read_manifest(out)
     assert manifest["split_rule"] == {"rule": "within", "gap_tokens": 16, "documents_whole_in_train": 0}
     tok = load_tokenizer(out)
@@ -110,8 +136,9 @@ def test_within_rule_holds_out_the_tail_of_every_document(tmp_path):
 
 
 def test_check_heldout_names_the_sizes_and_the_fix(tmp_path):
-    out = prepare_data(str(write_books(tmp_path / "books", all_in_train(5))), "bpe:300", tmp_path / "out",
-                       progress=False)
+    out = prepare_data(
+        str(write_books(tmp_path / "books", all_in_train(5))), "bpe:300", tmp_path / "out", progress=False
+    )
     longest = int(open_split(out, "val").doc_lengths.max())
     check_heldout(out, "val", longest)
     with pytest.raises(UserError) as error:

@@ -34,8 +34,10 @@ SETTINGS = {"train.steps": 6, "train.checkpoint_every": 2, "train.keep_checkpoin
 
 
 def losses(run_dir):
-    return [(m["step"], m.get("loss"), m.get("val_loss")) for m in map(json.loads, (run_dir / "metrics.jsonl")
-                                                                         .read_text().splitlines())]
+    return [
+        (m["step"], m.get("loss"), m.get("val_loss"))
+        for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    ]
 
 
 def final_weights(run_dir):
@@ -78,17 +80,37 @@ def _copy(reference, scratch):
     return out
 
 
-@pytest.mark.parametrize("damage", ["truncated weights", "empty weights", "bad header", "truncated state",
-                                    "empty state object", "truncated optimizer"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "truncated weights",
+        "empty weights",
+        "bad header",
+        "truncated state",
+        "empty state object",
+        "truncated optimizer",
+    ],
+)
 def test_damaged_latest_checkpoint_falls_back_to_the_older_one(damage, reference, scratch, cache):
     out = _copy(reference, scratch)
     latest = out / "checkpoints" / "step-6"
-    target = {"truncated weights": "model.safetensors", "empty weights": "model.safetensors",
-              "bad header": "model.safetensors", "truncated state": "state.json",
-              "empty state object": "state.json", "truncated optimizer": "optimizer.safetensors"}[damage]
+    target = {
+        "truncated weights": "model.safetensors",
+        "empty weights": "model.safetensors",
+        "bad header": "model.safetensors",
+        "truncated state": "state.json",
+        "empty state object": "state.json",
+        "truncated optimizer": "optimizer.safetensors",
+    }[damage]
     data = (latest / target).read_bytes()
-    new = {"truncated weights": data[: len(data) // 2], "empty weights": b"", "bad header": b"\xff" * 16 + data[16:],
-           "truncated state": data[:20], "empty state object": b"{}", "truncated optimizer": data[:100]}[damage]
+    new = {
+        "truncated weights": data[: len(data) // 2],
+        "empty weights": b"",
+        "bad header": b"\xff" * 16 + data[16:],
+        "truncated state": data[:20],
+        "empty state object": b"{}",
+        "truncated optimizer": data[:100],
+    }[damage]
     (latest / target).write_bytes(new)
     result = run(["eval", str(out), "--lengths", "1", "--max-tokens", "256", "--no-progress"], cache=cache)
     assert result.returncode == 0, result.stderr
@@ -113,7 +135,9 @@ def test_eval_after_more_training_is_never_stale(tiny_data, scratch, cache):
     ev = ["eval", str(out), "--lengths", "1", "--max-tokens", "256", "--no-progress"]
     assert run(ev, cache=cache).returncode == 0
     first = json.loads((out / "eval" / "test.json").read_text())
-    more = run(["train", "--out", str(out), "--resume", "--set", "train.steps=4", "--no-progress"], cache=cache)
+    more = run(
+        ["train", "--out", str(out), "--resume", "--set", "train.steps=4", "--no-progress"], cache=cache
+    )
     assert more.returncode == 0, more.stderr
     assert run(ev, cache=cache).returncode == 0
     second = json.loads((out / "eval" / "test.json").read_text())
@@ -126,8 +150,11 @@ def test_file_size_limit_fails_cleanly_and_damages_nothing(reference, scratch, c
     out = _copy(reference, scratch)
     (out / "summary.json").unlink()  # resume will rewrite files: config, tokenizer, checkpoint, summary
     before = snapshot(out)
-    result = run(["train", "--out", str(out), "--resume", "--set", "train.steps=8", "--no-progress"], cache=cache,
-                 fsize_limit=20_000)
+    result = run(
+        ["train", "--out", str(out), "--resume", "--set", "train.steps=8", "--no-progress"],
+        cache=cache,
+        fsize_limit=20_000,
+    )
     assert_one_sentence_error(result, "File too large")
     # the checkpoints, the tokenizer and data.json are never cut; config.toml records the asked budget
     # and metrics.jsonl the steps taken before the failure
@@ -154,14 +181,19 @@ def test_two_processes_on_one_run(reference, tiny_data, scratch, cache):
     out = _copy(reference, scratch)
     (out / "summary.json").unlink()
     (out / ".lock").unlink(missing_ok=True)
-    first = start(["train", "--out", str(out), "--resume", "--set", "train.steps=40", "--no-progress"], cache=cache)
+    first = start(
+        ["train", "--out", str(out), "--resume", "--set", "train.steps=40", "--no-progress"], cache=cache
+    )
     try:
         deadline = time.time() + 60
-        while time.time() < deadline and not ((out / ".lock").is_file() and "process" in (out / ".lock").read_text()):
+        while time.time() < deadline and not (
+            (out / ".lock").is_file() and "process" in (out / ".lock").read_text()
+        ):
             time.sleep(0.05)
         first.send_signal(signal.SIGSTOP)  # hold it while it holds the lock
-        second = run(["train", "--out", str(out), "--resume", "--set", "train.steps=40", "--no-progress"],
-                     cache=cache)
+        second = run(
+            ["train", "--out", str(out), "--resume", "--set", "train.steps=40", "--no-progress"], cache=cache
+        )
         assert_one_sentence_error(second, "is being trained by process")
     finally:
         first.send_signal(signal.SIGCONT)
@@ -195,12 +227,26 @@ def test_killed_eval_leaves_no_result_and_reruns(reference, scratch, cache):
 
 def test_killed_extension_resumes_identically(reference, scratch, cache):
     out = _copy(reference, scratch)
-    ext = ["extend", str(out), "--method", "chunk", "--factor", "2", "--tokens", "1024", "--no-progress",
-           "--set", "train.checkpoint_every=1"]
+    ext = [
+        "extend",
+        str(out),
+        "--method",
+        "chunk",
+        "--factor",
+        "2",
+        "--tokens",
+        "1024",
+        "--no-progress",
+        "--set",
+        "train.checkpoint_every=1",
+    ]
     clean = run(ext + ["--out", str(scratch / "clean")], cache=cache)
     assert clean.returncode == 0, clean.stderr
-    killed = run(ext + ["--out", str(scratch / "ext")], cache=cache, fault=Fault("extrapos.train:masked_loss_sum",
-                                                                               nth=3))
+    killed = run(
+        ext + ["--out", str(scratch / "ext")],
+        cache=cache,
+        fault=Fault("extrapos.train:masked_loss_sum", nth=3),
+    )
     assert killed.returncode == -signal.SIGKILL
     resumed = run(ext + ["--out", str(scratch / "ext"), "--resume"], cache=cache)
     assert resumed.returncode == 0, resumed.stderr

@@ -66,8 +66,12 @@ def test_bad_training_config_leaves_no_run_behind(extra, fragment, tiny_data, sc
 
 
 def test_rerun_after_a_late_error_just_works(tiny_data, scratch, cache):
-    assert_user_error(train_args(tiny_data, scratch / "run", **{"train.batch_size": 100000}), cache=cache,
-                      watch=[tiny_data], fragments=["batch"])
+    assert_user_error(
+        train_args(tiny_data, scratch / "run", **{"train.batch_size": 100000}),
+        cache=cache,
+        watch=[tiny_data],
+        fragments=["batch"],
+    )
     from harness import run
 
     ok = run(train_args(tiny_data, scratch / "run", **{"train.steps": 2}), cache=cache)
@@ -75,21 +79,34 @@ def test_rerun_after_a_late_error_just_works(tiny_data, scratch, cache):
 
 
 def test_unknown_key_and_unknown_preset(tiny_data, scratch, cache):
-    assert_user_error(train_args(tiny_data, scratch / "r", **{"train.lrr": 1}), cache=cache,
-                      fragments=["unknown config key 'train.lrr'"])
-    assert_user_error(["train", "--config", "cpu/nosuch", "--out", str(scratch / "r")], cache=cache,
-                      fragments=["no config file or preset"])
+    assert_user_error(
+        train_args(tiny_data, scratch / "r", **{"train.lrr": 1}),
+        cache=cache,
+        fragments=["unknown config key 'train.lrr'"],
+    )
+    assert_user_error(
+        ["train", "--config", "cpu/nosuch", "--out", str(scratch / "r")],
+        cache=cache,
+        fragments=["no config file or preset"],
+    )
 
 
 def test_resume_refuses_a_change_that_would_mix_two_runs(trained, cache):
-    sentence = assert_user_error(["train", "--out", str(trained), "--resume", "--set", "train.lr=0.5"],
-                                 cache=cache, watch=[trained], fragments=["train.lr", "--resume cannot change"])
+    sentence = assert_user_error(
+        ["train", "--out", str(trained), "--resume", "--set", "train.lr=0.5"],
+        cache=cache,
+        watch=[trained],
+        fragments=["train.lr", "--resume cannot change"],
+    )
     assert "0.003" in sentence
 
 
 def test_resume_of_nothing(scratch, cache):
-    assert_user_error(["train", "--out", str(scratch / "none"), "--resume"], cache=cache,
-                      fragments=["holds no run to resume"])
+    assert_user_error(
+        ["train", "--out", str(scratch / "none"), "--resume"],
+        cache=cache,
+        fragments=["holds no run to resume"],
+    )
 
 
 def test_a_second_fresh_run_into_a_finished_one(trained, tiny_data, cache):
@@ -117,8 +134,12 @@ BAD_EVAL = [
 
 @pytest.mark.parametrize("extra,fragment", BAD_EVAL, ids=[f"{e[0]}={e[-1]}" for e, _ in BAD_EVAL])
 def test_bad_eval_arguments(extra, fragment, trained, tiny_data, cache):
-    assert_user_error(["eval", str(trained), "--no-progress", *extra], cache=cache, watch=[trained, tiny_data],
-                      fragments=[fragment])
+    assert_user_error(
+        ["eval", str(trained), "--no-progress", *extra],
+        cache=cache,
+        watch=[trained, tiny_data],
+        fragments=[fragment],
+    )
 
 
 def test_eval_of_a_directory_that_is_not_a_run(scratch, cache):
@@ -131,9 +152,14 @@ def test_eval_refuses_a_symlinked_results_dir(trained, scratch, cache):
     elsewhere.mkdir()
     copy = scratch / "copy"
     shutil.copytree(trained, copy)
+    shutil.rmtree(copy / "eval", ignore_errors=True)  # other tests may have evaluated the shared run
     (copy / "eval").symlink_to(elsewhere, target_is_directory=True)
-    assert_user_error(["eval", str(copy), "--lengths", "1", "--no-progress"], cache=cache,
-                      watch=[copy, elsewhere], fragments=["symlink"])
+    assert_user_error(
+        ["eval", str(copy), "--lengths", "1", "--no-progress"],
+        cache=cache,
+        watch=[copy, elsewhere],
+        fragments=["symlink"],
+    )
     assert list(elsewhere.iterdir()) == []
 
 
@@ -149,8 +175,12 @@ BAD_GENERATE = [
 
 @pytest.mark.parametrize("extra,fragment", BAD_GENERATE, ids=[f[1] for f in BAD_GENERATE])
 def test_bad_sampling_settings(extra, fragment, trained, cache):
-    assert_user_error(["generate", str(trained), "--prompt", "Fellow", *extra], cache=cache, watch=[trained],
-                      fragments=[fragment])
+    assert_user_error(
+        ["generate", str(trained), "--prompt", "Fellow", *extra],
+        cache=cache,
+        watch=[trained],
+        fragments=[fragment],
+    )
 
 
 def test_generate_needs_exactly_one_prompt(trained, cache):
@@ -168,27 +198,43 @@ BAD_EXTEND = [
 
 @pytest.mark.parametrize("extra,fragment", BAD_EXTEND, ids=[f[1] for f in BAD_EXTEND])
 def test_bad_extension(extra, fragment, trained, scratch, cache):
-    assert_user_error(["extend", str(trained), "--out", str(scratch / "ext"), "--no-progress", *extra], cache=cache,
-                      watch=[trained], fragments=[fragment])
+    assert_user_error(
+        ["extend", str(trained), "--out", str(scratch / "ext"), "--no-progress", *extra],
+        cache=cache,
+        watch=[trained],
+        fragments=[fragment],
+    )
     assert not (scratch / "ext" / "config.toml").exists()
 
 
 def test_extension_of_a_missing_run(scratch, cache):
-    assert_user_error(["extend", str(scratch / "missing"), "--method", "chunk"], cache=cache,
-                      fragments=["not a run directory"])
+    assert_user_error(
+        ["extend", str(scratch / "missing"), "--method", "chunk"],
+        cache=cache,
+        fragments=["not a run directory"],
+    )
 
 
 def test_bad_sweep_files(scratch, cache):
     bad = scratch / "bad.toml"
     bad.write_text('[[rows]]\nname = "A"\nposition = { name = "rope" }\n')
-    assert_user_error(["compare", str(bad), "--out", str(scratch / "cmp")], cache=cache, watch=[bad],
-                      fragments=["unknown key 'position'"])
+    assert_user_error(
+        ["compare", str(bad), "--out", str(scratch / "cmp")],
+        cache=cache,
+        watch=[bad],
+        fragments=["unknown key 'position'"],
+    )
     bad.write_text('lengths = "all"\n[[rows]]\nname = "A"\n')
-    assert_user_error(["compare", str(bad), "--out", str(scratch / "cmp")], cache=cache, watch=[bad],
-                      fragments=["lengths"])
+    assert_user_error(
+        ["compare", str(bad), "--out", str(scratch / "cmp")], cache=cache, watch=[bad], fragments=["lengths"]
+    )
     bad.write_text("title = \n")
-    assert_user_error(["compare", str(bad), "--out", str(scratch / "cmp")], cache=cache, watch=[bad],
-                      fragments=["not valid TOML"])
+    assert_user_error(
+        ["compare", str(bad), "--out", str(scratch / "cmp")],
+        cache=cache,
+        watch=[bad],
+        fragments=["not valid TOML"],
+    )
 
 
 def test_report_never_reads_outside_the_sweep(scratch, cache):
@@ -207,33 +253,52 @@ def test_export_of_an_encoding_hugging_face_lacks(tiny_data, scratch, cache):
     from extrapos.train import train
 
     run = scratch / "expe"
-    train(load_config("cpu/tiny", tiny_overrides(tiny_data, **{"train.steps": 1, "model.positions.name": "expe"})),
-          run, progress=False)
-    assert_user_error(["export", str(run), "--out", str(scratch / "hf")], cache=cache, watch=[run],
-                      fragments=["expe"])
+    train(
+        load_config(
+            "cpu/tiny", tiny_overrides(tiny_data, **{"train.steps": 1, "model.positions.name": "expe"})
+        ),
+        run,
+        progress=False,
+    )
+    assert_user_error(
+        ["export", str(run), "--out", str(scratch / "hf")], cache=cache, watch=[run], fragments=["expe"]
+    )
     assert not (scratch / "hf").exists()
 
 
 def test_passkey_with_bad_depths_and_modes(trained, cache):
-    assert_user_error(["passkey", str(trained), "--depths", "0,2"], cache=cache, watch=[trained],
-                      fragments=["depths"])
-    assert_user_error(["passkey", str(trained), "--mode", "guess"], cache=cache, watch=[trained],
-                      fragments=["mode"])
+    assert_user_error(
+        ["passkey", str(trained), "--depths", "0,2"], cache=cache, watch=[trained], fragments=["depths"]
+    )
+    assert_user_error(
+        ["passkey", str(trained), "--mode", "guess"], cache=cache, watch=[trained], fragments=["mode"]
+    )
 
 
 def test_compare_checks_the_held_out_split_before_training(tiny_data, scratch, cache):
     sweep = scratch / "long.toml"
-    sweep.write_text('train = "cpu/tiny"\nlengths = [1, 1000]\n'
-                     f'set = ["data.dir=\\"{tiny_data}\\"", "model.vocab_size=512", "model.train_length=32"]\n'
-                     '[[rows]]\nname = "RoPE"\npositions = { name = "rope" }\n')
-    assert_user_error(["compare", str(sweep), "--out", str(scratch / "cmp")], cache=cache, watch=[tiny_data],
-                      fragments=["No test document", "32,001 tokens"])
+    sweep.write_text(
+        'train = "cpu/tiny"\nlengths = [1, 1000]\n'
+        f'set = ["data.dir=\\"{tiny_data}\\"", "model.vocab_size=512", "model.train_length=32"]\n'
+        '[[rows]]\nname = "RoPE"\npositions = { name = "rope" }\n'
+    )
+    assert_user_error(
+        ["compare", str(sweep), "--out", str(scratch / "cmp")],
+        cache=cache,
+        watch=[tiny_data],
+        fragments=["No test document", "32,001 tokens"],
+    )
     assert not (scratch / "cmp" / "runs").exists()  # nothing was trained
 
 
-@pytest.mark.parametrize("args,fragment", [(["eval"], "the following arguments are required: run"),
-                                           (["train", "--nosuch"], "unrecognized arguments: --nosuch"),
-                                           (["data", "prepare", "--max-docs", "abc"], "invalid int value")])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["eval"], "the following arguments are required: run"),
+        (["train", "--nosuch"], "unrecognized arguments: --nosuch"),
+        (["data", "prepare", "--max-docs", "abc"], "invalid int value"),
+    ],
+)
 def test_argument_errors_are_one_sentence(args, fragment, cache):
     assert_user_error(args, cache=cache, fragments=[fragment])
 
@@ -259,12 +324,30 @@ def test_bench_report_skips_bf16_columns_with_a_note():
     from extrapos.diagnostics import position_resolution
 
     row = {"step_ms": 10.0, "ratio": 1.0, "mfu": 0.5}
-    r = {"settings": {"size": "cpu-tiny", "vocab": 64, "train_length": 32, "batch": 2, "threads": 1,
-                      "torch": "x", "eval_lengths": [1]},
-         "machine": {"cpu_capability": "AVX2", "matmul_peak_gflops_fp32": 100.0, "matmul_peak_gflops_bf16": None},
-         "train_fp32": {"nope": row}, "train_bf16": None,
-         "eval_time": {"nope": {"time_ms_1x": 1.0}}, "eval_memory": {"nope": {"peak_mb_1x": 1.0}},
-         "generation": {"nope": {"decode_ms": 1.0, "cached_tok_s": 1.0, "recompute_tok_s": 1.0, "cache_speedup": 1.0}},
-         "resolution": position_resolution(train_length=32, multiples=(1,)), "wall_time_s": 1.0}
+    r = {
+        "settings": {
+            "size": "cpu-tiny",
+            "vocab": 64,
+            "train_length": 32,
+            "batch": 2,
+            "threads": 1,
+            "torch": "x",
+            "eval_lengths": [1],
+        },
+        "machine": {
+            "cpu_capability": "AVX2",
+            "matmul_peak_gflops_fp32": 100.0,
+            "matmul_peak_gflops_bf16": None,
+        },
+        "train_fp32": {"nope": row},
+        "train_bf16": None,
+        "eval_time": {"nope": {"time_ms_1x": 1.0}},
+        "eval_memory": {"nope": {"peak_mb_1x": 1.0}},
+        "generation": {
+            "nope": {"decode_ms": 1.0, "cached_tok_s": 1.0, "recompute_tok_s": 1.0, "cache_speedup": 1.0}
+        },
+        "resolution": position_resolution(train_length=32, multiples=(1,)),
+        "wall_time_s": 1.0,
+    }
     text = format_bench(r)
     assert "bf16 columns are skipped" in text and "| nope | 10.0 (1.00) | 50.0% | skipped | - |" in text

@@ -64,11 +64,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("extrapos: interrupted", file=sys.stderr)
         return 130
-    except OSError as e:  # a read-only directory, a full disk, a file-size limit: one sentence, not a traceback
+    except (
+        OSError
+    ) as e:  # a read-only directory, a full disk, a file-size limit: one sentence, not a traceback
         from extrapos.files import describe_os_error
 
-        print(f"extrapos: error: cannot read or write a file ({describe_os_error(e)}); check the path, its "
-              "permissions and the free space, then run the command again.", file=sys.stderr)
+        print(
+            f"extrapos: error: cannot read or write a file ({describe_os_error(e)}); check the path, its "
+            "permissions and the free space, then run the command again.",
+            file=sys.stderr,
+        )
         return 2
     return int(code or 0)
 

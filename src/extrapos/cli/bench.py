@@ -11,9 +11,16 @@ def register(sub) -> None:
     p.add_argument("--quick", action="store_true", help="fewer repeats and a shorter context (a few minutes)")
     p.add_argument("--encodings", default=None, help="comma-separated subset (nope is always included)")
     p.add_argument("--out", default=None, help="write the markdown table here (and the JSON beside it)")
-    p.add_argument("--bf16-runs", nargs="*", default=None, metavar="RUN",
-                   help="also evaluate these runs in fp32 and bf16 autocast (the ExPE/ExQPE resolution check)")
-    p.add_argument("--resolution-only", action="store_true", help="print only the bf16 position-resolution table")
+    p.add_argument(
+        "--bf16-runs",
+        nargs="*",
+        default=None,
+        metavar="RUN",
+        help="also evaluate these runs in fp32 and bf16 autocast (the ExPE/ExQPE resolution check)",
+    )
+    p.add_argument(
+        "--resolution-only", action="store_true", help="print only the bf16 position-resolution table"
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 

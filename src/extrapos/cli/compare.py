@@ -6,12 +6,21 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    p = sub.add_parser("compare", help="train and evaluate a set of encodings; write a report",
-                       description="Run a comparison preset (default: quick) end to end; resumable.")
+    p = sub.add_parser(
+        "compare",
+        help="train and evaluate a set of encodings; write a report",
+        description="Run a comparison preset (default: quick) end to end; resumable.",
+    )
     p.add_argument("preset", nargs="?", default="quick", help="a comparison preset or a sweep .toml")
     p.add_argument("--out", default=None, help="output directory (default: runs/compare-<preset>)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a training key for every row (e.g. train.tokens=200000)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a training key for every row (e.g. train.tokens=200000)",
+    )
     p.add_argument("--max-eval-tokens", type=int, default=None, help="target tokens scored per length")
     p.add_argument("--list", action="store_true", help="list the comparison presets")
     p.add_argument("--no-progress", action="store_true")
@@ -27,5 +36,7 @@ def run(args) -> int:
             print(f"{name:28s} {load_sweep(name).title}")
         return 0
     out = Path(args.out) if args.out else Path("runs") / f"compare-{slug(Path(args.preset).stem)}"
-    compare(args.preset, out, args.overrides, progress=not args.no_progress, max_eval_tokens=args.max_eval_tokens)
+    compare(
+        args.preset, out, args.overrides, progress=not args.no_progress, max_eval_tokens=args.max_eval_tokens
+    )
     return 0

@@ -6,45 +6,87 @@ import argparse
 import json
 from pathlib import Path
 
-PREPARE_EXAMPLE = ("example: extrapos data prepare --corpus sotu --tokenizer bpe:8192 --min-doc-tokens 4000")
+PREPARE_EXAMPLE = "example: extrapos data prepare --corpus sotu --tokenizer bpe:8192 --min-doc-tokens 4000"
 
 
 def register(sub) -> None:
-    data = sub.add_parser("data", help="prepare and inspect tokenized corpora",
-                          description="Tokenize a corpus once into memory-mapped train/val/test shards.")
+    data = sub.add_parser(
+        "data",
+        help="prepare and inspect tokenized corpora",
+        description="Tokenize a corpus once into memory-mapped train/val/test shards.",
+    )
     data_sub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
     data.set_defaults(func=lambda args: data.print_help())
 
     prepare = data_sub.add_parser(
-        "prepare", help="tokenize a corpus into train/val/test shards",
-        description="Tokenize a corpus into train/val/test token shards (reused when the inputs are unchanged).",
-        epilog=PREPARE_EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    prepare.add_argument("--corpus", default="sotu",
-                         help="sotu (default), python-stdlib, hf:OWNER/NAME[:CONFIG], or a file / directory / "
-                              "glob of .txt, .jsonl, .parquet (optionally .gz / .zst)")
-    prepare.add_argument("--tokenizer", default="bpe:8192",
-                         help="bpe:N to train a byte-level BPE on the train split (default bpe:8192), or a "
-                              "path to a tokenizer.json, sentencepiece .model or .tiktoken file")
-    prepare.add_argument("--out", default=None,
-                         help="output directory (default: a cache entry under $EXTRAPOS_CACHE or "
-                              "~/.cache/extrapos keyed by corpus, tokenizer and filters)")
-    prepare.add_argument("--min-doc-tokens", type=int, default=0, metavar="N",
-                         help="drop documents shorter than N tokens (ExPE keeps >= 4000)")
-    prepare.add_argument("--max-tokens", type=int, default=None, metavar="N",
-                         help="stop once the kept documents hold N tokens")
-    prepare.add_argument("--max-docs", type=int, default=None, metavar="N",
-                         help="read only the first N documents of the corpus")
-    prepare.add_argument("--split-fractions", default="0.9,0.05,0.05", metavar="TRAIN,VAL,TEST",
-                         help="split fractions (default 0.9,0.05,0.05): of documents, or of every document's "
-                              "tokens with --split-rule within")
-    prepare.add_argument("--split-rule", default="document", choices=("document", "within"),
-                         help="document (default): whole documents by a hash of their id, at least one per "
-                              "split when there are enough; within: train head, val and test tail spans of "
-                              "every document (for a few long documents)")
-    prepare.add_argument("--split-gap", type=int, default=64, metavar="TOKENS",
-                         help="with --split-rule within: tokens dropped between two spans (default 64)")
+        "prepare",
+        help="tokenize a corpus into train/val/test shards",
+        description="Tokenize a corpus into train/val/test token shards (reused when the inputs are "
+        "unchanged).",
+        epilog=PREPARE_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    prepare.add_argument(
+        "--corpus",
+        default="sotu",
+        help="sotu (default), python-stdlib, hf:OWNER/NAME[:CONFIG], or a file / directory / "
+        "glob of .txt, .jsonl, .parquet (optionally .gz / .zst)",
+    )
+    prepare.add_argument(
+        "--tokenizer",
+        default="bpe:8192",
+        help="bpe:N to train a byte-level BPE on the train split (default bpe:8192), or a "
+        "path to a tokenizer.json, sentencepiece .model or .tiktoken file",
+    )
+    prepare.add_argument(
+        "--out",
+        default=None,
+        help="output directory (default: a cache entry under $EXTRAPOS_CACHE or "
+        "~/.cache/extrapos keyed by corpus, tokenizer and filters)",
+    )
+    prepare.add_argument(
+        "--min-doc-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="drop documents shorter than N tokens (ExPE keeps >= 4000)",
+    )
+    prepare.add_argument(
+        "--max-tokens", type=int, default=None, metavar="N", help="stop once the kept documents hold N tokens"
+    )
+    prepare.add_argument(
+        "--max-docs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="read only the first N documents of the corpus",
+    )
+    prepare.add_argument(
+        "--split-fractions",
+        default="0.9,0.05,0.05",
+        metavar="TRAIN,VAL,TEST",
+        help="split fractions (default 0.9,0.05,0.05): of documents, or of every document's "
+        "tokens with --split-rule within",
+    )
+    prepare.add_argument(
+        "--split-rule",
+        default="document",
+        choices=("document", "within"),
+        help="document (default): whole documents by a hash of their id, at least one per "
+        "split when there are enough; within: train head, val and test tail spans of "
+        "every document (for a few long documents)",
+    )
+    prepare.add_argument(
+        "--split-gap",
+        type=int,
+        default=64,
+        metavar="TOKENS",
+        help="with --split-rule within: tokens dropped between two spans (default 64)",
+    )
     prepare.add_argument("--text-field", default="text", help="text field of .jsonl / .parquet / hub records")
-    prepare.add_argument("--seed", type=int, default=0, help="salt of the document hash that picks each split")
+    prepare.add_argument(
+        "--seed", type=int, default=0, help="salt of the document hash that picks each split"
+    )
     prepare.add_argument("--quiet", action="store_true", help="no progress bars")
     prepare.set_defaults(func=run_prepare)
 
@@ -66,8 +108,11 @@ def file_system_errors_as_sentences(run):
             return run(args)
         except OSError as e:
             where = f" on '{e.filename}'" if e.filename else ""
-            raise UserError(f"A file operation failed{where} ({e.strerror or e}); check the path, its permissions "
-                            "and the free space.") from None
+            raise UserError(
+                f"A file operation failed{where} ({e.strerror or e}); check the path, its permissions "
+                "and the free space."
+            ) from None
+
     return wrapped
 
 
@@ -76,16 +121,31 @@ def run_prepare(args) -> int:
     from extrapos.data.prepare import prepare
     from extrapos.data.shards import read_manifest
 
-    path, reused = prepare(args.corpus, args.tokenizer, args.out, min_doc_tokens=args.min_doc_tokens,
-                        max_tokens=args.max_tokens, max_docs=args.max_docs, split_fractions=args.split_fractions,
-                        text_field=args.text_field, seed=args.seed, progress=not args.quiet,
-                        split_rule=args.split_rule, split_gap=args.split_gap)
+    path, reused = prepare(
+        args.corpus,
+        args.tokenizer,
+        args.out,
+        min_doc_tokens=args.min_doc_tokens,
+        max_tokens=args.max_tokens,
+        max_docs=args.max_docs,
+        split_fractions=args.split_fractions,
+        text_field=args.text_field,
+        seed=args.seed,
+        progress=not args.quiet,
+        split_rule=args.split_rule,
+        split_gap=args.split_gap,
+    )
     manifest = read_manifest(path)
-    counts = ", ".join(f"{name} {s['num_docs']:,} docs / {s['num_tokens']:,} tokens"
-                       for name, s in manifest["splits"].items())
-    print(f"{'Reused' if reused else 'Prepared'} {path}" + (" (same corpus, tokenizer and filters)" if reused else "")
-          + f"\n  {counts}\n  {manifest['dtype']}, vocab {manifest['tokenizer']['vocab_size']:,}, "
-          f"tokenizer {manifest['tokenizer']['hash']}")
+    counts = ", ".join(
+        f"{name} {s['num_docs']:,} docs / {s['num_tokens']:,} tokens"
+        for name, s in manifest["splits"].items()
+    )
+    print(
+        f"{'Reused' if reused else 'Prepared'} {path}"
+        + (" (same corpus, tokenizer and filters)" if reused else "")
+        + f"\n  {counts}\n  {manifest['dtype']}, vocab {manifest['tokenizer']['vocab_size']:,}, "
+        f"tokenizer {manifest['tokenizer']['hash']}"
+    )
     return 0
 
 
@@ -97,7 +157,9 @@ def run_info(args) -> int:
 
     manifest = read_manifest(args.dir)
     # every file is checked before anything is printed: a damaged directory gives one sentence
-    lengths_of = {name: np.diff(load_offsets(Path(args.dir), name, entry)) for name, entry in manifest["splits"].items()}
+    lengths_of = {
+        name: np.diff(load_offsets(Path(args.dir), name, entry)) for name, entry in manifest["splits"].items()
+    }
     print(json.dumps(manifest, indent=2))
     header = "split".ljust(6) + "".join(f"{'p' + str(q):>9}" for q in PERCENTILES) + f"{'mean':>10}"
     print("\ndocument length (tokens)\n" + header)

@@ -7,8 +7,11 @@ DEFAULT_SIZE = "gpt2-tiny"
 
 def register(sub) -> None:
     p = sub.add_parser("encodings", help="list the positional encodings, their options and papers")
-    p.add_argument("--size", default=DEFAULT_SIZE,
-                   help=f"model size preset used to count parameters (default {DEFAULT_SIZE})")
+    p.add_argument(
+        "--size",
+        default=DEFAULT_SIZE,
+        help=f"model size preset used to count parameters (default {DEFAULT_SIZE})",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
 

@@ -7,18 +7,37 @@ from typing import Any
 
 
 def register(sub) -> None:
-    p = sub.add_parser("eval", help="evaluate a run at 1x..16x its training length",
-                       description="Score the same held-out tokens with windows of k x L_t for each k.")
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a run at 1x..16x its training length",
+        description="Score the same held-out tokens with windows of k x L_t for each k.",
+    )
     p.add_argument("run", help="a run directory")
-    p.add_argument("--lengths", default="1,2,4,8,16", help="multiples of the training length (default 1,2,4,8,16)")
-    p.add_argument("--scale", type=float, default=None, help="ExPE/ExQPE inference-time scale (the paper's 0.5)")
-    p.add_argument("--rope-scaling", default=None, metavar="NAME",
-                   help="a RoPE scaling applied at inference: linear, ntk, dynamic or yarn")
+    p.add_argument(
+        "--lengths", default="1,2,4,8,16", help="multiples of the training length (default 1,2,4,8,16)"
+    )
+    p.add_argument(
+        "--scale", type=float, default=None, help="ExPE/ExQPE inference-time scale (the paper's 0.5)"
+    )
+    p.add_argument(
+        "--rope-scaling",
+        default=None,
+        metavar="NAME",
+        help="a RoPE scaling applied at inference: linear, ntk, dynamic or yarn",
+    )
     p.add_argument("--factor", type=float, default=None, help="RoPE scaling factor (default: max length)")
-    p.add_argument("--interpolate", action="store_true",
-                   help="interpolate a learned table to each evaluated window (none at ev=1)")
-    p.add_argument("--position-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="set any option of the encoding for this evaluation (repeatable)")
+    p.add_argument(
+        "--interpolate",
+        action="store_true",
+        help="interpolate a learned table to each evaluated window (none at ev=1)",
+    )
+    p.add_argument(
+        "--position-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set any option of the encoding for this evaluation (repeatable)",
+    )
     p.add_argument("--corpus", default=None, help="another corpus spec, tokenized with the run's tokenizer")
     p.add_argument("--data", default=None, help="a prepared data directory to score instead")
     p.add_argument("--split", default="test", help="split of the run's data (default test)")
@@ -39,7 +58,9 @@ def parse_lengths(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise UserError(f"--lengths must be integers separated by commas (e.g. 1,2,4,8,16), got {text!r}.") from None
+        raise UserError(
+            f"--lengths must be integers separated by commas (e.g. 1,2,4,8,16), got {text!r}."
+        ) from None
 
 
 def parse_value(text: str) -> Any:
@@ -79,13 +100,27 @@ def run(args) -> int:
     from extrapos.runtime import init_distributed, resolve_device
 
     lengths = parse_lengths(args.lengths)
-    req = EvalRequest(lengths=lengths, corpus=args.corpus, data_dir=args.data, split=args.split,
-                      max_tokens=args.max_tokens, position_options=position_options(args, lengths),
-                      stride=args.stride, precision=args.precision, step=args.step)
+    req = EvalRequest(
+        lengths=lengths,
+        corpus=args.corpus,
+        data_dir=args.data,
+        split=args.split,
+        max_tokens=args.max_tokens,
+        position_options=position_options(args, lengths),
+        stride=args.stride,
+        precision=args.precision,
+        step=args.step,
+    )
     # under torchrun the windows are scored by all ranks together (each ends with the whole result)
     rank, _, device = init_distributed(resolve_device(args.device))
-    result = evaluate(args.run, req, name=args.name, overwrite=args.overwrite, device=str(device),
-                      progress=not args.no_progress and rank == 0)
+    result = evaluate(
+        args.run,
+        req,
+        name=args.name,
+        overwrite=args.overwrite,
+        device=str(device),
+        progress=not args.no_progress and rank == 0,
+    )
     if rank == 0:
         print(format_result(result))
         print(f"-> {Path(args.run) / 'eval' / (result['name'] + '.json')}")

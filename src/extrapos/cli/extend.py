@@ -4,20 +4,41 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
-    p = sub.add_parser("extend", help="extend a run's context to K x L_t (segmented-sequence training)",
-                       description="Continue RUN's training at L_e = K x L_t with chunk / prefix / full / randompos "
-                                   "sampling, or the continue control, on a compute-equivalent token budget.")
+    p = sub.add_parser(
+        "extend",
+        help="extend a run's context to K x L_t (segmented-sequence training)",
+        description="Continue RUN's training at L_e = K x L_t with chunk / prefix / full / randompos "
+        "sampling, or the continue control, on a compute-equivalent token budget.",
+    )
     p.add_argument("run", help="the run directory to extend")
-    p.add_argument("--method", required=True, metavar="METHOD",
-                   help="chunk, prefix, full, randompos, pose, or continue (the domain-adaptation control)")
-    p.add_argument("--alpha", type=float, default=None, help="segment fraction for chunk / prefix (default 0.25)")
+    p.add_argument(
+        "--method",
+        required=True,
+        metavar="METHOD",
+        help="chunk, prefix, full, randompos, pose, or continue (the domain-adaptation control)",
+    )
+    p.add_argument(
+        "--alpha", type=float, default=None, help="segment fraction for chunk / prefix (default 0.25)"
+    )
     p.add_argument("--factor", type=int, default=2, help="L_e / L_t (default 2)")
     p.add_argument("--out", default=None, help="the new run directory (default: RUN-<method>-x<factor>)")
-    p.add_argument("--tokens", type=int, default=None,
-                   help="token budget instead of the compute-equivalent one (same for every method)")
-    p.add_argument("--rope-interpolation", action="store_true", help="RoPE: add linear position interpolation")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key of the extension run (repeatable)")
+    p.add_argument(
+        "--tokens",
+        type=int,
+        default=None,
+        help="token budget instead of the compute-equivalent one (same for every method)",
+    )
+    p.add_argument(
+        "--rope-interpolation", action="store_true", help="RoPE: add linear position interpolation"
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key of the extension run (repeatable)",
+    )
     p.add_argument("--resume", action="store_true", help="continue an interrupted extension run in --out")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
@@ -26,7 +47,19 @@ def register(sub) -> None:
 def run(args) -> int:
     from extrapos.extend import extend
 
-    result = extend(args.run, args.method, args.factor, args.alpha, args.out, args.tokens, args.rope_interpolation,
-                    args.overrides, resume=args.resume, progress=not args.no_progress)
-    print(f"done: {result.steps} steps, {result.tokens:,} tokens in {result.wall_time:.1f}s -> {result.run_dir}")
+    result = extend(
+        args.run,
+        args.method,
+        args.factor,
+        args.alpha,
+        args.out,
+        args.tokens,
+        args.rope_interpolation,
+        args.overrides,
+        resume=args.resume,
+        progress=not args.no_progress,
+    )
+    print(
+        f"done: {result.steps} steps, {result.tokens:,} tokens in {result.wall_time:.1f}s -> {result.run_dir}"
+    )
     return 0

@@ -42,7 +42,18 @@ def run(args) -> int:
         sys.stdout.flush()
 
     sys.stdout.write(prompt)
-    generate_text(args.run, prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
-                  use_cache=not args.no_cache, position_options=options, device=args.device, on_text=show)
+    generate_text(
+        args.run,
+        prompt,
+        args.max_new_tokens,
+        args.temperature,
+        args.top_k,
+        args.top_p,
+        args.seed,
+        use_cache=not args.no_cache,
+        position_options=options,
+        device=args.device,
+        on_text=show,
+    )
     sys.stdout.write("\n")
     return 0

@@ -4,21 +4,33 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
-    p = sub.add_parser("import", help="import a Hugging Face model (GPT-2, Pythia, Bloom, Llama, Mistral, Qwen2) as a run",
-                       description="Import a local Hugging Face model directory or a hub name as an extrapos run: "
-                                   "config.toml, the model's tokenizer, weights (streamed from safetensors).")
+    p = sub.add_parser(
+        "import",
+        help="import a Hugging Face model (GPT-2, Pythia, Bloom, Llama, Mistral, Qwen2) as a run",
+        description="Import a local Hugging Face model directory or a hub name as an extrapos run: "
+        "config.toml, the model's tokenizer, weights (streamed from safetensors).",
+    )
     p.add_argument("source", help="a local model directory (config.json + safetensors) or a hub name")
     p.add_argument("--out", required=True, help="the run directory to create")
     p.add_argument("--revision", default=None, help="hub branch, tag or commit")
     p.add_argument("--tokenizer", default=None, help="use this tokenizer file instead of the model's own")
-    p.add_argument("--context-length", type=int, default=None,
-                   help="the training length L_t the run records (default: the model's context limit)")
-    p.add_argument("--corpus", default=None, help="corpus the run evaluates and extends on by default (default sotu)")
+    p.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        help="the training length L_t the run records (default: the model's context limit)",
+    )
+    p.add_argument(
+        "--corpus", default=None, help="corpus the run evaluates and extends on by default (default sotu)"
+    )
     p.set_defaults(func=run_import)
 
-    e = sub.add_parser("export", help="export a run as a Hugging Face model directory",
-                       description="Write a directory transformers.AutoModelForCausalLM.from_pretrained loads with "
-                                   "equal logits (learned -> GPT-2, RoPE -> GPT-NeoX / Llama, ALiBi -> Bloom).")
+    e = sub.add_parser(
+        "export",
+        help="export a run as a Hugging Face model directory",
+        description="Write a directory transformers.AutoModelForCausalLM.from_pretrained loads with "
+        "equal logits (learned -> GPT-2, RoPE -> GPT-NeoX / Llama, ALiBi -> Bloom).",
+    )
     e.add_argument("run", help="a run directory")
     e.add_argument("--out", required=True, help="the directory to write")
     e.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
@@ -29,8 +41,14 @@ def run_import(args) -> int:
     from extrapos.integrations.hf import import_pretrained
 
     data = {"corpus": args.corpus} if args.corpus else None
-    out = import_pretrained(args.source, args.out, revision=args.revision, tokenizer=args.tokenizer,
-                            context_length=args.context_length, data=data)
+    out = import_pretrained(
+        args.source,
+        args.out,
+        revision=args.revision,
+        tokenizer=args.tokenizer,
+        context_length=args.context_length,
+        data=data,
+    )
     print(f"imported {args.source} -> {out}")
     return 0
 

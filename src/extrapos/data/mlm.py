@@ -56,8 +56,10 @@ class SpecialTokens:
 def encoder_special_tokens(tokenizer) -> SpecialTokens:
     """The [CLS], [SEP], [MASK], [PAD] ids of ``tokenizer``: existing tokens under a known name
     (``ALIASES``: a trained bpe:N already has <|mask|> and <|pad|>), the others added to it."""
-    found = {role: next((i for i in map(tokenizer.token_id, names) if i is not None), None)
-             for role, names in ALIASES.items()}
+    found = {
+        role: next((i for i in map(tokenizer.token_id, names) if i is not None), None)
+        for role, names in ALIASES.items()
+    }
     missing = [ALIASES[role][0] for role, i in found.items() if i is None]
     if missing:
         tokenizer.add_special_tokens(missing)
@@ -67,8 +69,13 @@ def encoder_special_tokens(tokenizer) -> SpecialTokens:
     return SpecialTokens(eot=tokenizer.eot_id, **found)
 
 
-def mask_tokens(tokens: np.ndarray, rng: np.random.Generator, specials: SpecialTokens, vocab_size: int,
-                rate: float = SELECT_RATE) -> tuple[np.ndarray, np.ndarray]:
+def mask_tokens(
+    tokens: np.ndarray,
+    rng: np.random.Generator,
+    specials: SpecialTokens,
+    vocab_size: int,
+    rate: float = SELECT_RATE,
+) -> tuple[np.ndarray, np.ndarray]:
     """(corrupted tokens, selected) for an int array of any shape; see the module docstring.
 
     Random replacements are uniform over the ``vocab_size`` ids that are not special tokens.
@@ -93,7 +100,9 @@ def mask_batch(batch: Batch, key: Sequence[int], specials: SpecialTokens, vocab_
     """An MLM batch from a window batch: its ``tokens`` masked (the draw keyed by ``key``)."""
     text = batch.tokens.cpu().numpy()
     corrupted, selected = mask_tokens(text, rng_for(key), specials, vocab_size)
-    return Batch(torch.from_numpy(corrupted), batch.tokens.clone(), batch.positions, torch.from_numpy(selected))
+    return Batch(
+        torch.from_numpy(corrupted), batch.tokens.clone(), batch.positions, torch.from_numpy(selected)
+    )
 
 
 class MLMSampler:
@@ -127,7 +136,9 @@ class MLMSampler:
     def load_state_dict(self, state: dict) -> None:
         state = dict(state)
         if "mlm_batches" not in state:
-            raise UserError("Cannot resume the data stream: the checkpoint was not trained with objective mlm.")
+            raise UserError(
+                "Cannot resume the data stream: the checkpoint was not trained with objective mlm."
+            )
         self.batches = int(state.pop("mlm_batches"))
         self.inner.load_state_dict(state)
 
@@ -143,7 +154,9 @@ def objective_sampler(objective: str, sampler, tokenizer=None, model_vocab_size:
         tokenizer = load_tokenizer(sampler.split.directory)
     specials = encoder_special_tokens(tokenizer)
     if model_vocab_size is not None and tokenizer.vocab_size > model_vocab_size:
-        raise UserError(f"the tokenizer with the encoder's special tokens has {tokenizer.vocab_size} tokens but "
-                        f"model.vocab_size is {model_vocab_size}; set model.vocab_size={tokenizer.vocab_size} "
-                        "or more.")
+        raise UserError(
+            f"the tokenizer with the encoder's special tokens has {tokenizer.vocab_size} tokens but "
+            f"model.vocab_size is {model_vocab_size}; set model.vocab_size={tokenizer.vocab_size} "
+            "or more."
+        )
     return MLMSampler(sampler, specials, tokenizer.vocab_size)

@@ -83,36 +83,74 @@ def parse_split_fractions(value: str | Sequence[float]) -> tuple[float, float, f
     try:
         parts = [float(x) for x in (value.split(",") if isinstance(value, str) else value)]
     except ValueError:
-        raise UserError(f"Cannot read split fractions '{value}'; write three numbers like 0.9,0.05,0.05.") from None
+        raise UserError(
+            f"Cannot read split fractions '{value}'; write three numbers like 0.9,0.05,0.05."
+        ) from None
     if len(parts) != 3 or any(not 0 <= p <= 1 for p in parts) or abs(sum(parts) - 1) > 1e-6:
-        raise UserError(f"Split fractions must be three numbers in [0, 1] summing to 1 (train,val,test); got {value}.")
+        raise UserError(
+            f"Split fractions must be three numbers in [0, 1] summing to 1 (train,val,test); got {value}."
+        )
     return parts[0], parts[1], parts[2]
 
 
-def prepare_data(corpus: str, tokenizer: str, out: str | Path | None = None, *, min_doc_tokens: int = 0,
-                 max_tokens: int | None = None, max_docs: int | None = None,
-                 split_fractions: Sequence[float] | str = DEFAULT_SPLIT_FRACTIONS, text_field: str = "text",
-                 seed: int = 0, progress: bool = True, split_rule: str = "document",
-                 split_gap: int = DEFAULT_GAP_TOKENS) -> Path:
+def prepare_data(
+    corpus: str,
+    tokenizer: str,
+    out: str | Path | None = None,
+    *,
+    min_doc_tokens: int = 0,
+    max_tokens: int | None = None,
+    max_docs: int | None = None,
+    split_fractions: Sequence[float] | str = DEFAULT_SPLIT_FRACTIONS,
+    text_field: str = "text",
+    seed: int = 0,
+    progress: bool = True,
+    split_rule: str = "document",
+    split_gap: int = DEFAULT_GAP_TOKENS,
+) -> Path:
     """Tokenize ``corpus`` with ``tokenizer`` into train/val/test shards; return the directory.
 
     See ``prepare`` for the arguments; with ``progress`` this also says on stderr whether the
     directory was prepared now or reused.
     """
-    path, reused = prepare(corpus, tokenizer, out, min_doc_tokens=min_doc_tokens, max_tokens=max_tokens,
-                           max_docs=max_docs, split_fractions=split_fractions, text_field=text_field,
-                           seed=seed, progress=progress, split_rule=split_rule, split_gap=split_gap)
+    path, reused = prepare(
+        corpus,
+        tokenizer,
+        out,
+        min_doc_tokens=min_doc_tokens,
+        max_tokens=max_tokens,
+        max_docs=max_docs,
+        split_fractions=split_fractions,
+        text_field=text_field,
+        seed=seed,
+        progress=progress,
+        split_rule=split_rule,
+        split_gap=split_gap,
+    )
     if progress:
-        print(f"{'Reusing' if reused else 'Prepared'} data in {path}"
-              f"{' (same corpus, tokenizer and filters)' if reused else ''}.", file=sys.stderr)
+        print(
+            f"{'Reusing' if reused else 'Prepared'} data in {path}"
+            f"{' (same corpus, tokenizer and filters)' if reused else ''}.",
+            file=sys.stderr,
+        )
     return path
 
 
-def prepare(corpus: str, tokenizer: str, out: str | Path | None = None, *, min_doc_tokens: int = 0,
-            max_tokens: int | None = None, max_docs: int | None = None,
-            split_fractions: Sequence[float] | str = DEFAULT_SPLIT_FRACTIONS, text_field: str = "text",
-            seed: int = 0, progress: bool = True, split_rule: str = "document",
-            split_gap: int = DEFAULT_GAP_TOKENS) -> tuple[Path, bool]:
+def prepare(
+    corpus: str,
+    tokenizer: str,
+    out: str | Path | None = None,
+    *,
+    min_doc_tokens: int = 0,
+    max_tokens: int | None = None,
+    max_docs: int | None = None,
+    split_fractions: Sequence[float] | str = DEFAULT_SPLIT_FRACTIONS,
+    text_field: str = "text",
+    seed: int = 0,
+    progress: bool = True,
+    split_rule: str = "document",
+    split_gap: int = DEFAULT_GAP_TOKENS,
+) -> tuple[Path, bool]:
     """Tokenize ``corpus`` with ``tokenizer`` into train/val/test shards; return the directory.
 
     ``min_doc_tokens`` drops shorter documents (ExPE keeps documents of >= 4000 tokens);
@@ -139,8 +177,12 @@ def prepare(corpus: str, tokenizer: str, out: str | Path | None = None, *, min_d
         raise UserError(f"--max-tokens must be at least 1, got {max_tokens}.")
     source = open_corpus(corpus, text_field, max_docs)
     if is_trained_spec(tokenizer):
-        tokenizer_identity = {"spec": tokenizer.strip(), "vocab": parse_bpe_spec(tokenizer), "recipe": BPE_RECIPE,
-                              "max_training_bytes": BPE_TRAINING_BYTES}
+        tokenizer_identity = {
+            "spec": tokenizer.strip(),
+            "vocab": parse_bpe_spec(tokenizer),
+            "recipe": BPE_RECIPE,
+            "max_training_bytes": BPE_TRAINING_BYTES,
+        }
         loaded = None
     else:
         loaded = load_tokenizer(tokenizer)
@@ -161,37 +203,55 @@ def prepare(corpus: str, tokenizer: str, out: str | Path | None = None, *, min_d
         "split_gap": split_gap if split_rule == "within" else None,
     }
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
-    target = (Path(out).expanduser() if out is not None
-              else cache_root() / "data" / f"{_slug(corpus)}-{_slug(tokenizer)}-{key}")
+    target = (
+        Path(out).expanduser()
+        if out is not None
+        else cache_root() / "data" / f"{_slug(corpus)}-{_slug(tokenizer)}-{key}"
+    )
     try:
         if _reusable(target, key):
             return target, True
         target.parent.mkdir(parents=True, exist_ok=True)
-        sweep_stale(target.parent, f".{glob.escape(target.name)}{MARKER}*" if out is not None else f".*{MARKER}*")
+        sweep_stale(
+            target.parent, f".{glob.escape(target.name)}{MARKER}*" if out is not None else f".*{MARKER}*"
+        )
         with staged(target) as tmp:
             started = time.perf_counter()
             rule = {"rule": split_rule, **({"gap_tokens": split_gap} if split_rule == "within" else {})}
             tok = loaded or _train_tokenizer(source, tokenizer, fractions, seed, rule, progress)
             tok.save(tmp)
-            manifest = _write_splits(tmp, source, tok, fractions, seed, rule, min_doc_tokens, max_tokens,
-                                     progress)
+            manifest = _write_splits(
+                tmp, source, tok, fractions, seed, rule, min_doc_tokens, max_tokens, progress
+            )
             for warning in manifest["warnings"]:
                 print(f"extrapos: warning: {warning}", file=sys.stderr)
-            manifest.update({
-                "format": FORMAT,
-                "key": key,
-                "corpus": corpus,
-                "text_field": text_field,
-                "tokenizer": {"spec": tokenizer, "kind": tok.kind, "hash": tok.hash,
-                              "vocab_size": tok.vocab_size, "eot_id": tok.eot_id},
-                "filters": {"min_doc_tokens": min_doc_tokens, "max_tokens": max_tokens, "max_docs": max_docs,
-                            "split_fractions": list(fractions), "seed": seed},
-                "split_rule": {**rule, **manifest.pop("split_rule_details")},
-                "inputs": inputs,
-                "seconds": round(time.perf_counter() - started, 2),
-                "extrapos_version": __version__,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            })
+            manifest.update(
+                {
+                    "format": FORMAT,
+                    "key": key,
+                    "corpus": corpus,
+                    "text_field": text_field,
+                    "tokenizer": {
+                        "spec": tokenizer,
+                        "kind": tok.kind,
+                        "hash": tok.hash,
+                        "vocab_size": tok.vocab_size,
+                        "eot_id": tok.eot_id,
+                    },
+                    "filters": {
+                        "min_doc_tokens": min_doc_tokens,
+                        "max_tokens": max_tokens,
+                        "max_docs": max_docs,
+                        "split_fractions": list(fractions),
+                        "seed": seed,
+                    },
+                    "split_rule": {**rule, **manifest.pop("split_rule_details")},
+                    "inputs": inputs,
+                    "seconds": round(time.perf_counter() - started, 2),
+                    "extrapos_version": __version__,
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                }
+            )
             manifest = _ordered(manifest)
             write_manifest(tmp, manifest)  # last: a directory without a manifest is never trusted
             return target, _publish(tmp, target, key)
@@ -206,20 +266,38 @@ def write_failure(error: OSError, target: Path, in_cache: bool) -> UserError:
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         return UserError(f"No space left on the device while writing {place}; free some space or {where}.")
     if error.errno == errno.EFBIG:
-        return UserError(f"A file grew past the file-size limit while writing {place} (see `ulimit -f`); "
-                         f"raise the limit or {where}.")
+        return UserError(
+            f"A file grew past the file-size limit while writing {place} (see `ulimit -f`); "
+            f"raise the limit or {where}."
+        )
     if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return UserError(f"Cannot write {place} ({error.strerror}); make it writable or {where}.")
-    return UserError(f"Writing {place} failed ({error.strerror or error}); check the disk and the path, or "
-                     f"{where}.")
+    return UserError(
+        f"Writing {place} failed ({error.strerror or error}); check the disk and the path, or {where}."
+    )
 
 
 def _ordered(manifest: dict) -> dict:
-    first = ["format", "key", "corpus", "text_field", "tokenizer", "filters", "split_rule", "dtype",
-             "documents_read", "documents_too_short", "stopped_at_max_tokens", "replaced_bytes", "splits",
-             "warnings"]
-    return {**{k: manifest[k] for k in first if k in manifest},
-            **{k: v for k, v in manifest.items() if k not in first}}
+    first = [
+        "format",
+        "key",
+        "corpus",
+        "text_field",
+        "tokenizer",
+        "filters",
+        "split_rule",
+        "dtype",
+        "documents_read",
+        "documents_too_short",
+        "stopped_at_max_tokens",
+        "replaced_bytes",
+        "splits",
+        "warnings",
+    ]
+    return {
+        **{k: manifest[k] for k in first if k in manifest},
+        **{k: v for k, v in manifest.items() if k not in first},
+    }
 
 
 def _reusable(target: Path, key: str) -> bool:
@@ -238,11 +316,14 @@ def _reusable(target: Path, key: str) -> bool:
             manifest = {}
         if manifest.get("key") == key:
             return True
-        raise UserError(f"'{target}' already holds data prepared from other inputs "
-                        f"(corpus {manifest.get('corpus', '?')}); choose another --out or delete it.")
+        raise UserError(
+            f"'{target}' already holds data prepared from other inputs "
+            f"(corpus {manifest.get('corpus', '?')}); choose another --out or delete it."
+        )
     if any(target.iterdir()):
-        raise UserError(f"The output directory '{target}' is not empty and is not prepared data; "
-                        "choose another --out.")
+        raise UserError(
+            f"The output directory '{target}' is not empty and is not prepared data; choose another --out."
+        )
     return False  # an empty directory: we may fill it
 
 
@@ -260,14 +341,22 @@ def _publish(tmp: Path, target: Path, key: str) -> bool:
     return False
 
 
-def _train_tokenizer(source: Corpus, spec: str, fractions, seed: int, rule: dict, progress: bool) -> Tokenizer:
+def _train_tokenizer(
+    source: Corpus, spec: str, fractions, seed: int, rule: dict, progress: bool
+) -> Tokenizer:
     """Train ``bpe:N`` on the train-split text (at most BPE_TRAINING_BYTES of it): the train
     documents under the ``document`` rule, the first ``train fraction`` of every document's
     characters under ``within`` (its train head, as near as characters tell before tokenizing)."""
     from tqdm import tqdm
 
-    bar = tqdm(desc=f"training {spec}", unit="doc", total=source.size_hint, disable=not progress,
-               file=sys.stderr, leave=False)
+    bar = tqdm(
+        desc=f"training {spec}",
+        unit="doc",
+        total=source.size_hint,
+        disable=not progress,
+        file=sys.stderr,
+        leave=False,
+    )
     seen = 0
 
     def training_texts() -> Iterator[str]:
@@ -293,8 +382,10 @@ def _train_tokenizer(source: Corpus, spec: str, fractions, seed: int, rule: dict
         if first is None:
             if seen == 0:
                 raise UserError(f"The corpus '{source.spec}' holds no documents.")
-            raise UserError(f"None of the {seen} documents of '{source.spec}' falls in the train split to "
-                            f"train {spec} on; add documents or raise the train fraction.")
+            raise UserError(
+                f"None of the {seen} documents of '{source.spec}' falls in the train split to "
+                f"train {spec} on; add documents or raise the train fraction."
+            )
         return train_bpe(itertools.chain([first], texts), parse_bpe_spec(spec))
     finally:
         bar.close()
@@ -323,8 +414,17 @@ def _utf8_size(text: str) -> tuple[str, int, int]:
         return text, len(text.encode("utf-8")), count
 
 
-def _write_splits(directory: Path, source: Corpus, tok: Tokenizer, fractions, seed: int, rule: dict,
-                  min_doc_tokens: int, max_tokens: int | None, progress: bool) -> dict:
+def _write_splits(
+    directory: Path,
+    source: Corpus,
+    tok: Tokenizer,
+    fractions,
+    seed: int,
+    rule: dict,
+    min_doc_tokens: int,
+    max_tokens: int | None,
+    progress: bool,
+) -> dict:
     from tqdm import tqdm
 
     dtype = token_dtype(tok.vocab_size)
@@ -333,8 +433,14 @@ def _write_splits(directory: Path, source: Corpus, tok: Tokenizer, fractions, se
     names: dict[str, list[str]] = {split: [] for split in SPLITS}
     read = too_short = kept_tokens = replaced = whole = 0
     over_budget = False
-    bar = tqdm(desc="tokenizing", unit="doc", total=source.size_hint, disable=not progress,
-               file=sys.stderr, leave=False)
+    bar = tqdm(
+        desc="tokenizing",
+        unit="doc",
+        total=source.size_hint,
+        disable=not progress,
+        file=sys.stderr,
+        leave=False,
+    )
     try:
         for batch in _batches(iter(source)):
             cleaned = [_utf8_size(text) for _, text in batch]
@@ -368,14 +474,18 @@ def _write_splits(directory: Path, source: Corpus, tok: Tokenizer, fractions, se
     if kept_tokens == 0 and min_doc_tokens <= 1:
         raise UserError(f"Every document of '{source.spec}' is empty ({read} read); add text to the corpus.")
     if kept_tokens == 0:
-        raise UserError(f"No document of '{source.spec}' is left after filtering ({read} read, all shorter "
-                        f"than {max(min_doc_tokens, 1)} tokens); lower --min-doc-tokens.")
+        raise UserError(
+            f"No document of '{source.spec}' is left after filtering ({read} read, all shorter "
+            f"than {max(min_doc_tokens, 1)} tokens); lower --min-doc-tokens."
+        )
     details: dict = {}
     if rule["rule"] == "document":
         moves, _ = rescue_moves(units, fractions)
         if moves:
-            layout = {split: [(split, i) for i in range(len(units[split])) if (split, i) not in moves]
-                      for split in SPLITS}
+            layout = {
+                split: [(split, i) for i in range(len(units[split])) if (split, i) not in moves]
+                for split in SPLITS
+            }
             for (source_split, i), to in sorted(moves.items()):
                 layout[to].append((source_split, i))
             splits = rewrite_splits(directory, dtype, layout, {s: w.doc_bytes for s, w in writers.items()})
@@ -394,8 +504,9 @@ def _write_splits(directory: Path, source: Corpus, tok: Tokenizer, fractions, se
     }
 
 
-def _add_spans(writers: dict[str, SplitWriter], tok: Tokenizer, ids: list[int], num_bytes: int, fractions,
-               gap: int) -> int:
+def _add_spans(
+    writers: dict[str, SplitWriter], tok: Tokenizer, ids: list[int], num_bytes: int, fractions, gap: int
+) -> int:
     """Write one document's spans under the ``within`` rule; 1 when it was too short to cut (it
     then goes whole to train), else 0. A span's byte count is that of its decoded text."""
     spans = within_spans(len(ids), fractions, gap)
@@ -414,11 +525,16 @@ def _empty_split_warnings(splits: dict, fractions, rule: dict, kept: int) -> lis
     empty = [s for s, f in zip(SPLITS, fractions) if f > 0 and splits[s]["num_docs"] == 0]
     if not empty:
         return []
-    fix = ("pass --split-rule within to hold out the tail of every document" if rule["rule"] == "document"
-           else "lower --split-gap or --min-doc-tokens")
-    return [f"The {' and '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} empty ({kept} document"
-            f"{'s' if kept != 1 else ''} kept, too few or too short to give every split one); add documents "
-            f"or {fix}."]
+    fix = (
+        "pass --split-rule within to hold out the tail of every document"
+        if rule["rule"] == "document"
+        else "lower --split-gap or --min-doc-tokens"
+    )
+    return [
+        f"The {' and '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} empty ({kept} document"
+        f"{'s' if kept != 1 else ''} kept, too few or too short to give every split one); add documents "
+        f"or {fix}."
+    ]
 
 
 def _normalized_corpus_spec(spec: str) -> str:

@@ -18,7 +18,9 @@ from extrapos.data.shards import TokenSplit
 from extrapos.errors import UserError
 
 
-def windows_in_documents(doc_lengths: np.ndarray, span: int, stride: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def windows_in_documents(
+    doc_lengths: np.ndarray, span: int, stride: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """All windows of ``span`` tokens that fit inside single documents, ``stride`` apart.
 
     Returns ``(doc_index, start_in_doc)``, int64 arrays in document order. A document of n
@@ -43,7 +45,7 @@ def gather(tokens: np.ndarray, starts: np.ndarray, span: int) -> np.ndarray:
     """
     out = np.empty((len(starts), span), dtype=np.int64)
     for row, start in enumerate(starts.tolist()):
-        out[row] = tokens[start:start + span]
+        out[row] = tokens[start : start + span]
     return out
 
 
@@ -60,10 +62,19 @@ class Sampler:
     boundaries, so the stream never ends and never repeats a partial batch.
     """
 
-    def __init__(self, split: TokenSplit, seq_len: int, batch_size: int, seed: int = 0, rank: int = 0,
-                 world_size: int = 1):
+    def __init__(
+        self,
+        split: TokenSplit,
+        seq_len: int,
+        batch_size: int,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
         if seq_len < 1 or batch_size < 1:
-            raise UserError(f"Sequence length and batch size must be positive, got {seq_len} and {batch_size}.")
+            raise UserError(
+                f"Sequence length and batch size must be positive, got {seq_len} and {batch_size}."
+            )
         if not 0 <= rank < world_size:
             raise UserError(f"Rank {rank} is outside the world size {world_size}.")
         self.split, self.seq_len, self.batch_size = split, seq_len, batch_size
@@ -102,7 +113,8 @@ class Sampler:
                 f"No {what} of {self.seq_len + 1} tokens fits in split '{self.split.split}' of "
                 f"'{self.split.directory}' ({self.split.num_docs} documents, longest "
                 f"{int(self.split.doc_lengths.max(initial=0))} tokens) for {self.world_size} rank(s); "
-                "use a shorter sequence length or prepare longer documents.")
+                "use a shorter sequence length or prepare longer documents."
+            )
 
     def _order(self, epoch: int) -> np.ndarray:
         """The items of ``epoch`` in order (all ranks' together)."""
@@ -115,7 +127,7 @@ class Sampler:
         items, epochs = [], []
         while count:
             order = self._order(self._epoch)
-            taken = order[self._position:self._position + count]
+            taken = order[self._position : self._position + count]
             items.append(taken)
             epochs.append(np.full(len(taken), self._epoch, dtype=np.int64))
             count -= len(taken)
@@ -130,7 +142,7 @@ class Sampler:
         Every rank advances the global stream by ``world_size x count`` and keeps its own slice, so the
         ranks stay in step without talking to each other."""
         items, epochs = self._next_global(count * self.world_size)
-        return items[self.rank::self.world_size], epochs[self.rank::self.world_size]
+        return items[self.rank :: self.world_size], epochs[self.rank :: self.world_size]
 
     def next_batch(self) -> Batch:
         return self._build_batch(*self.next_items(self.batch_size))
@@ -144,23 +156,34 @@ class Sampler:
 
         ``position`` counts the items of the epoch that all ranks together have taken
         (``stream = "global"``), so the state means the same on any number of ranks."""
-        return {"sampler": type(self).__name__, "epoch": self._epoch, "position": self._position,
-                "stream": "global", "seed": self.seed, "seq_len": self.seq_len, "world_size": self.world_size,
-                "num_items": self.num_items}
+        return {
+            "sampler": type(self).__name__,
+            "epoch": self._epoch,
+            "position": self._position,
+            "stream": "global",
+            "seed": self.seed,
+            "seq_len": self.seq_len,
+            "world_size": self.world_size,
+            "num_items": self.num_items,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         mine = self.state_dict()
         for key in ("sampler", "seed", "seq_len", "num_items"):
             if state.get(key) != mine[key]:
-                raise UserError(f"Cannot resume the data stream: its {key} was {state.get(key)!r}, now "
-                                f"{mine[key]!r}; resume with the same data, sequence length and seed.")
+                raise UserError(
+                    f"Cannot resume the data stream: its {key} was {state.get(key)!r}, now "
+                    f"{mine[key]!r}; resume with the same data, sequence length and seed."
+                )
         position = int(state["position"])
         if state.get("stream") != "global":
             # saved before positions were global: each of its world_size ranks had taken `position`
             # items of an epoch whose interleaved order is the same as the global stream's
             position *= int(state.get("world_size", 1))
         if not 0 <= position < max(self.num_items, 1):
-            raise UserError(f"Cannot resume the data stream: position {state['position']} is outside the epoch.")
+            raise UserError(
+                f"Cannot resume the data stream: position {state['position']} is outside the epoch."
+            )
         self._epoch, self._position = int(state["epoch"]), position
 
 
@@ -174,8 +197,16 @@ class ContiguousSampler(Sampler):
     sees each window as its own sequence. Every target counts in the loss.
     """
 
-    def __init__(self, split: TokenSplit, seq_len: int, batch_size: int, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, packed: bool = False):
+    def __init__(
+        self,
+        split: TokenSplit,
+        seq_len: int,
+        batch_size: int,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        packed: bool = False,
+    ):
         super().__init__(split, seq_len, batch_size, seed, rank, world_size)
         self.packed = packed
         if packed:
@@ -206,7 +237,9 @@ class ContiguousSampler(Sampler):
     def _build_batch(self, items: np.ndarray, epochs: np.ndarray) -> Batch:
         starts = self._starts[items]
         span = self.seq_len + 1
-        windows = self._packed_gather(starts, span) if self.packed else gather(self.split.tokens, starts, span)
+        windows = (
+            self._packed_gather(starts, span) if self.packed else gather(self.split.tokens, starts, span)
+        )
         windows = torch.from_numpy(windows)
         rows = len(items)
         return Batch(
@@ -221,6 +254,8 @@ class ContiguousSampler(Sampler):
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("packed", False) != self.packed:
-            raise UserError("Cannot resume the data stream: it was saved with packed="
-                            f"{state.get('packed')}, now packed={self.packed}.")
+            raise UserError(
+                "Cannot resume the data stream: it was saved with packed="
+                f"{state.get('packed')}, now packed={self.packed}."
+            )
         super().load_state_dict(state)

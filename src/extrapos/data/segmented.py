@@ -73,12 +73,16 @@ def segment_length(train_length: int, alpha: float) -> int:
         raise UserError(f"data.alpha must be in (0, 1], got {alpha}.")
     n = alpha * train_length
     if abs(n - round(n)) > 1e-9 or round(n) < 1:
-        raise UserError(f"data.alpha={alpha} times the training length {train_length} is {n:g}, not a positive "
-                        "integer; choose alpha so that alpha * L_t is a whole number of tokens.")
+        raise UserError(
+            f"data.alpha={alpha} times the training length {train_length} is {n:g}, not a positive "
+            "integer; choose alpha so that alpha * L_t is a whole number of tokens."
+        )
     return int(round(n))
 
 
-def chunk_positions(rng: np.random.Generator, train_length: int, extended_length: int, alpha: float) -> np.ndarray:
+def chunk_positions(
+    rng: np.random.Generator, train_length: int, extended_length: int, alpha: float
+) -> np.ndarray:
     """Sorted positions of 1/alpha contiguous segments of alpha * L_t tokens inside [0, L_e).
 
     Stars and bars: shrink each segment to one slot, so the window has L_e - L_t + k slots for
@@ -88,15 +92,18 @@ def chunk_positions(rng: np.random.Generator, train_length: int, extended_length
     s = segment_length(train_length, alpha)
     k = train_length // s
     if k * s != train_length:
-        raise UserError(f"chunk needs 1/alpha segments of alpha * L_t tokens to fill L_t={train_length} exactly; "
-                        f"alpha={alpha} gives segments of {s} tokens; use alpha = 1/2, 1/4, 1/8, ...")
+        raise UserError(
+            f"chunk needs 1/alpha segments of alpha * L_t tokens to fill L_t={train_length} exactly; "
+            f"alpha={alpha} gives segments of {s} tokens; use alpha = 1/2, 1/4, 1/8, ..."
+        )
     slots = np.sort(rng.choice(extended_length - train_length + k, size=k, replace=False))
     starts = slots + np.arange(k) * (s - 1)
     return (starts[:, None] + np.arange(s)).ravel()
 
 
-def prefix_positions(rng: np.random.Generator, train_length: int, extended_length: int,
-                     alpha: float) -> tuple[np.ndarray, int]:
+def prefix_positions(
+    rng: np.random.Generator, train_length: int, extended_length: int, alpha: float
+) -> tuple[np.ndarray, int]:
     """(sorted positions, prefix length): a random sorted prefix from [0, i), then alpha * L_t from i."""
     suffix = segment_length(train_length, alpha)
     prefix = train_length - suffix
@@ -105,9 +112,11 @@ def prefix_positions(rng: np.random.Generator, train_length: int, extended_lengt
     return np.concatenate([head, i + np.arange(suffix)]), prefix
 
 
-def pose_positions(rng: np.random.Generator, train_length: int, extended_length: int,
-                   chunks: int = POSE_CHUNKS) -> np.ndarray:
-    """PoSE positions of L_t contiguous tokens: N chunks, chunk i shifted by a skip u_i (see the module doc)."""
+def pose_positions(
+    rng: np.random.Generator, train_length: int, extended_length: int, chunks: int = POSE_CHUNKS
+) -> np.ndarray:
+    """PoSE positions of L_t contiguous tokens: N chunks, chunk i shifted by a skip u_i (see the module
+    doc)."""
     if not 1 <= chunks <= train_length:
         raise UserError(f"pose needs between 1 and L_t={train_length} chunks, got {chunks}.")
     cuts = np.sort(rng.choice(np.arange(1, train_length), size=chunks - 1, replace=False))
@@ -121,40 +130,63 @@ def pose_positions(rng: np.random.Generator, train_length: int, extended_length:
 class SegmentedSampler(Sampler):
     """Examples cut from non-overlapping L_e windows of single documents (see the module doc)."""
 
-    def __init__(self, split: TokenSplit, method: str, train_length: int, extended_length: int, batch_size: int,
-                 alpha: float = 0.25, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 chunk_targets: str = "original"):
+    def __init__(
+        self,
+        split: TokenSplit,
+        method: str,
+        train_length: int,
+        extended_length: int,
+        batch_size: int,
+        alpha: float = 0.25,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        chunk_targets: str = "original",
+    ):
         if method not in SEGMENTED:
             raise UserError(f"unknown segmented sampler {method!r}; choose one of: {', '.join(SEGMENTED)}.")
         if chunk_targets not in CHUNK_TARGETS or (chunk_targets != "original" and method != "chunk"):
-            raise UserError(f"data.chunk_targets must be {' or '.join(CHUNK_TARGETS)} and applies to "
-                            f"data.sampler=chunk only; got {chunk_targets!r} with {method}.")
+            raise UserError(
+                f"data.chunk_targets must be {' or '.join(CHUNK_TARGETS)} and applies to "
+                f"data.sampler=chunk only; got {chunk_targets!r} with {method}."
+            )
         self.chunk_targets = chunk_targets
         if extended_length < train_length:
-            raise UserError(f"data.extended_length={extended_length} is shorter than the training length "
-                            f"{train_length}; L_e must be at least L_t.")
-        self.method, self.train_length, self.extended_length, self.alpha = method, train_length, extended_length, alpha
+            raise UserError(
+                f"data.extended_length={extended_length} is shorter than the training length "
+                f"{train_length}; L_e must be at least L_t."
+            )
+        self.method, self.train_length, self.extended_length, self.alpha = (
+            method,
+            train_length,
+            extended_length,
+            alpha,
+        )
         if method in ("chunk", "prefix"):
             segment_length(train_length, alpha)  # check alpha early
             if method == "chunk":
                 chunk_positions(np.random.default_rng(0), train_length, extended_length, alpha)
         seq_len = extended_length if method == "full" else train_length
         super().__init__(split, seq_len, batch_size, seed, rank, world_size)
-        doc_index, start_in_doc = windows_in_documents(split.doc_lengths, extended_length + 1, extended_length)
+        doc_index, start_in_doc = windows_in_documents(
+            split.doc_lengths, extended_length + 1, extended_length
+        )
         self._starts = split.offsets[doc_index] + start_in_doc
         if self.windows_per_epoch == 0:
             raise UserError(
                 f"No window of {extended_length + 1} tokens (L_e + 1) fits in split '{split.split}' of "
                 f"'{split.directory}' ({split.num_docs} documents, longest "
                 f"{int(split.doc_lengths.max(initial=0))} tokens) for {world_size} rank(s); use a shorter "
-                "data.extended_length or longer documents.")
+                "data.extended_length or longer documents."
+            )
 
     @property
     def num_items(self) -> int:
         return len(self._starts)
 
     def cut(self, item: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(indices into the window, positions, loss mask) of one example; a pure function of (seed, epoch, item)."""
+        """(indices into the window, positions, loss mask) of one example; a pure function of (seed, epoch,
+        item)."""
         L, E = self.train_length, self.extended_length
         if self.method == "full":
             idx = np.arange(E)
@@ -194,8 +226,12 @@ class SegmentedSampler(Sampler):
         )
 
     def state_dict(self) -> dict:
-        state = {**super().state_dict(), "method": self.method, "alpha": self.alpha,
-                 "extended_length": self.extended_length}
+        state = {
+            **super().state_dict(),
+            "method": self.method,
+            "alpha": self.alpha,
+            "extended_length": self.extended_length,
+        }
         if self.chunk_targets != "original":  # absent = original, so older checkpoints' state is unchanged
             state["chunk_targets"] = self.chunk_targets
         return state
@@ -204,8 +240,10 @@ class SegmentedSampler(Sampler):
         state = {"chunk_targets": "original", **state}
         for key in ("method", "alpha", "extended_length", "chunk_targets"):
             if state.get(key) != getattr(self, key):
-                raise UserError(f"Cannot resume the data stream: its {key} was {state.get(key)!r}, now "
-                                f"{getattr(self, key)!r}; resume with the same data settings.")
+                raise UserError(
+                    f"Cannot resume the data stream: its {key} was {state.get(key)!r}, now "
+                    f"{getattr(self, key)!r}; resume with the same data settings."
+                )
         super().load_state_dict(state)
 
 

@@ -79,8 +79,9 @@ class SplitWriter:
         }
 
 
-def rewrite_splits(directory: Path, dtype: str, layout: dict[str, list[tuple[str, int]]],
-                   doc_bytes: dict[str, list[int]]) -> dict[str, dict]:
+def rewrite_splits(
+    directory: Path, dtype: str, layout: dict[str, list[tuple[str, int]]], doc_bytes: dict[str, list[int]]
+) -> dict[str, dict]:
     """Rewrite the closed splits of ``directory`` so split ``s`` holds the documents ``layout[s]``,
     each named ``(old split, index)``, in that order; return the new manifest entries.
 
@@ -93,15 +94,18 @@ def rewrite_splits(directory: Path, dtype: str, layout: dict[str, list[tuple[str
     old = {}
     for split in SPLITS:
         offsets = np.load(offsets_path(directory, split))
-        tokens = (np.memmap(tokens_path(directory, split), dtype=dtype, mode="r") if offsets[-1]
-                  else np.zeros(0, dtype=dtype))
+        tokens = (
+            np.memmap(tokens_path(directory, split), dtype=dtype, mode="r")
+            if offsets[-1]
+            else np.zeros(0, dtype=dtype)
+        )
         old[split] = (offsets, tokens)
     entries = {}
     for split in SPLITS:
         writer = SplitWriter(scratch, split, dtype)
         for source, i in layout[split]:
             offsets, tokens = old[source]
-            writer.add(tokens[offsets[i]:offsets[i + 1]], doc_bytes[source][i])
+            writer.add(tokens[offsets[i] : offsets[i + 1]], doc_bytes[source][i])
         entries[split] = writer.close()
     del old  # unmap before the files are replaced
     for split in SPLITS:
@@ -116,8 +120,9 @@ def length_stats(lengths: np.ndarray) -> dict:
     if len(lengths) == 0:
         return {}
     stats = {"mean": round(float(np.mean(lengths)), 1)}
-    stats.update({f"p{q}": int(v) for q, v in zip(PERCENTILES, np.percentile(lengths, PERCENTILES,
-                                                                             method="lower"))})
+    stats.update(
+        {f"p{q}": int(v) for q, v in zip(PERCENTILES, np.percentile(lengths, PERCENTILES, method="lower"))}
+    )
     return stats
 
 
@@ -129,11 +134,15 @@ def read_manifest(directory: str | Path) -> dict:
     """The manifest of a prepared data directory; UserError when there is none."""
     directory = Path(directory).expanduser()
     if not directory.is_dir():
-        raise UserError(f"No prepared data at '{directory}'; run `extrapos data prepare --out {directory}` first.")
+        raise UserError(
+            f"No prepared data at '{directory}'; run `extrapos data prepare --out {directory}` first."
+        )
     path = directory / MANIFEST
     if not path.exists():
-        raise UserError(f"'{directory}' is not a prepared data directory (no {MANIFEST}); "
-                        "run `extrapos data prepare` to make one.")
+        raise UserError(
+            f"'{directory}' is not a prepared data directory (no {MANIFEST}); "
+            "run `extrapos data prepare` to make one."
+        )
     try:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -141,10 +150,14 @@ def read_manifest(directory: str | Path) -> dict:
     if not isinstance(manifest, dict):
         raise UserError(f"The manifest '{path}' is damaged; prepare the data again.")
     if manifest.get("format") != FORMAT:
-        raise UserError(f"'{directory}' was prepared in format {manifest.get('format')!r}, this version "
-                        f"reads {FORMAT!r}; prepare the data again.")
+        raise UserError(
+            f"'{directory}' was prepared in format {manifest.get('format')!r}, this version "
+            f"reads {FORMAT!r}; prepare the data again."
+        )
     if not _well_formed(manifest):
-        raise UserError(f"The manifest '{path}' lacks its splits, dtype or tokenizer entries; prepare the data again.")
+        raise UserError(
+            f"The manifest '{path}' lacks its splits, dtype or tokenizer entries; prepare the data again."
+        )
     return manifest
 
 
@@ -152,12 +165,21 @@ def _well_formed(manifest: dict) -> bool:
     """The entries readers use are there with the right types (a hand-edited or foreign manifest
     otherwise fails later as a KeyError)."""
     splits, tokenizer = manifest.get("splits"), manifest.get("tokenizer")
-    counts_ok = isinstance(splits, dict) and bool(splits) and all(
-        isinstance(entry, dict) and all(isinstance(entry.get(k), int) and entry[k] >= 0
-                                        for k in ("num_docs", "num_tokens"))
-        for entry in splits.values())
-    return (counts_ok and _unsigned_dtype(manifest.get("dtype")) and isinstance(tokenizer, dict)
-            and all(isinstance(tokenizer.get(k), int) for k in ("eot_id", "vocab_size")))
+    counts_ok = (
+        isinstance(splits, dict)
+        and bool(splits)
+        and all(
+            isinstance(entry, dict)
+            and all(isinstance(entry.get(k), int) and entry[k] >= 0 for k in ("num_docs", "num_tokens"))
+            for entry in splits.values()
+        )
+    )
+    return (
+        counts_ok
+        and _unsigned_dtype(manifest.get("dtype"))
+        and isinstance(tokenizer, dict)
+        and all(isinstance(tokenizer.get(k), int) for k in ("eot_id", "vocab_size"))
+    )
 
 
 def _unsigned_dtype(name) -> bool:
@@ -177,10 +199,18 @@ def load_offsets(directory: str | Path, split: str, entry: dict) -> np.ndarray:
         offsets = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError):
         raise UserError(f"The offsets file '{path}' is missing or damaged; prepare the data again.") from None
-    if (offsets.ndim != 1 or offsets.dtype.kind not in "iu" or len(offsets) != entry["num_docs"] + 1
-            or offsets[0] != 0 or int(offsets[-1]) != entry["num_tokens"] or np.any(np.diff(offsets) < 0)):
-        raise UserError(f"The offsets of split '{split}' in '{directory}' do not match its manifest; "
-                        "prepare the data again.")
+    if (
+        offsets.ndim != 1
+        or offsets.dtype.kind not in "iu"
+        or len(offsets) != entry["num_docs"] + 1
+        or offsets[0] != 0
+        or int(offsets[-1]) != entry["num_tokens"]
+        or np.any(np.diff(offsets) < 0)
+    ):
+        raise UserError(
+            f"The offsets of split '{split}' in '{directory}' do not match its manifest; "
+            "prepare the data again."
+        )
     return offsets
 
 
@@ -197,7 +227,9 @@ class TokenSplit:
         self.manifest = read_manifest(self.directory)
         splits = self.manifest["splits"]
         if split not in splits:
-            raise UserError(f"Unknown split '{split}' in '{self.directory}'; choose one of {', '.join(splits)}.")
+            raise UserError(
+                f"Unknown split '{split}' in '{self.directory}'; choose one of {', '.join(splits)}."
+            )
         self.split = split
         self.info = splits[split]
         self.dtype = np.dtype(self.manifest["dtype"])
@@ -206,10 +238,13 @@ class TokenSplit:
         path = tokens_path(self.directory, split)
         expected = self.info["num_tokens"] * self.dtype.itemsize
         if not path.exists() or path.stat().st_size != expected:
-            raise UserError(f"The token file '{path}' is missing or has the wrong size; prepare the data again.")
+            raise UserError(
+                f"The token file '{path}' is missing or has the wrong size; prepare the data again."
+            )
         # np.memmap cannot map an empty file; an empty split is a valid (if useless) split.
-        self.tokens = (np.memmap(path, dtype=self.dtype, mode="r") if expected
-                       else np.zeros(0, dtype=self.dtype))
+        self.tokens = (
+            np.memmap(path, dtype=self.dtype, mode="r") if expected else np.zeros(0, dtype=self.dtype)
+        )
         self.offsets = load_offsets(self.directory, split, self.info)
         self.doc_lengths = np.diff(self.offsets)
 
@@ -234,14 +269,16 @@ class TokenSplit:
         if not -self.num_docs <= i < self.num_docs:
             raise IndexError(f"document {i} out of range for {self.num_docs} documents")
         i %= self.num_docs
-        return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+        return self.tokens[self.offsets[i] : self.offsets[i + 1]]
 
     def __len__(self) -> int:
         return self.num_docs
 
     def __repr__(self) -> str:
-        return (f"TokenSplit({str(self.directory)!r}, {self.split!r}, docs={self.num_docs}, "
-                f"tokens={self.num_tokens})")
+        return (
+            f"TokenSplit({str(self.directory)!r}, {self.split!r}, docs={self.num_docs}, "
+            f"tokens={self.num_tokens})"
+        )
 
 
 def open_split(data_dir: str | Path, split: str) -> TokenSplit:

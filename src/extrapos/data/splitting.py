@@ -58,8 +58,9 @@ def split_of(doc_id: str, fractions: Sequence[float], seed: int = 0) -> str:
     return "test"
 
 
-def rescue_moves(units: dict[str, list[float]], fractions: Sequence[float]) -> tuple[dict[tuple[str, int], str],
-                                                                                      list[str]]:
+def rescue_moves(
+    units: dict[str, list[float]], fractions: Sequence[float]
+) -> tuple[dict[tuple[str, int], str], list[str]]:
     """Documents to move so every split with a non-zero fraction holds one, and the splits left empty.
 
     ``units[split]`` holds the hash of each document of that split in order. Returns
@@ -135,9 +136,16 @@ def check_heldout(data_dir: str | Path, split: str, min_tokens: int) -> None:
         raise UserError(f"The offsets '{path}' are missing or damaged; prepare the data again.") from None
     if longest >= min_tokens:
         return
-    sizes = ", ".join(f"{name} {s['num_docs']:,} docs / {s['num_tokens']:,} tokens" for name, s in splits.items())
+    sizes = ", ".join(
+        f"{name} {s['num_docs']:,} docs / {s['num_tokens']:,} tokens" for name, s in splits.items()
+    )
     rule = manifest.get("split_rule", {}).get("rule", "document")
-    fix = ("prepare it with --split-rule within (held-out tails of every document)" if rule == "document"
-           else "prepare it with larger held-out --split-fractions or longer documents")
-    raise UserError(f"No {split} document of '{directory}' has the {min_tokens:,} tokens the longest length needs "
-                    f"(the longest has {longest:,}; {sizes}); {fix}, or ask for shorter lengths.")
+    fix = (
+        "prepare it with --split-rule within (held-out tails of every document)"
+        if rule == "document"
+        else "prepare it with larger held-out --split-fractions or longer documents"
+    )
+    raise UserError(
+        f"No {split} document of '{directory}' has the {min_tokens:,} tokens the longest length needs "
+        f"(the longest has {longest:,}; {sizes}); {fix}, or ask for shorter lengths."
+    )

@@ -135,8 +135,10 @@ def _claim_if_abandoned(path: Path) -> int | None:
 def terminate_raises() -> Iterator[None]:
     """Within the block, SIGTERM raises SystemExit(143) (so ``finally`` clauses run) when its
     handler is the default one and we are on the main thread; otherwise nothing changes."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
         yield
         return
 

@@ -1,4 +1,5 @@
-"""Synthetic length-generalization tasks as corpora: ``synthetic:passkey``, ``synthetic:kv-recall``, ``synthetic:copy``.
+"""Synthetic length-generalization tasks as corpora: ``synthetic:passkey``, ``synthetic:kv-recall``,
+``synthetic:copy``.
 
 Each example is generated directly in a small fixed vocabulary (65 words, one token each), not as
 text through a BPE: every token is under our control, so the answer positions are exact and the
@@ -90,15 +91,17 @@ class SyntheticTask:
         spec = spec.strip()
         if not spec.startswith(PREFIX):
             raise UserError(f"'{spec}' is not a synthetic corpus spec; write synthetic:TASK[:key=value,...].")
-        task, _, rest = spec[len(PREFIX):].partition(":")
+        task, _, rest = spec[len(PREFIX) :].partition(":")
         values: dict[str, int] = {}
         names = {f.name for f in dataclasses.fields(cls)} - {"task"}
         for item in filter(None, (s.strip() for s in rest.split(","))):
             key, sep, value = item.partition("=")
             key = key.strip().replace("-", "_")
             if not sep or key not in names:
-                raise UserError(f"cannot read '{item}' in '{spec}'; synthetic options are key=value with key one of "
-                                f"{', '.join(sorted(names))}.")
+                raise UserError(
+                    f"cannot read '{item}' in '{spec}'; synthetic options are key=value with key one of "
+                    f"{', '.join(sorted(names))}."
+                )
             try:
                 values[key] = int(value)
             except ValueError:
@@ -114,11 +117,15 @@ class SyntheticTask:
         if self.pairs > len(KEYS):
             raise UserError(f"kv-recall has {len(KEYS)} distinct keys; use pairs <= {len(KEYS)}.")
         if self.queries > self.pairs:
-            raise UserError(f"kv-recall asks distinct stored keys: queries ({self.queries}) must be <= pairs "
-                            f"({self.pairs}).")
+            raise UserError(
+                f"kv-recall asks distinct stored keys: queries ({self.queries}) must be <= pairs "
+                f"({self.pairs})."
+            )
         if self.length < self.shortest:
-            raise UserError(f"synthetic:{self.task} needs examples of at least {self.shortest} tokens; set "
-                            f"length >= {self.shortest}.")
+            raise UserError(
+                f"synthetic:{self.task} needs examples of at least {self.shortest} tokens; set "
+                f"length >= {self.shortest}."
+            )
         if self.min_length is not None and not self.shortest <= self.min_length <= self.length:
             raise UserError(f"min_length must be in [{self.shortest}, {self.length}], got {self.min_length}.")
         return self
@@ -128,9 +135,17 @@ class SyntheticTask:
         """The canonical spec (every option explicit)."""
         fields = dataclasses.asdict(self)
         task = fields.pop("task")
-        unused = {"passkey": ("pairs", "queries"), "kv-recall": ("digits",), "copy": ("digits", "pairs", "queries")}
-        return PREFIX + task + ":" + ",".join(f"{k}={v}" for k, v in fields.items()
-                                              if v is not None and k not in unused[task])
+        unused = {
+            "passkey": ("pairs", "queries"),
+            "kv-recall": ("digits",),
+            "copy": ("digits", "pairs", "queries"),
+        }
+        return (
+            PREFIX
+            + task
+            + ":"
+            + ",".join(f"{k}={v}" for k, v in fields.items() if v is not None and k not in unused[task])
+        )
 
     @property
     def shortest(self) -> int:
@@ -158,24 +173,26 @@ class SyntheticTask:
             at = int(rng.integers(0, len(hay) + 1))
             ids = np.concatenate([hay[:at], [KEY], key, hay[at:], [QUERY], key])
             answer = np.zeros(total, dtype=bool)
-            answer[-self.digits:] = True
+            answer[-self.digits :] = True
         elif self.task == "kv-recall":
-            keys = KEY_IDS[rng.permutation(len(KEY_IDS))[:self.pairs]]
+            keys = KEY_IDS[rng.permutation(len(KEY_IDS))[: self.pairs]]
             values = VALUE_IDS[rng.integers(0, len(VALUE_IDS), self.pairs)]
             n_fill = total - 3 * (self.pairs + self.queries)
             fill = FILLER_IDS[rng.integers(0, len(FILLER_IDS), n_fill)]
-            cuts = np.sort(rng.integers(0, n_fill + 1, self.pairs))  # where each pair block goes in the filler
+            cuts = np.sort(
+                rng.integers(0, n_fill + 1, self.pairs)
+            )  # where each pair block goes in the filler
             parts, prev = [], 0
             for c, k, v in zip(cuts, keys, values):
                 parts += [fill[prev:c], [KEY, k, v]]
                 prev = c
             parts.append(fill[prev:])
-            asked = rng.permutation(self.pairs)[:self.queries]
+            asked = rng.permutation(self.pairs)[: self.queries]
             for q in asked:
                 parts.append([QUERY, keys[q], values[q]])
             ids = np.concatenate(parts)
             answer = np.zeros(total, dtype=bool)
-            answer[total - 3 * self.queries + 2::3] = True
+            answer[total - 3 * self.queries + 2 :: 3] = True
         else:  # copy
             m = (total - 2) // 2
             lead = total - 2 - 2 * m
@@ -186,7 +203,8 @@ class SyntheticTask:
         return ids.astype(np.int64), answer
 
     def split_examples(self, split: str) -> list[tuple[np.ndarray, np.ndarray]]:
-        """The examples of a prepared split: train lengths uniform in [min_length, L_t], val/test exactly L_t."""
+        """The examples of a prepared split: train lengths uniform in [min_length, L_t], val/test exactly
+        L_t."""
         count = getattr(self, split)
         out = []
         for i in range(count):
@@ -196,7 +214,8 @@ class SyntheticTask:
         return out
 
     def eval_examples(self, n: int, count: int, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """``count`` fresh examples of length exactly ``n`` (e.g. k x L_t): (count, n + 1) ids and answer flags."""
+        """``count`` fresh examples of length exactly ``n`` (e.g. k x L_t): (count, n + 1) ids and answer
+        flags."""
         seed = self.seed if seed is None else seed
         pairs = [self.example(n, np.random.default_rng([seed, STREAMS["eval"], n, i])) for i in range(count)]
         return np.stack([p[0] for p in pairs]), np.stack([p[1] for p in pairs])
@@ -221,22 +240,29 @@ def build_tokenizer():
 
 # ---- a prepared data directory -------------------------------------------------------------------------
 
+
 def answer_path(directory: Path, split: str) -> Path:
     return Path(directory) / f"{split}.answer.npy"
 
 
-def prepare_synthetic(corpus: str, tokenizer: str, out: str | Path | None = None,
-                      progress: bool = True) -> tuple[Path, bool]:
-    """Write (or reuse) the prepared data directory of a ``synthetic:`` spec; returns ``(directory, reused)``."""
+def prepare_synthetic(
+    corpus: str, tokenizer: str, out: str | Path | None = None, progress: bool = True
+) -> tuple[Path, bool]:
+    """Write (or reuse) the prepared data directory of a ``synthetic:`` spec; returns ``(directory,
+    reused)``."""
     from extrapos.data.prepare import _publish, _reusable, cache_root
 
     if tokenizer.strip() != "synthetic":
-        raise UserError(f"synthetic corpora use their own fixed vocabulary; set the tokenizer to 'synthetic' "
-                        f"(data.tokenizer = \"synthetic\" or --tokenizer synthetic), not '{tokenizer}'.")
+        raise UserError(
+            f"synthetic corpora use their own fixed vocabulary; set the tokenizer to 'synthetic' "
+            f"(data.tokenizer = \"synthetic\" or --tokenizer synthetic), not '{tokenizer}'."
+        )
     task = SyntheticTask.parse(corpus)
     inputs = {"format": FORMAT, "recipe": RECIPE, "synthetic": dataclasses.asdict(task)}
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
-    target = Path(out).expanduser() if out is not None else cache_root() / "data" / f"synthetic-{task.task}-{key}"
+    target = (
+        Path(out).expanduser() if out is not None else cache_root() / "data" / f"synthetic-{task.task}-{key}"
+    )
     if _reusable(target, key):
         return target, True
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -256,11 +282,22 @@ def prepare_synthetic(corpus: str, tokenizer: str, out: str | Path | None = None
             masks = np.concatenate([a for _, a in examples]) if examples else np.zeros(0, dtype=bool)
             np.save(answer_path(tmp, split), masks)
         manifest = {
-            "format": FORMAT, "key": key, "corpus": task.spec, "text_field": "text",
-            "tokenizer": {"spec": "synthetic", "kind": tok.kind, "hash": tok.hash, "vocab_size": tok.vocab_size,
-                          "eot_id": tok.eot_id},
-            "dtype": "uint8", "documents_read": sum(s["num_docs"] for s in splits.values()), "splits": splits,
-            "synthetic": dataclasses.asdict(task), "inputs": inputs,
+            "format": FORMAT,
+            "key": key,
+            "corpus": task.spec,
+            "text_field": "text",
+            "tokenizer": {
+                "spec": "synthetic",
+                "kind": tok.kind,
+                "hash": tok.hash,
+                "vocab_size": tok.vocab_size,
+                "eot_id": tok.eot_id,
+            },
+            "dtype": "uint8",
+            "documents_read": sum(s["num_docs"] for s in splits.values()),
+            "splits": splits,
+            "synthetic": dataclasses.asdict(task),
+            "inputs": inputs,
             "seconds": round(time.perf_counter() - started, 2),
         }
         write_manifest(tmp, manifest)  # last: a directory without a manifest is never trusted
@@ -286,16 +323,27 @@ class SyntheticSampler(Sampler):
     example's own predictions.
     """
 
-    def __init__(self, split: TokenSplit, seq_len: int, batch_size: int, seed: int = 0, rank: int = 0,
-                 world_size: int = 1):
+    def __init__(
+        self,
+        split: TokenSplit,
+        seq_len: int,
+        batch_size: int,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
         super().__init__(split, seq_len, batch_size, seed, rank, world_size)
         path = answer_path(split.directory, split.split)
         if not path.is_file():
-            raise UserError(f"'{split.directory}' holds no answer masks; data.sampler = \"synthetic\" needs a "
-                            "synthetic corpus (data.corpus = \"synthetic:passkey\", data.tokenizer = \"synthetic\").")
+            raise UserError(
+                f"'{split.directory}' holds no answer masks; data.sampler = \"synthetic\" needs a "
+                'synthetic corpus (data.corpus = "synthetic:passkey", data.tokenizer = "synthetic").'
+            )
         self.answer = np.load(path, mmap_mode="r")
         if len(self.answer) != split.num_tokens:
-            raise UserError(f"the answer masks of '{split.directory}' do not match its tokens; prepare the data again.")
+            raise UserError(
+                f"the answer masks of '{split.directory}' do not match its tokens; prepare the data again."
+            )
         self._items = np.flatnonzero((split.doc_lengths >= 2) & (split.doc_lengths <= seq_len + 1))
         self._check_not_empty("example")
 
@@ -309,9 +357,12 @@ class SyntheticSampler(Sampler):
         answer = np.zeros((rows, self.seq_len + 1), dtype=bool)
         for r, d in enumerate(self._items[items].tolist()):
             a, b = int(self.split.offsets[d]), int(self.split.offsets[d + 1])
-            tokens[r, :b - a] = self.split.tokens[a:b]
-            answer[r, :b - a] = self.answer[a:b]
+            tokens[r, : b - a] = self.split.tokens[a:b]
+            answer[r, : b - a] = self.answer[a:b]
         tokens_t = torch.from_numpy(tokens)
-        return Batch(tokens=tokens_t[:, :-1].contiguous(), targets=tokens_t[:, 1:].contiguous(),
-                     positions=torch.arange(self.seq_len).repeat(rows, 1),
-                     loss_mask=torch.from_numpy(answer[:, 1:].copy()))
+        return Batch(
+            tokens=tokens_t[:, :-1].contiguous(),
+            targets=tokens_t[:, 1:].contiguous(),
+            positions=torch.arange(self.seq_len).repeat(rows, 1),
+            loss_mask=torch.from_numpy(answer[:, 1:].copy()),
+        )

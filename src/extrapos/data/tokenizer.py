@@ -45,13 +45,21 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer.tiktoken")
 MAX_TRAINING_RUN = 256
 
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|"""
-                  r"""\s*[\r\n]|\s+(?!\S)|\s+""")
-O200K_PATTERN = "|".join([
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+""",
-])
+CL100K_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|"""
+    r"""\s*[\r\n]|\s+(?!\S)|\s+"""
+)
+O200K_PATTERN = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
 
 
 def _threads() -> int:
@@ -85,8 +93,10 @@ class Tokenizer:
     def add_special_tokens(self, names: list[str]) -> None:
         """Append the missing tokens of ``names`` to the vocabulary (an encoder's [CLS], [MASK], ...);
         tokens already present keep their ids, so adding twice changes nothing."""
-        raise UserError(f"extrapos cannot add special tokens to a {self.kind} tokenizer; use bpe:N or a "
-                        "tokenizer.json that has them.")
+        raise UserError(
+            f"extrapos cannot add special tokens to a {self.kind} tokenizer; use bpe:N or a "
+            "tokenizer.json that has them."
+        )
 
     def _canonical_bytes(self) -> bytes:
         raise NotImplementedError
@@ -113,8 +123,10 @@ class HFTokenizer(Tokenizer):
         vocab = tokenizer.get_vocab(with_added_tokens=True)
         eot = next((vocab[name] for name in EOT_CANDIDATES if name in vocab), None)
         if eot is None:
-            raise UserError(f"The tokenizer {source} has no end-of-text token (looked for "
-                            f"{', '.join(EOT_CANDIDATES)}); add one to its special tokens.")
+            raise UserError(
+                f"The tokenizer {source} has no end-of-text token (looked for "
+                f"{', '.join(EOT_CANDIDATES)}); add one to its special tokens."
+            )
         self.eot_id = eot
 
     def encode(self, text: str) -> list[int]:
@@ -156,8 +168,9 @@ class SentencePieceTokenizer(Tokenizer):
         try:
             import sentencepiece as spm
         except ImportError:
-            raise UserError("Loading a sentencepiece .model needs sentencepiece; run "
-                            "`pip install 'extrapos[hf]'`.") from None
+            raise UserError(
+                "Loading a sentencepiece .model needs sentencepiece; run `pip install 'extrapos[hf]'`."
+            ) from None
         self.model_bytes = model_bytes
         self.backend = spm.SentencePieceProcessor()
         try:
@@ -167,8 +180,14 @@ class SentencePieceTokenizer(Tokenizer):
         self.vocab_size = self.backend.get_piece_size()
         eot = self.backend.eos_id()
         if eot < 0:
-            eot = next((self.backend.piece_to_id(n) for n in EOT_CANDIDATES
-                        if self.backend.piece_to_id(n) != self.backend.unk_id()), -1)
+            eot = next(
+                (
+                    self.backend.piece_to_id(n)
+                    for n in EOT_CANDIDATES
+                    if self.backend.piece_to_id(n) != self.backend.unk_id()
+                ),
+                -1,
+            )
         if eot < 0:
             raise UserError(f"The sentencepiece model '{source}' has no end-of-text (eos) piece.")
         self.eot_id = eot
@@ -205,10 +224,13 @@ class TiktokenTokenizer(Tokenizer):
         try:
             import tiktoken
         except ImportError:
-            raise UserError("Loading a .tiktoken file needs tiktoken; run `pip install 'extrapos[hf]'`.") from None
+            raise UserError(
+                "Loading a .tiktoken file needs tiktoken; run `pip install 'extrapos[hf]'`."
+            ) from None
         self.ranks, self.pattern, self.special_tokens = ranks, pattern, special_tokens
-        self.backend = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks,
-                                         special_tokens=special_tokens)
+        self.backend = tiktoken.Encoding(
+            name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=special_tokens
+        )
         self.vocab_size = self.backend.n_vocab
         self.eot_id = special_tokens[EOT_TOKEN]
 
@@ -221,8 +243,10 @@ class TiktokenTokenizer(Tokenizer):
                 meta = json.loads(sidecar.read_bytes())
                 return cls(ranks, str(meta["pattern"]), dict(meta["special_tokens"]), path.stem)
             except (ValueError, KeyError, TypeError):  # also JSONDecodeError, UnicodeDecodeError
-                raise UserError(f"The tiktoken sidecar '{sidecar}' is damaged (it needs 'pattern' and "
-                                "'special_tokens'); restore it or delete it to use the defaults.") from None
+                raise UserError(
+                    f"The tiktoken sidecar '{sidecar}' is damaged (it needs 'pattern' and "
+                    "'special_tokens'); restore it or delete it to use the defaults."
+                ) from None
         name = path.name.lower()
         top = max(ranks.values()) + 1
         if "o200k" in name:
@@ -254,14 +278,20 @@ class TiktokenTokenizer(Tokenizer):
         if missing:
             top = max(max(self.ranks.values()), *self.special_tokens.values()) + 1
             self.special_tokens = {**self.special_tokens, **{n: top + i for i, n in enumerate(missing)}}
-            self.backend = tiktoken.Encoding(name=self.backend.name, pat_str=self.pattern,
-                                             mergeable_ranks=self.ranks, special_tokens=self.special_tokens)
+            self.backend = tiktoken.Encoding(
+                name=self.backend.name,
+                pat_str=self.pattern,
+                mergeable_ranks=self.ranks,
+                special_tokens=self.special_tokens,
+            )
             self.vocab_size = self.backend.n_vocab
             self._hash = None
 
     def _rank_lines(self) -> bytes:
-        return b"".join(base64.b64encode(token) + b" " + str(rank).encode() + b"\n"
-                        for token, rank in sorted(self.ranks.items(), key=lambda kv: kv[1]))
+        return b"".join(
+            base64.b64encode(token) + b" " + str(rank).encode() + b"\n"
+            for token, rank in sorted(self.ranks.items(), key=lambda kv: kv[1])
+        )
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / "tokenizer.tiktoken"
@@ -286,14 +316,16 @@ def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
             token, rank = line.split()
             ranks[base64.b64decode(token, validate=True)] = int(rank)
         except ValueError:  # also binascii.Error, a ValueError subclass
-            raise UserError(f"Line {number} of '{path}' is not 'base64-token rank'; is it a tiktoken file?") \
-                from None
+            raise UserError(
+                f"Line {number} of '{path}' is not 'base64-token rank'; is it a tiktoken file?"
+            ) from None
     if not ranks:
         raise UserError(f"The tiktoken file '{path}' holds no tokens.")
     return ranks
 
 
 # --- building and loading -----------------------------------------------------------------------
+
 
 def parse_bpe_spec(spec: str) -> int:
     """``bpe:8192`` -> 8192 (the target vocabulary size, special tokens included)."""
@@ -303,8 +335,10 @@ def parse_bpe_spec(spec: str) -> int:
     n = int(size)
     minimum = BYTE_ALPHABET + len(BPE_SPECIAL_TOKENS)
     if n < minimum:
-        raise UserError(f"A byte-level BPE needs a vocabulary of at least {minimum} (256 bytes + "
-                        f"{len(BPE_SPECIAL_TOKENS)} special tokens); got {spec}.")
+        raise UserError(
+            f"A byte-level BPE needs a vocabulary of at least {minimum} (256 bytes + "
+            f"{len(BPE_SPECIAL_TOKENS)} special tokens); got {spec}."
+        )
     return n
 
 
@@ -351,7 +385,9 @@ def is_trained_spec(spec: str) -> bool:
     return spec.strip().startswith("bpe:")
 
 
-def build_tokenizer(spec: str, corpus_docs: Iterable[str] | Iterable[tuple[str, str]] | None = None) -> Tokenizer:
+def build_tokenizer(
+    spec: str, corpus_docs: Iterable[str] | Iterable[tuple[str, str]] | None = None
+) -> Tokenizer:
     """A tokenizer from a spec: ``bpe:N`` trains on ``corpus_docs`` (texts or (id, text) pairs);
     a path to tokenizer.json / .model / .tiktoken (or a directory holding one) loads it."""
     spec = (spec or "").strip()
@@ -368,7 +404,11 @@ def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
     """Reload a tokenizer from a file, or from a data / run directory that holds one."""
     path = Path(path_or_dir).expanduser()
     if str(path_or_dir).strip() == "" or not path.exists():
-        hint = "" if any(c in str(path_or_dir) for c in "/.") else "; use bpe:N or a path to tokenizer.json, .model or .tiktoken"
+        hint = (
+            ""
+            if any(c in str(path_or_dir) for c in "/.")
+            else "; use bpe:N or a path to tokenizer.json, .model or .tiktoken"
+        )
         raise UserError(f"Unknown tokenizer '{path_or_dir}': no such file or directory{hint}.")
     if path.is_dir():
         found = next((path / name for name in TOKENIZER_FILES if (path / name).exists()), None)
@@ -378,8 +418,9 @@ def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
     try:
         return _load_file(path)
     except OSError as e:  # unreadable (permissions), vanished, or a directory named like a file
-        raise UserError(f"Cannot read the tokenizer '{path}' ({e.strerror or e}); check the path and its "
-                        "permissions.") from None
+        raise UserError(
+            f"Cannot read the tokenizer '{path}' ({e.strerror or e}); check the path and its permissions."
+        ) from None
 
 
 def _load_file(path: Path) -> Tokenizer:
@@ -397,8 +438,10 @@ def _load_file(path: Path) -> Tokenizer:
         return SentencePieceTokenizer(path.read_bytes(), source=str(path))
     if name.endswith(".tiktoken"):
         return TiktokenTokenizer.from_file(path)
-    raise UserError(f"Unknown tokenizer file '{path}'; use a tokenizer.json, a sentencepiece .model "
-                    "or a .tiktoken file, or bpe:N to train one.")
+    raise UserError(
+        f"Unknown tokenizer file '{path}'; use a tokenizer.json, a sentencepiece .model "
+        "or a .tiktoken file, or bpe:N to train one."
+    )
 
 
 def token_dtype(vocab_size: int) -> str:

@@ -27,7 +27,8 @@ from its safetensors shard (``safe_open``), rearranged and copied into place one
 peak memory is one model plus one tensor (plus the page cache of the memory-mapped shard).
 
 Export maps encodings onto the architectures Hugging Face has: ``learned`` -> GPT-2, ``rope`` ->
-Llama or Qwen2 (llama flavour; Qwen2 when only Q/K/V have biases) or GPT-NeoX (gpt2 flavour, partial rotary), ``alibi`` -> Bloom (needs the
+Llama or Qwen2 (llama flavour; Qwen2 when only Q/K/V have biases) or GPT-NeoX (gpt2 flavour, partial
+rotary), ``alibi`` -> Bloom (needs the
 embedding LayerNorm). Anything else raises a ``UserError`` saying why.
 """
 
@@ -52,12 +53,20 @@ from extrapos.errors import UserError
 ARCHITECTURES = ("gpt2", "gpt_neox", "bloom", "llama", "mistral", "qwen2")
 LLAMA_LIKE = ("llama", "mistral", "qwen2")
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_ACT_IN = {"gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-           "gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu"}
+_ACT_IN = {
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu": "gelu",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
 BLOOM_CONTEXT = 2048  # Le Scao et al. 2022, §3.3: Bloom was trained on 2048-token sequences
 
 
 # ---- source resolution -----------------------------------------------------------------------------
+
 
 def resolve_source(source: str | Path, revision: str | None = None) -> tuple[Path, dict[str, Any]]:
     """A local model directory, or a hub name downloaded with ``huggingface_hub.snapshot_download``.
@@ -69,23 +78,41 @@ def resolve_source(source: str | Path, revision: str | None = None) -> tuple[Pat
         return path, {"source": str(source), "path": str(path.resolve())}
     text = str(source)
     if path.exists() or not _HUB_NAME.match(text) or text.startswith((".", "/", "~")):
-        raise UserError(f"{source} is not a model directory; pass a directory holding config.json and "
-                        "*.safetensors, or a hub name such as openai-community/gpt2.")
+        raise UserError(
+            f"{source} is not a model directory; pass a directory holding config.json and "
+            "*.safetensors, or a hub name such as openai-community/gpt2."
+        )
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise UserError(f"{source} is not a local directory and huggingface_hub is not installed; "
-                        "pip install huggingface_hub (or extrapos[hf]) or pass a local model directory.") from None
-    patterns = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json",
-                "tokenizer.model", "tokenizer_config.json", "generation_config.json"]
+        raise UserError(
+            f"{source} is not a local directory and huggingface_hub is not installed; "
+            "pip install huggingface_hub (or extrapos[hf]) or pass a local model directory."
+        ) from None
+    patterns = [
+        "config.json",
+        "*.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+        "tokenizer.model",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ]
     try:
         local = snapshot_download(repo_id=text, revision=revision, allow_patterns=patterns)
     except Exception as e:  # network, authentication, unknown repository: all things the user fixes
-        raise UserError(f"could not download {source} from the Hugging Face hub ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else 'no message'}); check the name, your "
-                        "network and HF_TOKEN, or pass a local model directory.") from None
-    return Path(local), {"source": text, "path": str(local), "hub": True, "revision": revision,
-                         "commit": Path(local).name}
+        raise UserError(
+            f"could not download {source} from the Hugging Face hub ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else 'no message'}); check the name, your "
+            "network and HF_TOKEN, or pass a local model directory."
+        ) from None
+    return Path(local), {
+        "source": text,
+        "path": str(local),
+        "hub": True,
+        "revision": revision,
+        "commit": Path(local).name,
+    }
 
 
 def read_hf_config(directory: Path) -> dict[str, Any]:
@@ -115,12 +142,15 @@ def weight_files(directory: Path) -> list[Path]:
     if others:
         return others
     if any(directory.glob("*.bin")):
-        raise UserError(f"{directory} holds only PyTorch .bin weights; re-save it with safetensors "
-                        "(model.save_pretrained(dir, safe_serialization=True)) and import that.")
+        raise UserError(
+            f"{directory} holds only PyTorch .bin weights; re-save it with safetensors "
+            "(model.save_pretrained(dir, safe_serialization=True)) and import that."
+        )
     raise UserError(f"{directory} has no *.safetensors weights; pass a directory save_pretrained wrote.")
 
 
 # ---- config translation ----------------------------------------------------------------------------
+
 
 def _first(hf: dict, *keys: str, default: Any = None) -> Any:
     for k in keys:
@@ -141,11 +171,18 @@ def rope_options_from_hf(hf: dict, head_dim: int, partial: float = 1.0) -> dict[
     params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     if params and all(isinstance(v, dict) or v is None for v in params.values()):
         raise UserError("this config has a different RoPE per layer type, which extrapos does not model.")
-    theta = float(_first(params, "rope_theta", default=_first(hf, "rope_theta", "rotary_emb_base", default=10000.0)))
+    theta = float(
+        _first(params, "rope_theta", default=_first(hf, "rope_theta", "rotary_emb_base", default=10000.0))
+    )
     kind = params.get("rope_type", params.get("type", "default")) or "default"
     max_pos = int(hf["max_position_embeddings"])
-    original = int(_first(hf, "original_max_position_embeddings",
-                          default=_first(params, "original_max_position_embeddings", default=max_pos)))
+    original = int(
+        _first(
+            hf,
+            "original_max_position_embeddings",
+            default=_first(params, "original_max_position_embeddings", default=max_pos),
+        )
+    )
     opts: dict[str, Any] = {"name": "rope", "base": theta}
     if partial != 1.0:
         opts["rotary_fraction"] = float(partial)
@@ -157,31 +194,52 @@ def rope_options_from_hf(hf: dict, head_dim: int, partial: float = 1.0) -> dict[
     if kind == "dynamic":  # Hugging Face's dynamic NTK measures from max_position_embeddings
         return {**opts, "scaling": "dynamic", "factor": float(factor), "original_length": max_pos}
     if kind == "llama3":
-        return {**opts, "scaling": "llama3", "factor": float(factor), "original_length": original,
-                "low_freq_factor": float(params["low_freq_factor"]),
-                "high_freq_factor": float(params["high_freq_factor"])}
+        return {
+            **opts,
+            "scaling": "llama3",
+            "factor": float(factor),
+            "original_length": original,
+            "low_freq_factor": float(params["low_freq_factor"]),
+            "high_freq_factor": float(params["high_freq_factor"]),
+        }
     if factor is None:
         factor = max_pos / original
     if kind == "yarn":
         if params.get("truncate") is False:
-            raise UserError("YaRN with truncate = false is not supported; extrapos rounds the correction range.")
+            raise UserError(
+                "YaRN with truncate = false is not supported; extrapos rounds the correction range."
+            )
         attention = params.get("attention_factor")
         mscale, mscale_all = params.get("mscale"), params.get("mscale_all_dim")
         if attention is None and mscale and mscale_all:
+
             def m(scale: float, k: float) -> float:
                 return 1.0 if scale <= 1 else 0.1 * k * math.log(scale) + 1.0
+
             attention = m(factor, mscale) / m(factor, mscale_all)
-        out = {**opts, "scaling": "yarn", "factor": float(factor), "original_length": original,
-               "beta_fast": float(params.get("beta_fast") or 32.0), "beta_slow": float(params.get("beta_slow") or 1.0)}
+        out = {
+            **opts,
+            "scaling": "yarn",
+            "factor": float(factor),
+            "original_length": original,
+            "beta_fast": float(params.get("beta_fast") or 32.0),
+            "beta_slow": float(params.get("beta_slow") or 1.0),
+        }
         return out if attention is None else {**out, "attention_factor": float(attention)}
     if kind == "longrope":
-        out = {**opts, "scaling": "longrope", "factor": float(factor), "original_length": original,
-               "long_factor": [float(x) for x in params["long_factor"]],
-               "short_factor": [float(x) for x in params["short_factor"]]}
+        out = {
+            **opts,
+            "scaling": "longrope",
+            "factor": float(factor),
+            "original_length": original,
+            "long_factor": [float(x) for x in params["long_factor"]],
+            "short_factor": [float(x) for x in params["short_factor"]],
+        }
         attention = params.get("attention_factor")
         return out if attention is None else {**out, "attention_factor": float(attention)}
-    raise UserError(f"RoPE type {kind!r} is not supported; extrapos has default, linear, dynamic, yarn, llama3, "
-                    "longrope.")
+    raise UserError(
+        f"RoPE type {kind!r} is not supported; extrapos has default, linear, dynamic, yarn, llama3, longrope."
+    )
 
 
 @dataclass
@@ -205,41 +263,78 @@ def model_options_from_hf(hf: dict, context_length: int | None = None) -> Import
     tie = bool(hf.get("tie_word_embeddings", tie_default))
     if arch == "gpt2":
         if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("scale_attn_weights") is False:
-            raise UserError("GPT-2 checkpoints with scale_attn_by_inverse_layer_idx or without scale_attn_weights "
-                            "are not supported.")
+            raise UserError(
+                "GPT-2 checkpoints with scale_attn_by_inverse_layer_idx or without scale_attn_weights "
+                "are not supported."
+            )
         d, n_pos = int(hf["n_embd"]), int(hf["n_positions"])
-        model = dict(flavour="gpt2", n_layers=int(hf["n_layer"]), d_model=d, n_heads=int(hf["n_head"]),
-                     vocab_size=int(hf["vocab_size"]), mlp_hidden=int(hf.get("n_inner") or 4 * d), bias=True,
-                     norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
-                     activation=_activation(hf, "activation_function", "gelu_new"),
-                     positions={"name": "learned", "max_length": n_pos})
+        model = dict(
+            flavour="gpt2",
+            n_layers=int(hf["n_layer"]),
+            d_model=d,
+            n_heads=int(hf["n_head"]),
+            vocab_size=int(hf["vocab_size"]),
+            mlp_hidden=int(hf.get("n_inner") or 4 * d),
+            bias=True,
+            norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+            activation=_activation(hf, "activation_function", "gelu_new"),
+            positions={"name": "learned", "max_length": n_pos},
+        )
         ctx, key = n_pos, "n_positions"
     elif arch == "gpt_neox":
         d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
         params = hf.get("rope_parameters") or {}
-        partial = float(_first(params, "partial_rotary_factor",
-                               default=_first(hf, "partial_rotary_factor", "rotary_pct", default=0.25)))
+        partial = float(
+            _first(
+                params,
+                "partial_rotary_factor",
+                default=_first(hf, "partial_rotary_factor", "rotary_pct", default=0.25),
+            )
+        )
         if int(d // heads * partial) % 2:
-            raise UserError(f"rotary_pct={partial} rotates an odd number of dims per head ({int(d // heads * partial)});"
-                            " extrapos rotates pairs.")
+            raise UserError(
+                f"rotary_pct={partial} rotates an odd number of dims per head ({int(d // heads * partial)});"
+                " extrapos rotates pairs."
+            )
         attn_bias = bool(hf.get("attention_bias", True))
-        model = dict(flavour="gpt2", n_layers=int(hf["num_hidden_layers"]), d_model=d, n_heads=heads,
-                     vocab_size=int(hf["vocab_size"]), mlp_hidden=int(hf["intermediate_size"]), bias=True,
-                     qkv_bias=attn_bias, norm_eps=float(hf.get("layer_norm_eps", 1e-5)),
-                     activation=_activation(hf, "hidden_act", "gelu"),
-                     parallel_residual=bool(hf.get("use_parallel_residual", True)),
-                     positions=rope_options_from_hf(hf, d // heads, partial))
+        model = dict(
+            flavour="gpt2",
+            n_layers=int(hf["num_hidden_layers"]),
+            d_model=d,
+            n_heads=heads,
+            vocab_size=int(hf["vocab_size"]),
+            mlp_hidden=int(hf["intermediate_size"]),
+            bias=True,
+            qkv_bias=attn_bias,
+            norm_eps=float(hf.get("layer_norm_eps", 1e-5)),
+            activation=_activation(hf, "hidden_act", "gelu"),
+            parallel_residual=bool(hf.get("use_parallel_residual", True)),
+            positions=rope_options_from_hf(hf, d // heads, partial),
+        )
         if not attn_bias:
-            raise UserError("GPT-NeoX checkpoints without attention_bias are not supported (the MLP keeps biases).")
+            raise UserError(
+                "GPT-NeoX checkpoints without attention_bias are not supported (the MLP keeps biases)."
+            )
         ctx, key = int(hf["max_position_embeddings"]), "max_position_embeddings"
     elif arch == "bloom":
         if hf.get("apply_residual_connection_post_layernorm"):
-            raise UserError("Bloom checkpoints with apply_residual_connection_post_layernorm are not supported.")
+            raise UserError(
+                "Bloom checkpoints with apply_residual_connection_post_layernorm are not supported."
+            )
         d = int(_first(hf, "hidden_size", "n_embed"))
-        model = dict(flavour="gpt2", n_layers=int(_first(hf, "n_layer", "num_hidden_layers")), d_model=d,
-                     n_heads=int(_first(hf, "n_head", "num_attention_heads")), vocab_size=int(hf["vocab_size"]),
-                     mlp_hidden=4 * d, bias=True, norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
-                     activation="gelu_tanh", embed_norm=True, positions={"name": "alibi"})
+        model = dict(
+            flavour="gpt2",
+            n_layers=int(_first(hf, "n_layer", "num_hidden_layers")),
+            d_model=d,
+            n_heads=int(_first(hf, "n_head", "num_attention_heads")),
+            vocab_size=int(hf["vocab_size"]),
+            mlp_hidden=4 * d,
+            bias=True,
+            norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+            activation="gelu_tanh",
+            embed_norm=True,
+            positions={"name": "alibi"},
+        )
         ctx, key = int(hf.get("seq_length") or BLOOM_CONTEXT), "seq_length"
         if "seq_length" not in hf:
             notes.append(f"config.json has no seq_length; Bloom's training length {BLOOM_CONTEXT} is assumed")
@@ -247,8 +342,10 @@ def model_options_from_hf(hf: dict, context_length: int | None = None) -> Import
         d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
         head_dim = int(hf.get("head_dim") or d // heads)
         if head_dim * heads != d:
-            raise UserError(f"head_dim={head_dim} differs from hidden_size / num_attention_heads = {d // heads}; "
-                            "extrapos models need head_dim = d_model / n_heads.")
+            raise UserError(
+                f"head_dim={head_dim} differs from hidden_size / num_attention_heads = {d // heads}; "
+                "extrapos models need head_dim = d_model / n_heads."
+            )
         if arch == "qwen2":
             bias, qkv_bias = False, True
         else:
@@ -258,28 +355,51 @@ def model_options_from_hf(hf: dict, context_length: int | None = None) -> Import
             bias, qkv_bias = attn_bias, None
         window = hf.get("sliding_window")
         if window is not None and (arch == "mistral" or hf.get("use_sliding_window")):
-            notes.append(f"sliding_window={window} is not modelled: extrapos attends to every past token, "
-                         f"the same as the checkpoint up to {window} tokens")
-            warnings.warn(f"{arch} checkpoint with sliding_window={window}: extrapos uses full attention "
-                          f"(identical up to {window} tokens).", stacklevel=3)
-        model = dict(flavour="llama", n_layers=int(hf["num_hidden_layers"]), d_model=d, n_heads=heads,
-                     n_kv_heads=int(hf.get("num_key_value_heads") or heads), vocab_size=int(hf["vocab_size"]),
-                     mlp_hidden=int(hf["intermediate_size"]), bias=bias, qkv_bias=qkv_bias,
-                     norm_eps=float(hf.get("rms_norm_eps", 1e-6)), activation=_activation(hf, "hidden_act", "silu"),
-                     positions=rope_options_from_hf(hf, head_dim))
+            notes.append(
+                f"sliding_window={window} is not modelled: extrapos attends to every past token, "
+                f"the same as the checkpoint up to {window} tokens"
+            )
+            warnings.warn(
+                f"{arch} checkpoint with sliding_window={window}: extrapos uses full attention "
+                f"(identical up to {window} tokens).",
+                stacklevel=3,
+            )
+        model = dict(
+            flavour="llama",
+            n_layers=int(hf["num_hidden_layers"]),
+            d_model=d,
+            n_heads=heads,
+            n_kv_heads=int(hf.get("num_key_value_heads") or heads),
+            vocab_size=int(hf["vocab_size"]),
+            mlp_hidden=int(hf["intermediate_size"]),
+            bias=bias,
+            qkv_bias=qkv_bias,
+            norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            activation=_activation(hf, "hidden_act", "silu"),
+            positions=rope_options_from_hf(hf, head_dim),
+        )
         if model["activation"] != "silu":
-            raise UserError(f"{arch} checkpoints with hidden_act {hf.get('hidden_act')!r} are not supported (SwiGLU only).")
+            raise UserError(
+                f"{arch} checkpoints with hidden_act {hf.get('hidden_act')!r} are not supported (SwiGLU "
+                "only)."
+            )
         ctx, key = int(hf["max_position_embeddings"]), "max_position_embeddings"
     pos = model["positions"]
-    if pos["name"] == "rope" and pos.get("rotary_fraction", 1.0) < 1 and (
-            pos.get("scaling") in ("yarn", "longrope")):
-        raise UserError("partial rotary with a yarn / longrope attention factor is not supported (Hugging Face "
-                        "scales only the rotated dims).")
+    if (
+        pos["name"] == "rope"
+        and pos.get("rotary_fraction", 1.0) < 1
+        and (pos.get("scaling") in ("yarn", "longrope"))
+    ):
+        raise UserError(
+            "partial rotary with a yarn / longrope attention factor is not supported (Hugging Face "
+            "scales only the rotated dims)."
+        )
     model.update(tie_embeddings=tie, dropout=0.0, train_length=int(context_length or ctx))
     return ImportedConfig(arch, model, ctx, key, notes)
 
 
 # ---- weight mapping (import) -----------------------------------------------------------------------
+
 
 def _per_head_to_blocks(t: Tensor, heads: int) -> Tensor:
     """Fused QKV rows laid out per head, [q_0; k_0; v_0; q_1; ...], to [Q; K; V] (GPT-NeoX, Bloom)."""
@@ -351,20 +471,27 @@ _LLAMA_RULES: list[_Rule] = [
     (r"lm_head\.weight", "lm_head.weight", "head"),
     (r"layers\.(\d+)\.self_attn\.rotary_emb\.inv_freq", "", "skip"),
 ]
-_RULES = {"gpt2": ("transformer.", _GPT2_RULES), "gpt_neox": ("gpt_neox.", _NEOX_RULES),
-          "bloom": ("transformer.", _BLOOM_RULES), "llama": ("model.", _LLAMA_RULES),
-          "mistral": ("model.", _LLAMA_RULES), "qwen2": ("model.", _LLAMA_RULES)}
+_RULES = {
+    "gpt2": ("transformer.", _GPT2_RULES),
+    "gpt_neox": ("gpt_neox.", _NEOX_RULES),
+    "bloom": ("transformer.", _BLOOM_RULES),
+    "llama": ("model.", _LLAMA_RULES),
+    "mistral": ("model.", _LLAMA_RULES),
+    "qwen2": ("model.", _LLAMA_RULES),
+}
 
 
 def _match(arch: str, key: str) -> tuple[str, str]:
     prefix, rules = _RULES[arch]
-    name = key[len(prefix):] if key.startswith(prefix) else key
+    name = key[len(prefix) :] if key.startswith(prefix) else key
     for pattern, template, kind in rules:
         m = re.fullmatch(pattern, name)
         if m:
             return template.format(*m.groups()), kind
-    raise UserError(f"the checkpoint holds {key}, which is not a {arch} weight extrapos knows; "
-                    "is config.json's model_type right?")
+    raise UserError(
+        f"the checkpoint holds {key}, which is not a {arch} weight extrapos knows; "
+        "is config.json's model_type right?"
+    )
 
 
 def _empty_decoder(cfg):
@@ -377,9 +504,16 @@ def _empty_decoder(cfg):
         model = Decoder(cfg)
     model = model.to_empty(device="cpu")
     # the encoding's derived tensors (RoPE frequencies, ALiBi slopes) must be real: rebuild it on the CPU
-    ctx = EncodingContext(d_model=cfg.d_model, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
-                          n_layers=cfg.n_layers, train_length=cfg.train_length)
-    model.pos = build_encoding(cfg.positions["name"], ctx, {k: v for k, v in cfg.positions.items() if k != "name"})
+    ctx = EncodingContext(
+        d_model=cfg.d_model,
+        n_heads=cfg.n_heads,
+        head_dim=cfg.head_dim,
+        n_layers=cfg.n_layers,
+        train_length=cfg.train_length,
+    )
+    model.pos = build_encoding(
+        cfg.positions["name"], ctx, {k: v for k, v in cfg.positions.items() if k != "name"}
+    )
     if cfg.tie_embeddings:
         model.lm_head.weight = model.tok_emb.weight
     return model
@@ -409,14 +543,20 @@ def load_hf_weights(model, arch: str, files: list[Path]) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     filled: dict[str, int] = {}
     q_out, kv_out = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-    rows = {"q": slice(0, q_out), "k": slice(q_out, q_out + kv_out), "v": slice(q_out + kv_out, q_out + 2 * kv_out)}
+    rows = {
+        "q": slice(0, q_out),
+        "k": slice(q_out, q_out + kv_out),
+        "v": slice(q_out + kv_out, q_out + 2 * kv_out),
+    }
     for key, load in iter_hf_tensors(files):
         name, kind = _match(arch, key)
         if kind == "skip" or (kind == "head" and cfg.tie_embeddings):
             continue
         if name not in params:
-            raise UserError(f"the checkpoint holds {key} but the model built from config.json has no {name}; "
-                            "config.json and the weights disagree (bias or tie settings).")
+            raise UserError(
+                f"the checkpoint holds {key} but the model built from config.json has no {name}; "
+                "config.json and the weights disagree (bias or tie settings)."
+            )
         t = load()
         if kind == "T":
             t = t.t()
@@ -426,8 +566,10 @@ def load_hf_weights(model, arch: str, files: list[Path]) -> None:
         if kind in rows:
             target = target[rows[kind]]
         if tuple(t.shape) != tuple(target.shape):
-            raise UserError(f"{key} has shape {tuple(t.shape)} but {name} needs {tuple(target.shape)}; "
-                            "config.json and the weights disagree.")
+            raise UserError(
+                f"{key} has shape {tuple(t.shape)} but {name} needs {tuple(target.shape)}; "
+                "config.json and the weights disagree."
+            )
         target.copy_(t)
         filled[name] = filled.get(name, 0) + t.numel()
         del t
@@ -437,11 +579,14 @@ def load_hf_weights(model, arch: str, files: list[Path]) -> None:
         if name.startswith("pos.") and name != "pos.table":
             continue
         if filled.get(name, 0) != p.numel():
-            raise UserError(f"the checkpoint has no weights for {name} (filled {filled.get(name, 0)} of "
-                            f"{p.numel()} values); the download may be incomplete.")
+            raise UserError(
+                f"the checkpoint has no weights for {name} (filled {filled.get(name, 0)} of "
+                f"{p.numel()} values); the download may be incomplete."
+            )
 
 
 # ---- import -----------------------------------------------------------------------------------------
+
 
 def _copy_tokenizer(src: Path, dst: Path, tokenizer: str | Path | None) -> Path:
     from extrapos.data.tokenizer import TOKENIZER_FILES
@@ -458,10 +603,14 @@ def _copy_tokenizer(src: Path, dst: Path, tokenizer: str | Path | None) -> Path:
     else:
         found = [src / n for n in ("tokenizer.json", "tokenizer.model") if (src / n).is_file()]
         if not found:
-            raise UserError(f"{src} has no tokenizer.json or tokenizer.model; save the model's tokenizer there "
-                            "(tokenizer.save_pretrained) or pass tokenizer=PATH.")
+            raise UserError(
+                f"{src} has no tokenizer.json or tokenizer.model; save the model's tokenizer there "
+                "(tokenizer.save_pretrained) or pass tokenizer=PATH."
+            )
         file = found[0]
-    suffix = {".json": "tokenizer.json", ".model": "tokenizer.model", ".tiktoken": "tokenizer.tiktoken"}.get(file.suffix)
+    suffix = {".json": "tokenizer.json", ".model": "tokenizer.model", ".tiktoken": "tokenizer.tiktoken"}.get(
+        file.suffix
+    )
     if suffix is None:
         raise UserError(f"{file} is not a tokenizer.json, .model or .tiktoken file.")
     shutil.copyfile(file, dst / suffix)
@@ -478,9 +627,15 @@ def _fresh_tmp(out: Path, what: str) -> Path:
     return tmp
 
 
-def import_pretrained(source: str | Path, out: str | Path, *, revision: str | None = None,
-                      tokenizer: str | Path | None = None, context_length: int | None = None,
-                      data: dict[str, Any] | None = None) -> Path:
+def import_pretrained(
+    source: str | Path,
+    out: str | Path,
+    *,
+    revision: str | None = None,
+    tokenizer: str | Path | None = None,
+    context_length: int | None = None,
+    data: dict[str, Any] | None = None,
+) -> Path:
     """Import a Hugging Face causal LM into a new run directory ``out``; return ``out``.
 
     ``source``: a local model directory or a hub name (``revision`` picks a branch, tag or commit).
@@ -506,19 +661,27 @@ def import_pretrained(source: str | Path, out: str | Path, *, revision: str | No
         tok = load_tokenizer(tmp)
         mcfg = model_config(**imported.model)
         if tok.vocab_size > mcfg.vocab_size:
-            raise UserError(f"the tokenizer has {tok.vocab_size} tokens but the model only {mcfg.vocab_size}; "
-                            "pass the model's own tokenizer.")
+            raise UserError(
+                f"the tokenizer has {tok.vocab_size} tokens but the model only {mcfg.vocab_size}; "
+                "pass the model's own tokenizer."
+            )
         data_fields = {"tokenizer": str(out.resolve() / tok_file.name), **(data or {})}
         cfg = RunConfig(mcfg, build_section(DataConfig, data_fields, "data"), TrainConfig())
         validate(cfg)
         model = _empty_decoder(mcfg)
         load_hf_weights(model, imported.architecture, files)
         record = {
-            **provenance, "architecture": imported.architecture,
-            "hf_architectures": hf.get("architectures"), "context_length": imported.context_length,
-            "context_key": imported.context_key, "train_length": mcfg.train_length,
-            "torch_dtype": hf.get("torch_dtype", hf.get("dtype")), "notes": imported.notes,
-            "weights": [f.name for f in files], "tokenizer": tok_file.name, "hf_config": hf,
+            **provenance,
+            "architecture": imported.architecture,
+            "hf_architectures": hf.get("architectures"),
+            "context_length": imported.context_length,
+            "context_key": imported.context_key,
+            "train_length": mcfg.train_length,
+            "torch_dtype": hf.get("torch_dtype", hf.get("dtype")),
+            "notes": imported.notes,
+            "weights": [f.name for f in files],
+            "tokenizer": tok_file.name,
+            "hf_config": hf,
         }
         (tmp / "config.toml").write_text(cfg.to_toml())
         (tmp / "source.json").write_text(json.dumps(record, indent=1))
@@ -543,18 +706,23 @@ def export_architecture(cfg) -> str:
     if name == "learned":
         arch = "gpt2"
         if pos.get("interpolate_to"):
-            raise UserError("GPT-2 reads its position table without interpolation; extend the table first "
-                            "(extrapos extend, or LearnedAbsolute.extend_table) and export that run.")
+            raise UserError(
+                "GPT-2 reads its position table without interpolation; extend the table first "
+                "(extrapos extend, or LearnedAbsolute.extend_table) and export that run."
+            )
     elif name == "rope":
         if cfg.flavour != "llama":
             arch = "gpt_neox"
-        else:  # Q/K/V biases alone are Qwen2's block; Llama's attention_bias also covers the output projection
+        # Q/K/V biases alone are Qwen2's block; Llama's attention_bias also covers the output projection
+        else:
             arch = "qwen2" if cfg.use_qkv_bias and not cfg.use_bias else "llama"
     elif name == "alibi":
         arch = "bloom"
     else:
-        raise UserError(f"positional encoding {name!r} has no Hugging Face architecture; export covers learned "
-                        "(GPT-2), rope (Llama, GPT-NeoX) and alibi (Bloom).")
+        raise UserError(
+            f"positional encoding {name!r} has no Hugging Face architecture; export covers learned "
+            "(GPT-2), rope (Llama, GPT-NeoX) and alibi (Bloom)."
+        )
     why = _export_blocker(cfg, arch)
     if why:
         raise UserError(f"this run cannot be exported as {arch}: {why}.")
@@ -576,8 +744,10 @@ def _export_blocker(cfg, arch: str) -> str | None:
         return f"{arch} has no embedding LayerNorm"
     if arch == "bloom":
         if not cfg.embed_norm:
-            return ("Bloom normalises the embeddings with a LayerNorm the run does not have (train with "
-                    "model.embed_norm = true)")
+            return (
+                "Bloom normalises the embeddings with a LayerNorm the run does not have (train with "
+                "model.embed_norm = true)"
+            )
         if cfg.act != "gelu_tanh" or cfg.hidden != 4 * cfg.d_model:
             return "Bloom's MLP is 4 d wide with the tanh GELU"
     if arch == "gpt_neox" and cfg.act not in ("gelu_tanh", "gelu", "relu", "silu"):
@@ -612,58 +782,148 @@ def _rope_config(cfg) -> tuple[float, dict | None, int]:
         return o.base, {"rope_type": "dynamic", "factor": o.factor}, L
     if o.scaling == "yarn":
         attention = o.attention_factor if o.attention_factor is not None else 0.1 * math.log(o.factor) + 1.0
-        return o.base, {"rope_type": "yarn", "factor": o.factor, "original_max_position_embeddings": L,
-                        "beta_fast": o.beta_fast, "beta_slow": o.beta_slow, "attention_factor": attention}, longer
+        return (
+            o.base,
+            {
+                "rope_type": "yarn",
+                "factor": o.factor,
+                "original_max_position_embeddings": L,
+                "beta_fast": o.beta_fast,
+                "beta_slow": o.beta_slow,
+                "attention_factor": attention,
+            },
+            longer,
+        )
     if o.scaling == "llama3":
-        return o.base, {"rope_type": "llama3", "factor": o.factor, "original_max_position_embeddings": L,
-                        "low_freq_factor": o.low_freq_factor, "high_freq_factor": o.high_freq_factor}, longer
+        return (
+            o.base,
+            {
+                "rope_type": "llama3",
+                "factor": o.factor,
+                "original_max_position_embeddings": L,
+                "low_freq_factor": o.low_freq_factor,
+                "high_freq_factor": o.high_freq_factor,
+            },
+            longer,
+        )
     from extrapos.positions.rotary import longrope_attention_factor
 
-    attention = o.attention_factor if o.attention_factor is not None else longrope_attention_factor(o.factor, L)
-    return o.base, {"rope_type": "longrope", "factor": o.factor, "original_max_position_embeddings": L,
-                    "long_factor": list(o.long_factor), "short_factor": list(o.short_factor),
-                    "attention_factor": attention}, longer
+    attention = (
+        o.attention_factor if o.attention_factor is not None else longrope_attention_factor(o.factor, L)
+    )
+    return (
+        o.base,
+        {
+            "rope_type": "longrope",
+            "factor": o.factor,
+            "original_max_position_embeddings": L,
+            "long_factor": list(o.long_factor),
+            "short_factor": list(o.short_factor),
+            "attention_factor": attention,
+        },
+        longer,
+    )
 
 
 def hf_config_for(cfg, eot_id: int | None = None) -> dict[str, Any]:
     """The config.json of an exported run (written in the pre-5.0 key names, which 5.x also reads)."""
     arch = export_architecture(cfg)
-    common = {"vocab_size": cfg.vocab_size, "tie_word_embeddings": cfg.tie_embeddings, "torch_dtype": "float32",
-              "bos_token_id": eot_id, "eos_token_id": eot_id}
+    common = {
+        "vocab_size": cfg.vocab_size,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "torch_dtype": "float32",
+        "bos_token_id": eot_id,
+        "eos_token_id": eot_id,
+    }
     if arch == "gpt2":
         rows = cfg.positions.get("max_length") or cfg.train_length
-        return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", **common, "n_positions": rows,
-                "n_embd": cfg.d_model, "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "n_inner": cfg.hidden,
-                "activation_function": _HF_ACT[cfg.act], "layer_norm_epsilon": cfg.norm_eps,
-                "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.dropout,
-                "scale_attn_weights": True}
+        return {
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            **common,
+            "n_positions": rows,
+            "n_embd": cfg.d_model,
+            "n_layer": cfg.n_layers,
+            "n_head": cfg.n_heads,
+            "n_inner": cfg.hidden,
+            "activation_function": _HF_ACT[cfg.act],
+            "layer_norm_epsilon": cfg.norm_eps,
+            "resid_pdrop": cfg.dropout,
+            "embd_pdrop": cfg.dropout,
+            "attn_pdrop": cfg.dropout,
+            "scale_attn_weights": True,
+        }
     if arch == "bloom":
-        return {"architectures": ["BloomForCausalLM"], "model_type": "bloom", **common, "hidden_size": cfg.d_model,
-                "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "layer_norm_epsilon": cfg.norm_eps,
-                "apply_residual_connection_post_layernorm": False, "seq_length": cfg.train_length,
-                "hidden_dropout": cfg.dropout, "attention_dropout": cfg.dropout}
+        return {
+            "architectures": ["BloomForCausalLM"],
+            "model_type": "bloom",
+            **common,
+            "hidden_size": cfg.d_model,
+            "n_layer": cfg.n_layers,
+            "n_head": cfg.n_heads,
+            "layer_norm_epsilon": cfg.norm_eps,
+            "apply_residual_connection_post_layernorm": False,
+            "seq_length": cfg.train_length,
+            "hidden_dropout": cfg.dropout,
+            "attention_dropout": cfg.dropout,
+        }
     theta, scaling, max_pos = _rope_config(cfg)
     if arch == "gpt_neox":
         from extrapos.positions.registry import build_options
 
-        fraction = build_options("rope", {k: v for k, v in cfg.positions.items() if k != "name"}).rotary_fraction
-        return {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", **common,
-                "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
-                "intermediate_size": cfg.hidden, "hidden_act": _HF_ACT[cfg.act], "layer_norm_eps": cfg.norm_eps,
-                "use_parallel_residual": cfg.parallel_residual, "max_position_embeddings": max_pos,
-                "attention_bias": cfg.use_bias or cfg.use_qkv_bias, "rotary_pct": fraction,
-                "partial_rotary_factor": fraction, "rotary_emb_base": theta, "rope_theta": theta,
-                "rope_scaling": scaling, "hidden_dropout": cfg.dropout, "attention_dropout": cfg.dropout}
-    if arch == "qwen2":
-        common |= {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "use_sliding_window": False,
-                   "sliding_window": None}
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common, "hidden_size": cfg.d_model,
-            "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
-            "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "intermediate_size": cfg.hidden,
-            "hidden_act": "silu", "rms_norm_eps": cfg.norm_eps, "max_position_embeddings": max_pos,
-            **({} if arch == "qwen2" else {"attention_bias": cfg.use_bias or cfg.use_qkv_bias, "mlp_bias": cfg.use_bias}),
+        fraction = build_options(
+            "rope", {k: v for k, v in cfg.positions.items() if k != "name"}
+        ).rotary_fraction
+        return {
+            "architectures": ["GPTNeoXForCausalLM"],
+            "model_type": "gpt_neox",
+            **common,
+            "hidden_size": cfg.d_model,
+            "num_hidden_layers": cfg.n_layers,
+            "num_attention_heads": cfg.n_heads,
+            "intermediate_size": cfg.hidden,
+            "hidden_act": _HF_ACT[cfg.act],
+            "layer_norm_eps": cfg.norm_eps,
+            "use_parallel_residual": cfg.parallel_residual,
+            "max_position_embeddings": max_pos,
+            "attention_bias": cfg.use_bias or cfg.use_qkv_bias,
+            "rotary_pct": fraction,
+            "partial_rotary_factor": fraction,
+            "rotary_emb_base": theta,
             "rope_theta": theta,
-            "rope_scaling": scaling, "attention_dropout": cfg.dropout}
+            "rope_scaling": scaling,
+            "hidden_dropout": cfg.dropout,
+            "attention_dropout": cfg.dropout,
+        }
+    if arch == "qwen2":
+        common |= {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "use_sliding_window": False,
+            "sliding_window": None,
+        }
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        **common,
+        "hidden_size": cfg.d_model,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.kv_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.hidden,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.norm_eps,
+        "max_position_embeddings": max_pos,
+        **(
+            {}
+            if arch == "qwen2"
+            else {"attention_bias": cfg.use_bias or cfg.use_qkv_bias, "mlp_bias": cfg.use_bias}
+        ),
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+        "attention_dropout": cfg.dropout,
+    }
 
 
 def hf_state_dict(model, arch: str) -> dict[str, Tensor]:
@@ -682,55 +942,94 @@ def hf_state_dict(model, arch: str) -> dict[str, Tensor]:
         b = f"blocks.{i}"
         if arch == "gpt2":
             h = f"transformer.h.{i}"
-            out |= {f"{h}.ln_1.weight": sd[f"{b}.norm1.weight"], f"{h}.ln_1.bias": bias(f"{b}.norm1"),
-                    f"{h}.attn.c_attn.weight": sd[f"{b}.attn.qkv.weight"].t(), f"{h}.attn.c_attn.bias": bias(f"{b}.attn.qkv"),
-                    f"{h}.attn.c_proj.weight": sd[f"{b}.attn.proj.weight"].t(), f"{h}.attn.c_proj.bias": bias(f"{b}.attn.proj"),
-                    f"{h}.ln_2.weight": sd[f"{b}.norm2.weight"], f"{h}.ln_2.bias": bias(f"{b}.norm2"),
-                    f"{h}.mlp.c_fc.weight": sd[f"{b}.mlp.up.weight"].t(), f"{h}.mlp.c_fc.bias": bias(f"{b}.mlp.up"),
-                    f"{h}.mlp.c_proj.weight": sd[f"{b}.mlp.down.weight"].t(), f"{h}.mlp.c_proj.bias": bias(f"{b}.mlp.down")}
+            out |= {
+                f"{h}.ln_1.weight": sd[f"{b}.norm1.weight"],
+                f"{h}.ln_1.bias": bias(f"{b}.norm1"),
+                f"{h}.attn.c_attn.weight": sd[f"{b}.attn.qkv.weight"].t(),
+                f"{h}.attn.c_attn.bias": bias(f"{b}.attn.qkv"),
+                f"{h}.attn.c_proj.weight": sd[f"{b}.attn.proj.weight"].t(),
+                f"{h}.attn.c_proj.bias": bias(f"{b}.attn.proj"),
+                f"{h}.ln_2.weight": sd[f"{b}.norm2.weight"],
+                f"{h}.ln_2.bias": bias(f"{b}.norm2"),
+                f"{h}.mlp.c_fc.weight": sd[f"{b}.mlp.up.weight"].t(),
+                f"{h}.mlp.c_fc.bias": bias(f"{b}.mlp.up"),
+                f"{h}.mlp.c_proj.weight": sd[f"{b}.mlp.down.weight"].t(),
+                f"{h}.mlp.c_proj.bias": bias(f"{b}.mlp.down"),
+            }
         elif arch in ("gpt_neox", "bloom"):
-            h, attn = (f"gpt_neox.layers.{i}", "attention") if arch == "gpt_neox" else (f"transformer.h.{i}", "self_attention")
-            out |= {f"{h}.input_layernorm.weight": sd[f"{b}.norm1.weight"], f"{h}.input_layernorm.bias": bias(f"{b}.norm1"),
-                    f"{h}.{attn}.query_key_value.weight": _blocks_to_per_head(sd[f"{b}.attn.qkv.weight"], cfg.n_heads),
-                    f"{h}.{attn}.dense.weight": sd[f"{b}.attn.proj.weight"],
-                    f"{h}.post_attention_layernorm.weight": sd[f"{b}.norm2.weight"],
-                    f"{h}.post_attention_layernorm.bias": bias(f"{b}.norm2"),
-                    f"{h}.mlp.dense_h_to_4h.weight": sd[f"{b}.mlp.up.weight"], f"{h}.mlp.dense_h_to_4h.bias": bias(f"{b}.mlp.up"),
-                    f"{h}.mlp.dense_4h_to_h.weight": sd[f"{b}.mlp.down.weight"], f"{h}.mlp.dense_4h_to_h.bias": bias(f"{b}.mlp.down")}
+            h, attn = (
+                (f"gpt_neox.layers.{i}", "attention")
+                if arch == "gpt_neox"
+                else (f"transformer.h.{i}", "self_attention")
+            )
+            out |= {
+                f"{h}.input_layernorm.weight": sd[f"{b}.norm1.weight"],
+                f"{h}.input_layernorm.bias": bias(f"{b}.norm1"),
+                f"{h}.{attn}.query_key_value.weight": _blocks_to_per_head(
+                    sd[f"{b}.attn.qkv.weight"], cfg.n_heads
+                ),
+                f"{h}.{attn}.dense.weight": sd[f"{b}.attn.proj.weight"],
+                f"{h}.post_attention_layernorm.weight": sd[f"{b}.norm2.weight"],
+                f"{h}.post_attention_layernorm.bias": bias(f"{b}.norm2"),
+                f"{h}.mlp.dense_h_to_4h.weight": sd[f"{b}.mlp.up.weight"],
+                f"{h}.mlp.dense_h_to_4h.bias": bias(f"{b}.mlp.up"),
+                f"{h}.mlp.dense_4h_to_h.weight": sd[f"{b}.mlp.down.weight"],
+                f"{h}.mlp.dense_4h_to_h.bias": bias(f"{b}.mlp.down"),
+            }
             if arch == "bloom" or cfg.use_bias or cfg.use_qkv_bias:
-                out[f"{h}.{attn}.query_key_value.bias"] = _blocks_to_per_head(bias(f"{b}.attn.qkv"), cfg.n_heads)
+                out[f"{h}.{attn}.query_key_value.bias"] = _blocks_to_per_head(
+                    bias(f"{b}.attn.qkv"), cfg.n_heads
+                )
                 out[f"{h}.{attn}.dense.bias"] = bias(f"{b}.attn.proj")
         else:  # llama
             h = f"model.layers.{i}"
             qkv = sd[f"{b}.attn.qkv.weight"]
-            out |= {f"{h}.self_attn.q_proj.weight": qkv[:q_out], f"{h}.self_attn.k_proj.weight": qkv[q_out:q_out + kv_out],
-                    f"{h}.self_attn.v_proj.weight": qkv[q_out + kv_out:], f"{h}.self_attn.o_proj.weight": sd[f"{b}.attn.proj.weight"],
-                    f"{h}.mlp.gate_proj.weight": sd[f"{b}.mlp.gate.weight"], f"{h}.mlp.up_proj.weight": sd[f"{b}.mlp.up.weight"],
-                    f"{h}.mlp.down_proj.weight": sd[f"{b}.mlp.down.weight"],
-                    f"{h}.input_layernorm.weight": sd[f"{b}.norm1.weight"],
-                    f"{h}.post_attention_layernorm.weight": sd[f"{b}.norm2.weight"]}
+            out |= {
+                f"{h}.self_attn.q_proj.weight": qkv[:q_out],
+                f"{h}.self_attn.k_proj.weight": qkv[q_out : q_out + kv_out],
+                f"{h}.self_attn.v_proj.weight": qkv[q_out + kv_out :],
+                f"{h}.self_attn.o_proj.weight": sd[f"{b}.attn.proj.weight"],
+                f"{h}.mlp.gate_proj.weight": sd[f"{b}.mlp.gate.weight"],
+                f"{h}.mlp.up_proj.weight": sd[f"{b}.mlp.up.weight"],
+                f"{h}.mlp.down_proj.weight": sd[f"{b}.mlp.down.weight"],
+                f"{h}.input_layernorm.weight": sd[f"{b}.norm1.weight"],
+                f"{h}.post_attention_layernorm.weight": sd[f"{b}.norm2.weight"],
+            }
             if cfg.use_bias or cfg.use_qkv_bias:
                 qb = bias(f"{b}.attn.qkv")
-                out |= {f"{h}.self_attn.q_proj.bias": qb[:q_out], f"{h}.self_attn.k_proj.bias": qb[q_out:q_out + kv_out],
-                        f"{h}.self_attn.v_proj.bias": qb[q_out + kv_out:]}
+                out |= {
+                    f"{h}.self_attn.q_proj.bias": qb[:q_out],
+                    f"{h}.self_attn.k_proj.bias": qb[q_out : q_out + kv_out],
+                    f"{h}.self_attn.v_proj.bias": qb[q_out + kv_out :],
+                }
                 if arch == "llama":
                     out[f"{h}.self_attn.o_proj.bias"] = bias(f"{b}.attn.proj")
             if cfg.use_bias:
                 for m in ("gate", "up", "down"):
                     out[f"{h}.mlp.{m}_proj.bias"] = bias(f"{b}.mlp.{m}")
     if arch == "gpt2":
-        out |= {"transformer.wte.weight": sd["tok_emb.weight"], "transformer.wpe.weight": sd["pos.table"],
-                "transformer.ln_f.weight": sd["norm.weight"], "transformer.ln_f.bias": bias("norm")}
+        out |= {
+            "transformer.wte.weight": sd["tok_emb.weight"],
+            "transformer.wpe.weight": sd["pos.table"],
+            "transformer.ln_f.weight": sd["norm.weight"],
+            "transformer.ln_f.bias": bias("norm"),
+        }
         head = "lm_head.weight"
     elif arch == "gpt_neox":
-        out |= {"gpt_neox.embed_in.weight": sd["tok_emb.weight"], "gpt_neox.final_layer_norm.weight": sd["norm.weight"],
-                "gpt_neox.final_layer_norm.bias": bias("norm")}
+        out |= {
+            "gpt_neox.embed_in.weight": sd["tok_emb.weight"],
+            "gpt_neox.final_layer_norm.weight": sd["norm.weight"],
+            "gpt_neox.final_layer_norm.bias": bias("norm"),
+        }
         head = "embed_out.weight"
     elif arch == "bloom":
-        out |= {"transformer.word_embeddings.weight": sd["tok_emb.weight"],
-                "transformer.word_embeddings_layernorm.weight": sd["emb_norm.weight"],
-                "transformer.word_embeddings_layernorm.bias": bias("emb_norm"),
-                "transformer.ln_f.weight": sd["norm.weight"], "transformer.ln_f.bias": bias("norm")}
+        out |= {
+            "transformer.word_embeddings.weight": sd["tok_emb.weight"],
+            "transformer.word_embeddings_layernorm.weight": sd["emb_norm.weight"],
+            "transformer.word_embeddings_layernorm.bias": bias("emb_norm"),
+            "transformer.ln_f.weight": sd["norm.weight"],
+            "transformer.ln_f.bias": bias("norm"),
+        }
         head = "lm_head.weight"
     else:
         out |= {"model.embed_tokens.weight": sd["tok_emb.weight"], "model.norm.weight": sd["norm.weight"]}
@@ -738,8 +1037,12 @@ def hf_state_dict(model, arch: str) -> dict[str, Tensor]:
     if untied:
         out[head] = sd["lm_head.weight"]
     # safetensors wants every tensor to own its storage: copy transposes and row slices (q / k / v)
-    return {k: v if v.is_contiguous() and v.untyped_storage().nbytes() == v.numel() * v.element_size()
-            else v.contiguous().clone() for k, v in out.items()}
+    return {
+        k: v
+        if v.is_contiguous() and v.untyped_storage().nbytes() == v.numel() * v.element_size()
+        else v.contiguous().clone()
+        for k, v in out.items()
+    }
 
 
 def export_pretrained(run_dir: str | Path, out: str | Path, *, step: int | None = None) -> Path:
@@ -767,11 +1070,22 @@ def export_pretrained(run_dir: str | Path, out: str | Path, *, step: int | None 
                 shutil.copyfile(run.path / name, tmp / name)
         if (run.path / "tokenizer.json").is_file():
             eot_token = run.tokenizer.decode([eot]) if eot is not None else None
-            (tmp / "tokenizer_config.json").write_text(json.dumps(
-                {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eot_token,
-                 "model_max_length": run.cfg.model.train_length}, indent=1))
-        (tmp / "extrapos.json").write_text(json.dumps(
-            {"run": str(Path(run_dir).resolve()), "step": run.step, "positions": run.cfg.model.positions}, indent=1))
+            (tmp / "tokenizer_config.json").write_text(
+                json.dumps(
+                    {
+                        "tokenizer_class": "PreTrainedTokenizerFast",
+                        "eos_token": eot_token,
+                        "model_max_length": run.cfg.model.train_length,
+                    },
+                    indent=1,
+                )
+            )
+        (tmp / "extrapos.json").write_text(
+            json.dumps(
+                {"run": str(Path(run_dir).resolve()), "step": run.step, "positions": run.cfg.model.positions},
+                indent=1,
+            )
+        )
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

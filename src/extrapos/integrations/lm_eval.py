@@ -1,9 +1,11 @@
-"""An lm-evaluation-harness model for extrapos runs (Gao et al. 2024, "The Language Model Evaluation Harness").
+"""An lm-evaluation-harness model for extrapos runs (Gao et al. 2024, "The Language Model Evaluation
+Harness").
 
 Importing this module registers the model ``extrapos``::
 
     import extrapos.integrations.lm_eval          # registers --model extrapos
-    lm_eval.simple_evaluate(model="extrapos", model_args="run=runs/rope,max_length=1024,scale=0.5", tasks=[...])
+    lm_eval.simple_evaluate(model="extrapos", model_args="run=runs/rope,max_length=1024,scale=0.5",
+    tasks=[...])
 
 or call ``run_lm_eval(RUN, tasks)``, which also writes ``RUN/eval/lm-eval-<tasks>.json``.
 
@@ -43,13 +45,20 @@ try:
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
 except ImportError as e:  # pragma: no cover - the eval extra is missing
-    raise UserError("the lm-eval integration needs lm-evaluation-harness; run `pip install 'extrapos[eval]'`.") from e
+    raise UserError(
+        "the lm-eval integration needs lm-evaluation-harness; run `pip install 'extrapos[eval]'`."
+    ) from e
 
 from extrapos.tasks.common import greedy_batch, slug, write_result
 
 
-def position_options(scale: float | None = None, rope_scaling: str | None = None, factor: float | None = None,
-                     max_length: int | None = None, train_length: int | None = None) -> dict[str, Any]:
+def position_options(
+    scale: float | None = None,
+    rope_scaling: str | None = None,
+    factor: float | None = None,
+    max_length: int | None = None,
+    train_length: int | None = None,
+) -> dict[str, Any]:
     """The encoding options of the model_args, as ``extrapos eval`` sets them."""
     options: dict[str, Any] = {}
     if scale is not None:
@@ -70,10 +79,19 @@ class ExtraposLM(TemplateLM):
     """An extrapos run (trained or imported) as an lm-eval ``LM`` (a ``TemplateLM``: the harness splits
     contexts from continuations the standard way, we score the tokens)."""
 
-    def __init__(self, run: str | None = None, max_length: int | None = None, batch_size: int | str = 8,
-                 device: str = "cpu", step: int | None = None, scale: float | None = None,
-                 rope_scaling: str | None = None, factor: float | None = None, max_gen_toks: int = 256,
-                 **unused: Any):
+    def __init__(
+        self,
+        run: str | None = None,
+        max_length: int | None = None,
+        batch_size: int | str = 8,
+        device: str = "cpu",
+        step: int | None = None,
+        scale: float | None = None,
+        rope_scaling: str | None = None,
+        factor: float | None = None,
+        max_gen_toks: int = 256,
+        **unused: Any,
+    ):
         super().__init__()
         from extrapos.runs import load_run
 
@@ -86,7 +104,9 @@ class ExtraposLM(TemplateLM):
         self._max_length = int(max_length) if max_length is not None else self.train_length
         if self._max_length < 2:
             raise UserError(f"max_length must be at least 2 tokens, got {self._max_length}.")
-        self.batch_size = 8 if batch_size in (None, "auto") or str(batch_size).startswith("auto") else int(batch_size)
+        self.batch_size = (
+            8 if batch_size in (None, "auto") or str(batch_size).startswith("auto") else int(batch_size)
+        )
         self.max_gen_toks = int(max_gen_toks)
         self.options = position_options(scale, rope_scaling, factor, self._max_length, self.train_length)
         if self.options:
@@ -132,16 +152,16 @@ class ExtraposLM(TemplateLM):
             if not cont:
                 results[i] = (0.0, True)
                 continue
-            whole = (list(ctx) + list(cont))[-(self.max_length + 1):]
+            whole = (list(ctx) + list(cont))[-(self.max_length + 1) :]
             n_cont = min(len(cont), len(whole) - 1)
             rows.append((i, whole[:-1], whole[-n_cont:]))
         rows.sort(key=lambda r: -len(r[1]))
         for s in range(0, len(rows), self.batch_size):
-            group = rows[s:s + self.batch_size]
+            group = rows[s : s + self.batch_size]
             width = len(group[0][1])
             x = torch.full((len(group), width), self.eot_token_id, dtype=torch.long)
             for r, (_, inp, _) in enumerate(group):
-                x[r, :len(inp)] = torch.tensor(inp)
+                x[r, : len(inp)] = torch.tensor(inp)
             x = x.to(self._device)
             pos = torch.arange(width, device=self._device).expand(len(group), -1)
             h = self.model.hidden_states(x, pos)
@@ -149,11 +169,15 @@ class ExtraposLM(TemplateLM):
                 at = torch.arange(len(inp) - len(cont), len(inp), device=self._device)
                 logp = F.log_softmax(self.model.logits(h[r, at]).float(), dim=-1)
                 target = torch.tensor(cont, device=self._device)
-                results[i] = (float(logp.gather(-1, target[:, None]).sum()),
-                              bool((logp.argmax(-1) == target).all()))
+                results[i] = (
+                    float(logp.gather(-1, target[:, None]).sum()),
+                    bool((logp.argmax(-1) == target).all()),
+                )
         return results  # type: ignore[return-value]
 
-    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+    def _loglikelihood_tokens(
+        self, requests, disable_tqdm: bool = False, **kwargs
+    ) -> list[tuple[float, bool]]:
         out = self.score_tokens([(ctx, cont) for _, ctx, cont in requests])
         for (key, _, _), res in zip(requests, out):
             self.cache_hook.add_partial("loglikelihood", key, res)
@@ -166,8 +190,11 @@ class ExtraposLM(TemplateLM):
         for i, req in enumerate(requests):
             (text,) = req.args
             for pair in lm_utils.get_rolling_token_windows(
-                    token_list=self.tok_encode(text), prefix_token=self.eot_token_id,
-                    max_seq_len=self.max_length, context_len=1):
+                token_list=self.tok_encode(text),
+                prefix_token=self.eot_token_id,
+                max_seq_len=self.max_length,
+                context_len=1,
+            ):
                 windows.append(lm_utils.make_disjoint_window(pair))
                 owner.append(i)
         totals = [0.0] * len(requests)
@@ -178,7 +205,8 @@ class ExtraposLM(TemplateLM):
         return totals
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """Greedy decoding with the KV cache; prompts of equal token length and equal settings share a batch."""
+        """Greedy decoding with the KV cache; prompts of equal token length and equal settings share a
+        batch."""
         out: list[str | None] = [None] * len(requests)
         groups: dict[tuple, list[tuple[int, list[int]]]] = defaultdict(list)
         settings = {}
@@ -189,15 +217,17 @@ class ExtraposLM(TemplateLM):
             until = [until] if isinstance(until, str) else list(until)
             max_gen = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
             if kwargs.get("do_sample") and float(kwargs.get("temperature", 1.0)) > 0:
-                raise UserError("the extrapos lm-eval model decodes greedily; run the task with do_sample=false.")
-            ids = self.tok_encode(context)[-max(1, self.max_length - max_gen):]
+                raise UserError(
+                    "the extrapos lm-eval model decodes greedily; run the task with do_sample=false."
+                )
+            ids = self.tok_encode(context)[-max(1, self.max_length - max_gen) :]
             key = (len(ids), max_gen, tuple(until))
             settings[key] = (max_gen, until)
             groups[key].append((i, ids))
         for key, items in groups.items():
             max_gen, until = settings[key]
             for s in range(0, len(items), self.batch_size):
-                batch = items[s:s + self.batch_size]
+                batch = items[s : s + self.batch_size]
                 x = torch.tensor([ids for _, ids in batch], dtype=torch.long, device=self._device)
 
                 def done(gen: torch.Tensor, until=until) -> bool:
@@ -218,21 +248,36 @@ class ExtraposLM(TemplateLM):
 
     def _cut(self, row: list[int], until: list[str]) -> str:
         if self.eot_token_id in row:
-            row = row[:row.index(self.eot_token_id)]
+            row = row[: row.index(self.eot_token_id)]
         text = self.tok_decode(row)
         for u in until:
             if u and u in text:
-                text = text[:text.index(u)]
+                text = text[: text.index(u)]
         return text
 
 
-def run_lm_eval(run_dir: str | Path, tasks: list[str], num_fewshot: int | None = None, limit: int | float | None = None,
-                max_length: int | None = None, batch_size: int = 8, device: str = "cpu",
-                scale: float | None = None, rope_scaling: str | None = None, factor: float | None = None,
-                include_path: str | Path | None = None, include_defaults: bool = True, metadata: dict[str, Any] | None = None,
-                bootstrap_iters: int = 0, log_samples: bool = False, seed: int = 1234, name: str | None = None,
-                step: int | None = None) -> dict[str, Any]:
-    """Run lm-eval ``tasks`` on a run; write ``RUN/eval/NAME.json`` (default ``lm-eval-<tasks>``) and return it.
+def run_lm_eval(
+    run_dir: str | Path,
+    tasks: list[str],
+    num_fewshot: int | None = None,
+    limit: int | float | None = None,
+    max_length: int | None = None,
+    batch_size: int = 8,
+    device: str = "cpu",
+    scale: float | None = None,
+    rope_scaling: str | None = None,
+    factor: float | None = None,
+    include_path: str | Path | None = None,
+    include_defaults: bool = True,
+    metadata: dict[str, Any] | None = None,
+    bootstrap_iters: int = 0,
+    log_samples: bool = False,
+    seed: int = 1234,
+    name: str | None = None,
+    step: int | None = None,
+) -> dict[str, Any]:
+    """Run lm-eval ``tasks`` on a run; write ``RUN/eval/NAME.json`` (default ``lm-eval-<tasks>``) and return
+    it.
 
     ``include_path``: a directory of extra task YAMLs (local tasks, offline; ``include_defaults=False``
     skips indexing the harness's own tasks, which takes seconds); ``metadata``: task
@@ -245,30 +290,69 @@ def run_lm_eval(run_dir: str | Path, tasks: list[str], num_fewshot: int | None =
         raise UserError("give at least one lm-eval task, e.g. tasks=['arc_easy'] (--tasks arc_easy).")
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
-    lm = ExtraposLM(run=str(run_dir), max_length=max_length, batch_size=batch_size, device=device, step=step,
-                    scale=scale, rope_scaling=rope_scaling, factor=factor)
-    manager = TaskManager(include_path=str(include_path) if include_path else None,
-                          include_defaults=include_defaults or not include_path, metadata=metadata)
+    lm = ExtraposLM(
+        run=str(run_dir),
+        max_length=max_length,
+        batch_size=batch_size,
+        device=device,
+        step=step,
+        scale=scale,
+        rope_scaling=rope_scaling,
+        factor=factor,
+    )
+    manager = TaskManager(
+        include_path=str(include_path) if include_path else None,
+        include_defaults=include_defaults or not include_path,
+        metadata=metadata,
+    )
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
-        raise UserError(f"lm-eval knows no task {', '.join(unknown)}; check the name (lm_eval ls tasks) or pass "
-                        "include_path=DIR holding its YAML.")
-    raw = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit,
-                                  task_manager=manager, bootstrap_iters=bootstrap_iters, log_samples=log_samples,
-                                  random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
-                                  fewshot_random_seed=seed, metadata=metadata)
+        raise UserError(
+            f"lm-eval knows no task {', '.join(unknown)}; check the name (lm_eval ls tasks) or pass "
+            "include_path=DIR holding its YAML."
+        )
+    raw = lm_eval.simple_evaluate(
+        model=lm,
+        tasks=list(tasks),
+        num_fewshot=num_fewshot,
+        limit=limit,
+        task_manager=manager,
+        bootstrap_iters=bootstrap_iters,
+        log_samples=log_samples,
+        random_seed=seed,
+        numpy_random_seed=seed,
+        torch_random_seed=seed,
+        fewshot_random_seed=seed,
+        metadata=metadata,
+    )
     if raw is None:  # pragma: no cover - only non-zero ranks get None
         raise UserError("lm-eval returned no results.")
-    name = name or "lm-eval-" + slug("_".join(tasks)) + "".join(f"-{slug(f'{k}{v}')}" for k, v in
-                                                                sorted(lm.options.items()))
+    name = name or "lm-eval-" + slug("_".join(tasks)) + "".join(
+        f"-{slug(f'{k}{v}')}" for k, v in sorted(lm.options.items())
+    )
     result = {
-        "name": name, "task": "lm-eval", "run": str(run_dir), "tasks": list(tasks),
-        "encoding": lm.run.cfg.model.positions["name"], "applied": lm.options, "max_length": lm.max_length,
-        "train_length": lm.train_length, "checkpoint_step": lm.run.step,
-        "request": {"tasks": list(tasks), "num_fewshot": num_fewshot, "limit": limit, "max_length": max_length,
-                    "seed": seed, "metadata": metadata},
-        "results": raw.get("results", {}), "n-shot": raw.get("n-shot", {}), "versions": raw.get("versions", {}),
-        "n-samples": raw.get("n-samples", {}), "wall_time": time.perf_counter() - t0,
+        "name": name,
+        "task": "lm-eval",
+        "run": str(run_dir),
+        "tasks": list(tasks),
+        "encoding": lm.run.cfg.model.positions["name"],
+        "applied": lm.options,
+        "max_length": lm.max_length,
+        "train_length": lm.train_length,
+        "checkpoint_step": lm.run.step,
+        "request": {
+            "tasks": list(tasks),
+            "num_fewshot": num_fewshot,
+            "limit": limit,
+            "max_length": max_length,
+            "seed": seed,
+            "metadata": metadata,
+        },
+        "results": raw.get("results", {}),
+        "n-shot": raw.get("n-shot", {}),
+        "versions": raw.get("versions", {}),
+        "n-samples": raw.get("n-samples", {}),
+        "wall_time": time.perf_counter() - t0,
     }
     if log_samples:
         result["samples"] = raw.get("samples", {})

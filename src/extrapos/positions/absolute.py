@@ -24,7 +24,9 @@ class NoPE(PositionalEncoding):
     """No positional encoding: every hook is the identity."""
 
     family = "none"
-    paper = "Haviv et al. 2022, Transformer LMs without positional encodings still learn positional information"
+    paper = (
+        "Haviv et al. 2022, Transformer LMs without positional encodings still learn positional information"
+    )
 
 
 class Sinusoidal(PositionalEncoding):
@@ -40,7 +42,9 @@ class Sinusoidal(PositionalEncoding):
     def table(self, positions: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         """p[n, 2t] = sin(n / base^(2t/d)), p[n, 2t+1] = cos(n / base^(2t/d)); (B, T, d) in dtype."""
         d = self.ctx.d_model
-        inv_freq = self.options.base ** (-torch.arange(0, d, 2, device=positions.device, dtype=torch.float64) / d)
+        inv_freq = self.options.base ** (
+            -torch.arange(0, d, 2, device=positions.device, dtype=torch.float64) / d
+        )
         angles = positions.to(dtype).unsqueeze(-1) * inv_freq.to(dtype)  # (B, T, ceil(d/2))
         p = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # interleave sin, cos
         return p[..., :d]
@@ -51,10 +55,13 @@ class Sinusoidal(PositionalEncoding):
         return h + p.to(h.dtype)
 
 
-def interpolation_weights(positions: Tensor, old_length: int, new_length: int) -> tuple[Tensor, Tensor, Tensor]:
+def interpolation_weights(
+    positions: Tensor, old_length: int, new_length: int
+) -> tuple[Tensor, Tensor, Tensor]:
     """Rows and weights of segmented-sequences §3.2 linear interpolation from old_length to new_length rows.
 
-    e'_i = ((beta - i % beta) / beta) e_{floor(i/beta)} + ((i % beta) / beta) e_{floor(i/beta)+1}, beta = L_e / L_t,
+    e'_i = ((beta - i % beta) / beta) e_{floor(i/beta)} + ((i % beta) / beta) e_{floor(i/beta)+1}, beta =
+    L_e / L_t,
     with rows past the last original one (i > beta (L_t - 1)) set to the last row.
 
     Computed as the fractional row u = i * L_t / L_e in exact integer arithmetic: lo = (i L_t) // L_e and
@@ -121,7 +128,9 @@ class LearnedAbsolute(PositionalEncoding):
         The parameter object changes: build the optimizer after calling this.
         """
         if new_length < self.length:
-            raise UserError(f"cannot shrink the learned position table from {self.length} to {new_length} rows.")
+            raise UserError(
+                f"cannot shrink the learned position table from {self.length} to {new_length} rows."
+            )
         new = self.interpolated(new_length).detach().clone()
         self.table = nn.Parameter(new)
         self.options = dataclasses.replace(self.options, max_length=new_length, interpolate_to=None)
@@ -135,7 +144,8 @@ class LearnedAbsolute(PositionalEncoding):
             if hi >= limit:
                 raise UserError(
                     f"position {hi} is beyond the learned position table ({limit} positions); set the "
-                    f"encoding option interpolate_to to a longer length (e.g. {max(2 * self.length, hi + 1)}) "
+                    "encoding option interpolate_to to a longer length (e.g. "
+                    f"{max(2 * self.length, hi + 1)}) "
                     "or extend the table with extend_table before training longer."
                 )
         if self.options.interpolate_to is None or self.options.interpolate_to == self.length:
@@ -147,4 +157,6 @@ class LearnedAbsolute(PositionalEncoding):
 
 register("nope", NoPE, "no positional encoding")
 register("sinusoidal", Sinusoidal, "fixed sine/cosine vectors added once to the embeddings")
-register("learned", LearnedAbsolute, "trainable absolute table added once; linear interpolation to longer lengths")
+register(
+    "learned", LearnedAbsolute, "trainable absolute table added once; linear interpolation to longer lengths"
+)

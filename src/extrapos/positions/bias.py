@@ -98,7 +98,9 @@ class ALiBi(PositionalEncoding):
 
     def __init__(self, ctx: EncodingContext, options=None):
         super().__init__(ctx, options)
-        self.register_buffer("slopes", torch.tensor(alibi_slopes(ctx.n_heads), dtype=torch.float64), persistent=False)
+        self.register_buffer(
+            "slopes", torch.tensor(alibi_slopes(ctx.n_heads), dtype=torch.float64), persistent=False
+        )
 
     def bias(self, x: Tensor, positions: Tensor, layer: int, state: dict | None) -> FoldedBias | PairwiseBias:
         dtype = feature_dtype(x)
@@ -121,7 +123,8 @@ class ALiBi(PositionalEncoding):
 
 
 class Kerple(PositionalEncoding):
-    """Kernelized relative biases (Chi et al. 2022; as summarised in the CABLE paper §2), per head and per layer:
+    """Kernelized relative biases (Chi et al. 2022; as summarised in the CABLE paper §2), per head and per
+    layer:
 
     log form: -r1 log(1 + r2 |i - j|); power form: -r1 |i - j|^r2; r1, r2 > 0 (>= 1e-2), r2 <= 2.
 
@@ -153,7 +156,9 @@ class Kerple(PositionalEncoding):
         """Clamped (r1, r2) of one layer, each (H,)."""
         idx = layer if self.options.per_layer else 0
         r1 = clamp_straight_through(self.r1[idx], min=self.EPS)
-        r2 = clamp_straight_through(self.r2[idx], min=self.EPS, max=2.0 if self.options.form == "power" else None)
+        r2 = clamp_straight_through(
+            self.r2[idx], min=self.EPS, max=2.0 if self.options.form == "power" else None
+        )
         return r1, r2
 
     def bias(self, x: Tensor, positions: Tensor, layer: int, state: dict | None) -> PairwiseBias:
@@ -200,7 +205,10 @@ class FIRE(PositionalEncoding):
     """
 
     family = "bias"
-    paper = "Li et al. 2024, Functional interpolation for relative positions improves long context transformers (FIRE)"
+    paper = (
+        "Li et al. 2024, Functional interpolation for relative positions improves long context "
+        "transformers (FIRE)"
+    )
 
     @dataclass
     class Options:
@@ -213,7 +221,8 @@ class FIRE(PositionalEncoding):
         super().__init__(ctx, options)
         o, n = self.options, ctx.n_layers
         self.mlps = nn.ModuleList(
-            nn.Sequential(nn.Linear(1, o.mlp_width), nn.ReLU(), nn.Linear(o.mlp_width, ctx.n_heads)) for _ in range(n)
+            nn.Sequential(nn.Linear(1, o.mlp_width), nn.ReLU(), nn.Linear(o.mlp_width, ctx.n_heads))
+            for _ in range(n)
         )
         self.c = nn.Parameter(torch.full((n,), o.init_c))
         self.l_scale = nn.Parameter(torch.ones(n))
@@ -232,8 +241,11 @@ class FIRE(PositionalEncoding):
         def fn(qf: Tensor, kf: Tensor) -> Tensor:
             num = torch.log1p(c * _distance(qf, kf))  # psi(i - j), (B, 1, tq, Tk)
             # causal: the farthest visible key is at position 0; bidirectional: either end of the keys
-            reach = qf if causal else torch.maximum(qf - kf.amin(dim=-2, keepdim=True),
-                                                    kf.amax(dim=-2, keepdim=True) - qf)
+            reach = (
+                qf
+                if causal
+                else torch.maximum(qf - kf.amin(dim=-2, keepdim=True), kf.amax(dim=-2, keepdim=True) - qf)
+            )
             den = torch.log1p(c * torch.maximum(reach, L)) + eps  # psi(max(L, i)), (B, 1, tq, 1)
             u = (num / den).to(mlp[0].weight.dtype)
             if not torch.is_grad_enabled():
@@ -261,8 +273,14 @@ def _mlp_by_unit(mlp: nn.Sequential, u: Tensor) -> Tensor:
     first, last = mlp[0], mlp[2]
     B, _, tq, Tk = u.shape
     flat = u.reshape(-1, 1)
-    pieces = [torch.addmm(last.bias, torch.relu(torch.addmm(first.bias, flat[s: s + MLP_PIECE], first.weight.t())),
-                          last.weight.t()) for s in range(0, flat.shape[0], MLP_PIECE)]
+    pieces = [
+        torch.addmm(
+            last.bias,
+            torch.relu(torch.addmm(first.bias, flat[s : s + MLP_PIECE], first.weight.t())),
+            last.weight.t(),
+        )
+        for s in range(0, flat.shape[0], MLP_PIECE)
+    ]
     out = torch.cat(pieces) if len(pieces) > 1 else pieces[0]  # (B tq Tk, H)
     return out.t().reshape(-1, B, tq, Tk).transpose(0, 1)
 
@@ -302,8 +320,9 @@ def _mlp_piecewise(mlp: nn.Sequential, u: Tensor) -> Tensor:
 # ---- T5 ---------------------------------------------------------------------------------------
 
 
-def t5_bucket(relative_position: Tensor, num_buckets: int = 32, max_distance: int = 128,
-              bidirectional: bool = False) -> Tensor:
+def t5_bucket(
+    relative_position: Tensor, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = False
+) -> Tensor:
     """T5 bucket of relative_position = j - i (Raffel et al. 2020, §2.1; T5's ``_relative_position_bucket``).
 
     Causal: n = max(i - j, 0); n < num_buckets / 2 gets its own bucket, larger n are log-spaced over
@@ -334,7 +353,10 @@ class T5Bias(PositionalEncoding):
     """
 
     family = "bias"
-    paper = "Raffel et al. 2020, Exploring the limits of transfer learning with a unified text-to-text transformer (T5)"
+    paper = (
+        "Raffel et al. 2020, Exploring the limits of transfer learning with a unified text-to-text "
+        "transformer (T5)"
+    )
 
     @dataclass
     class Options:
@@ -364,8 +386,19 @@ class T5Bias(PositionalEncoding):
         return DistanceBias(q_feat=p, k_feat=p, fn=fn, table=by_distance)
 
 
-register("alibi", ALiBi, "ALiBi: linear bias -m_h (i - j), fixed geometric slopes (folded into fused attention)")
-register("kerple-log", Kerple, "Kerple, log kernel: -r1 log(1 + r2 |i - j|), learned per head and layer", form="log")
-register("kerple-power", Kerple, "Kerple, power kernel: -r1 |i - j|^r2, learned per head and layer", form="power")
+register(
+    "alibi", ALiBi, "ALiBi: linear bias -m_h (i - j), fixed geometric slopes (folded into fused attention)"
+)
+register(
+    "kerple-log",
+    Kerple,
+    "Kerple, log kernel: -r1 log(1 + r2 |i - j|), learned per head and layer",
+    form="log",
+)
+register(
+    "kerple-power", Kerple, "Kerple, power kernel: -r1 |i - j|^r2, learned per head and layer", form="power"
+)
 register("fire", FIRE, "FIRE: MLP of the log distance normalised by log(max(L, i)), learned per layer")
-register("t5", T5Bias, "T5 relative bias: learned scalar per (log-spaced distance bucket, head), shared by layers")
+register(
+    "t5", T5Bias, "T5 relative bias: learned scalar per (log-spaced distance bucket, head), shared by layers"
+)

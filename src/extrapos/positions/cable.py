@@ -160,7 +160,12 @@ class CABLE(PositionalEncoding):
 
 register("cable", CABLE, "CABLE: context-aware bias -g_i (S_i - S_j), S a cumsum of ReLU(X w_c) (folded)")
 register("cable-nw", CABLE, "CABLE-NW: CABLE without the per-token weights g (g = 1)", weighted=False)
-register("k-cable", CABLE, "K-CABLE: kernelised CABLE bias -log(1 + (g_i (S_i - S_j))^2) (query-chunked)", kernel=True)
+register(
+    "k-cable",
+    CABLE,
+    "K-CABLE: kernelised CABLE bias -log(1 + (g_i (S_i - S_j))^2) (query-chunked)",
+    kernel=True,
+)
 register(
     "cable-official",
     CABLE,

@@ -49,12 +49,15 @@ def cope_bias(scores: Tensor, q: Tensor, table: Tensor, visible: Tensor) -> Tens
 
 
 class CoPE(PositionalEncoding):
-    """Contextual positions p_ij = sum_{t=j..i} sigmoid(q_i.k_t), logit += q_i.e[p_ij] (Golovneva et al. 2024, §3)."""
+    """Contextual positions p_ij = sum_{t=j..i} sigmoid(q_i.k_t), logit += q_i.e[p_ij] (Golovneva et al.
+    2024, §3)."""
 
     family = "contextual"
     paper = "Golovneva et al. 2024, Contextual position encoding: learning to count what's important (CoPE)"
-    causal_only = ("its positions count the gated keys from the key up to the query in one direction, and the "
-                   "paper defines no count over keys after the query; use rope, alibi, cable or another encoding.")
+    causal_only = (
+        "its positions count the gated keys from the key up to the query in one direction, and the "
+        "paper defines no count over keys after the query; use rope, alibi, cable or another encoding."
+    )
 
     @dataclass
     class Options:
@@ -80,4 +83,8 @@ class CoPE(PositionalEncoding):
         return LogitBias(q_feat=none, k_feat=none, fn=fn)
 
 
-register("cope", CoPE, "CoPE: contextual positions (reversed cumsum of sigmoid(q.k) gates), interpolated table (chunked)")
+register(
+    "cope",
+    CoPE,
+    "CoPE: contextual positions (reversed cumsum of sigmoid(q.k) gates), interpolated table (chunked)",
+)

@@ -1,4 +1,5 @@
-"""ExPE and ExQPE (Datseris et al., ExPE, §2.1, §2.3): override the first l dims of the Q/K inputs with positions.
+"""ExPE and ExQPE (Datseris et al., ExPE, §2.1, §2.3): override the first l dims of the Q/K inputs with
+positions.
 
 In every block, on the normed block input x (the input of the Q and K projections):
 
@@ -58,7 +59,7 @@ class _Override(PositionalEncoding):
     def override(self, x: Tensor, positions: Tensor) -> Tensor:
         """phi(x, n): x with its first l dims replaced by p_n (in x's dtype)."""
         p = self.values(positions, _work_dtype(x.dtype)).to(x.dtype)
-        return torch.cat((p, x[..., self.l:]), dim=-1)
+        return torch.cat((p, x[..., self.l :]), dim=-1)
 
     def embed(self, h: Tensor, positions: Tensor) -> Tensor:
         return self.override(h, positions) if getattr(self.options, "once", False) else h
@@ -91,7 +92,9 @@ class ExPE(_Override):
         super().__init__(ctx, options)
         o = self.options
         if o.learned and o.learned_init:
-            raise UserError("choose one of the ExPE options learned (random init) and learned_init, not both.")
+            raise UserError(
+                "choose one of the ExPE options learned (random init) and learned_init, not both."
+            )
         self._check()
         if o.learned:
             # Random init (the paper does not say which): S ~ N(0, 0.02^2) like every other weight, and
@@ -124,13 +127,15 @@ class ExPE(_Override):
 
 
 def exqpe_counts(positions: Tensor, l: int) -> Tensor:  # noqa: E741
-    """c_k(n) = floor((n - k) / l) + 1 if n >= k else 0, the number of i in [0, n] with i mod l == k; (B, T, l)."""
+    """c_k(n) = floor((n - k) / l) + 1 if n >= k else 0, the number of i in [0, n] with i mod l == k; (B, T,
+    l)."""
     nk = positions.unsqueeze(-1) - torch.arange(l, device=positions.device)
     return torch.where(nk >= 0, torch.div(nk, l, rounding_mode="floor") + 1, torch.zeros_like(nk))
 
 
 class ExQPE(_Override):
-    """Exact quantizable positional encoding: p_n[k] = scale * (S + k theta1 + theta2 c_k(n)) (Datseris et al., ExPE, eq. 5)."""
+    """Exact quantizable positional encoding: p_n[k] = scale * (S + k theta1 + theta2 c_k(n)) (Datseris et
+    al., ExPE, eq. 5)."""
 
     paper = "Datseris et al., ExPE paper, ExQPE (§2.3)"
 
@@ -160,8 +165,14 @@ class ExQPE(_Override):
 register("expe", ExPE, "override the first l dims of the Q/K inputs with S + theta (n + k)")
 register("expe-stable", ExPE, "ExPE ablation: all l dims equal p_n", stable=True)
 register("expe-l1", ExPE, "ExPE ablation: l = 1", l=1)
-register("expe-once", ExPE, "ExPE ablation: override the embedding output once, before the first block", once=True)
+register(
+    "expe-once", ExPE, "ExPE ablation: override the embedding output once, before the first block", once=True
+)
 register("expe-learned", ExPE, "ExPE ablation: S and theta learned from a random init", learned=True)
-register("expe-learned-init", ExPE, "ExPE ablation: S and theta learned, initialised to the defaults",
-         learned_init=True)
+register(
+    "expe-learned-init",
+    ExPE,
+    "ExPE ablation: S and theta learned, initialised to the defaults",
+    learned_init=True,
+)
 register("exqpe", ExQPE, "ExPE placement; one of the l dims grows by theta2 per position (bf16-stable)")

@@ -47,7 +47,8 @@ STATE_KEY = "fox_c"
 
 
 class ForgettingAttention(PositionalEncoding):
-    """Bias sum_{l=j+1..i} log sigmoid(w^T x_l + b), per layer and head (Lin et al. 2025, §2); see module doc."""
+    """Bias sum_{l=j+1..i} log sigmoid(w^T x_l + b), per layer and head (Lin et al. 2025, §2); see module
+    doc."""
 
     family = "forgetting"
     paper = "Lin et al. 2025, Forgetting Transformer: softmax attention with a forget gate (FoX)"
@@ -84,5 +85,9 @@ def _symmetric_decay(qf: Tensor, kf: Tensor) -> Tensor:
     return -(qf - kf.transpose(-1, -2)).abs()
 
 
-register("fox", ForgettingAttention,
-         "Forgetting attention (data-dependent ALiBi): bias = sum of log sigmoid forget gates between key and query (folded)")
+register(
+    "fox",
+    ForgettingAttention,
+    "Forgetting attention (data-dependent ALiBi): bias = sum of log sigmoid forget gates between key and "
+    "query (folded)",
+)

@@ -44,8 +44,11 @@ def encoding_modules() -> list[str]:
     """Every module of ``extrapos.positions`` that may register encodings, in file-name order."""
     import extrapos.positions as package
 
-    return [f"{package.__name__}.{m.name}" for m in pkgutil.iter_modules(package.__path__)
-            if m.name not in _NOT_ENCODINGS and not m.name.startswith("_")]
+    return [
+        f"{package.__name__}.{m.name}"
+        for m in pkgutil.iter_modules(package.__path__)
+        if m.name not in _NOT_ENCODINGS and not m.name.startswith("_")
+    ]
 
 
 def _load() -> None:
@@ -82,7 +85,9 @@ def build_options(name: str, options: dict[str, Any] | None = None) -> Any:
     return schema.build(s.cls.Options, merged, where=f"option {{key!r}} of encoding {name!r}")
 
 
-def build_encoding(name: str, ctx: EncodingContext, options: dict[str, Any] | None = None) -> PositionalEncoding:
+def build_encoding(
+    name: str, ctx: EncodingContext, options: dict[str, Any] | None = None
+) -> PositionalEncoding:
     """Instantiate the encoding registered as ``name`` for a model described by ``ctx``."""
     s = spec(name)
     enc = s.cls(ctx, build_options(name, options))

@@ -61,7 +61,9 @@ def default_inv_freq(base: float, dim: int) -> Tensor:
     return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
 
 
-def yarn_correction_range(beta_fast: float, beta_slow: float, dim: int, base: float, length: int) -> tuple[int, int]:
+def yarn_correction_range(
+    beta_fast: float, beta_slow: float, dim: int, base: float, length: int
+) -> tuple[int, int]:
     """Dims [low, high] between which YaRN's ramp runs (reference code: floor / ceil, clamped).
 
     The dim index whose wavelength fits ``r`` rotations in ``length`` positions solves
@@ -76,8 +78,9 @@ def yarn_correction_range(beta_fast: float, beta_slow: float, dim: int, base: fl
     return max(low, 0), min(high, dim - 1)
 
 
-def yarn_inv_freq(base: float, dim: int, factor: float, length: int, beta_fast: float = 32.0,
-                  beta_slow: float = 1.0) -> Tensor:
+def yarn_inv_freq(
+    base: float, dim: int, factor: float, length: int, beta_fast: float = 32.0, beta_slow: float = 1.0
+) -> Tensor:
     """YaRN's blended inverse frequencies (fp64)."""
     extrapolation = default_inv_freq(base, dim)
     interpolation = extrapolation / factor
@@ -89,8 +92,14 @@ def yarn_inv_freq(base: float, dim: int, factor: float, length: int, beta_fast: 
     return interpolation * (1 - keep) + extrapolation * keep
 
 
-def llama3_inv_freq(base: float, dim: int, factor: float, length: int, low_freq_factor: float = 1.0,
-                    high_freq_factor: float = 4.0) -> Tensor:
+def llama3_inv_freq(
+    base: float,
+    dim: int,
+    factor: float,
+    length: int,
+    low_freq_factor: float = 1.0,
+    high_freq_factor: float = 4.0,
+) -> Tensor:
     """Llama 3.1's piecewise scaling of the inverse frequencies (fp64), see the module docstring."""
     inv_freq = default_inv_freq(base, dim)
     wavelength = 2 * math.pi / inv_freq
@@ -144,23 +153,34 @@ class RoPE(PositionalEncoding):
     def options_changed(self) -> None:
         o = self.options
         if o.scaling not in SCALINGS:
-            raise UserError(f"unknown RoPE scaling {o.scaling!r}; choose one of: none, linear, ntk, dynamic, yarn, "
-                            "llama3, longrope.")
+            raise UserError(
+                f"unknown RoPE scaling {o.scaling!r}; choose one of: none, linear, ntk, dynamic, yarn, "
+                "llama3, longrope."
+            )
         if not 0 < o.rotary_fraction <= 1 or self.rot_dim < 2:
-            raise UserError(f"rotary_fraction={o.rotary_fraction} leaves no pair of dims to rotate in heads of "
-                            f"{self.ctx.head_dim}; use a value in (0, 1] covering at least 2 dims.")
+            raise UserError(
+                f"rotary_fraction={o.rotary_fraction} leaves no pair of dims to rotate in heads of "
+                f"{self.ctx.head_dim}; use a value in (0, 1] covering at least 2 dims."
+            )
         if o.factor <= 0 or (o.scaling is not None and o.factor < 1):
             raise UserError(f"RoPE scaling factor must be >= 1, got {o.factor}.")
         if o.scaling == "llama3" and not o.high_freq_factor > o.low_freq_factor > 0:
-            raise UserError(f"llama3 scaling needs high_freq_factor > low_freq_factor > 0, got "
-                            f"{o.high_freq_factor} and {o.low_freq_factor}.")
+            raise UserError(
+                f"llama3 scaling needs high_freq_factor > low_freq_factor > 0, got "
+                f"{o.high_freq_factor} and {o.low_freq_factor}."
+            )
         if o.scaling == "longrope":
             for name in ("long_factor", "short_factor"):
                 value = getattr(o, name)
-                if (not isinstance(value, (list, tuple)) or len(value) != self.rot_dim // 2
-                        or not all(isinstance(v, (int, float)) and v > 0 for v in value)):
-                    raise UserError(f"longrope scaling needs {name} = a list of {self.rot_dim // 2} positive numbers "
-                                    f"(one per rotated frequency), got {value!r}.")
+                if (
+                    not isinstance(value, (list, tuple))
+                    or len(value) != self.rot_dim // 2
+                    or not all(isinstance(v, (int, float)) and v > 0 for v in value)
+                ):
+                    raise UserError(
+                        f"longrope scaling needs {name} = a list of {self.rot_dim // 2} positive numbers "
+                        f"(one per rotated frequency), got {value!r}."
+                    )
         self.attention_factor = 1.0
         self.inv_freq = self.inverse_frequencies()
         if o.scaling == "longrope":
@@ -187,11 +207,14 @@ class RoPE(PositionalEncoding):
             factors = o.long_factor if seq_len is not None and seq_len > L else o.short_factor
             return default_inv_freq(o.base, dim) / torch.tensor(factors, dtype=torch.float64)
         # yarn
-        self.attention_factor = 0.1 * math.log(o.factor) + 1.0 if o.attention_factor is None else o.attention_factor
+        self.attention_factor = (
+            0.1 * math.log(o.factor) + 1.0 if o.attention_factor is None else o.attention_factor
+        )
         return yarn_inv_freq(o.base, dim, o.factor, L, o.beta_fast, o.beta_slow)
 
     def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """cos and sin of the angles (B, 1, T, d_rot) in dtype (YaRN's attention factor is applied in rotate)."""
+        """cos and sin of the angles (B, 1, T, d_rot) in dtype (YaRN's attention factor is applied in
+        rotate)."""
         inv_freq = self.inv_freq
         if self.options.scaling in ("dynamic", "longrope") and positions.numel():
             inv_freq = self.inverse_frequencies(int(positions.max()) + 1)
@@ -228,4 +251,8 @@ class RoPE(PositionalEncoding):
         return out
 
 
-register("rope", RoPE, "rotary embedding of q and k (half-split pairs); linear/ntk/dynamic/yarn/llama3/longrope scalings")
+register(
+    "rope",
+    RoPE,
+    "rotary embedding of q and k (half-split pairs); linear/ntk/dynamic/yarn/llama3/longrope scalings",
+)

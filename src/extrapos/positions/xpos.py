@@ -53,12 +53,15 @@ def xpos_zeta(rot_dim: int, gamma: float) -> Tensor:
 
 
 class XPos(RoPE):
-    """RoPE whose pair i is scaled by zeta_i^(n/B) on queries and zeta_i^(-m/B) on keys (Sun et al. 2022, §3.2)."""
+    """RoPE whose pair i is scaled by zeta_i^(n/B) on queries and zeta_i^(-m/B) on keys (Sun et al. 2022,
+    §3.2)."""
 
     family = "rotary"
     paper = "Sun et al. 2022, A length-extrapolatable transformer (xPos, blockwise causal attention)"
-    causal_only = ("its factor zeta^((n - m) / B) decays only for keys before the query and grows without bound "
-                   "for keys after it; use rope for a bidirectional rotary encoding.")
+    causal_only = (
+        "its factor zeta^((n - m) / B) decays only for keys before the query and grows without bound "
+        "for keys after it; use rope for a bidirectional rotary encoding."
+    )
 
     @dataclass
     class Options(RoPE.Options):
@@ -73,7 +76,9 @@ class XPos(RoPE):
         if o.scale_base <= 0 or o.gamma <= 0:
             raise UserError(f"xpos needs scale_base > 0 and gamma > 0, got {o.scale_base} and {o.gamma}.")
         if o.block_length is not None and o.block_length < 1:
-            raise UserError(f"xpos option block_length must be a positive number of positions, got {o.block_length}.")
+            raise UserError(
+                f"xpos option block_length must be a positive number of positions, got {o.block_length}."
+            )
         self.log_zeta = xpos_zeta(self.rot_dim, o.gamma).log()
         self._decay_memo = None
 
@@ -82,7 +87,8 @@ class XPos(RoPE):
         return self.options.block_length or max(1, self.ctx.train_length // 2)
 
     def max_position(self, dtype: torch.dtype) -> int:
-        """The largest |position| whose scale factors stay within 2^(+-115) in fp32 / bf16 (see _HEADROOM_LOG2)."""
+        """The largest |position| whose scale factors stay within 2^(+-115) in fp32 / bf16 (see
+        _HEADROOM_LOG2)."""
         top = math.log2(torch.finfo(dtype).max) - _HEADROOM_LOG2
         return int(top * math.log(2) * self.options.scale_base / -float(self.log_zeta.min()))
 
@@ -90,9 +96,11 @@ class XPos(RoPE):
         """zeta^(n / B) as (B, 1, T, d_rot) in dtype (keys use its reciprocal)."""
         limit = self.max_position(dtype)
         if positions.numel() and int(positions.abs().max()) > limit:
-            raise UserError(f"xpos cannot scale positions beyond {limit} in {dtype} (its key factors "
-                            f"zeta^(-m/{self.options.scale_base:g}) overflow); use shorter sequences or a larger "
-                            "scale_base.")
+            raise UserError(
+                f"xpos cannot scale positions beyond {limit} in {dtype} (its key factors "
+                f"zeta^(-m/{self.options.scale_base:g}) overflow); use shorter sequences or a larger "
+                "scale_base."
+            )
         work = torch.float64 if dtype == torch.float64 else torch.float32
         power = positions.to(work).unsqueeze(-1) / self.options.scale_base
         log_scale = power * self.log_zeta.to(device=positions.device, dtype=work)
@@ -136,4 +144,8 @@ class XPos(RoPE):
         return PairwiseBias(q_feat=p, k_feat=p, fn=fn)
 
 
-register("xpos", XPos, "xPos: RoPE with a per-pair exponential decay zeta^((n-m)/512); blockwise causal attention as an option")
+register(
+    "xpos",
+    XPos,
+    "xPos: RoPE with a per-pair exponential decay zeta^((n-m)/512); blockwise causal attention as an option",
+)

@@ -15,8 +15,13 @@ from extrapos.files import atomic_write, ensure_writable_dir
 
 
 @torch.no_grad()
-def greedy_batch(model, prompts: torch.Tensor, max_new_tokens: int, prefill_chunk: int = 1024,
-                 stop: Callable[[torch.Tensor], bool] | None = None) -> torch.Tensor:
+def greedy_batch(
+    model,
+    prompts: torch.Tensor,
+    max_new_tokens: int,
+    prefill_chunk: int = 1024,
+    stop: Callable[[torch.Tensor], bool] | None = None,
+) -> torch.Tensor:
     """Greedy continuations (B, <= max_new_tokens) of equal-length prompts (B, T), with one shared KV cache.
 
     The prompts are prefilled in chunks at positions 0..T-1, then each new token costs one forward
@@ -28,7 +33,7 @@ def greedy_batch(model, prompts: torch.Tensor, max_new_tokens: int, prefill_chun
     cache = model.new_cache()
     h = None
     for s in range(0, T, prefill_chunk):
-        chunk = prompts[:, s:s + prefill_chunk]
+        chunk = prompts[:, s : s + prefill_chunk]
         pos = torch.arange(s, s + chunk.shape[1], device=device).expand(B, -1)
         h = model.hidden_states(chunk, pos, cache)
     logits = model.logits(h[:, -1])
@@ -45,8 +50,9 @@ def greedy_batch(model, prompts: torch.Tensor, max_new_tokens: int, prefill_chun
 
 
 @torch.no_grad()
-def continuation_logprobs(model, prompt: Sequence[int], continuations: Sequence[Sequence[int]],
-                          batch_tokens: int = 16_384) -> torch.Tensor:
+def continuation_logprobs(
+    model, prompt: Sequence[int], continuations: Sequence[Sequence[int]], batch_tokens: int = 16_384
+) -> torch.Tensor:
     """Sum of log p(continuation tokens | prompt) for equal-length continuations: (C,) float64.
 
     Only the continuation tokens are scored; the candidates are batched, each row being the whole
@@ -62,10 +68,10 @@ def continuation_logprobs(model, prompt: Sequence[int], continuations: Sequence[
     positions = torch.arange(inputs.shape[1], device=device).unsqueeze(0)
     out = []
     for s in range(0, rows.shape[0], per_batch):
-        x = inputs[s:s + per_batch]
+        x = inputs[s : s + per_batch]
         h = model.hidden_states(x, positions.expand(x.shape[0], -1))[:, -a:]
         logp = F.log_softmax(model.logits(h).float(), dim=-1)
-        out.append(logp.gather(-1, targets[s:s + per_batch].unsqueeze(-1)).squeeze(-1).double().sum(-1))
+        out.append(logp.gather(-1, targets[s : s + per_batch].unsqueeze(-1)).squeeze(-1).double().sum(-1))
     return torch.cat(out).cpu()
 
 
@@ -96,8 +102,9 @@ def scored_checkpoint(run_dir: Path, step: int | None) -> dict[str, Any]:
     return {"step": ckpt.step, "weights_sha256": ckpt_io.weights_digest(ckpt)}
 
 
-def check_existing(path: Path, request: dict[str, Any], overwrite: bool,
-                   checkpoint: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def check_existing(
+    path: Path, request: dict[str, Any], overwrite: bool, checkpoint: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
     """The stored result when the same request was scored on the same weights; None when it must be
     scored (again); UserError when a different request is stored under this name."""
     if not path.is_file() or overwrite:
@@ -106,9 +113,13 @@ def check_existing(path: Path, request: dict[str, Any], overwrite: bool,
         previous = json.loads(path.read_text())
     except (OSError, ValueError):
         return None  # a damaged result is scored again and replaced
-    if not isinstance(previous, dict) or previous.get("request") != json.loads(json.dumps(request, default=str)):
-        raise UserError(f"{path} holds a different evaluation; pass name=... to keep both or overwrite=True "
-                        "(--overwrite) to replace it.")
+    if not isinstance(previous, dict) or previous.get("request") != json.loads(
+        json.dumps(request, default=str)
+    ):
+        raise UserError(
+            f"{path} holds a different evaluation; pass name=... to keep both or overwrite=True "
+            "(--overwrite) to replace it."
+        )
     if checkpoint is not None and previous.get("checkpoint") != checkpoint:
         return None  # the run was trained further: the stored numbers are stale
     return previous

@@ -87,7 +87,7 @@ class PasskeyBuilder:
         return self.tok.encode(" " + key)
 
     def random_key(self, rng: np.random.Generator) -> str:
-        return str(int(rng.integers(10 ** (self.key_digits - 1), 10 ** self.key_digits)))
+        return str(int(rng.integers(10 ** (self.key_digits - 1), 10**self.key_digits)))
 
     def min_length(self) -> int:
         """The shortest prompt that holds a needle and the question (the longest needle of this key size)."""
@@ -102,16 +102,21 @@ class PasskeyBuilder:
         idx = (start + np.arange(n)) % total  # wrap around: a small split still fills a long haystack
         return np.asarray(self.haystack[idx], dtype=np.int64).tolist()
 
-    def build(self, length: int, depth: float, rng: np.random.Generator, key: str | None = None) -> PasskeyPrompt:
-        """A prompt of exactly ``length`` tokens with the needle at ``depth`` (0 = first, 1 = last before the question)."""
+    def build(
+        self, length: int, depth: float, rng: np.random.Generator, key: str | None = None
+    ) -> PasskeyPrompt:
+        """A prompt of exactly ``length`` tokens with the needle at ``depth`` (0 = first, 1 = last before the
+        question)."""
         if not 0.0 <= depth <= 1.0:
             raise UserError(f"needle depths must be in [0, 1], got {depth}.")
         key = key or self.random_key(rng)
         needle = self.needle(key)
         hay_len = length - len(needle) - len(self.question)
         if hay_len < 0:
-            raise UserError(f"a passkey prompt of {length} tokens cannot hold the needle and the question "
-                            f"({len(needle) + len(self.question)} tokens); use longer lengths.")
+            raise UserError(
+                f"a passkey prompt of {length} tokens cannot hold the needle and the question "
+                f"({len(needle) + len(self.question)} tokens); use longer lengths."
+            )
         hay = self._hay(hay_len, rng)
         at = int(round(depth * hay_len))
         tokens = hay[:at] + needle + hay[at:] + self.question
@@ -129,8 +134,10 @@ class PasskeyBuilder:
             if k not in seen and len(self.answer(k)) == want:
                 seen.add(k)
                 out.append(k)
-        raise UserError(f"could not draw {n} alternative keys of {self.key_digits} digits with the same token "
-                        "length as the true key; use fewer candidates or more key_digits.")
+        raise UserError(
+            f"could not draw {n} alternative keys of {self.key_digits} digits with the same token "
+            "length as the true key; use fewer candidates or more key_digits."
+        )
 
 
 def first_number(text: str) -> str | None:
@@ -141,8 +148,17 @@ def first_number(text: str) -> str | None:
 
 # ---- scoring -----------------------------------------------------------------------------------------
 
-def score_prompts(model, tokenizer, builder: PasskeyBuilder, prompts: Sequence[PasskeyPrompt], mode: str,
-                  candidates: int, rng: np.random.Generator, batch_tokens: int = 16_384) -> dict[str, Any]:
+
+def score_prompts(
+    model,
+    tokenizer,
+    builder: PasskeyBuilder,
+    prompts: Sequence[PasskeyPrompt],
+    mode: str,
+    candidates: int,
+    rng: np.random.Generator,
+    batch_tokens: int = 16_384,
+) -> dict[str, Any]:
     """Score equal-length prompts: rank of the true key among ``candidates`` and/or greedy exact match."""
     out: dict[str, Any] = {"n": len(prompts)}
     device = next(model.parameters()).device
@@ -150,18 +166,25 @@ def score_prompts(model, tokenizer, builder: PasskeyBuilder, prompts: Sequence[P
         ranks = []
         for p in prompts:
             alts = builder.alternatives(p.key, candidates - 1, rng)
-            scores = continuation_logprobs(model, p.tokens, [p.answer] + [builder.answer(k) for k in alts],
-                                           batch_tokens)
+            scores = continuation_logprobs(
+                model, p.tokens, [p.answer] + [builder.answer(k) for k in alts], batch_tokens
+            )
             ranks.append(1 + int((scores[1:] >= scores[0]).sum()))  # ties count against the true key
         ranks_a = np.asarray(ranks)
-        out.update({"rank_accuracy": float((ranks_a == 1).mean()), "mean_rank": float(ranks_a.mean()),
-                    "mrr": float((1.0 / ranks_a).mean()), "chance": 1.0 / candidates})
+        out.update(
+            {
+                "rank_accuracy": float((ranks_a == 1).mean()),
+                "mean_rank": float(ranks_a.mean()),
+                "mrr": float((1.0 / ranks_a).mean()),
+                "chance": 1.0 / candidates,
+            }
+        )
     if mode in ("generate", "both"):
         n_new = max(len(p.answer) for p in prompts) + 1
         per_batch = max(1, batch_tokens // (len(prompts[0].tokens) + n_new))
         hits = []
         for s in range(0, len(prompts), per_batch):
-            group = prompts[s:s + per_batch]
+            group = prompts[s : s + per_batch]
             x = torch.tensor([p.tokens for p in group], dtype=torch.long, device=device)
             gen = greedy_batch(model, x, n_new).cpu().tolist()
             hits += [first_number(tokenizer.decode(g)) == p.key for g, p in zip(gen, group)]
@@ -175,23 +198,42 @@ def _corpus_haystack(run, haystack: str, split: str) -> tuple[np.ndarray, str]:
 
     data_dir = run.data_dir if haystack == "corpus" else Path(haystack)
     if data_dir is None:
-        raise UserError(f"the data {run.path.name} trained on is gone; pass haystack=DIR (--haystack DIR) with a "
-                        "prepared data directory tokenized with the run's tokenizer, or haystack='filler'.")
+        raise UserError(
+            f"the data {run.path.name} trained on is gone; pass haystack=DIR (--haystack DIR) with a "
+            "prepared data directory tokenized with the run's tokenizer, or haystack='filler'."
+        )
     manifest = read_manifest(data_dir)
     if manifest["tokenizer"]["hash"] != run.tokenizer.hash:
-        raise UserError(f"{data_dir} was tokenized with another tokenizer than the run's; prepare the corpus with "
-                        f"the run's tokenizer (extrapos data prepare --tokenizer {run.path}/tokenizer.json).")
+        raise UserError(
+            f"{data_dir} was tokenized with another tokenizer than the run's; prepare the corpus with "
+            f"the run's tokenizer (extrapos data prepare --tokenizer {run.path}/tokenizer.json)."
+        )
     tokens = open_split(data_dir, split).tokens
     return np.asarray(tokens), str(data_dir)
 
 
-def passkey(run_dir: str | Path, lengths: Sequence[int] = (1, 2, 4, 8, 16),
-            depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0), trials: int = 10, mode: str = "rank",
-            haystack: str = "filler", split: str = "test", candidates: int = 10, key_digits: int = 5,
-            seed: int = 0, position_options: dict[str, Any] | None = None, base_length: int | None = None,
-            name: str | None = None, overwrite: bool = False, device: str = "cpu", batch_tokens: int = 16_384,
-            step: int | None = None, progress: bool = False) -> dict[str, Any]:
-    """Score a run on passkey retrieval over ``lengths`` (multiples of L_t) x ``depths``; write RUN/eval/NAME.json.
+def passkey(
+    run_dir: str | Path,
+    lengths: Sequence[int] = (1, 2, 4, 8, 16),
+    depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
+    trials: int = 10,
+    mode: str = "rank",
+    haystack: str = "filler",
+    split: str = "test",
+    candidates: int = 10,
+    key_digits: int = 5,
+    seed: int = 0,
+    position_options: dict[str, Any] | None = None,
+    base_length: int | None = None,
+    name: str | None = None,
+    overwrite: bool = False,
+    device: str = "cpu",
+    batch_tokens: int = 16_384,
+    step: int | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Score a run on passkey retrieval over ``lengths`` (multiples of L_t) x ``depths``; write
+    RUN/eval/NAME.json.
 
     ``mode``: "rank" (log-likelihood rank of the key among ``candidates``), "generate" (greedy exact
     match) or "both". ``haystack``: "filler", "corpus" (the run's own prepared data, split ``split``)
@@ -207,7 +249,9 @@ def passkey(run_dir: str | Path, lengths: Sequence[int] = (1, 2, 4, 8, 16),
     if mode not in MODES:
         raise UserError(f"unknown passkey mode {mode!r}; choose rank, generate or both.")
     if not lengths or any(int(k) != k or k < 1 for k in lengths):
-        raise UserError("passkey lengths must be positive integers (multiples of the training length), e.g. 1,2,4.")
+        raise UserError(
+            "passkey lengths must be positive integers (multiples of the training length), e.g. 1,2,4."
+        )
     if not depths or any(not 0 <= d <= 1 for d in depths):
         raise UserError("needle depths must be fractions in [0, 1], e.g. 0,0.25,0.5,0.75,1.")
     if trials < 1:
@@ -216,9 +260,20 @@ def passkey(run_dir: str | Path, lengths: Sequence[int] = (1, 2, 4, 8, 16),
         raise UserError(f"rank mode needs at least 2 candidate keys, got {candidates}.")
     lengths = sorted({int(k) for k in lengths})
     depths = [float(d) for d in depths]
-    request = {"lengths": lengths, "depths": depths, "trials": trials, "mode": mode, "haystack": haystack,
-               "split": split, "candidates": candidates, "key_digits": key_digits, "seed": seed,
-               "position_options": position_options or {}, "base_length": base_length, "step": step}
+    request = {
+        "lengths": lengths,
+        "depths": depths,
+        "trials": trials,
+        "mode": mode,
+        "haystack": haystack,
+        "split": split,
+        "candidates": candidates,
+        "key_digits": key_digits,
+        "seed": seed,
+        "position_options": position_options or {},
+        "base_length": base_length,
+        "step": step,
+    }
     run_dir = Path(run_dir)
     name = name or default_name(mode, haystack, position_options)
     out_path = result_path(run_dir, name)
@@ -233,11 +288,15 @@ def passkey(run_dir: str | Path, lengths: Sequence[int] = (1, 2, 4, 8, 16),
     options = resolve_position_options(position_options, max(lengths) * L)
     if options:
         run.model.pos.set_options(**options)
-    hay_tokens, hay_source = (None, "filler") if haystack == "filler" else _corpus_haystack(run, haystack, split)
+    hay_tokens, hay_source = (
+        (None, "filler") if haystack == "filler" else _corpus_haystack(run, haystack, split)
+    )
     builder = PasskeyBuilder(run.tokenizer, hay_tokens, key_digits)
     if min(lengths) * L < builder.min_length():
-        raise UserError(f"the shortest passkey prompt ({min(lengths)} x {L} tokens) cannot hold the needle and the "
-                        f"question ({builder.min_length()} tokens); drop the shortest lengths.")
+        raise UserError(
+            f"the shortest passkey prompt ({min(lengths)} x {L} tokens) cannot hold the needle and the "
+            f"question ({builder.min_length()} tokens); drop the shortest lengths."
+        )
 
     cells = []
     bar = tqdm(total=len(lengths) * len(depths), disable=not progress, desc=f"passkey {run_dir.name}")
@@ -246,20 +305,41 @@ def passkey(run_dir: str | Path, lengths: Sequence[int] = (1, 2, 4, 8, 16),
             t_cell = time.perf_counter()
             rng = np.random.default_rng([seed, k, j])
             prompts = [builder.build(k * L, depth, rng) for _ in range(trials)]
-            scores = score_prompts(run.model, run.tokenizer, builder, prompts, mode, candidates, rng, batch_tokens)
-            cells.append({"ev": k, "length": k * L, "depth": depth, **scores,
-                          "seconds": round(time.perf_counter() - t_cell, 3)})
+            scores = score_prompts(
+                run.model, run.tokenizer, builder, prompts, mode, candidates, rng, batch_tokens
+            )
+            cells.append(
+                {
+                    "ev": k,
+                    "length": k * L,
+                    "depth": depth,
+                    **scores,
+                    "seconds": round(time.perf_counter() - t_cell, 3),
+                }
+            )
             bar.update(1)
     bar.close()
     metric = primary_metric(mode)
-    by_length = [{"ev": k, "length": k * L, metric: float(np.mean([c[metric] for c in cells if c["ev"] == k]))}
-                 for k in lengths]
+    by_length = [
+        {"ev": k, "length": k * L, metric: float(np.mean([c[metric] for c in cells if c["ev"] == k]))}
+        for k in lengths
+    ]
     result = {
-        "name": name, "task": "passkey", "run": str(run_dir), "request": request,
-        "encoding": run.cfg.model.positions["name"], "applied": options, "train_length": L,
-        "checkpoint_step": run.step, "checkpoint": scored, "haystack_source": hay_source, "metric": metric,
+        "name": name,
+        "task": "passkey",
+        "run": str(run_dir),
+        "request": request,
+        "encoding": run.cfg.model.positions["name"],
+        "applied": options,
+        "train_length": L,
+        "checkpoint_step": run.step,
+        "checkpoint": scored,
+        "haystack_source": hay_source,
+        "metric": metric,
         "example": _example(run.tokenizer, builder, L * lengths[0]),
-        "results": cells, "by_length": by_length, "wall_time": time.perf_counter() - t0,
+        "results": cells,
+        "by_length": by_length,
+        "wall_time": time.perf_counter() - t0,
     }
     write_result(out_path, result)
     return result
@@ -270,7 +350,11 @@ def primary_metric(mode: str) -> str:
 
 
 def default_name(mode: str, haystack: str, position_options: dict[str, Any] | None = None) -> str:
-    hay = "filler" if haystack == "filler" else ("corpus" if haystack == "corpus" else slug(Path(haystack).name))
+    hay = (
+        "filler"
+        if haystack == "filler"
+        else ("corpus" if haystack == "corpus" else slug(Path(haystack).name))
+    )
     parts = ["passkey", mode, hay] + [f"{k}{v}" for k, v in sorted((position_options or {}).items())]
     return "-".join(slug(str(p)) for p in parts)
 
@@ -282,6 +366,7 @@ def _example(tokenizer, builder: PasskeyBuilder, length: int) -> dict[str, Any]:
 
 # ---- reports -------------------------------------------------------------------------------------------
 
+
 def format_grid(result: dict[str, Any], metric: str | None = None) -> str:
     """A markdown grid: one row per length, one column per depth, the accuracy in each cell (and the mean)."""
     metric = metric or result["metric"]
@@ -289,14 +374,18 @@ def format_grid(result: dict[str, Any], metric: str | None = None) -> str:
     depths = sorted({c["depth"] for c in cells})
     lengths = sorted({(c["ev"], c["length"]) for c in cells})
     req = result["request"]
-    lines = [f"passkey {req['mode']} ({metric}; {req['trials']} trials per cell, haystack {req['haystack']}, "
-             f"encoding {result['encoding']}, L_t={result['train_length']})",
-             "| ev | length | " + " | ".join(f"depth {d:g}" for d in depths) + " | mean |",
-             "|---:|---:|" + "---:|" * (len(depths) + 1)]
+    lines = [
+        f"passkey {req['mode']} ({metric}; {req['trials']} trials per cell, haystack {req['haystack']}, "
+        f"encoding {result['encoding']}, L_t={result['train_length']})",
+        "| ev | length | " + " | ".join(f"depth {d:g}" for d in depths) + " | mean |",
+        "|---:|---:|" + "---:|" * (len(depths) + 1),
+    ]
     for ev, length in lengths:
         row = {c["depth"]: c[metric] for c in cells if c["ev"] == ev}
         vals = [row[d] for d in depths]
-        lines.append(f"| {ev} | {length} | " + " | ".join(f"{v:.2f}" for v in vals) + f" | {np.mean(vals):.2f} |")
+        lines.append(
+            f"| {ev} | {length} | " + " | ".join(f"{v:.2f}" for v in vals) + f" | {np.mean(vals):.2f} |"
+        )
     if metric == "rank_accuracy":
         lines.append(f"(chance: {1 / req['candidates']:.2f})")
     return "\n".join(lines)
@@ -327,8 +416,12 @@ def plot_heatmap(result: dict[str, Any], path: str | Path, metric: str | None = 
     for i in range(len(depths)):
         for j in range(len(lengths)):
             ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8)
-    ax.axvline(next((j - 0.5 for j, n in enumerate(lengths) if n > result["train_length"]), len(lengths) - 0.5),
-               color="k", lw=1, ls="--")
+    ax.axvline(
+        next((j - 0.5 for j, n in enumerate(lengths) if n > result["train_length"]), len(lengths) - 0.5),
+        color="k",
+        lw=1,
+        ls="--",
+    )
     ax.set_title(f"passkey {metric}: {result['encoding']} (L_t={result['train_length']})")
     fig.colorbar(im, ax=ax, fraction=0.04)
     fig.tight_layout()
@@ -339,5 +432,15 @@ def plot_heatmap(result: dict[str, Any], path: str | Path, metric: str | None = 
     return path
 
 
-__all__ = ["FILLER", "NEEDLE", "QUESTION", "PasskeyBuilder", "PasskeyPrompt", "passkey", "format_grid",
-           "plot_heatmap", "score_prompts", "first_number"]
+__all__ = [
+    "FILLER",
+    "NEEDLE",
+    "QUESTION",
+    "PasskeyBuilder",
+    "PasskeyPrompt",
+    "passkey",
+    "format_grid",
+    "plot_heatmap",
+    "score_prompts",
+    "first_number",
+]

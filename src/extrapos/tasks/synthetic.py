@@ -24,7 +24,9 @@ from extrapos.tasks.common import check_existing, resolve_position_options, resu
 
 
 @torch.no_grad()
-def score_examples(model, ids: np.ndarray, answer: np.ndarray, batch_tokens: int = 16_384) -> dict[str, float]:
+def score_examples(
+    model, ids: np.ndarray, answer: np.ndarray, batch_tokens: int = 16_384
+) -> dict[str, float]:
     """Teacher-forced accuracy on the answer tokens of equal-length examples ``ids`` (N, n + 1)."""
     device = next(model.parameters()).device
     n = ids.shape[1] - 1
@@ -33,8 +35,8 @@ def score_examples(model, ids: np.ndarray, answer: np.ndarray, batch_tokens: int
     correct_tokens = total_tokens = exact = 0
     loss_sum = 0.0
     for s in range(0, len(ids), per_batch):
-        x = torch.from_numpy(ids[s:s + per_batch]).to(device)
-        mask = torch.from_numpy(answer[s:s + per_batch, 1:]).to(device)
+        x = torch.from_numpy(ids[s : s + per_batch]).to(device)
+        mask = torch.from_numpy(answer[s : s + per_batch, 1:]).to(device)
         h = model.hidden_states(x[:, :-1], positions.expand(x.shape[0], -1))
         logits = model.logits(h[mask]).float()
         targets = x[:, 1:][mask]
@@ -45,16 +47,29 @@ def score_examples(model, ids: np.ndarray, answer: np.ndarray, batch_tokens: int
         per_row = torch.zeros(x.shape[0], dtype=torch.long, device=device)
         per_row.index_add_(0, mask.nonzero()[:, 0], (~right).long())
         exact += int((per_row == 0).sum())
-    return {"examples": int(len(ids)), "answer_tokens": total_tokens,
-            "token_accuracy": correct_tokens / max(total_tokens, 1), "exact_match": exact / max(len(ids), 1),
-            "answer_loss": loss_sum / max(total_tokens, 1)}
+    return {
+        "examples": int(len(ids)),
+        "answer_tokens": total_tokens,
+        "token_accuracy": correct_tokens / max(total_tokens, 1),
+        "exact_match": exact / max(len(ids), 1),
+        "answer_loss": loss_sum / max(total_tokens, 1),
+    }
 
 
-def score_synthetic(run_dir: str | Path, lengths: Sequence[int] = (1, 2, 4, 8, 16), examples: int = 64,
-                    task: str | None = None, seed: int | None = None,
-                    position_options: dict[str, Any] | None = None, base_length: int | None = None,
-                    name: str | None = None, overwrite: bool = False, device: str = "cpu",
-                    batch_tokens: int = 16_384, step: int | None = None) -> dict[str, Any]:
+def score_synthetic(
+    run_dir: str | Path,
+    lengths: Sequence[int] = (1, 2, 4, 8, 16),
+    examples: int = 64,
+    task: str | None = None,
+    seed: int | None = None,
+    position_options: dict[str, Any] | None = None,
+    base_length: int | None = None,
+    name: str | None = None,
+    overwrite: bool = False,
+    device: str = "cpu",
+    batch_tokens: int = 16_384,
+    step: int | None = None,
+) -> dict[str, Any]:
     """Score a run on its synthetic task at ``lengths`` x L_t; writes and returns ``RUN/eval/NAME.json``.
 
     The task is the one the run trained on (its prepared data's manifest) unless ``task`` gives a
@@ -63,7 +78,9 @@ def score_synthetic(run_dir: str | Path, lengths: Sequence[int] = (1, 2, 4, 8, 1
     from extrapos.runs import load_run
 
     if not lengths or any(int(k) != k or k < 1 for k in lengths):
-        raise UserError("synthetic evaluation lengths must be positive integers (multiples of L_t), e.g. 1,2,4.")
+        raise UserError(
+            "synthetic evaluation lengths must be positive integers (multiples of L_t), e.g. 1,2,4."
+        )
     if examples < 1:
         raise UserError(f"examples must be at least 1, got {examples}.")
     lengths = sorted({int(k) for k in lengths})
@@ -74,16 +91,28 @@ def score_synthetic(run_dir: str | Path, lengths: Sequence[int] = (1, 2, 4, 8, 1
     else:
         t = task_of(run.data_dir) if run.data_dir is not None else None
         if t is None:
-            raise UserError(f"{run_dir} was not trained on a synthetic corpus (or its data moved); pass "
-                            "task='synthetic:TASK[:options]' (--task) to say which task to score.")
+            raise UserError(
+                f"{run_dir} was not trained on a synthetic corpus (or its data moved); pass "
+                "task='synthetic:TASK[:options]' (--task) to say which task to score."
+            )
     if run.tokenizer.hash != build_tokenizer().hash:
-        raise UserError(f"{run_dir} does not use the synthetic vocabulary; train it on a synthetic: corpus with "
-                        "data.tokenizer = \"synthetic\" first.")
+        raise UserError(
+            f"{run_dir} does not use the synthetic vocabulary; train it on a synthetic: corpus with "
+            'data.tokenizer = "synthetic" first.'
+        )
     L = base_length or run.cfg.model.train_length
-    request = {"task": t.spec, "lengths": lengths, "examples": examples, "seed": seed,
-               "position_options": position_options or {}, "base_length": base_length, "step": step}
-    name = name or "-".join(["synthetic", t.task] + [slug(f"{k}{v}") for k, v in sorted(request["position_options"]
-                                                                                          .items())])
+    request = {
+        "task": t.spec,
+        "lengths": lengths,
+        "examples": examples,
+        "seed": seed,
+        "position_options": position_options or {},
+        "base_length": base_length,
+        "step": step,
+    }
+    name = name or "-".join(
+        ["synthetic", t.task] + [slug(f"{k}{v}") for k, v in sorted(request["position_options"].items())]
+    )
     out_path = result_path(run_dir, name)
     scored = {"step": run.step, "weights_sha256": run.weights_sha256}
     previous = check_existing(out_path, request, overwrite, scored)
@@ -97,18 +126,33 @@ def score_synthetic(run_dir: str | Path, lengths: Sequence[int] = (1, 2, 4, 8, 1
     for k in lengths:
         ids, answer = t.eval_examples(k * L, examples, seed)
         rows.append({"ev": k, "length": k * L, **score_examples(run.model, ids, answer, batch_tokens)})
-    result = {"name": name, "task": t.spec, "run": str(run_dir), "request": request,
-              "encoding": run.cfg.model.positions["name"], "applied": options, "train_length": L,
-              "checkpoint_step": run.step, "checkpoint": scored, "results": rows, "wall_time": time.perf_counter() - t0}
+    result = {
+        "name": name,
+        "task": t.spec,
+        "run": str(run_dir),
+        "request": request,
+        "encoding": run.cfg.model.positions["name"],
+        "applied": options,
+        "train_length": L,
+        "checkpoint_step": run.step,
+        "checkpoint": scored,
+        "results": rows,
+        "wall_time": time.perf_counter() - t0,
+    }
     write_result(out_path, result)
     return result
 
 
 def format_synthetic(result: dict[str, Any]) -> str:
     """A markdown table: accuracy per length."""
-    lines = [f"{result['task']}  encoding={result['encoding']}  L_t={result['train_length']}",
-             "| ev | length | token accuracy | exact match | answer loss |", "|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"{result['task']}  encoding={result['encoding']}  L_t={result['train_length']}",
+        "| ev | length | token accuracy | exact match | answer loss |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for r in result["results"]:
-        lines.append(f"| {r['ev']} | {r['length']} | {r['token_accuracy']:.3f} | {r['exact_match']:.3f} | "
-                     f"{r['answer_loss']:.3f} |")
+        lines.append(
+            f"| {r['ev']} | {r['length']} | {r['token_accuracy']:.3f} | {r['exact_match']:.3f} | "
+            f"{r['answer_loss']:.3f} |"
+        )
     return "\n".join(lines)
