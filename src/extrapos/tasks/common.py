@@ -82,6 +82,7 @@ def resolve_position_options(options: dict[str, Any] | None, max_len: int) -> di
 
 def write_result(path: Path, result: dict[str, Any]) -> None:
     """Write ``result`` as JSON atomically (a temporary file renamed into place)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(result, indent=1, default=str))
 
 
