@@ -178,12 +178,11 @@ def score(
     previous = _previous_lm_eval(run_dir, name)
     if previous is not None:
         return previous
-    limit = int(e.limit) if e.limit is not None and e.limit >= 1 else e.limit
     return run_lm_eval(
         run_dir,
         e.tasks,
         num_fewshot=e.num_fewshot,
-        limit=limit,
+        limit=e.limit,
         max_length=e.max_length,
         batch_size=e.batch_size,
         include_path=e.include_path,

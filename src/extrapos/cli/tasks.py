@@ -33,6 +33,14 @@ def _add_position_flags(p) -> None:
     )
 
 
+def _add_result_flags(p) -> None:
+    """Which checkpoint is scored, where the result goes, and on which device."""
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    p.add_argument("--name", default=None, help="result name in RUN/eval/")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing different result")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "passkey",
@@ -58,11 +66,8 @@ def register(sub) -> None:
     p.add_argument("--key-digits", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     _add_position_flags(p)
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-    p.add_argument("--name", default=None, help="result name in RUN/eval/")
-    p.add_argument("--overwrite", action="store_true")
+    _add_result_flags(p)
     p.add_argument("--plot", default=None, help="write the length x depth heatmap here (PNG)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_passkey)
 
@@ -78,10 +83,7 @@ def register(sub) -> None:
     s.add_argument("--task", default=None, help="a synthetic: spec (default: the run's own task)")
     s.add_argument("--seed", type=int, default=None)
     _add_position_flags(s)
-    s.add_argument("--step", type=int, default=None)
-    s.add_argument("--name", default=None)
-    s.add_argument("--overwrite", action="store_true")
-    s.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
+    _add_result_flags(s)
     s.set_defaults(func=run_synthetic)
 
     m = sub.add_parser(
@@ -175,12 +177,11 @@ def run_lm_eval(args) -> int:
         metadata = json.loads(args.metadata) if args.metadata else None
     except ValueError:
         raise UserError(f"--metadata must be JSON, got {args.metadata!r}.") from None
-    limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
     result = lm_eval(
         args.run,
         [t.strip() for t in args.tasks.split(",") if t.strip()],
         num_fewshot=args.num_fewshot,
-        limit=limit,
+        limit=args.limit,
         max_length=args.max_length,
         batch_size=args.batch_size,
         device=args.device,

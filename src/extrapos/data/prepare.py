@@ -94,39 +94,14 @@ def parse_split_fractions(value: str | Sequence[float]) -> tuple[float, float, f
 
 
 def prepare_data(
-    corpus: str,
-    tokenizer: str,
-    out: str | Path | None = None,
-    *,
-    min_doc_tokens: int = 0,
-    max_tokens: int | None = None,
-    max_docs: int | None = None,
-    split_fractions: Sequence[float] | str = DEFAULT_SPLIT_FRACTIONS,
-    text_field: str = "text",
-    seed: int = 0,
-    progress: bool = True,
-    split_rule: str = "document",
-    split_gap: int = DEFAULT_GAP_TOKENS,
+    corpus: str, tokenizer: str, out: str | Path | None = None, *, progress: bool = True, **options
 ) -> Path:
     """Tokenize ``corpus`` with ``tokenizer`` into train/val/test shards; return the directory.
 
-    See ``prepare`` for the arguments; with ``progress`` this also says on stderr whether the
-    directory was prepared now or reused.
+    ``options`` are ``prepare``'s; with ``progress`` this also says on stderr whether the directory
+    was prepared now or reused.
     """
-    path, reused = prepare(
-        corpus,
-        tokenizer,
-        out,
-        min_doc_tokens=min_doc_tokens,
-        max_tokens=max_tokens,
-        max_docs=max_docs,
-        split_fractions=split_fractions,
-        text_field=text_field,
-        seed=seed,
-        progress=progress,
-        split_rule=split_rule,
-        split_gap=split_gap,
-    )
+    path, reused = prepare(corpus, tokenizer, out, progress=progress, **options)
     if progress:
         print(
             f"{'Reusing' if reused else 'Prepared'} data in {path}"

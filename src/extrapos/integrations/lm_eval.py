@@ -288,6 +288,8 @@ def run_lm_eval(
 
     if not tasks:
         raise UserError("give at least one lm-eval task, e.g. tasks=['arc_easy'] (--tasks arc_easy).")
+    if limit is not None and limit >= 1:  # a count of examples; below 1 it is lm-eval's fraction of each task
+        limit = int(limit)
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
     lm = ExtraposLM(
