@@ -97,12 +97,6 @@ def linear_cross_entropy_sum(
 def model_loss_sum(
     model, tokens: Tensor, positions: Tensor, targets: Tensor, mask: Tensor, fused: bool = True
 ) -> Tensor:
-    """The masked loss sum of a ``Decoder``'s forward: fused with its head when it can be (``fused``,
-    no autocast, a plain linear head), else through the logits."""
-    head = getattr(model, "lm_head", None)
-    plain_head = isinstance(head, torch.nn.Linear) and head.bias is None and hasattr(model, "hidden_states")
-    # the encoder's logits pass through its MLM head first: only a decoder's head is the bare linear layer
-    plain_head = plain_head and getattr(getattr(model, "cfg", None), "causal", True)
-    if fused and plain_head and not torch.is_autocast_enabled(tokens.device.type):
-        return linear_cross_entropy_sum(model.hidden_states(tokens, positions), head.weight, targets, mask)
-    return masked_loss_sum(model(tokens, positions), targets, mask)
+    """The masked loss sum of a ``Decoder`` (or a DDP / FSDP2 / compiled wrapper of one): its forward
+    computes the loss, fused with the head when it can be (``fused``, a decoder, no autocast)."""
+    return model(tokens, positions, targets=targets, loss_mask=mask, fused=fused)

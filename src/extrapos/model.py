@@ -51,6 +51,7 @@ from torch import Tensor, nn
 
 from extrapos.attention import attention
 from extrapos.errors import UserError
+from extrapos.losses import linear_cross_entropy_sum, masked_loss_sum
 from extrapos.positions.base import EncodingContext, PositionalEncoding
 from extrapos.positions.registry import build_encoding, spec
 
@@ -483,8 +484,30 @@ class Decoder(nn.Module):
             return self.lm_head(h)
         return self.lm_head(self.mlm_head(h)) + self.mlm_head.bias
 
-    def forward(self, tokens: Tensor, positions: Tensor, cache: KVCache | None = None) -> Tensor:
-        return self.logits(self.hidden_states(tokens, positions, cache))
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cache: KVCache | None = None,
+        targets: Tensor | None = None,
+        loss_mask: Tensor | None = None,
+        fused: bool = True,
+    ) -> Tensor:
+        """The logits (B, T, V); with ``targets`` and ``loss_mask``, the masked loss sum instead.
+
+        The loss is computed here, inside ``forward``, so that a DDP / FSDP2 / compiled wrapper runs it
+        with its hooks and every setup gets the head fused with the loss (losses.py): a decoder's head
+        is a bare linear layer, so outside autocast its logits are never all materialized.
+        """
+        h = self.hidden_states(tokens, positions, cache)
+        if targets is None:
+            return self.logits(h)
+        if loss_mask is None:
+            raise ValueError("a loss needs loss_mask beside targets")
+        head = self.lm_head
+        if fused and self.cfg.causal and head.bias is None and not torch.is_autocast_enabled(h.device.type):
+            return linear_cross_entropy_sum(h, head.weight, targets, loss_mask)
+        return masked_loss_sum(self.logits(h), targets, loss_mask)
 
 
 # ---- accounting --------------------------------------------------------------------------------

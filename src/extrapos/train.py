@@ -385,11 +385,9 @@ class Trainer:
             # gradients are reduced across processes once per step, on the last micro-batch
             sync = parallelize.gradient_sync(self.train_model, self.model, cfg, world, enabled=i == accum - 1)
             with sync, autocast(device, cfg.train.precision):
-                # the head fused with the loss (losses.py) only on the bare model: a wrapper's forward must
-                # run
-                fused = self.train_model is self.model and world == 1
+                # the forward computes the loss (fused with the head, losses.py), wrapped or not
                 loss = (
-                    model_loss_sum(self.train_model, b.tokens, b.positions, b.targets, b.loss_mask, fused)
+                    model_loss_sum(self.train_model, b.tokens, b.positions, b.targets, b.loss_mask)
                     / n_tokens
                 )
             loss.backward()
