@@ -387,8 +387,7 @@ class Trainer:
             with sync, autocast(device, cfg.train.precision):
                 # the forward computes the loss (fused with the head, losses.py), wrapped or not
                 loss = (
-                    model_loss_sum(self.train_model, b.tokens, b.positions, b.targets, b.loss_mask)
-                    / n_tokens
+                    model_loss_sum(self.train_model, b.tokens, b.positions, b.targets, b.loss_mask) / n_tokens
                 )
             loss.backward()
             step_loss += loss.detach()
