@@ -370,7 +370,7 @@ def write_report(
         parts += loss_parts
     if task_rows:
         parts += ([""] if rows else []) + tables.task_sections(
-            task_rows, tables.plot_tasks(task_rows, out_dir / "plots")
+            task_rows, tables.plot_tasks(task_rows, out_dir / "plots"), baseline
         )
         _atomic_write(out_dir / "tasks.csv", tables.tasks_csv(task_rows))
     report = out_dir / "report.md"

@@ -49,19 +49,100 @@ def length_metrics(task: str, rows) -> list[tuple[str, str]]:
     return metrics
 
 
-def length_table(task: str, rows, metric: str) -> str:
-    """Rows x ev, the metric in each cell, best of each column in bold (higher is better)."""
+def example_samples(result: dict[str, Any], ev: int, metric: str) -> tuple[Any, Any, tuple] | None:
+    """Per-example (numerators, denominators) of one length, every depth pooled, one row per seed:
+    arrays (seeds, examples), and the digests of the examples they scored; None for results saved
+    before cells recorded their examples."""
+    import numpy as np
+
+    nums, dens, digests = [], [], None
+    for one in result.get("seeds") or [result]:
+        n, d, g = [], [], []
+        for c in one["results"]:
+            if c["ev"] != ev:
+                continue
+            pair = c.get("per_example", {}).get(metric)
+            if pair is None:
+                return None
+            n += pair[0]
+            d += pair[1]
+            g.append(c.get("examples_digest"))
+        if not n or (digests is not None and tuple(g) != digests):
+            return None
+        digests = tuple(g)
+        nums.append(n)
+        dens.append(d)
+    if len({len(n) for n in nums}) != 1:
+        return None
+    return np.asarray(nums, dtype=np.float64), np.asarray(dens, dtype=np.float64), digests
+
+
+def accuracy_cells(task: str, rows, metric: str, baseline: str | None = None) -> dict[tuple[str, int], Any]:
+    """(row, ev) -> (interval, paired difference to the baseline row or None): a bootstrap over the
+    examples (and seeds), the same resampling as the loss tables' (stats.py) with the example as unit;
+    rows that scored the same examples (equal digests) are paired."""
+    from extrapos import stats
+
+    scored = [row for row in rows if task in row.tasks]
+    if not scored:
+        return {}
+    base = next((row for row in scored if row.name == baseline), scored[0])
+    out: dict[tuple[str, int], Any] = {}
+    for row in scored:
+        for ev in _by_length(row.tasks[task], metric):
+            mine = example_samples(row.tasks[task], ev, metric)
+            if mine is None:
+                continue
+            diff = None
+            ref = example_samples(base.tasks[task], ev, metric) if row is not base else None
+            if ref is not None and ref[2] == mine[2] and ref[0].shape == mine[0].shape:
+                diff = stats.paired_difference(mine[0], mine[1], ref[0], ref[1])
+            out[(row.name, ev)] = (stats.loss_interval(mine[0], mine[1]), diff)
+    return out
+
+
+def length_table(task: str, rows, metric: str, cells: dict[tuple[str, int], Any] | None = None) -> str:
+    """Rows x ev, the metric in each cell, best of each column in bold (higher is better); with
+    ``cells``, each value carries its interval."""
     scored = [row for row in rows if task in row.tasks]
     tables = {row.name: _by_length(row.tasks[task], metric) for row in scored}
     cols = sorted({ev for t in tables.values() for ev in t})
     best = {ev: max((t[ev] for t in tables.values() if ev in t), default=None) for ev in cols}
     lines = ["| model | " + " | ".join(f"ev={ev}" for ev in cols) + " |", "|---|" + "---:|" * len(cols)]
     for row in scored:
-        cells = []
+        texts = []
         for ev in cols:
             v = tables[row.name].get(ev)
-            cells.append("–" if v is None else (f"**{v:.3f}**" if v == best[ev] else f"{v:.3f}"))
-        lines.append(f"| {row.name} | " + " | ".join(cells) + " |")
+            if v is None:
+                texts.append("–")
+                continue
+            text = f"**{v:.3f}**" if v == best[ev] else f"{v:.3f}"
+            if cells is not None and (row.name, ev) in cells:
+                iv = cells[(row.name, ev)][0]
+                text += f" [{iv.low:.3f}, {iv.high:.3f}]"
+            texts.append(text)
+        lines.append(f"| {row.name} | " + " | ".join(texts) + " |")
+    return "\n".join(lines)
+
+
+def difference_table(task: str, rows, metric: str, cells: dict[tuple[str, int], Any], baseline: str) -> str:
+    """Each row minus the baseline, with its paired interval; "within noise" when it contains 0."""
+    scored = [row for row in rows if task in row.tasks]
+    cols = sorted({ev for row in scored for ev in _by_length(row.tasks[task], metric)})
+    lines = ["| model | " + " | ".join(f"ev={ev}" for ev in cols) + " |", "|---|" + "---:|" * len(cols)]
+    for row in scored:
+        texts = []
+        for ev in cols:
+            cell = cells.get((row.name, ev))
+            if row.name == baseline and cell is not None:
+                texts.append("baseline")
+            elif cell is None or cell[1] is None:
+                texts.append("–")
+            else:
+                d = cell[1]
+                text = f"{d.estimate:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
+                texts.append(text + (" within noise" if d.contains(0.0) else ""))
+        lines.append(f"| {row.name} | " + " | ".join(texts) + " |")
     return "\n".join(lines)
 
 
@@ -125,19 +206,36 @@ def _describe(task: str, rows) -> str:
     return f"lm-evaluation-harness: {', '.join(first.get('tasks', []))}."
 
 
-def task_sections(rows, plots: dict[str, Path]) -> list[str]:
-    """The report's task part: one accuracy-vs-length table per task and metric, and its plot."""
+def task_sections(rows, plots: dict[str, Path], baseline: str | None = None) -> list[str]:
+    """The report's task part: one accuracy-vs-length table per task and metric with intervals, the
+    paired differences to the baseline row, and the plot."""
+    from extrapos import stats
+
     parts: list[str] = []
     for task in task_names(rows):
         parts += [_describe(task, rows), ""]
         if task == "lm-eval":
             parts += [lm_eval_table(rows), ""]
-        else:
-            for metric, label in length_metrics(task, rows):
+            continue
+        scored = [row for row in rows if task in row.tasks]
+        base = next((row.name for row in scored if row.name == baseline), scored[0].name)
+        for metric, label in length_metrics(task, rows):
+            cells = accuracy_cells(task, rows, metric, base)
+            parts += [f"{label.capitalize()} (higher is better; best per column in bold):", ""]
+            if cells:
                 parts += [
-                    f"{label.capitalize()} (higher is better; best per column in bold):",
+                    f"[a, b] = {round(stats.LEVEL * 100)}% interval from a bootstrap over the examples "
+                    f"({stats.RESAMPLES} resamples, seed {stats.BOOTSTRAP_SEED}; seeds crossed when the row "
+                    "has several).",
                     "",
-                    length_table(task, rows, metric),
+                ]
+            parts += [length_table(task, rows, metric, cells or None), ""]
+            if any(d is not None for _, d in cells.values()):
+                parts += [
+                    f"Difference to {base} (row minus baseline; positive = better), paired over the same "
+                    'examples; "within noise" when the interval contains 0:',
+                    "",
+                    difference_table(task, rows, metric, cells, base),
                     "",
                 ]
         if task in plots:
@@ -210,7 +308,12 @@ def plot_tasks(rows, out_dir: Path) -> dict[str, Path]:
                 values = _by_length(row.tasks[task], metric)
                 evs = sorted(values)
                 cols.update(evs)
-                ax.plot(evs, [values[ev] for ev in evs], marker="o", label=row.name)
+                (line,) = ax.plot(evs, [values[ev] for ev in evs], marker="o", label=row.name)
+                bands = accuracy_cells(task, [row], metric)
+                if len(bands) == len(evs):
+                    low = [bands[(row.name, ev)][0].low for ev in evs]
+                    high = [bands[(row.name, ev)][0].high for ev in evs]
+                    ax.fill_between(evs, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
             cols = sorted(cols)
             ax.set_xscale("log", base=2)
             ax.set_xticks(cols, [str(c) for c in cols])

@@ -128,3 +128,18 @@ def check_existing(
 
 def slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in ".+_-" else "_" for c in text).strip("_")[:60] or "x"
+
+
+def examples_digest(*arrays) -> str:
+    """A short digest of the scored examples: two rows whose cells carry the same digest scored the same
+    examples, so the report may pair their per-example results."""
+    import hashlib
+
+    import numpy as np
+
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(str((a.dtype.str, a.shape)).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]

@@ -37,6 +37,7 @@ from extrapos.errors import UserError
 from extrapos.tasks.common import (
     check_existing,
     continuation_logprobs,
+    examples_digest,
     greedy_batch,
     resolve_position_options,
     result_path,
@@ -161,6 +162,8 @@ def score_prompts(
 ) -> dict[str, Any]:
     """Score equal-length prompts: rank of the true key among ``candidates`` and/or greedy exact match."""
     out: dict[str, Any] = {"n": len(prompts)}
+    # per prompt (numerators, denominators): what the report's bootstrap intervals resample
+    per_example: dict[str, list[list[int]]] = {}
     device = next(model.parameters()).device
     if mode in ("rank", "both"):
         ranks = []
@@ -179,6 +182,7 @@ def score_prompts(
                 "chance": 1.0 / candidates,
             }
         )
+        per_example["rank_accuracy"] = [(ranks_a == 1).astype(int).tolist(), [1] * len(ranks)]
     if mode in ("generate", "both"):
         n_new = max(len(p.answer) for p in prompts) + 1
         per_batch = max(1, batch_tokens // (len(prompts[0].tokens) + n_new))
@@ -189,6 +193,9 @@ def score_prompts(
             gen = greedy_batch(model, x, n_new).cpu().tolist()
             hits += [first_number(tokenizer.decode(g)) == p.key for g, p in zip(gen, group)]
         out["exact_match"] = float(np.mean(hits))
+        per_example["exact_match"] = [[int(h) for h in hits], [1] * len(hits)]
+    out["per_example"] = per_example
+    out["examples_digest"] = examples_digest(*(np.asarray(p.tokens) for p in prompts))
     return out
 
 

@@ -20,7 +20,14 @@ import torch.nn.functional as F
 
 from extrapos.data.synthetic import SyntheticTask, build_tokenizer, task_of
 from extrapos.errors import UserError
-from extrapos.tasks.common import check_existing, resolve_position_options, result_path, slug, write_result
+from extrapos.tasks.common import (
+    check_existing,
+    examples_digest,
+    resolve_position_options,
+    result_path,
+    slug,
+    write_result,
+)
 
 
 @torch.no_grad()
@@ -34,6 +41,8 @@ def score_examples(
     positions = torch.arange(n, device=device).unsqueeze(0)
     correct_tokens = total_tokens = exact = 0
     loss_sum = 0.0
+    example_correct: list[int] = []
+    example_tokens: list[int] = []
     for s in range(0, len(ids), per_batch):
         x = torch.from_numpy(ids[s : s + per_batch]).to(device)
         mask = torch.from_numpy(answer[s : s + per_batch, 1:]).to(device)
@@ -47,12 +56,22 @@ def score_examples(
         per_row = torch.zeros(x.shape[0], dtype=torch.long, device=device)
         per_row.index_add_(0, mask.nonzero()[:, 0], (~right).long())
         exact += int((per_row == 0).sum())
+        answer_per_row = mask.sum(dim=1)
+        example_correct += (answer_per_row - per_row).tolist()
+        example_tokens += answer_per_row.tolist()
+    exact_per_example = [int(c == t) for c, t in zip(example_correct, example_tokens)]
     return {
         "examples": int(len(ids)),
         "answer_tokens": total_tokens,
         "token_accuracy": correct_tokens / max(total_tokens, 1),
         "exact_match": exact / max(len(ids), 1),
         "answer_loss": loss_sum / max(total_tokens, 1),
+        # per example (numerators, denominators): what the report's bootstrap intervals resample
+        "per_example": {
+            "token_accuracy": [example_correct, example_tokens],
+            "exact_match": [exact_per_example, [1] * len(exact_per_example)],
+        },
+        "examples_digest": examples_digest(ids, answer),
     }
 
 
