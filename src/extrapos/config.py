@@ -191,11 +191,6 @@ def validate(cfg: RunConfig) -> None:
             f"train.objective={cfg.train.objective!r} does not fit model.flavour={cfg.model.flavour!r}: "
             "the encoder flavour trains with objective mlm, the decoders (gpt2, llama) with lm."
         )
-    from extrapos.positions import registry
-
-    registry.build_options(
-        cfg.model.positions["name"], {k: v for k, v in cfg.model.positions.items() if k != "name"}
-    )
 
 
 def _require(ok: bool, key: str, rule: str, value: Any) -> None:

@@ -498,7 +498,7 @@ def _empty_decoder(cfg):
     """A Decoder whose weights are allocated but not initialised (every one is overwritten by the import)."""
     from extrapos.model import Decoder
     from extrapos.positions.base import EncodingContext
-    from extrapos.positions.registry import build_encoding
+    from extrapos.positions.schedule import build_positions
 
     with torch.device("meta"):
         model = Decoder(cfg)
@@ -511,9 +511,7 @@ def _empty_decoder(cfg):
         n_layers=cfg.n_layers,
         train_length=cfg.train_length,
     )
-    model.pos = build_encoding(
-        cfg.positions["name"], ctx, {k: v for k, v in cfg.positions.items() if k != "name"}
-    )
+    model.pos = build_positions(cfg.positions, ctx)
     if cfg.tie_embeddings:
         model.lm_head.weight = model.tok_emb.weight
     return model
@@ -701,8 +699,15 @@ _HF_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "sil
 
 def export_architecture(cfg) -> str:
     """The Hugging Face model_type a run's ModelConfig exports to, or a UserError saying why none fits."""
+    from extrapos.positions.schedule import SCHEDULE_KEYS
+
     name = cfg.positions["name"]
     pos = {k: v for k, v in cfg.positions.items() if k != "name"}
+    if set(SCHEDULE_KEYS) & set(pos):
+        raise UserError(
+            "a layer schedule (model.positions.layers) has no Hugging Face architecture export "
+            "covers; export runs with one encoding on every layer."
+        )
     if name == "learned":
         arch = "gpt2"
         if pos.get("interpolate_to"):
