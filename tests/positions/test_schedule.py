@@ -258,3 +258,21 @@ def test_catalog_and_export_say_what_a_schedule_takes():
     with pytest.raises(UserError, match="layer schedule") as e:
         export_architecture(cfg)
     one_sentence(e)
+
+
+def test_a_hybrid_run_trains_saves_and_loads(tiny_data, tmp_path):
+    from extrapos.runs import load_run
+    from extrapos.train import train
+    from tests.conftest import tiny_overrides
+
+    sets = tiny_overrides(tiny_data, **{"train.steps": 2, "model.positions.layers": '"every 2nd"'})
+    train(load_config("cpu/tiny", sets), tmp_path / "run", progress=False)
+    assert 'layers = "every 2nd"' in (tmp_path / "run" / "config.toml").read_text()
+    run = load_run(tmp_path / "run")
+    assert run.model.pos.layers == (1,) and run.model.pos.others.registry_name == "nope"
+    tokens = torch.randint(0, 512, (1, 10))
+    with torch.no_grad():
+        full = run.model(tokens, torch.arange(10)[None])
+        cache = run.model.new_cache()
+        steps = torch.cat([run.model(tokens[:, i : i + 1], torch.tensor([[i]]), cache) for i in range(10)], 1)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
