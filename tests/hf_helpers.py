@@ -86,6 +86,21 @@ def hf_config(kind: str, **overrides):
             tie_word_embeddings=True,
             **common,
         )
+    elif kind == "smollm3":  # NoPE on layers 1 and 3 (no_rope_layers = [1, 0, 1, 0])
+        c = T.SmolLM3Config(
+            num_hidden_layers=4,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=96,
+            max_position_embeddings=CONTEXT,
+            no_rope_layer_interval=2,
+            tie_word_embeddings=True,
+            pad_token_id=None,
+            bos_token_id=0,
+            eos_token_id=0,
+            **common,
+        )
     else:
         raise ValueError(kind)
     for k, v in overrides.items():

@@ -272,3 +272,15 @@ def test_chunk_without_alpha_uses_the_default_and_a_missing_run_is_one_sentence(
     assert default_out(tmp_path / "run", "chunk", 2).name == "run-chunk-0.25-x2"
     assert main(["extend", str(tmp_path / "missing"), "--method", "chunk"]) == 2
     assert "not a run directory" in capsys.readouterr().err
+
+
+def test_pose_chunks_carry_to_a_pose_extension_only():
+    from dataclasses import replace
+
+    from extrapos.config import DataConfig
+    from extrapos.extend import extended_data
+
+    parent = replace(DataConfig(), sampler="pose", extended_length=64, pose_chunks=4)
+    assert extended_data(parent, "pose", None, 128)[0].pose_chunks == 4
+    for method in ("chunk", "randompos", "full", "continue"):
+        assert extended_data(parent, method, 0.25, 128)[0].pose_chunks == 2  # valid for their samplers

@@ -122,3 +122,17 @@ def test_user_errors_leave_nothing_behind(tmp_path):
     with pytest.raises(UserError, match="already exists"):
         import_pretrained(tmp_path / "hf", tmp_path / "run", tokenizer=tmp_path / "run")
     assert (tmp_path / "run" / "keep.txt").read_text() == "mine"
+
+
+def test_smollm3_nope_layers_become_a_layer_schedule(tmp_path):
+    """SmolLM3's no_rope_layers = [1, 0, 1, 0]: RoPE on layers 0 and 2, NoPE on 1 and 3, as transformers."""
+    hf, run = _imported("smollm3", tmp_path)
+    assert hf.config.no_rope_layers == [1, 0, 1, 0]
+    positions = run.cfg.model.positions
+    assert positions["name"] == "rope" and positions["layers"] == [0, 2] and "others" not in positions
+    torch.manual_seed(1)
+    tokens = torch.randint(0, VOCAB, (2, 4 * CONTEXT))
+    ref = hf_logits(hf, tokens)
+    assert ref.std() > 0.3
+    assert (ours_logits(run.model, tokens) - ref).abs().max() < TOL
+    assert (ours_cached_logits(run.model, tokens[:1], first=CONTEXT // 3) - ref[:1]).abs().max() < TOL

@@ -469,6 +469,16 @@ def format_targets(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def bench_names(encodings: list[str] | None = None) -> list[str]:
+    """The encodings a bench measures: every registered one unless asked for some, and NoPE (the ratios'
+    denominator) in any case."""
+    names = encodings or registry.names()
+    unknown = [n for n in names if n not in registry.names()]
+    if unknown:
+        raise UserError(f"unknown encoding {unknown[0]!r}; choose from: {', '.join(registry.names())}.")
+    return names if "nope" in names else ["nope"] + names
+
+
 def run_bench(
     quick: bool = False, encodings: list[str] | None = None, progress: bool = True
 ) -> dict[str, Any]:
@@ -477,12 +487,7 @@ def run_bench(
     from extrapos.diagnostics import position_resolution
 
     s = BenchSettings.for_mode(quick)
-    names = encodings or registry.names()
-    unknown = [n for n in names if n not in registry.names()]
-    if unknown:
-        raise UserError(f"unknown encoding {unknown[0]!r}; choose from: {', '.join(registry.names())}.")
-    if "nope" not in names:
-        names = ["nope"] + names
+    names = bench_names(encodings)
     n = len(names)
     total = (
         2 * n * (s.repeats + 1)

@@ -1,7 +1,8 @@
 """The catalog of positional encodings (`extrapos encodings`).
 
 For each: name, family, learnable parameter count in a model of the given size preset, options with
-their defaults, and the paper it comes from; as an aligned table or as JSON (``--json``).
+their defaults, the paper it comes from, and whether a layer schedule may put it on some layers only;
+as an aligned table or as JSON (``--json``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ def encodings_table(size: str = DEFAULT_SIZE) -> list[dict[str, Any]]:
 
     from extrapos.model import model_config
     from extrapos.positions.base import EncodingContext
-    from extrapos.positions.registry import build_encoding, default_options, names, spec
+    from extrapos.positions.registry import build_encoding, build_options, default_options, names, spec
 
     cfg = model_config(size)
     ctx = EncodingContext(
@@ -40,6 +41,8 @@ def encodings_table(size: str = DEFAULT_SIZE) -> list[dict[str, Any]]:
                 "family": s.cls.family,
                 "parameters": sum(p.numel() for p in enc.parameters()),
                 "options": default_options(name),
+                # false for the encodings of the embeddings, which a layer schedule refuses (schedule.py)
+                "schedulable": not s.cls.acts_on_embeddings(build_options(name)),
                 "description": s.description,
                 "paper": s.cls.paper,
             }
@@ -82,4 +85,15 @@ def encodings_text(size: str = DEFAULT_SIZE, as_json: bool = False) -> str:
     rows = encodings_table(size)
     if as_json:
         return json.dumps({"size": size, "encodings": rows}, indent=2)
-    return f"positional encodings (learnable parameters for a {size} model)\n\n" + format_table(rows)
+    fixed = ", ".join(r["name"] for r in rows if not r["schedulable"])
+    return (
+        f"positional encodings (learnable parameters for a {size} model)\n\n"
+        + format_table(rows)
+        + "\n\n"
+        + textwrap.fill(
+            'Layer schedules: model.positions.layers = "every 4th", "all but every 4th", "every 2nd from 0" '
+            "or [0, 2] puts the encoding on those layers and model.positions.others (default nope) on the "
+            f"rest; {fixed} act on the embeddings and cannot be scheduled (docs/attention.md).",
+            100,
+        )
+    )

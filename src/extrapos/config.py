@@ -27,6 +27,7 @@ from typing import Any
 import tomli_w
 
 from extrapos import schema
+from extrapos.data.segmented import POSE_CHUNKS
 from extrapos.errors import UserError
 from extrapos.model import ModelConfig, model_config
 from extrapos.presets import PRESETS_DIR, find_config, parse_toml_value, preset_names, read_toml
@@ -68,6 +69,7 @@ class DataConfig:
     chunk_targets: str | None = None  # chunk: None/"original" (original next token) | "concatenated"
     split_rule: str | None = None  # None/"document": whole documents per split | "within": held-out tails
     split_gap: int | None = None  # tokens skipped between a document's splits (split_rule = within)
+    pose_chunks: int = POSE_CHUNKS  # pose: chunks an example's positions are split into (Zhu et al. 2023: 2)
 
 
 @dataclass
@@ -130,6 +132,7 @@ class RunConfig:
 # before them keeps a byte-identical config.toml, which `compare` and `extend` compare as text.
 WRITTEN_WHEN_SET: dict[str, dict[str, Any]] = {
     "model": {"parallel_residual": False, "embed_norm": False, "post_norm": False},
+    "data": {"pose_chunks": POSE_CHUNKS},
     "train": {"parallel": "ddp", "activation_checkpointing": False, "objective": "lm"},
 }
 
@@ -191,11 +194,13 @@ def validate(cfg: RunConfig) -> None:
             f"train.objective={cfg.train.objective!r} does not fit model.flavour={cfg.model.flavour!r}: "
             "the encoder flavour trains with objective mlm, the decoders (gpt2, llama) with lm."
         )
-    from extrapos.positions import registry
-
-    registry.build_options(
-        cfg.model.positions["name"], {k: v for k, v in cfg.model.positions.items() if k != "name"}
-    )
+    if cfg.data.sampler == "pose":  # its examples have seq_len tokens, each chunk at least one
+        _require(
+            cfg.data.pose_chunks <= cfg.seq_len,
+            "data.pose_chunks",
+            f"at most the example length {cfg.seq_len} (every chunk holds a token)",
+            cfg.data.pose_chunks,
+        )
 
 
 def _require(ok: bool, key: str, rule: str, value: Any) -> None:
@@ -287,6 +292,13 @@ def _validate_data(d: DataConfig) -> None:
         "data.chunk_targets",
         "left unset unless data.sampler = chunk",
         d.chunk_targets,
+    )
+    _require(d.pose_chunks >= 1, "data.pose_chunks", "a positive integer", d.pose_chunks)
+    _require(
+        d.pose_chunks == POSE_CHUNKS or d.sampler == "pose",
+        "data.pose_chunks",
+        "left unset unless data.sampler = pose",
+        d.pose_chunks,
     )
 
 

@@ -86,6 +86,8 @@ def extended_data(
     data: DataConfig, method: str, alpha: float | None, L_e: int
 ) -> tuple[DataConfig, list[str]]:
     """The method's sampler over windows of L_e tokens (``continue``: the parent's contiguous windows)."""
+    from extrapos.data.segmented import POSE_CHUNKS
+
     segmented = method in ("chunk", "prefix")
     new = replace(
         data,
@@ -93,6 +95,7 @@ def extended_data(
         extended_length=L_e,
         packed=data.packed if method == "continue" else False,
         alpha=alpha if segmented else data.alpha,
+        pose_chunks=data.pose_chunks if method == "pose" else POSE_CHUNKS,  # a pose parent's, for pose only
     )
     change = (
         f"data.sampler {data.sampler} -> {new.sampler}"

@@ -33,6 +33,10 @@ The positional encoding (``self.pos``, see positions/base.py) is called at its f
                 h = h + Wo attention(q, K, V, bias)
                 h = h + mlp(norm2(h))
 
+With ``model.positions.layers`` the encoding is a layer schedule (positions/schedule.py): each block
+first asks ``pos.at_layer(layer)`` for the encoding of its layer (the scheduled one or ``others``) and
+calls that one's hooks, with the layer's index among that encoding's layers.
+
 ``positions`` (B, T) are explicit: the position of every *new* token. With a cache only the new
 tokens and their positions are passed; keys are cached after rotation (RoPE rotates each key at its
 own position once), and the bias hook's cumulative state lives in the cache (``state`` dict per layer).
@@ -53,7 +57,8 @@ from extrapos.attention import attention
 from extrapos.errors import UserError
 from extrapos.losses import linear_cross_entropy_sum, masked_loss_sum
 from extrapos.positions.base import EncodingContext, PositionalEncoding
-from extrapos.positions.registry import build_encoding, spec
+from extrapos.positions.registry import spec
+from extrapos.positions.schedule import build_positions, plan_positions
 
 FLAVOURS = ("gpt2", "llama", "encoder")
 ACTIVATIONS = ("gelu_tanh", "gelu", "silu", "relu")
@@ -137,11 +142,12 @@ class ModelConfig:
             )
         if not isinstance(self.positions, dict) or "name" not in self.positions:
             raise UserError('model.positions must be a table with a "name" (e.g. {name = "rope"}).')
-        if not self.causal:
-            reason = spec(self.positions["name"]).cls.causal_only
+        plan = plan_positions(self.positions, self.n_layers)  # options and the layer schedule, if any
+        for name in plan.names if not self.causal else ():
+            reason = spec(name).cls.causal_only
             if reason:
                 raise UserError(
-                    f"the encoding {self.positions['name']!r} cannot be used by the encoder flavour "
+                    f"the encoding {name!r} cannot be used by the encoder flavour "
                     f"(bidirectional attention): {reason}"
                 )
         return self
@@ -320,6 +326,7 @@ class Attention(nn.Module):
         self, x: Tensor, positions: Tensor, layer: int, pos: PositionalEncoding, cache: LayerCache | None
     ) -> Tensor:
         B, T, _ = x.shape
+        pos, layer = pos.at_layer(layer)  # a layer schedule's encoding of this layer (positions/schedule.py)
         xq, xv = pos.attn_input(x, positions, layer)
         if xq is xv:
             q, k, v = self.qkv(xq).split((self.q_out, self.kv_out, self.kv_out), dim=-1)
@@ -420,8 +427,7 @@ class Decoder(nn.Module):
             train_length=cfg.train_length,
             causal=cfg.causal,
         )
-        options = {k: v for k, v in cfg.positions.items() if k != "name"}
-        self.pos: PositionalEncoding = build_encoding(cfg.positions["name"], ctx, options)
+        self.pos: PositionalEncoding = build_positions(cfg.positions, ctx)
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         if cfg.embed_norm:  # created only when asked: default models keep their parameters and RNG stream
             self.emb_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.use_bias)

@@ -139,6 +139,7 @@ def build_sampler(cfg: RunConfig, split, batch_size: int, seed: int, rank: int =
         rank=rank,
         world_size=world,
         chunk_targets=d.chunk_targets or "original",
+        pose_chunks=d.pose_chunks,
     )
 
 

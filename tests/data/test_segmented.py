@@ -258,3 +258,42 @@ def test_training_from_scratch_with_a_segmented_sampler(tiny_data_small):
 @pytest.fixture
 def tiny_data_small(sotu_data, tmp_path):
     return sotu_data, tmp_path
+
+
+def test_pose_chunks_option(split):
+    """data.pose_chunks = 4: up to 3 skips per example, with the invariants of the 2-chunk sampler."""
+    s = SegmentedSampler(split, "pose", L_T, L_E, batch_size=4, seed=3, pose_chunks=4)
+    firsts, jump_counts, skips = doc_firsts(), set(), set()
+    for b in batches(s, 40):
+        for toks, tgts, pos in zip(b.tokens.tolist(), b.targets.tolist(), b.positions.tolist()):
+            assert toks == list(range(toks[0], toks[0] + L_T)) and tgts == [t + 1 for t in toks]
+            assert len({firsts[t] for t in toks + tgts}) == 1
+            assert pos[0] == 0 and pos[-1] < L_E and all(b_ > a for a, b_ in zip(pos, pos[1:]))
+            jump_counts.add(sum(pos[i] - pos[i - 1] != 1 for i in range(1, L_T)))
+            skips.add(pos[-1] - (L_T - 1))
+    assert max(jump_counts) == 3 and jump_counts <= {0, 1, 2, 3}  # 4 chunks, u_i = u_{i-1} allowed
+    assert max(skips) == L_E - L_T
+    two = SegmentedSampler(split, "pose", L_T, L_E, batch_size=1, seed=3)
+    assert s.windows_per_epoch * s.seq_len == two.windows_per_epoch * two.seq_len  # the same budget
+    # the default leaves the sampler state as it was; another number of chunks cannot resume it
+    assert "pose_chunks" not in two.state_dict() and s.state_dict()["pose_chunks"] == 4
+    with pytest.raises(UserError, match="pose_chunks"):
+        two.load_state_dict(s.state_dict())
+    with pytest.raises(UserError, match="chunks"):
+        SegmentedSampler(split, "pose", L_T, L_E, batch_size=1, pose_chunks=L_T + 1)
+
+
+def test_pose_chunks_config(split):
+    from extrapos.runtime import build_sampler
+
+    sets = ["model.train_length=8", 'data.sampler="pose"', "data.extended_length=32"]
+    cfg = load_config(None, [*sets, "data.pose_chunks=4"])
+    assert build_sampler(cfg, split, 2, seed=0).pose_chunks == 4
+    assert "pose_chunks = 4" in cfg.to_toml() and "pose_chunks" not in load_config(None, sets).to_toml()
+    for extra, match in [
+        (["data.pose_chunks=0"], "data.pose_chunks must be a positive integer"),
+        (["data.pose_chunks=9"], "data.pose_chunks must be at most the example length 8"),
+        (['data.sampler="randompos"', "data.pose_chunks=3"], "left unset unless data.sampler = pose"),
+    ]:
+        with pytest.raises(UserError, match=match):
+            load_config(None, [*sets, *extra])

@@ -6,7 +6,7 @@ from __future__ import annotations
 def register(sub) -> None:
     p = sub.add_parser(
         "import",
-        help="import a Hugging Face model (GPT-2, Pythia, Bloom, Llama, Mistral, Qwen2) as a run",
+        help="import a Hugging Face model (GPT-2, Pythia, Bloom, Llama, Mistral, Qwen2, SmolLM3) as a run",
         description="Import a local Hugging Face model directory or a hub name as an extrapos run: "
         "config.toml, the model's tokenizer, weights (streamed from safetensors).",
     )

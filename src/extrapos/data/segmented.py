@@ -31,7 +31,7 @@ Samplers (``data.sampler``):
 * ``randompos`` (Ruoss et al. 2023): L_t contiguous tokens from a uniformly random start in the
   window, with positions a sorted sample without replacement from [0, L_e).
 * ``pose`` (Zhu et al. 2023, positional skip-wise training, §3.2): L_t contiguous tokens from a
-  uniformly random start in the window, split into N chunks (``POSE_CHUNKS`` = 2) of random
+  uniformly random start in the window, split into N chunks (``data.pose_chunks``, default 2) of random
   lengths (a uniform composition of L_t into N non-empty parts); chunk i keeps its tokens'
   consecutive positions shifted by a skip u_i, u_0 = 0 and u_i uniform in [u_{i-1}, L_e - L_t],
   so positions increase, lie in [0, L_e) and reach L_e - 1. Only positions skip: the text stays
@@ -142,6 +142,7 @@ class SegmentedSampler(Sampler):
         rank: int = 0,
         world_size: int = 1,
         chunk_targets: str = "original",
+        pose_chunks: int = POSE_CHUNKS,
     ):
         if method not in SEGMENTED:
             raise UserError(f"unknown segmented sampler {method!r}; choose one of: {', '.join(SEGMENTED)}.")
@@ -166,6 +167,9 @@ class SegmentedSampler(Sampler):
             segment_length(train_length, alpha)  # check alpha early
             if method == "chunk":
                 chunk_positions(np.random.default_rng(0), train_length, extended_length, alpha)
+        self.pose_chunks = pose_chunks
+        if method == "pose":  # check the number of chunks early
+            pose_positions(np.random.default_rng(0), train_length, extended_length, pose_chunks)
         seq_len = extended_length if method == "full" else train_length
         super().__init__(split, seq_len, batch_size, seed, rank, world_size)
         doc_index, start_in_doc = windows_in_documents(
@@ -202,7 +206,7 @@ class SegmentedSampler(Sampler):
             return idx, idx, mask
         start = int(rng.integers(0, E - L + 1))  # contiguous content
         if self.method == "pose":  # positions with skips between chunks
-            return start + np.arange(L), pose_positions(rng, L, E), mask
+            return start + np.arange(L), pose_positions(rng, L, E, self.pose_chunks), mask
         # randompos: positions spread over [0, L_e)
         positions = np.sort(rng.choice(E, size=L, replace=False))
         return start + np.arange(L), positions, mask
@@ -234,11 +238,13 @@ class SegmentedSampler(Sampler):
         }
         if self.chunk_targets != "original":  # absent = original, so older checkpoints' state is unchanged
             state["chunk_targets"] = self.chunk_targets
+        if self.pose_chunks != POSE_CHUNKS:  # likewise
+            state["pose_chunks"] = self.pose_chunks
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        state = {"chunk_targets": "original", **state}
-        for key in ("method", "alpha", "extended_length", "chunk_targets"):
+        state = {"chunk_targets": "original", "pose_chunks": POSE_CHUNKS, **state}
+        for key in ("method", "alpha", "extended_length", "chunk_targets", "pose_chunks"):
             if state.get(key) != getattr(self, key):
                 raise UserError(
                     f"Cannot resume the data stream: its {key} was {state.get(key)!r}, now "

@@ -19,7 +19,9 @@ Architectures and how they map onto the one ``Decoder`` (model.py):
                for non-power-of-two head counts), ``embed_norm``, fused QKV per head; tied head.
 ``llama``,     Touvron et al. 2023 / Jiang et al. 2023 / Yang et al. 2024: flavour llama, RoPE
 ``mistral``,   with the config's ``rope_theta`` and ``rope_scaling`` (linear, dynamic, yarn,
-``qwen2``      llama3, longrope), grouped-query attention, QKV bias (Qwen2), tied or untied.
+``qwen2``,     llama3, longrope), grouped-query attention, QKV bias (Qwen2), tied or untied;
+``smollm3``    SmolLM3's ``no_rope_layers`` (0: no RoPE) become a layer schedule
+               (``model.positions.layers``: the RoPE layers, NoPE on the others).
 =============  ==============================================================================
 
 Import streams the weights: the model is allocated once, uninitialised, and every tensor is read
@@ -50,8 +52,8 @@ from torch import Tensor
 
 from extrapos.errors import UserError
 
-ARCHITECTURES = ("gpt2", "gpt_neox", "bloom", "llama", "mistral", "qwen2")
-LLAMA_LIKE = ("llama", "mistral", "qwen2")
+ARCHITECTURES = ("gpt2", "gpt_neox", "bloom", "llama", "mistral", "qwen2", "smollm3")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "smollm3")
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _ACT_IN = {
     "gelu_new": "gelu_tanh",
@@ -338,7 +340,7 @@ def model_options_from_hf(hf: dict, context_length: int | None = None) -> Import
         ctx, key = int(hf.get("seq_length") or BLOOM_CONTEXT), "seq_length"
         if "seq_length" not in hf:
             notes.append(f"config.json has no seq_length; Bloom's training length {BLOOM_CONTEXT} is assumed")
-    else:  # llama, mistral, qwen2
+    else:  # llama, mistral, qwen2, smollm3
         d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
         head_dim = int(hf.get("head_dim") or d // heads)
         if head_dim * heads != d:
@@ -382,6 +384,17 @@ def model_options_from_hf(hf: dict, context_length: int | None = None) -> Import
             raise UserError(
                 f"{arch} checkpoints with hidden_act {hf.get('hidden_act')!r} are not supported (SwiGLU "
                 "only)."
+            )
+        flags = hf.get("no_rope_layers") if arch == "smollm3" else None
+        if flags is not None and not all(flags):  # 1: the layer rotates, 0: a NoPE layer
+            if len(flags) != model["n_layers"]:
+                raise UserError(
+                    f"no_rope_layers has {len(flags)} entries for {model['n_layers']} layers; config.json "
+                    "is inconsistent."
+                )
+            rope_layers = [i for i, flag in enumerate(flags) if flag]
+            model["positions"] = (
+                {**model["positions"], "layers": rope_layers} if rope_layers else {"name": "nope"}
             )
         ctx, key = int(hf["max_position_embeddings"]), "max_position_embeddings"
     pos = model["positions"]
@@ -478,6 +491,7 @@ _RULES = {
     "llama": ("model.", _LLAMA_RULES),
     "mistral": ("model.", _LLAMA_RULES),
     "qwen2": ("model.", _LLAMA_RULES),
+    "smollm3": ("model.", _LLAMA_RULES),
 }
 
 
@@ -498,7 +512,7 @@ def _empty_decoder(cfg):
     """A Decoder whose weights are allocated but not initialised (every one is overwritten by the import)."""
     from extrapos.model import Decoder
     from extrapos.positions.base import EncodingContext
-    from extrapos.positions.registry import build_encoding
+    from extrapos.positions.schedule import build_positions
 
     with torch.device("meta"):
         model = Decoder(cfg)
@@ -511,9 +525,7 @@ def _empty_decoder(cfg):
         n_layers=cfg.n_layers,
         train_length=cfg.train_length,
     )
-    model.pos = build_encoding(
-        cfg.positions["name"], ctx, {k: v for k, v in cfg.positions.items() if k != "name"}
-    )
+    model.pos = build_positions(cfg.positions, ctx)
     if cfg.tie_embeddings:
         model.lm_head.weight = model.tok_emb.weight
     return model
@@ -701,8 +713,15 @@ _HF_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "sil
 
 def export_architecture(cfg) -> str:
     """The Hugging Face model_type a run's ModelConfig exports to, or a UserError saying why none fits."""
+    from extrapos.positions.schedule import SCHEDULE_KEYS
+
     name = cfg.positions["name"]
     pos = {k: v for k, v in cfg.positions.items() if k != "name"}
+    if set(SCHEDULE_KEYS) & set(pos):
+        raise UserError(
+            "a layer schedule (model.positions.layers) has no Hugging Face architecture export "
+            "covers; export runs with one encoding on every layer."
+        )
     if name == "learned":
         arch = "gpt2"
         if pos.get("interpolate_to"):

@@ -35,6 +35,10 @@ class Sinusoidal(PositionalEncoding):
     family = "absolute"
     paper = "Vaswani et al. 2017, Attention is all you need"
 
+    @classmethod
+    def acts_on_embeddings(cls, options) -> bool:
+        return True
+
     @dataclass
     class Options:
         base: float = 10000.0
@@ -86,6 +90,10 @@ class LearnedAbsolute(PositionalEncoding):
 
     family = "absolute"
     paper = "Radford et al. 2019 (GPT-2); interpolation: Karypis et al., segmented sequences §3.2"
+
+    @classmethod
+    def acts_on_embeddings(cls, options) -> bool:
+        return True
 
     @dataclass
     class Options:

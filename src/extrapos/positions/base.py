@@ -127,6 +127,17 @@ class PositionalEncoding(nn.Module):
         self.ctx = ctx
         self.options = options if options is not None else self.Options()
 
+    @classmethod
+    def acts_on_embeddings(cls, options: Any) -> bool:
+        """True if, with these options, the encoding changes the token embeddings (the ``embed`` hook,
+        once before the first block): a layer schedule cannot confine it to some layers (schedule.py)."""
+        return False
+
+    def at_layer(self, layer: int) -> tuple[PositionalEncoding, int]:
+        """The encoding that runs on model layer ``layer`` and the index it knows that layer by: this
+        encoding and the layer itself, except in a layer schedule (schedule.py)."""
+        return self, layer
+
     # ---- hooks -----------------------------------------------------------------------------
     def embed(self, h: Tensor, positions: Tensor) -> Tensor:
         """Called once on the token embeddings h (B, T, d). Default: unchanged."""

@@ -44,6 +44,10 @@ class _Override(PositionalEncoding):
 
     family = "expe"
 
+    @classmethod
+    def acts_on_embeddings(cls, options) -> bool:
+        return bool(getattr(options, "once", False))
+
     @property
     def l(self) -> int:  # noqa: E743 - the paper's name
         return self.options.l if self.options.l is not None else max(1, self.ctx.d_model // 8)

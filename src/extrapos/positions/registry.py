@@ -18,8 +18,8 @@ from extrapos import schema
 from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, PositionalEncoding
 
-# modules of this package that define no encoding
-_NOT_ENCODINGS = {"base", "registry"}
+# modules of this package that define no encoding (schedule.py combines them per layer)
+_NOT_ENCODINGS = {"base", "registry", "schedule"}
 
 
 @dataclass(frozen=True)
