@@ -9,19 +9,9 @@ import pytest
 from extrapos.compare import compare
 from extrapos.evaluate import EvalRequest
 from extrapos.evaluate_mlm import evaluate_mlm
-from tests.conftest import tiny_overrides
+from tests.conftest import encoder_overrides
 
 KEYS = ("ev", "tokens", "loss", "ppl", "accuracy", "tail_loss", "doc_loss_sums", "doc_tokens")
-ENCODER = {
-    "model.size": '"cpu-encoder"',
-    "model.n_layers": 1,
-    "model.d_model": 32,
-    "model.n_heads": 2,
-    "model.vocab_size": 520,
-    "model.train_length": 16,
-    "train.objective": '"mlm"',
-    "train.steps": 3,
-}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +33,7 @@ def many_docs(tmp_path_factory):
 
 
 def _sweep(tmp_path, data, seeds=None):
-    sets = tiny_overrides(data, **ENCODER)
+    sets = encoder_overrides(data)
     f = tmp_path / "mlm-sweep.toml"
     f.write_text(
         'title = "tiny mlm"\ntrain = "cpu/tiny"\nlengths = [1, 2, 4]\nmax_eval_tokens = 1024\n'
