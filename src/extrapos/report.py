@@ -8,9 +8,11 @@ each row's paired difference to a baseline row, flagged "within noise" when its 
 "(no interval)". The same numbers go to CSV and JSON, and two PNG plots show loss against
 evaluation length (log-scaled x, bands = the intervals) and loss by position in the longest
 windows. `extrapos report` rebuilds all of it from ``eval/*.json`` files, so a report never needs
-a model; the bootstrap is seeded, so a re-rendered report is byte-identical. Rows of a sweep with task
-columns also carry task results (passkey, synthetic tasks, lm-eval), rendered after the loss tables by
-``extrapos.task_tables``; a sweep with ``loss = false`` has task tables only.
+a model; the bootstrap is seeded, so a re-rendered report is byte-identical. Encoder rows
+(``evaluate_mlm`` results) render the same way, labelled masked-token loss, with a top-1 accuracy
+table. Rows of a sweep with task columns also carry task results (passkey, synthetic tasks, lm-eval),
+rendered after the loss tables by ``extrapos.task_tables``; a sweep with ``loss = false`` has task
+tables only.
 """
 
 from __future__ import annotations
