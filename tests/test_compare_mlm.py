@@ -90,6 +90,12 @@ def test_an_mlm_sweep_reports_evaluate_mlm_numbers_with_intervals(tmp_path, many
         [r["loss"] for r in cable["results"]], abs=1e-6
     )
     assert all(r["diff_low"] for r in cable_csv) and (out / "plots" / "per_position.png").is_file()
+    # `extrapos report` renders the same report from the saved results, byte for byte
+    from extrapos.cli import main
+
+    before = {f: (out / f).read_bytes() for f in ("report.md", "results.csv", "results.json")}
+    assert main(["report", str(out)]) == 0
+    assert {f: (out / f).read_bytes() for f in before} == before
 
 
 def test_an_mlm_sweep_with_seeds_combines_them_like_the_loss_rows(tmp_path, many_docs):
