@@ -43,3 +43,19 @@ def tiny_overrides(data_dir, **extra):
     }
     values.update(extra)
     return [f"{k}={v}" for k, v in values.items()]
+
+
+def encoder_overrides(data_dir, **extra):
+    """``tiny_overrides`` for a seconds-long masked-LM run of a one-layer encoder (L_t = 16)."""
+    values = {
+        "model.size": '"cpu-encoder"',
+        "model.n_layers": 1,
+        "model.d_model": 32,
+        "model.n_heads": 2,
+        "model.vocab_size": 520,  # bpe:512 + [CLS] and [SEP]
+        "model.train_length": 16,
+        "train.objective": '"mlm"',
+        "train.steps": 3,
+    }
+    values.update(extra)
+    return tiny_overrides(data_dir, **values)

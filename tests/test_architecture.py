@@ -42,6 +42,7 @@ LAYERS = [
             "train",
             "evaluate",
             "evaluate_mlm",
+            "embeddings",
             "generate",
             "diagnostics",
             "bench",

@@ -57,6 +57,11 @@ holds single L_t examples, which a k x L_t window would only concatenate)::
     tasks = ["synthetic"]
     loss = false
 
+Encoder rows: a row whose run was trained with ``train.objective = "mlm"`` (the ``encoder`` flavour,
+``configs/compare/mlm.toml``) is scored with ``evaluate_mlm`` (masked-LM loss on the same masked tokens
+at every length) instead of the next-token protocol, with the same ``eval`` options, seeds and report
+(intervals over documents included).
+
 Imported and other existing runs: a row ``run = "runs/hf-gpt2"`` names a run directory (an
 ``extrapos import`` output or any trained run) instead of training one. A relative path is taken from
 the current directory, like every path on the command line; the run is never written to except for its
@@ -86,6 +91,7 @@ from extrapos.compare_tasks import score as score_task
 from extrapos.config import RunConfig, load_config, validate
 from extrapos.errors import UserError
 from extrapos.evaluate import EvalRequest, default_name, evaluate, format_result
+from extrapos.evaluate_mlm import evaluate_mlm, format_mlm_result
 from extrapos.files import atomic_write
 from extrapos.presets import find_sweep, read_toml, sweep_names
 from extrapos.report import Row, loss_rows, markdown_table, write_report
@@ -334,7 +340,10 @@ def compare(
                 result = per_seed[0][0]
                 entry.update({"run": runs, "eval": eval_path})
             if progress:
-                print(f"{row.name}:\n{format_result(result)}", flush=True)
+                shown = (
+                    format_mlm_result(result) if result.get("objective") == "mlm" else format_result(result)
+                )
+                print(f"{row.name}:\n{shown}", flush=True)
         else:
             entry.update({"run": _row_runs(sweep, row, seeds, out, run_dirs, extension_dirs), "eval": None})
         task_results = _score_row_tasks(sweep, specs, row, seeds, run_dirs, extension_dirs, progress)
@@ -432,6 +441,18 @@ def report_settings(sweep: Sweep) -> dict[str, Any]:
     }
 
 
+def score_run(
+    run_dir: Path, req: EvalRequest, name: str | None = None, progress: bool = True
+) -> dict[str, Any]:
+    """A row's loss evaluation of one run: ``evaluate_mlm`` (masked-LM loss on the same masked tokens at
+    every length) for an encoder trained with objective mlm, ``evaluate`` (next-token loss) otherwise."""
+    from extrapos.config import load_run_config
+
+    if load_run_config(run_dir).train.objective == "mlm":
+        return evaluate_mlm(run_dir, req, name=None if name is None else f"mlm-{name}", progress=progress)
+    return evaluate(run_dir, req, name=name, progress=progress)
+
+
 def _evaluate_row(
     sweep: Sweep,
     row: SweepRow,
@@ -457,7 +478,7 @@ def _evaluate_row(
         results = []
         for run_dir, k in parts:
             req = EvalRequest(lengths=[k], position_options=dict(row.eval), max_tokens=max_tokens)
-            results.append(evaluate(run_dir, req, name=f"{default_name(req)}-ev{k}", progress=progress))
+            results.append(score_run(run_dir, req, name=f"{default_name(req)}-ev{k}", progress=progress))
         result = _merge_results(results)
         merged = out / "merged" / f"{run_slug(row.name, seed)}.json"
         merged.parent.mkdir(parents=True, exist_ok=True)
@@ -465,8 +486,8 @@ def _evaluate_row(
         return result, [_rel(p, out) for p, _ in parts], str(merged.relative_to(out))
     source = run_dirs[(row.reuse or row.name, seed)]
     req = EvalRequest(lengths=sweep.lengths, position_options=dict(row.eval), max_tokens=max_tokens)
-    result = evaluate(source, req, progress=progress)
-    saved = source / "eval" / f"{default_name(req)}.json"
+    result = score_run(source, req, progress=progress)
+    saved = source / "eval" / f"{result['name']}.json"
     if not saved.resolve().is_relative_to(out.resolve()):
         # an existing run outside the comparison: the report reads only files inside it, so keep a copy
         saved = out / "merged" / f"{run_slug(row.name, seed)}.json"
@@ -477,35 +498,34 @@ def _evaluate_row(
 
 def _combine_seeds(results: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
     """One row from its per-seed results: every number the mean over seeds (perplexity = exp of the mean
-    loss); the per-seed results are kept whole under ``seeds`` for the intervals."""
+    loss); the per-seed results are kept whole under ``seeds`` for the intervals (the per-document fields
+    live there only). Works for next-token and MLM results alike (their rows' numbers differ)."""
     combined = {k: v for k, v in results[0].items() if k not in ("results", "per_position", "wall_time")}
     combined["run"] = [r["run"] for r in results]
     combined["seed_values"] = list(seeds)
+    counted = ("ev", "window", "windows", "tokens", "masked_tokens")  # equal across seeds: the same targets
     rows = []
     for i, first in enumerate(results[0]["results"]):
         same = [r["results"][i] for r in results]
         assert all(x["ev"] == first["ev"] for x in same)  # every seed evaluated the same lengths
-        loss = statistics.fmean(x["loss"] for x in same)
-        seq = [x.get("seq_ppl") for x in same]
-        rows.append(
-            {
-                "ev": first["ev"],
-                "window": first["window"],
-                "windows": first["windows"],
-                "tokens": first["tokens"],
-                "loss": loss,
-                "ppl": math.exp(loss),
-                "bpb": statistics.fmean(x["bpb"] for x in same),
-                "tail_loss": statistics.fmean(x["tail_loss"] for x in same),
-                "seq_ppl": statistics.fmean(seq) if None not in seq else None,
-            }
-        )
+        row: dict[str, Any] = {}
+        for key, value in first.items():
+            if key.startswith("doc_"):
+                continue
+            values = [x.get(key) for x in same]
+            if key in counted:
+                row[key] = value
+            elif key == "ppl":
+                row[key] = math.exp(statistics.fmean(x["loss"] for x in same))
+            else:
+                row[key] = statistics.fmean(values) if None not in values else None
+        rows.append(row)
     combined["results"] = rows
     curves = [r["per_position"] for r in results]
     if all(curves):
         combined["per_position"] = {
             **curves[0],
-            "loss": [statistics.fmean(v) for v in zip(*(c["loss"] for c in curves))],
+            "loss": [None if None in v else statistics.fmean(v) for v in zip(*(c["loss"] for c in curves))],
         }
     else:
         combined["per_position"] = None
@@ -628,11 +648,23 @@ def _existing_run_facts(
             line + f"; data: corpus {cfg.data.corpus}, tokenizer {Path(str(cfg.data.tokenizer)).name})"
         )
     if scored:
-        facts.append(
-            f"evaluation on the held-out test split, {scored[0].result['target_tokens']:,} target tokens "
-            f"per length from {scored[0].result['documents_used']} documents"
-        )
+        facts.append(_evaluation_fact(scored[0].result))
     return facts
+
+
+def _evaluation_fact(result: dict[str, Any]) -> str:
+    """What a loss column scored: next-token targets, or (an encoder) the masked tokens of the BERT mask."""
+    if result.get("objective") == "mlm":
+        return (
+            f"evaluation on the held-out test split: masked-LM loss on {result['target_tokens']:,} masked "
+            f"tokens per length (BERT's 15% / 80-10-10 mask, drawn once per span with seed "
+            f"{result.get('mask_seed', 0)}, the same tokens at every length) from {result['documents_used']} "
+            "documents"
+        )
+    return (
+        f"evaluation on the held-out test split, {result['target_tokens']:,} target tokens per length from "
+        f"{result['documents_used']} documents"
+    )
 
 
 def _facts(
@@ -664,9 +696,7 @@ def _facts(
             + (f"seeds {', '.join(map(str, sweep.seeds))}" if sweep.seeds else f"seed {t.seed}"),
             f"data: corpus {d.corpus}, tokenizer {d.tokenizer}; "
             + (
-                f"evaluation on the held-out test split, {scored[0].result['target_tokens']:,} target tokens "
-                "per "
-                f"length from {scored[0].result['documents_used']} documents"
+                _evaluation_fact(scored[0].result)
                 if scored
                 else "no loss columns (loss = false): the task columns below are the evaluation"
             ),

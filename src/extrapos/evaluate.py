@@ -117,6 +117,32 @@ def _read_result(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def saved_result(
+    out_path: Path, key: str, request_key: str, step: int, overwrite: bool, progress: bool
+) -> dict[str, Any] | None:
+    """The result saved at ``out_path`` when it is this evaluation of these weights (then it is reused);
+    None when there is none, it is damaged, ``overwrite`` is set, or it scored an older checkpoint of the
+    same request; a UserError when it holds a different request."""
+    if not out_path.is_file() or overwrite:
+        return None
+    previous = _read_result(out_path)
+    if previous is None:
+        return None
+    if previous.get("result_key") == key:
+        return previous
+    if previous.get("request_key") != request_key:
+        raise UserError(
+            f"{out_path} holds a different evaluation; pass --name to keep both or --overwrite to replace it."
+        )
+    if progress:
+        print(
+            f"extrapos eval: {out_path} scored checkpoint step {previous.get('checkpoint_step')}; the run is "
+            f"now at step {step}, evaluating again.",
+            flush=True,
+        )
+    return None
+
+
 def default_name(req: EvalRequest) -> str:
     parts = [
         req.split
@@ -327,22 +353,9 @@ def evaluate(
     key = result_key(req, ckpt.step, digest)
     eval_dir = results_dir(run_dir)
     out_path = eval_dir / f"{name}.json"
-    if out_path.is_file() and not overwrite:
-        previous = _read_result(out_path)
-        if previous is not None and previous.get("result_key") == key:
-            return previous  # the same evaluation of the same weights was done: reuse it
-        if previous is not None and previous.get("request_key") != req.key():
-            raise UserError(
-                f"{out_path} holds a different evaluation; pass --name to keep both or --overwrite to "
-                "replace it."
-            )
-        if progress and previous is not None:
-            print(
-                f"extrapos eval: {out_path} scored checkpoint step {previous.get('checkpoint_step')}; the "
-                "run is now "
-                f"at step {ckpt.step}, evaluating again.",
-                flush=True,
-            )
+    previous = saved_result(out_path, key, req.key(), ckpt.step, overwrite, progress)
+    if previous is not None:
+        return previous  # the same evaluation of the same weights was done: reuse it
     ensure_writable_dir(eval_dir, "evaluation results")
 
     t0 = time.perf_counter()

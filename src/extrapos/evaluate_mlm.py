@@ -6,7 +6,11 @@ index), before any window is cut, so every length scores exactly the same masked
 same corrupted inputs; only the context around them differs. Each span is then split into
 non-overlapping windows of k x L_t tokens at positions 0..kL_t - 1, as the decoders' windows are.
 Reported per length: the mean cross-entropy over the masked tokens, its perplexity, the accuracy of
-the top prediction and the number of masked tokens.
+the top prediction, the number of masked tokens, the loss of the masked tokens among each window's last
+L_t positions (``tail_loss``), and, for the bootstrap intervals of ``extrapos.stats``, each document's
+masked-token loss sum and count (``doc_index``, ``doc_loss_sums``, ``doc_tokens``, as ``evaluate``
+records them). The mask is per span, so per document: every length scores the same masked tokens of
+the same documents, and rows of a sweep pair.
 """
 
 from __future__ import annotations
@@ -26,12 +30,15 @@ from extrapos.errors import UserError
 from extrapos.evaluate import (
     EvalRequest,
     _eval_split,
+    _jsonable,
+    _resolve_options,
     check_request,
     check_result_name,
     collect_spans,
     default_name,
     result_key,
     results_dir,
+    saved_result,
 )
 from extrapos.files import atomic_write, ensure_writable_dir
 
@@ -88,66 +95,83 @@ def evaluate_mlm(
 ) -> dict[str, Any]:
     """MLM loss of an encoder run at every length of ``req``; writes and returns ``RUN/eval/<name>.json``.
 
-    ``req.stride`` and ``req.position_options`` "window"/"max" values are not supported here.
+    Position options as in ``evaluate``: "window" (e.g. a learned table interpolated to each window) and
+    "max" (to the longest window) are resolved per length. ``req.stride`` does not apply (a UserError).
     """
     from extrapos import checkpoint as ckpt_io
+    from extrapos.config import load_run_config
     from extrapos.runs import load_run
 
     req = req or EvalRequest()
     check_request(req)
-    if req.stride is not None:
-        raise UserError("the MLM evaluation scores non-overlapping windows only; drop --stride.")
     run_dir = Path(run_dir)
     if not (run_dir / "config.toml").is_file():
         raise UserError(
             f"{run_dir} is not a run directory (no config.toml); pass the --out of `extrapos train`."
         )
-    name = check_result_name(name or f"mlm-{default_name(req)}")
+    objective = load_run_config(run_dir).train.objective
+    if objective != "mlm":
+        raise UserError(f"{run_dir} is a decoder run (objective {objective}); score it with `extrapos eval`.")
+    if req.stride is not None:
+        raise UserError("the MLM evaluation scores non-overlapping windows only; drop --stride.")
+    if not isinstance(seed, int) or seed < 0:
+        raise UserError(f"the mask seed must be a non-negative integer, got {seed!r}.")
+    name = check_result_name(name or f"mlm-{default_name(req)}" + (f"-mask{seed}" if seed else ""))
     ckpt = ckpt_io.checkpoint_at(run_dir, req.step)
     digest = ckpt_io.weights_digest(ckpt)
     key = result_key(req, ckpt.step, digest) + f"-mlm{seed}"
-    out_path = results_dir(run_dir) / f"{name}.json"
-    if out_path.is_file() and not overwrite:
-        previous = json.loads(out_path.read_text())
-        if previous.get("result_key") == key:
-            return previous
-        raise UserError(f"{out_path} holds another evaluation; pass another name or overwrite it.")
-    ensure_writable_dir(out_path.parent, "evaluation results")
+    request_key = f"{req.key()}-mlm{seed}"
+    eval_dir = results_dir(run_dir)
+    out_path = eval_dir / f"{name}.json"
+    previous = saved_result(out_path, key, request_key, ckpt.step, overwrite, progress)
+    if previous is not None:
+        return previous
+    ensure_writable_dir(eval_dir, "evaluation results")
 
     t0 = time.perf_counter()
     run = load_run(run_dir, device=device, checkpoint=ckpt)
-    if run.cfg.train.objective != "mlm":
-        raise UserError(
-            f"{run_dir} is a decoder run (objective {run.cfg.train.objective}); use `extrapos eval`."
-        )
-    if req.position_options:
-        run.model.pos.set_options(**req.position_options)
     lengths = sorted(set(req.lengths))
     L = req.base_length or run.cfg.model.train_length
     max_len = max(lengths) * L
+    per_window = {k for k, v in req.position_options.items() if v == "window"}
+    fixed = {k: v for k, v in _resolve_options(req.position_options, max_len).items() if k not in per_window}
+    if fixed:
+        run.model.pos.set_options(**fixed)
     split, data_dir = _eval_split(run, req, progress)
-    spans_np, docs_used, docs_skipped = collect_spans(split, max_len, req.max_tokens)
+    spans_np, docs_used, docs_skipped, owners = collect_spans(
+        split, max_len, req.max_tokens, with_documents=True
+    )
     text_np = spans_np[:, :max_len]  # collect_spans keeps one extra token for next-token targets
     specials = encoder_special_tokens(run.tokenizer)
     corrupted_np, selected_np = mask_spans(text_np, specials, run.tokenizer.vocab_size, seed)
     corrupted, text = torch.from_numpy(corrupted_np), torch.from_numpy(text_np)
     selected = torch.from_numpy(selected_np)
 
-    rows = []
+    rows, per_position = [], None
     for k in lengths:
-        losses, correct = score_masked(run.model, corrupted, text, k * L, batch_tokens, req.precision)
+        window = k * L
+        if per_window:  # as evaluate: e.g. a learned table interpolated to each window (none at L_t)
+            run.model.pos.set_options(**{o: (window if window > L else None) for o in per_window})
+        losses, correct = score_masked(run.model, corrupted, text, window, batch_tokens, req.precision)
         mean = float(losses[selected].double().mean())
+        tail = selected.view(len(text), -1, window)[:, :, -L:]
         rows.append(
             {
                 "ev": k,
-                "window": k * L,
-                "windows": len(text) * (max_len // (k * L)),
+                "window": window,
+                "windows": len(text) * (max_len // window),
+                "tokens": int(selected.sum()),
                 "masked_tokens": int(selected.sum()),
                 "loss": mean,
                 "ppl": math.exp(mean),
                 "accuracy": float(correct[selected].double().mean()),
+                # the masked tokens among each window's last L_t positions: does more context help?
+                "tail_loss": float(losses.view(len(text), -1, window)[:, :, -L:][tail].double().mean()),
+                **per_document_masked(losses, selected, owners),
             }
         )
+        if k == max(lengths):
+            per_position = _bucketed_masked(losses, selected, window, req.buckets)
         if progress:
             print(f"extrapos eval (mlm): ev {k}: loss {mean:.4f}", flush=True)
     result = {
@@ -155,35 +179,80 @@ def evaluate_mlm(
         "run": str(run_dir),
         "objective": "mlm",
         "request": asdict(req),
-        "request_key": req.key(),
+        "request_key": request_key,
         "result_key": key,
         "weights_sha256": digest,
         "mask_seed": seed,
         "encoding": run.cfg.model.positions["name"],
-        "applied": req.position_options,
+        "encoding_options": _jsonable(asdict(run.model.pos.options)),
+        "applied": _jsonable(req.position_options),
         "train_length": L,
         "checkpoint_step": run.step,
         "data_dir": data_dir,
+        "split": req.split if not req.corpus else "test",
         "documents_used": docs_used,
         "documents_skipped": docs_skipped,
         "spans": len(text),
         "target_tokens": int(selected.sum()),
         "results": rows,
+        "per_position": per_position,
         "wall_time": time.perf_counter() - t0,
     }
     atomic_write(out_path, json.dumps(result, indent=1, default=str))
     return result
 
 
+def per_document_masked(losses: torch.Tensor, selected: torch.Tensor, owners: np.ndarray) -> dict[str, list]:
+    """Per document (in document order): the sum of its masked tokens' losses and their number, for the
+    bootstrap of ``extrapos.stats``. The mask is the same at every length, so the counts are too and rows
+    pair. A document whose spans drew no masked token (possible only for very short spans) is left out."""
+    sums = torch.where(selected, losses.double(), 0.0).sum(1).numpy()
+    counts = selected.sum(1).numpy()
+    docs, which = np.unique(owners, return_inverse=True)
+    doc_sums = np.bincount(which, weights=sums, minlength=len(docs))
+    doc_counts = np.bincount(which, weights=counts, minlength=len(docs)).astype(np.int64)
+    keep = doc_counts > 0
+    return {
+        "doc_index": docs[keep].tolist(),
+        "doc_loss_sums": doc_sums[keep].tolist(),
+        "doc_tokens": doc_counts[keep].tolist(),
+    }
+
+
+def _bucketed_masked(
+    losses: torch.Tensor, selected: torch.Tensor, window: int, buckets: int
+) -> dict[str, Any]:
+    """Mean loss of the masked tokens by position in the windows of ``window`` tokens, in buckets."""
+    by_pos = losses.reshape(-1, window).double()
+    sel = selected.reshape(-1, window)
+    sums, counts = torch.where(sel, by_pos, 0.0).sum(0), sel.sum(0).double()
+    buckets = max(1, min(buckets, window))
+    edges = np.linspace(0, window, buckets + 1).astype(int)
+    return {
+        "window": window,
+        "starts": edges[:-1].tolist(),
+        "ends": edges[1:].tolist(),
+        "loss": [
+            float(sums[a:b].sum() / counts[a:b].sum()) if counts[a:b].sum() > 0 else None
+            for a, b in zip(edges[:-1], edges[1:])
+        ],
+    }
+
+
 def format_mlm_result(result: dict[str, Any]) -> str:
     lines = [
-        f"{result['run']}  encoding={result['encoding']}  L_t={result['train_length']}  (masked LM)",
-        f"{result['target_tokens']:,} masked tokens per length from {result['documents_used']} documents",
-        "| ev | window | MLM loss | ppl | accuracy |",
-        "|---:|---:|---:|---:|---:|",
+        f"{result['run']}  encoding={result['encoding']}  L_t={result['train_length']}  "
+        f"applied={result.get('applied') or 'nothing'}  (masked LM, mask seed {result.get('mask_seed', 0)})",
+        f"{result['target_tokens']:,} masked tokens per length from {result['documents_used']} documents "
+        f"({result['documents_skipped']} too short, skipped)",
+        "| ev | window | MLM loss | ppl | accuracy | tail loss |",
+        "|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["results"]:
+        tail = r.get("tail_loss")
         lines.append(
-            f"| {r['ev']} | {r['window']} | {r['loss']:.4f} | {r['ppl']:.2f} | {r['accuracy']:.3f} |"
+            f"| {r['ev']} | {r['window']} | {r['loss']:.4f} | {r['ppl']:.2f} | {r['accuracy']:.3f} | "
+            + ("–" if tail is None else f"{tail:.4f}")
+            + " |"
         )
     return "\n".join(lines)

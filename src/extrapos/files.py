@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -80,3 +81,15 @@ def describe_os_error(e: OSError) -> str:
     """'No space left on device' style text for an OSError, with the file when it names one."""
     reason = e.strerror or errno.errorcode.get(e.errno or 0, str(e))
     return f"{reason}: {e.filename}" if e.filename else reason
+
+
+def fresh_output_dir(out: Path, what: str) -> Path:
+    """A new, empty temporary directory beside ``out`` to build ``out`` in (then ``os.replace`` it into
+    place, so ``out`` appears whole or not at all); a UserError when ``out`` already exists."""
+    if out.exists():
+        raise UserError(f"{out} already exists; choose another output directory or remove it first.")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".tmp-{what}-{out.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp

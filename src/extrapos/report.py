@@ -8,9 +8,11 @@ each row's paired difference to a baseline row, flagged "within noise" when its 
 "(no interval)". The same numbers go to CSV and JSON, and two PNG plots show loss against
 evaluation length (log-scaled x, bands = the intervals) and loss by position in the longest
 windows. `extrapos report` rebuilds all of it from ``eval/*.json`` files, so a report never needs
-a model; the bootstrap is seeded, so a re-rendered report is byte-identical. Rows of a sweep with task
-columns also carry task results (passkey, synthetic tasks, lm-eval), rendered after the loss tables by
-``extrapos.task_tables``; a sweep with ``loss = false`` has task tables only.
+a model; the bootstrap is seeded, so a re-rendered report is byte-identical. Encoder rows
+(``evaluate_mlm`` results) render the same way, labelled masked-token loss, with a top-1 accuracy
+table. Rows of a sweep with task columns also carry task results (passkey, synthetic tasks, lm-eval),
+rendered after the loss tables by ``extrapos.task_tables``; a sweep with ``loss = false`` has task
+tables only.
 """
 
 from __future__ import annotations
@@ -103,6 +105,15 @@ def cell_intervals(rows: list[Row], baseline: str | None = None) -> dict[tuple[s
     return cells
 
 
+HIGHER_IS_BETTER = ("accuracy",)  # the metrics whose best value is the largest (bold in their table)
+
+
+def is_mlm(rows: list[Row]) -> bool:
+    """Whether every loss row is an encoder's masked-LM evaluation (``evaluate_mlm``): then the tables say
+    "masked-token loss" and add the top-1 accuracy."""
+    return bool(rows) and all(row.result.get("objective") == "mlm" for row in rows)
+
+
 def _number(v: float, metric: str) -> str:
     return f"{v:.2f}" if metric in ("ppl", "seq_ppl") else f"{v:.3f}"
 
@@ -114,9 +125,10 @@ def markdown_table(
     intervals."""
     cols = _columns(rows)
     best = {}
+    pick = max if metric in HIGHER_IS_BETTER else min
     for ev in cols:
         values = [v for row in rows if (v := row.metric(ev, metric)) is not None]
-        best[ev] = min(values) if values else None
+        best[ev] = pick(values) if values else None
     lines = ["| model | " + " | ".join(f"ev={ev}" for ev in cols) + " |", "|---|" + "---:|" * len(cols)]
     for row in rows:
         texts = []
@@ -201,6 +213,7 @@ def rows_to_csv(rows: list[Row], cells: dict[tuple[str, int], Cell] | None = Non
             "diff",
             "diff_low",
             "diff_high",
+            "accuracy",
         ]
     )
 
@@ -221,8 +234,8 @@ def rows_to_csv(rows: list[Row], cells: dict[tuple[str, int], Cell] | None = Non
                     r["tokens"],
                     f"{r['loss']:.6f}",
                     f"{r['ppl']:.4f}",
-                    f"{r['bpb']:.6f}",
-                    f"{r['tail_loss']:.6f}",
+                    fmt(r.get("bpb")),
+                    fmt(r.get("tail_loss")),
                     fmt(r.get("seq_ppl"), ".4f"),
                     len(row.seeds) or 1,
                     fmt(iv.seed_sd if iv else None),
@@ -231,6 +244,7 @@ def rows_to_csv(rows: list[Row], cells: dict[tuple[str, int], Cell] | None = Non
                     fmt(d.estimate if d else None),
                     fmt(d.low if d else None),
                     fmt(d.high if d else None),
+                    fmt(r.get("accuracy")),
                 ]
             )
     return buf.getvalue()
@@ -274,7 +288,8 @@ def plot(
         a.set_xticks(cols, [str(c) for c in cols])
         a.set_xlabel("evaluation length / training length (ev)")
         a.grid(alpha=0.3)
-    ax.set_ylabel("mean token loss (nats)")
+    what = "masked-token (MLM) loss" if is_mlm(rows) else "token loss"
+    ax.set_ylabel(f"mean {what} (nats)")
     ax.set_title("Loss vs evaluation length", fontsize=10)
     ax2.axhline(0, color="grey", linewidth=1)
     ax2.set_ylabel(f"loss - loss at ev={cols[0]} (nats)")
@@ -294,12 +309,13 @@ def plot(
         if not pp:
             continue
         mids = [(a + b) / 2 for a, b in zip(pp["starts"], pp["ends"])]
-        ax.plot(mids, pp["loss"], label=row.name)
+        # an MLM bucket without a masked token has no loss (None): a gap in the line
+        ax.plot(mids, [math.nan if v is None else v for v in pp["loss"]], label=row.name)
     train_len = rows[0].result["train_length"] if rows else None
     if train_len:
         ax.axvline(train_len, color="grey", linestyle="--", linewidth=1, label="training length")
     ax.set_xlabel("position in the longest window")
-    ax.set_ylabel("mean token loss (nats)")
+    ax.set_ylabel(f"mean {what} (nats)")
     ax.set_title("Loss by position (bucket means)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -392,7 +408,16 @@ def _loss_sections(
     base = baseline_row(rows, baseline)
     cells = cell_intervals(rows, base.name)
     plots = plot(rows, out_dir / "plots", title, cells)
-    parts = ["Mean token loss (nats) on the same target tokens at every length; best per column in bold.", ""]
+    mlm = is_mlm(rows)
+    parts = [
+        (
+            "Mean masked-token loss (MLM, nats) on the same masked tokens at every length (encoders, "
+            "`evaluate_mlm`); best per column in bold."
+            if mlm
+            else "Mean token loss (nats) on the same target tokens at every length; best per column in bold."
+        ),
+        "",
+    ]
     parts += _uncertainty_note(cells) + [""]
     parts += [
         markdown_table(rows, "loss", cells),
@@ -412,7 +437,19 @@ def _loss_sections(
             seed_table(rows),
             "",
         ]
-    parts += ["Perplexity, exp(mean token loss):", "", markdown_table(rows, "ppl", cells), ""]
+    parts += [
+        f"Perplexity, exp(mean {'masked-token' if mlm else 'token'} loss):",
+        "",
+        markdown_table(rows, "ppl", cells),
+        "",
+    ]
+    if mlm:
+        parts += [
+            "Top-1 accuracy on the masked tokens (higher is better, best per column in bold):",
+            "",
+            markdown_table(rows, "accuracy"),
+            "",
+        ]
     if sequence_ppl:
         parts += [
             "Mean of per-sequence perplexities (the segmented-sequences paper's aggregate, Karypis et al. "
@@ -422,7 +459,11 @@ def _loss_sections(
             "",
         ]
     parts += [
-        "Loss of each window's last L_t tokens (does more context help?):",
+        (
+            "Loss of the masked tokens among each window's last L_t positions (does more context help?):"
+            if mlm
+            else "Loss of each window's last L_t tokens (does more context help?):"
+        ),
         "",
         markdown_table(rows, "tail_loss"),
         "",

@@ -160,5 +160,11 @@ def cell_samples(result: dict[str, Any], ev: int) -> Samples | None:
 
 
 def same_targets(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two results scored the same held-out data (then their documents can be paired)."""
-    return a.get("data_dir") == b.get("data_dir") and a.get("split") == b.get("split")
+    """Whether two results scored the same held-out data the same way (then their documents can be paired):
+    a masked-LM result and a next-token one never are, nor MLM results of different mask seeds."""
+    return (
+        a.get("data_dir") == b.get("data_dir")
+        and a.get("split") == b.get("split")
+        and a.get("objective", "lm") == b.get("objective", "lm")
+        and a.get("mask_seed") == b.get("mask_seed")
+    )

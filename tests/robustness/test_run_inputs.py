@@ -1,5 +1,6 @@
 """Bad input to every run-side command (train, resume, eval, extend, compare, report, generate, passkey,
-export): exit status 2, one sentence naming the fix, no traceback, every existing file unchanged.
+export, and their encoder forms): exit status 2, one sentence naming the fix, no traceback, every
+existing file unchanged.
 
 One trained run is shared by the tests (module scope); each test watches it and the data it read.
 """
@@ -12,7 +13,7 @@ import shutil
 import pytest
 from harness import assert_user_error
 
-from tests.conftest import tiny_overrides
+from tests.conftest import encoder_overrides, tiny_overrides
 
 
 @pytest.fixture(scope="module")
@@ -264,6 +265,42 @@ def test_export_of_an_encoding_hugging_face_lacks(tiny_data, scratch, cache):
         ["export", str(run), "--out", str(scratch / "hf")], cache=cache, watch=[run], fragments=["expe"]
     )
     assert not (scratch / "hf").exists()
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory, tiny_data):
+    """A finished 3-step masked-LM run of a one-layer encoder."""
+    from extrapos.config import load_config
+    from extrapos.train import train
+
+    run = tmp_path_factory.mktemp("runs") / "encoder"
+    train(load_config("cpu/tiny", encoder_overrides(tiny_data)), run, progress=False)
+    return run
+
+
+ENCODER_MISTAKES = [
+    (["eval", "{encoder}", "--stride", "8"], ["drop --stride"]),
+    (["export", "{encoder}", "--out", "{out}"], ["encoder run", "--format sentence-transformers"]),
+    (["export", "{trained}", "--out", "{out}", "--format", "sentence-transformers"], ["decoder run"]),
+    (["export", "{trained}", "--out", "{out}", "--pooling", "cls"], ["--pooling applies to --format"]),
+    (["export", "{encoder}", "--out", "{encoder}", "--format", "sentence-transformers"], ["already exists"]),
+]
+
+
+@pytest.mark.parametrize(
+    "args,fragments", ENCODER_MISTAKES, ids=[" ".join(a[:1] + a[3:]) for a, _ in ENCODER_MISTAKES]
+)
+def test_encoder_commands_refuse_what_does_not_apply(
+    args, fragments, encoder, trained, tiny_data, scratch, cache
+):
+    paths = {"encoder": encoder, "trained": trained, "out": scratch / "exported"}
+    assert_user_error(
+        [a.format(**paths) for a in args],
+        cache=cache,
+        watch=[encoder, trained, tiny_data],
+        fragments=fragments,
+    )
+    assert not (scratch / "exported").exists()
 
 
 def test_passkey_with_bad_depths_and_modes(trained, cache):

@@ -41,8 +41,21 @@ def register(sub) -> None:
     p.add_argument("--corpus", default=None, help="another corpus spec, tokenized with the run's tokenizer")
     p.add_argument("--data", default=None, help="a prepared data directory to score instead")
     p.add_argument("--split", default="test", help="split of the run's data (default test)")
-    p.add_argument("--max-tokens", type=int, default=65_536, help="target tokens scored per length")
-    p.add_argument("--stride", type=int, default=None, help="sliding-window mode with this stride")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=65_536,
+        help="target tokens scored per length (an encoder: tokens of text, of which 15%% are masked)",
+    )
+    p.add_argument(
+        "--stride", type=int, default=None, help="sliding-window mode with this stride (decoders only)"
+    )
+    p.add_argument(
+        "--mask-seed",
+        type=int,
+        default=None,
+        help="an encoder run (objective mlm): seed of the BERT mask drawn once per span (default 0)",
+    )
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     p.add_argument("--name", default=None, help="result name in RUN/eval/ (default: from the options)")
@@ -95,7 +108,18 @@ def position_options(args, lengths: list[int]) -> dict[str, Any]:
     return options
 
 
+def is_encoder_run(run_dir: str) -> bool:
+    """Whether ``run_dir`` holds a run trained with objective mlm (False when it holds no run: the
+    evaluation then says what is missing)."""
+    from extrapos.config import load_run_config
+
+    if not (Path(run_dir) / "config.toml").is_file():
+        return False
+    return load_run_config(Path(run_dir)).train.objective == "mlm"
+
+
 def run(args) -> int:
+    from extrapos.errors import UserError
     from extrapos.evaluate import EvalRequest, evaluate, format_result
     from extrapos.runtime import init_distributed, resolve_device
 
@@ -111,6 +135,12 @@ def run(args) -> int:
         precision=args.precision,
         step=args.step,
     )
+    if is_encoder_run(args.run):
+        return run_mlm(args, req)
+    if args.mask_seed is not None:
+        raise UserError(
+            f"--mask-seed applies to encoder runs (objective mlm) only and {args.run} is a decoder; drop it."
+        )
     # under torchrun the windows are scored by all ranks together (each ends with the whole result)
     rank, _, device = init_distributed(resolve_device(args.device))
     result = evaluate(
@@ -124,4 +154,33 @@ def run(args) -> int:
     if rank == 0:
         print(format_result(result))
         print(f"-> {Path(args.run) / 'eval' / (result['name'] + '.json')}")
+    return 0
+
+
+def run_mlm(args, req) -> int:
+    """An encoder run: the masked-LM loss at every length on the same masked tokens (``evaluate_mlm``)."""
+    from extrapos.errors import UserError
+    from extrapos.evaluate_mlm import evaluate_mlm, format_mlm_result
+    from extrapos.runtime import distributed_env, resolve_device
+
+    if args.stride is not None:
+        raise UserError(
+            "--stride is a sliding window for next-token loss; an encoder run is scored on non-overlapping "
+            "windows only, so drop --stride."
+        )
+    if distributed_env()[1] > 1:
+        raise UserError(
+            "the MLM evaluation of an encoder runs in one process; run `extrapos eval` without torchrun."
+        )
+    result = evaluate_mlm(
+        args.run,
+        req,
+        name=args.name,
+        overwrite=args.overwrite,
+        device=str(resolve_device(args.device)),
+        seed=0 if args.mask_seed is None else args.mask_seed,
+        progress=not args.no_progress,
+    )
+    print(format_mlm_result(result))
+    print(f"-> {Path(args.run) / 'eval' / (result['name'] + '.json')}")
     return 0

@@ -27,13 +27,32 @@ def register(sub) -> None:
 
     e = sub.add_parser(
         "export",
-        help="export a run as a Hugging Face model directory",
-        description="Write a directory transformers.AutoModelForCausalLM.from_pretrained loads with "
-        "equal logits (learned -> GPT-2, RoPE -> GPT-NeoX / Llama, ALiBi -> Bloom).",
+        help="export a run as a Hugging Face or sentence-transformers model directory",
+        description="--format hf (default): a directory transformers.AutoModelForCausalLM.from_pretrained "
+        "loads with equal logits (learned -> GPT-2, RoPE -> GPT-NeoX / Llama, ALiBi -> Bloom). "
+        "--format sentence-transformers: an encoder run (any encoding) as a model "
+        "SentenceTransformer(DIR, trust_remote_code=True) loads, with mean or [CLS] pooling "
+        "(docs/encoder.md).",
     )
     e.add_argument("run", help="a run directory")
     e.add_argument("--out", required=True, help="the directory to write")
     e.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    e.add_argument(
+        "--format", choices=["hf", "sentence-transformers"], default="hf", help="what to write (default hf)"
+    )
+    e.add_argument(
+        "--pooling",
+        choices=["mean", "cls"],
+        default=None,
+        help="sentence-transformers: mean of the token states (default) or the [CLS] state",
+    )
+    e.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="sentence-transformers: tokens per text with [CLS] and [SEP] (default: the run's L_t)",
+    )
+    e.add_argument("--normalize", action="store_true", help="sentence-transformers: L2-normalised embeddings")
     e.set_defaults(func=run_export)
 
 
@@ -54,6 +73,37 @@ def run_import(args) -> int:
 
 
 def run_export(args) -> int:
+    from extrapos.errors import UserError
+
+    if args.format == "sentence-transformers":
+        import importlib.util
+
+        if importlib.util.find_spec("sentence_transformers") is None:
+            raise UserError(
+                "--format sentence-transformers needs the sentence-transformers package; "
+                "pip install 'extrapos[sentence-transformers]'."
+            )
+        from extrapos.integrations.sentence_transformers import export_sentence_transformers
+
+        out = export_sentence_transformers(
+            args.run,
+            args.out,
+            pooling=args.pooling or "mean",
+            max_length=args.max_length,
+            normalize=args.normalize,
+            step=args.step,
+        )
+        print(
+            f"exported {args.run} -> {out} (load it with "
+            f"SentenceTransformer({str(out)!r}, trust_remote_code=True))"
+        )
+        return 0
+    given = [f for f, v in (("--pooling", args.pooling), ("--max-length", args.max_length)) if v is not None]
+    given += ["--normalize"] if args.normalize else []
+    if given:
+        raise UserError(
+            f"{given[0]} applies to --format sentence-transformers only; drop it or add that format."
+        )
     from extrapos.integrations.hf import export_pretrained
 
     out = export_pretrained(args.run, args.out, step=args.step)

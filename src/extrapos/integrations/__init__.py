@@ -1,4 +1,5 @@
-"""Bridges to other libraries: Hugging Face checkpoints (hf.py) and lm-evaluation-harness (lm_eval.py).
+"""Bridges to other libraries: Hugging Face checkpoints (hf.py), lm-evaluation-harness (lm_eval.py) and
+sentence-transformers (sentence_transformers.py: an encoder run as an embedding model).
 
 Each is imported lazily by the command that needs it: each needs its own optional packages.
 """

@@ -51,6 +51,7 @@ import torch
 from torch import Tensor
 
 from extrapos.errors import UserError
+from extrapos.files import fresh_output_dir
 
 ARCHITECTURES = ("gpt2", "gpt_neox", "bloom", "llama", "mistral", "qwen2", "smollm3")
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "smollm3")
@@ -629,16 +630,6 @@ def _copy_tokenizer(src: Path, dst: Path, tokenizer: str | Path | None) -> Path:
     return dst / suffix
 
 
-def _fresh_tmp(out: Path, what: str) -> Path:
-    if out.exists():
-        raise UserError(f"{out} already exists; choose another output directory or remove it first.")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".tmp-{what}-{out.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    return tmp
-
-
 def import_pretrained(
     source: str | Path,
     out: str | Path,
@@ -667,7 +658,7 @@ def import_pretrained(
     hf = read_hf_config(src)
     imported = model_options_from_hf(hf, context_length)
     files = weight_files(src)
-    tmp = _fresh_tmp(out, "import")
+    tmp = fresh_output_dir(out, "import")
     try:
         tok_file = _copy_tokenizer(src, tmp, tokenizer)
         tok = load_tokenizer(tmp)
@@ -715,6 +706,11 @@ def export_architecture(cfg) -> str:
     """The Hugging Face model_type a run's ModelConfig exports to, or a UserError saying why none fits."""
     from extrapos.positions.schedule import SCHEDULE_KEYS
 
+    if cfg.flavour == "encoder":
+        raise UserError(
+            "an encoder run has no Hugging Face causal-LM architecture; export it with --format "
+            "sentence-transformers."
+        )
     name = cfg.positions["name"]
     pos = {k: v for k, v in cfg.positions.items() if k != "name"}
     if set(SCHEDULE_KEYS) & set(pos):
@@ -1078,7 +1074,7 @@ def export_pretrained(run_dir: str | Path, out: str | Path, *, step: int | None 
     out = Path(out)
     arch = export_architecture(load_run_config(Path(run_dir)).model)  # fail before loading any weights
     run = load_run(run_dir, step=step)
-    tmp = _fresh_tmp(out, "export")
+    tmp = fresh_output_dir(out, "export")
     try:
         eot = getattr(run.tokenizer, "eot_id", None)
         config = hf_config_for(run.cfg.model, eot)
