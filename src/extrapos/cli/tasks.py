@@ -120,9 +120,12 @@ def _options(args, lengths: list[int]):
 
 def run_passkey(args) -> int:
     from extrapos.cli.eval import parse_lengths
+    from extrapos.runtime import init_distributed, resolve_device
     from extrapos.tasks.passkey import format_grid, passkey, plot_heatmap
 
     lengths = parse_lengths(args.lengths)
+    # under torchrun the prompts are scored by all ranks together (each ends with the whole result)
+    rank, _, device = init_distributed(resolve_device(args.device))
     result = passkey(
         args.run,
         lengths=lengths,
@@ -137,10 +140,12 @@ def run_passkey(args) -> int:
         position_options=_options(args, lengths),
         name=args.name,
         overwrite=args.overwrite,
-        device=args.device,
+        device=str(device),
         step=args.step,
-        progress=not args.no_progress,
+        progress=not args.no_progress and rank == 0,
     )
+    if rank != 0:
+        return 0
     print(format_grid(result))
     if args.plot:
         print(f"-> {plot_heatmap(result, args.plot)}")
