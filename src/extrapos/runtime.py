@@ -20,13 +20,25 @@ from extrapos.errors import UserError
 # ---- device and processes ------------------------------------------------------------------------
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, flag: str = "train.device") -> torch.device:
+    """The device ``name`` stands for ("auto": CUDA when present, else the CPU); ``flag`` is where the
+    caller's user wrote it (``train.device`` for a config, ``--device`` for a command line), so the
+    error names what to change."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"{flag} {name!r} is not a device; {_device_fix(flag)}.") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"train.device is {name!r} but no CUDA device is visible; use train.device=cpu.")
+        raise UserError(f"{flag} is {name!r} but no CUDA device is visible; {_device_fix(flag)}.")
     return dev
+
+
+def _device_fix(flag: str) -> str:
+    if flag.startswith("--"):
+        return f"pass {flag} cpu (or auto)"
+    return f"set {flag}=cpu (or auto)"
 
 
 def distributed_env() -> tuple[int, int, int]:

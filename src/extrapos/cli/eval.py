@@ -112,7 +112,7 @@ def run(args) -> int:
         step=args.step,
     )
     # under torchrun the windows are scored by all ranks together (each ends with the whole result)
-    rank, _, device = init_distributed(resolve_device(args.device))
+    rank, _, device = init_distributed(resolve_device(args.device, "--device"))
     result = evaluate(
         args.run,
         req,

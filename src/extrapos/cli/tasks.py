@@ -125,7 +125,7 @@ def run_passkey(args) -> int:
 
     lengths = parse_lengths(args.lengths)
     # under torchrun the prompts are scored by all ranks together (each ends with the whole result)
-    rank, _, device = init_distributed(resolve_device(args.device))
+    rank, _, device = init_distributed(resolve_device(args.device, "--device"))
     result = passkey(
         args.run,
         lengths=lengths,
@@ -155,9 +155,11 @@ def run_passkey(args) -> int:
 
 def run_synthetic(args) -> int:
     from extrapos.cli.eval import parse_lengths
+    from extrapos.runtime import resolve_device
     from extrapos.tasks.synthetic import format_synthetic, score_synthetic
 
     lengths = parse_lengths(args.lengths)
+    device = resolve_device(args.device, "--device")
     result = score_synthetic(
         args.run,
         lengths=lengths,
@@ -167,7 +169,7 @@ def run_synthetic(args) -> int:
         position_options=_options(args, lengths),
         name=args.name,
         overwrite=args.overwrite,
-        device=args.device,
+        device=str(device),
         step=args.step,
     )
     print(format_synthetic(result))
@@ -177,6 +179,7 @@ def run_synthetic(args) -> int:
 def run_lm_eval(args) -> int:
     from extrapos.errors import UserError
     from extrapos.integrations.lm_eval import run_lm_eval as lm_eval
+    from extrapos.runtime import resolve_device
 
     try:
         metadata = json.loads(args.metadata) if args.metadata else None
@@ -189,7 +192,7 @@ def run_lm_eval(args) -> int:
         limit=args.limit,
         max_length=args.max_length,
         batch_size=args.batch_size,
-        device=args.device,
+        device=str(resolve_device(args.device, "--device")),
         scale=args.scale,
         rope_scaling=args.rope_scaling,
         factor=args.factor,
