@@ -347,3 +347,182 @@ def test_flex_score_mods_equal_reference(name, Tq):
         warnings.simplefilter("ignore")  # "flex_attention called without torch.compile()"
         out = _flex(q, k, v, bias, flex.flex_attention, flex.create_block_mask)
     torch.testing.assert_close(out, attention_reference(q, k, v, bias), rtol=1e-5, atol=1e-5)
+
+
+# ---- FlexAttention in training (CUDA path): score_mods and masks with gradients, eager flex on CPU ----
+
+
+@pytest.fixture
+def flex_with_backward_on_cpu(monkeypatch):
+    """Eager flex_attention on CPU, with its backward. Eager flex refuses CPU inputs that require grad
+    by a device check alone ("FlexAttention does not support backward on CPU", torch 2.13); with the
+    check lifted, flex's own eager backward (the dense implementation of flex_attention_backward) runs
+    and differentiates the score_mod, as the compiled CUDA backward does. Nothing else is changed."""
+    import warnings
+
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    monkeypatch.setattr(flex, "_validate_device", lambda q, k, v: None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "flex_attention called without torch.compile()"
+        yield flex
+
+
+def _flex_training_case(name, layout, causal=True, Tq=19, seed=0):
+    """An encoding in fp64, its bias from a normed input x that requires grad, q/k/v (GQA: 4 heads, 2 kv)."""
+    from extrapos.positions import EncodingContext, build_encoding
+
+    ctx = EncodingContext(d_model=32, n_heads=4, head_dim=8, n_layers=2, train_length=8, causal=causal)
+    torch.manual_seed(seed)
+    options = {"t5": {"init_std": 0.5}, "fire": {"mlp_width": 8}}.get(name)  # FIRE's pair unrolls its units
+    enc = build_encoding(name, ctx, options).double()
+    if name == "fire":
+        with torch.no_grad():
+            enc.l_scale.fill_(2.0)  # L = 16: queries before and after L (both sides of max(L, i))
+    B, Tk = 2, 19
+    pos = torch.arange(Tk).expand(B, Tk) if layout == "contiguous" else _positions(B, Tk, Tk, F64)[1].long()
+    x = torch.randn(B, Tk, 32, dtype=F64, requires_grad=True)
+    q, k, v = (t.requires_grad_() for t in _qkv(B, 4, 2, Tq, Tk, 8, seed=seed + 1))
+    return enc, x, pos, (q, k, v)
+
+
+def _grads(out, leaves):
+    w = torch.cos(torch.arange(out.numel(), dtype=F64)).view_as(out)
+    return torch.autograd.grad((out * w).sum(), leaves, allow_unused=True)
+
+
+@pytest.mark.parametrize("name", ["kerple-log", "kerple-power", "fire", "t5", "k-cable"])
+@pytest.mark.parametrize("layout,Tq", [("contiguous", 19), ("sorted-gaps", 19), ("contiguous", 6)])
+def test_flex_training_path_equals_reference_with_gradients(flex_with_backward_on_cpu, name, layout, Tq):
+    """What CUDA training runs for the pairwise biases (``_flex``: the bias's ``pair`` as score_mod,
+    the bottom-right causal block mask, GQA), under eager flex on CPU in fp64: outputs and gradients
+    w.r.t. q, k, v, the block input x and every parameter of the encoding equal the materialized
+    reference's."""
+    from extrapos.attention import _flex
+
+    flex = flex_with_backward_on_cpu
+    enc, x, pos, (q, k, v) = _flex_training_case(name, layout, Tq=Tq)
+    leaves = [q, k, v, x, *enc.parameters()]
+    Tk = pos.shape[1]
+
+    def bias():
+        full = enc.bias(x, pos, 1, None)
+        assert isinstance(full, PairwiseBias) and full.pair is not None
+        return PairwiseBias(full.q_feat[:, :, Tk - Tq :], full.k_feat, full.fn, pair=full.pair)
+
+    out = _flex(q, k, v, bias(), flex.flex_attention, flex.create_block_mask)
+    ref = attention_reference(q, k, v, bias())
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    got, want = _grads(out, leaves), _grads(ref, leaves)
+    # q, k, v and the encoding's parameters (of layer 1) get gradients; x too where the bias reads it
+    assert all(g is not None for g in want[:3]) and any(g is not None for g in want[4:])
+    assert (want[3] is not None) == (name == "k-cable")
+    for a, b in zip(got, want):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("name", ["kerple-log", "t5", "k-cable", "alibi"])
+def test_flex_training_path_bidirectional(flex_with_backward_on_cpu, name):
+    """The encoder flavour (no mask): the bidirectional per-pair forms, with gradients."""
+    from extrapos.attention import _flex
+
+    flex = flex_with_backward_on_cpu
+    enc, x, pos, (q, k, v) = _flex_training_case(name, "sorted-gaps", causal=False)
+    leaves = [q, k, v, x, *enc.parameters()]
+    out = _flex(q, k, v, enc.bias(x, pos, 0, None), flex.flex_attention, flex.create_block_mask, causal=False)
+    ref = attention_reference(q, k, v, enc.bias(x, pos, 0, None), causal=False)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    for a, b in zip(_grads(out, leaves), _grads(ref, leaves)):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_flex_document_mask_equals_a_dense_mask(flex_with_backward_on_cpu, causal):
+    """``flex_mask_mod`` with documents: a key is visible only from queries of its own document (and,
+    causal, not after them); equal to the dense masked softmax, gradients included (fp64)."""
+    from extrapos.attention import _expand_kv, _flex, bias_block
+
+    flex = flex_with_backward_on_cpu
+    enc, x, pos, (q, k, v) = _flex_training_case("kerple-log", "contiguous", causal=causal, Tq=7)
+    documents = torch.tensor([[0] * 5 + [1] * 9 + [2] * 5, [0] * 12 + [1] * 7])
+    leaves = [q, k, v, x, *enc.parameters()]
+    Tk, Tq = 19, 7
+
+    def bias():
+        full = enc.bias(x, pos, 0, None)
+        return PairwiseBias(full.q_feat[:, :, Tk - Tq :], full.k_feat, full.fn, pair=full.pair)
+
+    out = _flex(q, k, v, bias(), flex.flex_attention, flex.create_block_mask, causal, documents)
+    visible = documents[:, Tk - Tq :, None] == documents[:, None, :]  # (B, Tq, Tk)
+    if causal:
+        visible = visible & attn_mod._causal_mask(Tq, Tk, q.device)
+    scores = q @ _expand_kv(k, 4).transpose(-1, -2) / math.sqrt(8) + bias_block(bias())
+    weights = torch.softmax(scores.masked_fill(~visible[:, None], float("-inf")), -1)
+    ref = weights @ _expand_kv(v, 4)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    for a, b in zip(_grads(out, leaves), _grads(ref, leaves)):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+def test_flex_is_chosen_by_device_and_never_on_cpu(monkeypatch):
+    """The selection: CUDA only; in training the pairwise biases with a per-pair form; never dropout or
+    a LogitBias. On CPU a training step of Kerple never reaches flex (the chunked path, as before)."""
+    from extrapos.attention import flex_wanted
+    from extrapos.positions.base import LogitBias
+
+    f32, bf16 = torch.float32, torch.bfloat16
+    pairwise = PairwiseBias(None, None, None, pair=lambda qi, kj, h: qi[0])
+    no_pair = PairwiseBias(None, None, None)
+    folded = FoldedBias(None, None)
+    assert flex_wanted("cuda", True, 0.0, 512, bf16, pairwise)
+    assert not flex_wanted("cpu", True, 0.0, 512, f32, pairwise)
+    assert not flex_wanted("cuda", True, 0.1, 512, f32, pairwise)  # flex has no dropout
+    assert not flex_wanted("cuda", True, 0.0, 512, f32, no_pair)
+    assert not flex_wanted("cuda", True, 0.0, 512, bf16, folded)  # training folds through fused SDPA
+    assert not flex_wanted("cuda", False, 0.0, 512, f32, LogitBias(None, None, None))
+    assert flex_wanted("cuda", False, 0.0, 512, f32, no_pair)  # long no-grad forwards, as before
+    assert not flex_wanted("cuda", False, 0.0, 8, f32, pairwise)  # decoding steps
+    assert flex_wanted("cuda", False, 0.0, 512, bf16, folded) and not flex_wanted(
+        "cuda", False, 0.0, 512, f32, folded
+    )
+
+    def never(*args, **kwargs):
+        raise AssertionError("flex on CPU")
+
+    monkeypatch.setattr(attn_mod, "_flex_or_none", never)
+    enc, x, pos, (q, k, v) = _flex_training_case("kerple-log", "contiguous")
+    attention(q, k, v, enc.bias(x, pos, 0, None)).sum().backward()
+    assert q.grad is not None and next(enc.parameters()).grad is not None
+
+
+def test_a_failing_flex_backward_falls_back_before_training_uses_it(monkeypatch):
+    """Under autograd the first call of each kind runs flex's backward on detached q, k, v; a failure
+    there (here: a stand-in flex whose backward raises) turns flex off with a warning and the caller
+    falls back, instead of failing later in loss.backward()."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    class BrokenBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, out):
+            return out.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise RuntimeError("no backward kernel for this score_mod")
+
+    def flex_without_backward(q, k, v, **kwargs):
+        with torch.no_grad():
+            out = flex_attention(q.detach(), k.detach(), v.detach(), **kwargs)
+        return BrokenBackward.apply(q, k, v, out)
+
+    monkeypatch.setattr(attn_mod, "_flex_state", {"fn": flex_without_backward, "mask": create_block_mask})
+    enc, x, pos, (q, k, v) = _flex_training_case("kerple-log", "contiguous")
+    bias = enc.bias(x, pos, 0, None)
+    with pytest.warns(UserWarning, match="no backward kernel"):
+        assert attn_mod._flex_or_none(q, k, v, bias) is None
+    assert attn_mod._flex_state["broken"] and q.grad is None and next(enc.parameters()).grad is None

@@ -284,3 +284,81 @@ def test_sharded_evaluation_equals_one_process(tiny_data, tmp_path):
     total = sum(one["results"][i]["windows"] for i in range(3))
     assert all(c["world"] == 2 and 0 < c["rows"] < total for c in counts)  # each rank scored a share
     assert sum(c["rows"] for c in counts) == total
+
+
+def launch(port, args, nproc=2):
+    """``torchrun --nproc_per_node=2 -m extrapos ARGS``: the completed process (stdout of both ranks)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
+    cmd += ["--master_port", str(port), "-m", "extrapos", *map(str, args)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _cells(result):
+    """A task result's numbers, without the timings."""
+    return [{k: v for k, v in c.items() if k != "seconds"} for c in result["results"]]
+
+
+@pytest.mark.slow
+def test_sharded_compare_trains_on_two_ranks_and_scores_like_one_process(tiny_data, tmp_path):
+    """`torchrun -m extrapos compare`: every row (and the extension row) trains on the 2 processes,
+    the loss columns and the passkey column are scored by both, and the numbers equal a single
+    process scoring the same runs; rank 0 alone prints and writes."""
+    from extrapos.compare import load_sweep
+    from extrapos.evaluate import EvalRequest, evaluate
+    from extrapos.tasks.passkey import passkey
+
+    sets = tiny_overrides(tiny_data, **{"model.train_length": 32, "train.steps": 3, "train.batch_size": 2})
+    f = tmp_path / "sweep.toml"
+    f.write_text(
+        'title = "sharded"\ntrain = "cpu/tiny"\nlengths = [4, 8]\nmax_eval_tokens = 512\n'
+        "extend_tokens = 2048\n"
+        'tasks = ["passkey"]\npasskey = { depths = [0.0, 1.0], trials = 3, candidates = 3, mode = "both" }\n'
+        f"set = {json.dumps(sets)}\n"
+        '[[rows]]\nname = "RoPE"\npositions = { name = "rope" }\n'
+        '[[rows]]\nname = "Kerple"\npositions = { name = "kerple-log" }\n'
+        '[[rows]]\nname = "RoPE x2"\nreuse = "RoPE"\neval = { scaling = "linear", factor = 2.0 }\n'
+        '[[rows]]\nname = "RoPE chunk"\nextend = { from = "RoPE", method = "chunk", alpha = 0.25, factor = '
+        "[4] }\n"
+    )
+    out = tmp_path / "out"
+    done = launch(29571, ["compare", f, "--out", out, "--no-progress"])
+    assert done.stdout.count(f"-> {out / 'report.md'}") == 1  # printed by rank 0 only
+    assert done.stdout.count("[1/2] RoPE: training") == 1 and "[ext 1/1] RoPE chunk x4" in done.stdout
+    entries = json.loads((out / "rows.json").read_text())
+    assert [e["name"] for e in entries] == [r.name for r in load_sweep(str(f)).rows]
+    for run in ("rope", "kerple", "rope-chunk-x4"):  # trained by the two processes
+        state = json.loads(next((out / "runs" / run / "checkpoints").glob("step-*/state.json")).read_text())
+        assert state["sampler"]["world_size"] == 2
+    for i, entry in enumerate(entries):
+        sharded = json.loads((out / entry["eval"]).read_text())
+        run = out / (entry["run"][0] if isinstance(entry["run"], list) else entry["run"])
+        req = EvalRequest(**sharded["request"])
+        one = evaluate(run, req, name=f"one-process-{i}", progress=False)
+        assert [r["loss"] for r in sharded["results"]] == [r["loss"] for r in one["results"]], entry["name"]
+        assert sharded["per_position"] == one["per_position"]
+        task = json.loads((out / entry["tasks"]["passkey"]).read_text())
+        args = {k: v for k, v in task["request"].items() if k not in ("step",)}
+        alone = passkey(run, **args, name=f"one-process-passkey-{i}")
+        assert _cells(task) == _cells(alone), entry["name"]
+
+
+@pytest.mark.slow
+def test_passkey_command_deals_trials_to_two_ranks(tiny_data, tmp_path):
+    """`torchrun -m extrapos passkey`: the trials are dealt out to the processes and gathered; the
+    grid equals one process's and is printed once."""
+    from extrapos.tasks.passkey import passkey
+
+    run = tmp_path / "run"
+    single(tiny_data, run, **{"train.steps": 3})
+    args = ["passkey", run, "--lengths", "4,8", "--depths", "0,0.5,1", "--trials", "3", "--mode", "both"]
+    done = launch(29572, [*args, "--candidates", "4", "--name", "sharded", "--no-progress"])
+    assert done.stdout.count("passkey both (") == 1
+    sharded = json.loads((run / "eval" / "sharded.json").read_text())
+    alone = passkey(
+        run, [4, 8], [0, 0.5, 1], trials=3, mode="both", candidates=4, name="one-process", progress=False
+    )
+    assert _cells(sharded) == _cells(alone)
+    assert any(0 < c["rank_accuracy"] < 1 or 1 < c["mean_rank"] for c in alone["results"])  # not all alike

@@ -261,3 +261,51 @@ def test_corpus_haystack_and_position_options_on_a_trained_run(tiny_run):
         passkey(tiny_run, mode="guess")
     with pytest.raises(UserError, match="cannot hold"):
         passkey(tiny_run, lengths=[1], depths=[0], trials=1)
+
+
+def test_prompts_dealt_to_two_ranks_score_like_one_process(tok):
+    """Under torchrun (runtime.Shard) each rank scores its jobs (a prompt in rank mode, a batch of
+    prompts in generate mode) and the shares summed over the ranks give one process's numbers; both
+    ranks draw every prompt's alternatives, so the rng moves as in one process. The all-reduce is
+    stood in for: rank 1's shares are recorded and added to rank 0's."""
+    from extrapos.runtime import Shard
+
+    b = PasskeyBuilder(tok)
+    model = StubLM(tok.vocab_size, copier=True)
+    prompts = _prompts(b, 7)
+    rng = np.random.default_rng(5)
+    for p in prompts[::2]:  # the needle holds another key: misses and lower ranks on these
+        other = b.alternatives(p.key, 1, rng)[0]
+        p.key, p.answer = other, b.answer(other)
+
+    def score(shard):
+        return score_prompts(model, tok, b, prompts, "both", 5, np.random.default_rng(0), 250, shard)
+
+    class Recorded(Shard):
+        def __init__(self):
+            super().__init__(rank=1, world=2)
+            self.shares = []
+
+        def sum(self, t):
+            self.shares.append(t.clone())
+            return t
+
+    class PlusRecorded(Shard):
+        def __init__(self, others):
+            super().__init__(rank=0, world=2)
+            self.others, self.own = iter(others), []
+
+        def sum(self, t):
+            self.own.append(t.clone())
+            return t + next(self.others)
+
+    one = score(None)
+    assert 0 < one["exact_match"] < 1 and one["mean_rank"] > 1  # mixed outcomes, so the sums are tested
+    rank1 = Recorded()
+    with np.errstate(divide="ignore"):  # rank 1's own numbers (zeros for rank 0's jobs) are never used
+        score(rank1)
+    rank0 = PlusRecorded(rank1.shares)
+    assert score(rank0) == one
+    for mine, theirs in zip(rank0.own, rank1.shares):  # each job scored by exactly one rank, both busy
+        assert bool((mine != 0).any()) and bool((theirs != 0).any())
+        assert not bool(((mine != 0) & (theirs != 0)).any())

@@ -10,8 +10,9 @@ on every path below.
 no bias -> fused SDPA; ``FoldedBias`` (ALiBi, CABLE) -> one extra q/k dimension in fused SDPA,
 block by block; ``PairwiseBias`` (Kerple, FIRE, T5, K-CABLE) -> query chunks, checkpointed in
 training; ``LogitBias`` (CoPE, DAPE: the bias reads the row's logits) -> the same query chunks,
-never FlexAttention; CUDA -> FlexAttention for long no-grad forwards. Why, and the measured precision of
-each path: docs/attention.md.
+never FlexAttention; CUDA -> FlexAttention for long no-grad forwards, and in training for the pairwise
+biases with a per-pair form (``flex_wanted``). Why, and the measured precision of each path:
+docs/attention.md.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ MIN_BLOCK_ELEMENTS = 1 << 18
 TOEPLITZ_CHUNK = 256
 #: queries sharing one k_feat shift in the folded path; longer forwards fold block by block (precision)
 FOLD_BLOCK = 256
-#: FlexAttention (CUDA) only for forwards with at least this many queries, see ``_flex_wanted``
+#: FlexAttention (CUDA) only for no-grad forwards with at least this many queries, see ``flex_wanted``
 FLEX_MIN_QUERIES = 128
 
 
@@ -449,25 +450,41 @@ _flex_state: dict = {}
 
 
 def _flex_wanted(q: Tensor, bias: Bias, dropout_p: float) -> bool:
-    """Flex on CUDA for long no-grad forwards (evaluation, prefill): the case where speed matters.
+    return flex_wanted(q.device.type, torch.is_grad_enabled(), dropout_p, q.shape[2], q.dtype, bias)
 
-    Not under autograd (gradients w.r.t. tensors captured by a score_mod, i.e. the bias parameters,
-    need a recent torch, and a failure there would surface in backward where no fallback can
-    catch it; training lengths are short and the other paths are exact), not with dropout (flex has
-    none), not for short query blocks (each new (Tq, Tk) recompiles: decoding steps stay on the
-    other paths). Folded biases only in half precision: in fp32 the SDPA fold is already fused,
-    while a half-precision fold has to run SDPA in fp32 (_fold_dtype) and flex computes the
-    score_mod in fp32 on bf16 inputs instead.
+
+def flex_wanted(
+    device_type: str, grad: bool, dropout_p: float, n_queries: int, dtype: torch.dtype, bias: Bias
+) -> bool:
+    """Whether ``attention`` runs FlexAttention: on CUDA only (the CPU keeps its paths), never with
+    dropout (flex has none) nor for a ``LogitBias`` (a score_mod sees one (query, key) pair, never the
+    row it needs).
+
+    Training (autograd on): the pairwise biases that have a per-pair form (``PairwiseBias.pair``:
+    Kerple, FIRE, T5, K-CABLE), compiled with flex's own backward, instead of checkpointed query
+    chunks. Without gradients: long forwards (evaluation, prefill; at least ``FLEX_MIN_QUERIES``
+    queries, since each new (Tq, Tk) recompiles and decoding steps stay on the other paths) of any
+    pairwise bias, and folded biases in half precision only (in fp32 the SDPA fold is already
+    fused, while a half-precision fold runs SDPA in fp32 (_fold_dtype) and flex computes the
+    score_mod in fp32 on bf16 inputs instead).
     """
-    if q.device.type != "cuda" or dropout_p or torch.is_grad_enabled() or q.shape[2] < FLEX_MIN_QUERIES:
+    if device_type != "cuda" or dropout_p or isinstance(bias, LogitBias):
         return False
-    if isinstance(bias, LogitBias):  # a score_mod sees one (query, key) pair, never the row it needs
+    if grad:
+        return isinstance(bias, PairwiseBias) and bias.pair is not None
+    if n_queries < FLEX_MIN_QUERIES:
         return False
-    return isinstance(bias, PairwiseBias) or q.dtype in (torch.float16, torch.bfloat16)
+    return isinstance(bias, PairwiseBias) or dtype in (torch.float16, torch.bfloat16)
 
 
 def _flex_or_none(q: Tensor, k: Tensor, v: Tensor, bias: Bias, causal: bool = True) -> Tensor | None:
-    """FlexAttention on CUDA, or None (caller falls back) when it is missing or fails."""
+    """FlexAttention (compiled), or None (the caller falls back) when it is missing or fails.
+
+    Under autograd a failure of the compiled backward would surface in ``loss.backward()``, where no
+    fallback can catch it; so the first forward of each (bias, shape, dtype) also runs a backward on
+    detached copies of q, k, v (gradients of q, k, v only: nothing accumulates in the parameters),
+    and a failure there falls back like a failed forward.
+    """
     if _flex_state.get("broken"):
         return None
     try:
@@ -476,13 +493,122 @@ def _flex_or_none(q: Tensor, k: Tensor, v: Tensor, bias: Bias, causal: bool = Tr
 
             _flex_state["fn"] = torch.compile(flex_attention, dynamic=False)
             _flex_state["mask"] = create_block_mask
-        return _flex(q, k, v, bias, _flex_state["fn"], _flex_state["mask"], causal)
+        flex, make_mask = _flex_state["fn"], _flex_state["mask"]
+        if torch.is_grad_enabled():
+            _check_flex_backward(q, k, v, bias, causal, flex, make_mask)
+        return _flex(q, k, v, bias, flex, make_mask, causal)
     except Exception as e:  # import errors, compile errors, unsupported captures: use the fallback
         _flex_state["broken"] = True
         warnings.warn(
             f"FlexAttention unavailable ({type(e).__name__}: {e}); using the chunked path", stacklevel=3
         )
         return None
+
+
+def _check_flex_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Bias,
+    causal: bool,
+    flex_attention: Callable,
+    create_block_mask: Callable,
+) -> None:
+    """One forward and backward of flex on detached q, k, v, once per kind of call (see _flex_or_none)."""
+    pair = getattr(bias, "pair", None)
+    key = (type(bias).__name__, getattr(pair, "__qualname__", None), q.shape, k.shape, q.dtype, causal)
+    checked = _flex_state.setdefault("backward_checked", set())
+    if key in checked:
+        return
+    qd, kd, vd = (t.detach().requires_grad_() for t in (q, k, v))
+    out = _flex(qd, kd, vd, bias, flex_attention, create_block_mask, causal)
+    torch.autograd.grad(out.sum(), (qd, kd, vd))
+    checked.add(key)
+
+
+def flex_mask_mod(Tq: int, Tk: int, causal: bool = True, documents: Tensor | None = None) -> Callable | None:
+    """FlexAttention's ``mask_mod``: key kj visible from query qi (bottom-right causal, kj <= qi + Tk - Tq)
+    and, with ``documents`` (B, Tk) (the document of every key; the queries are the last Tq), in the
+    query's document; None when every key is visible. The samplers keep a window inside one document
+    or (``data.packed``) attend across documents on purpose (docs/architecture.md), so the model
+    passes no ``documents`` today; the mask is here for packed training with document boundaries."""
+    past = Tk - Tq
+    if documents is None:
+        if not causal:
+            return None
+
+        def visible(b, h, qi, kj):
+            return kj <= qi + past
+
+        return visible
+
+    def same_document(b, h, qi, kj):
+        same = documents[b, qi + past] == documents[b, kj]
+        return same & (kj <= qi + past) if causal else same
+
+    return same_document
+
+
+#: causal block masks kept per (Tq, Tk, device): training asks for the same one in every layer and step
+_MAX_CACHED_MASKS = 16
+
+
+def flex_block_mask(
+    create_block_mask: Callable,
+    B: int,
+    Tq: int,
+    Tk: int,
+    device: torch.device,
+    causal: bool = True,
+    documents: Tensor | None = None,
+):
+    """The block mask of ``flex_mask_mod`` (None when every key is visible, e.g. one decoded query)."""
+    if documents is not None:
+        return create_block_mask(flex_mask_mod(Tq, Tk, causal, documents), B, None, Tq, Tk, device=device)
+    if Tq == 1 or not causal:
+        return None
+    cache = _flex_state.setdefault("masks", {})
+    key = (Tq, Tk, str(device), create_block_mask)
+    if key not in cache:
+        if len(cache) >= _MAX_CACHED_MASKS:
+            cache.clear()
+        cache[key] = create_block_mask(flex_mask_mod(Tq, Tk, causal), None, None, Tq, Tk, device=device)
+    return cache[key]
+
+
+def flex_score_mod(bias: Bias, B: int, H: int, Tq: int, Tk: int) -> Callable:
+    """FlexAttention's ``score_mod`` for a bias description: score + bias of the pair (b, h, qi, kj)."""
+    if isinstance(bias, FoldedBias):
+        kf = bias.k_feat.float()
+        qf = bias.q_feat.float().expand(B, H, Tq)
+        kf = (kf - kf[..., -1:].detach()).expand(B, H, Tk)
+
+        def folded(score, b, h, qi, kj):
+            return score + qf[b, h, qi] * kf[b, h, kj]
+
+        return folded
+    qf, kf, pair = bias.q_feat, bias.k_feat, bias.pair
+    hq, hk = qf.shape[1] > 1, kf.shape[1] > 1
+    if pair is not None:
+        n_q, n_k = qf.shape[-1], kf.shape[-1]
+
+        def pairwise(score, b, h, qi, kj):
+            # one scalar per feature: flex differentiates a captured tensor through scalar indexing only
+            a = [qf[b, h if hq else 0, qi, f] for f in range(n_q)]
+            c = [kf[b, h if hk else 0, kj, f] for f in range(n_k)]
+            return score + pair(a, c, h)
+
+        return pairwise
+    fn = bias.fn
+
+    def by_fn(score, b, h, qi, kj):
+        # fn on one (query, key) pair, features kept 4-D as fn expects (forward only, see flex_wanted)
+        a = qf[b, h if hq else 0, qi].reshape(1, 1, 1, -1)
+        c = kf[b, h if hk else 0, kj].reshape(1, 1, 1, -1)
+        out = fn(a, c)
+        return score + out[0, h if out.shape[1] > 1 else 0, 0, 0]
+
+    return by_fn
 
 
 def _flex(
@@ -493,36 +619,13 @@ def _flex(
     flex_attention: Callable,
     create_block_mask: Callable,
     causal: bool = True,
+    documents: Tensor | None = None,
 ) -> Tensor:
+    """One flex call: the bias's score_mod, the causal (+ document) block mask; GQA without copies."""
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
-    past = Tk - Tq
-
-    def visible(b, h, qi, kj):
-        return kj <= qi + past
-
-    block_mask = (
-        None if Tq == 1 or not causal else create_block_mask(visible, None, None, Tq, Tk, device=q.device)
-    )
-    if isinstance(bias, FoldedBias):
-        kf = bias.k_feat.float()
-        qf = bias.q_feat.float().expand(B, H, Tq)
-        kf = (kf - kf[..., -1:].detach()).expand(B, H, Tk)
-
-        def score_mod(score, b, h, qi, kj):
-            return score + qf[b, h, qi] * kf[b, h, kj]
-
-    else:
-        qf, kf, fn = bias.q_feat, bias.k_feat, bias.fn
-        hq, hk = qf.shape[1] > 1, kf.shape[1] > 1
-
-        def score_mod(score, b, h, qi, kj):
-            # fn on one (query, key) pair, features kept 4-D as fn expects
-            a = qf[b, h if hq else 0, qi].reshape(1, 1, 1, -1)
-            c = kf[b, h if hk else 0, kj].reshape(1, 1, 1, -1)
-            out = fn(a, c)
-            return score + out[0, h if out.shape[1] > 1 else 0, 0, 0]
-
+    block_mask = flex_block_mask(create_block_mask, B, Tq, Tk, q.device, causal, documents)
+    score_mod = flex_score_mod(bias, B, H, Tq, Tk)
     return flex_attention(
         q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1]
     )

@@ -13,6 +13,9 @@ machine slows all encodings alike and the ratios survive. Peak memory on CPU has
 counter, so it is the peak growth of the resident set during the forward, sampled by a thread, in a
 fresh child process per encoding: it counts everything the process really touched, kernel scratch
 buffers included.
+
+On a GPU (``run_bench_gpu``): GPT-2 small, each encoding alone on the card, absolute times,
+``torch.cuda.max_memory_allocated`` and MFU against the GPU's dense bf16 peak (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import torch
 from extrapos.errors import UserError
 from extrapos.losses import model_loss_sum
 from extrapos.model import Decoder, flops_per_token, model_config
-from extrapos.perf import matmul_peak_flops
+from extrapos.perf import gpu_bf16_peak, matmul_peak_flops, mfu
 from extrapos.positions import registry
 from extrapos.runtime import cpu_has_fast_bf16
 
@@ -446,8 +449,12 @@ def target_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             if not r.get("peer"):
                 continue
             vals = {"": r["peer"]["ratio"]}
-        elif what == "mfu":
-            vals = {n: r["train_fp32"][n]["mfu"] for n in names if n in r["train_fp32"]}
+        elif what == "mfu":  # on a GPU fp32 has no MFU (format_bench)
+            vals = {
+                n: r["train_fp32"][n]["mfu"]
+                for n in names
+                if r["train_fp32"].get(n, {}).get("mfu") is not None
+            }
         elif what == "train":
             vals = {n: r["train_fp32"][n]["ratio"] for n in names if n in r["train_fp32"]}
         else:
@@ -480,14 +487,25 @@ def bench_names(encodings: list[str] | None = None) -> list[str]:
 
 
 def run_bench(
-    quick: bool = False, encodings: list[str] | None = None, progress: bool = True
+    quick: bool = False,
+    encodings: list[str] | None = None,
+    progress: bool = True,
+    device: str | torch.device = "cpu",
 ) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from extrapos.diagnostics import position_resolution
 
-    s = BenchSettings.for_mode(quick)
     names = bench_names(encodings)
+    if torch.device(device).type == "cuda":
+        bar = tqdm(total=len(names), disable=not progress, desc="bench", unit="encoding")
+        try:
+            return run_bench_gpu(
+                names, gpu_settings(quick), CudaDevice(torch.device(device)), lambda: bar.update(1)
+            )
+        finally:
+            bar.close()
+    s = BenchSettings.for_mode(quick)
     n = len(names)
     total = (
         2 * n * (s.repeats + 1)
@@ -523,15 +541,251 @@ def run_bench(
     return result
 
 
+# ---- on a GPU ---------------------------------------------------------------------------------------
+
+
+class CudaDevice:
+    """What the GPU bench asks CUDA: its name, bf16 support, synchronisation and the allocator's
+    counters (``torch.cuda.max_memory_allocated``). One object, so the tests stand in for it on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def name(self) -> str:
+        return torch.cuda.get_device_name(self.device)
+
+    def bf16(self) -> bool:
+        return torch.cuda.is_bf16_supported()
+
+    def sync(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def max_allocated(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device)
+
+    def free(self) -> None:
+        torch.cuda.empty_cache()
+
+
+def gpu_settings(quick: bool) -> BenchSettings:
+    """GPT-2 small (124M) at L_t = 1024 (quick: 512): big enough that a GPU is busy, so the times and
+    the MFU mean something, small enough for one 24 GB card."""
+    if quick:
+        return BenchSettings(
+            size="gpt2-small",
+            vocab=50304,
+            train_length=512,
+            batch=8,
+            eval_lengths=(1, 4, 8),
+            context=2048,
+            new_tokens=32,
+            repeats=3,
+            steps_per_repeat=3,
+            quick=True,
+        )
+    return BenchSettings(
+        size="gpt2-small",
+        vocab=50304,
+        train_length=1024,
+        batch=8,
+        eval_lengths=(1, 4, 16),
+        context=4096,
+        new_tokens=64,
+        repeats=5,
+        steps_per_repeat=5,
+    )
+
+
+def _gpu_training(name: str, s: BenchSettings, precision: str, cuda: CudaDevice, peak: float | None):
+    """One encoding's training step on the GPU, alone on the card: absolute time, the allocator's peak
+    (weights, gradients, AdamW state and activations: ``max_memory_allocated``), MFU against ``peak``."""
+    from extrapos.runtime import autocast
+
+    dev = cuda.device
+    model = _model(name, s).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, s.vocab, (s.batch, s.train_length + 1), generator=g).to(dev)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    pos = torch.arange(s.train_length, device=dev).expand(s.batch, -1)
+    mask = torch.ones(y.shape, device=dev)
+
+    def step() -> None:
+        with autocast(dev, precision):
+            loss = model_loss_sum(model, x, pos, y, mask) / mask.numel()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(2):  # warm-up: compilation (FlexAttention), AdamW state, the allocator's pools
+        step()
+    cuda.sync()
+    cuda.reset_peak()
+    times = []
+    for _ in range(s.repeats):
+        cuda.sync()
+        t0 = time.perf_counter()
+        for _ in range(s.steps_per_repeat):
+            step()
+        cuda.sync()
+        times.append((time.perf_counter() - t0) / s.steps_per_repeat)
+    sec = statistics.median(times)
+    tok_s = s.batch * s.train_length / sec
+    out = {
+        "step_ms": sec * 1e3,
+        "tokens_per_s": tok_s,
+        "spread": _spread(times),
+        "peak_mb": cuda.max_allocated() / 2**20,
+        "mfu": mfu(flops_per_token(model.cfg, s.train_length), tok_s, peak),
+    }
+    return out  # the model and its optimizer go with this frame; the caller empties the cache
+
+
+@torch.no_grad()
+def _gpu_eval_and_generation(name: str, s: BenchSettings, precision: str, cuda: CudaDevice):
+    """(evaluation time per length, the allocator's peak above the resident weights per length, decoding)
+    of one encoding at batch 1, in ``precision``."""
+    from extrapos.generate import generate_tokens
+    from extrapos.runtime import autocast
+
+    dev = cuda.device
+    model = _model(name, s).to(dev).eval()
+    g = torch.Generator().manual_seed(1)
+    times, memory = {}, {}
+    for k in s.eval_lengths:
+        T = k * s.train_length
+        tokens = torch.randint(0, s.vocab, (1, T), generator=g).to(dev)
+        pos = torch.arange(T, device=dev).unsqueeze(0)
+
+        def forward(tokens=tokens, pos=pos) -> float:
+            cuda.sync()
+            t0 = time.perf_counter()
+            with autocast(dev, precision):
+                model.hidden_states(tokens, pos)
+            cuda.sync()
+            return time.perf_counter() - t0
+
+        forward()  # warm-up (compilation for this shape)
+        resident = cuda.allocated()
+        cuda.reset_peak()
+        times[f"time_ms_{k}x"] = statistics.median(forward() for _ in range(max(2, s.repeats - 2))) * 1e3
+        memory[f"peak_mb_{k}x"] = (cuda.max_allocated() - resident) / 2**20
+    prompt = torch.randint(0, s.vocab, (s.context,), generator=g).tolist()
+
+    def decode(use_cache: bool, n: int) -> float:
+        with autocast(dev, precision):
+            it = generate_tokens(model, prompt, n + 1, temperature=0, use_cache=use_cache)
+            next(it)  # the prefill and the first token, untimed
+            cuda.sync()
+            t0 = time.perf_counter()
+            for _ in it:
+                pass
+        cuda.sync()
+        return (time.perf_counter() - t0) / n
+
+    decode(True, 2)  # warm-up
+    cached, recomputed = decode(True, s.new_tokens), decode(False, max(4, s.new_tokens // 4))
+    generation = {
+        "cached_tok_s": 1 / cached,
+        "recompute_tok_s": 1 / recomputed,
+        "cache_speedup": recomputed / cached,
+        "decode_ms": cached * 1e3,
+    }
+    return times, memory, generation
+
+
+def run_bench_gpu(
+    names: list[str], s: BenchSettings, cuda: CudaDevice, progress=lambda: None
+) -> dict[str, Any]:
+    """The bench on one GPU: every encoding alone on the card, one after the other (the interleaving
+    that keeps CPU ratios honest on a shared machine would keep every model resident at once).
+    Absolute times, ``max_memory_allocated``, and MFU of the bf16 step against the GPU's dense bf16
+    peak (``perf.GPU_BF16_PEAKS``; a GPU not in the table gets no MFU, and the report says why)."""
+    from extrapos.diagnostics import position_resolution
+
+    t0 = time.perf_counter()
+    gpu = cuda.name()
+    known = gpu_bf16_peak(gpu)
+    bf16 = cuda.bf16()
+    precision = "bf16" if bf16 else "fp32"
+    result: dict[str, Any] = {
+        "settings": s.__dict__ | {"threads": torch.get_num_threads(), "torch": torch.__version__},
+        "machine": {
+            "device": str(cuda.device),
+            "gpu": gpu,
+            "bf16_peak_tflops": known[1] / 1e12 if known else None,
+            "bf16_peak_of": known[0] if known else None,
+            "eval_precision": precision,
+        },
+        "train_fp32": {},
+        "train_bf16": {} if bf16 else None,
+        "eval_time": {},
+        "eval_memory": {},
+        "generation": {},
+        "peer": None,
+    }
+    for n in names:
+        # fp32 (TF32 where torch allows it) has no peak in the table: its MFU is left out
+        result["train_fp32"][n] = _gpu_training(n, s, "fp32", cuda, None)
+        cuda.free()
+        if bf16:
+            result["train_bf16"][n] = _gpu_training(n, s, "bf16", cuda, known[1] if known else None)
+            cuda.free()
+        times, memory, generation = _gpu_eval_and_generation(n, s, precision, cuda)
+        cuda.free()
+        result["eval_time"][n], result["eval_memory"][n], result["generation"][n] = times, memory, generation
+        progress()
+    for key in ("train_fp32", "train_bf16"):
+        rows = result[key] or {}
+        base = rows.get("nope", {}).get("step_ms")
+        for n in rows:
+            rows[n]["ratio"] = rows[n]["step_ms"] / base if base else None
+    result["resolution"] = position_resolution(train_length=512, multiples=(1, 2, 4, 8, 16))
+    result["wall_time_s"] = time.perf_counter() - t0
+    return result
+
+
 def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}" if a is not None and b else "–"
+
+
+def _gpu_header(r: dict[str, Any]) -> str:
+    s, m = r["settings"], r["machine"]
+    peak = m.get("bf16_peak_tflops")
+    mfu_text = (
+        f"MFU of the bf16 step against the {m['bf16_peak_of']} dense bf16 peak, {peak:.0f} TFLOP/s "
+        "(datasheet); no MFU for fp32 (its peak depends on TF32 and is not in the table)"
+        if peak
+        else f"no MFU: {m['gpu']!r} is not in the table of dense bf16 peaks (perf.GPU_BF16_PEAKS)"
+    )
+    return (
+        f"Model {s['size']} (vocab {s['vocab']}), L_t = {s['train_length']}, batch {s['batch']}, on "
+        f"{m['gpu']} ({m['device']}), torch {s['torch']}; each encoding alone on the GPU. Times are "
+        "absolute, medians; peak MB is torch.cuda.max_memory_allocated (training: the whole step, weights "
+        f"and AdamW state included; evaluation, in {m['eval_precision']}: above the resident weights); "
+        f"{mfu_text}. Ratios are to `nope` (lower is better, except speedup)."
+        + ("" if r["train_bf16"] else " The bf16 columns are skipped: this GPU has no bf16.")
+    )
+
+
+def _percent(x: float | None) -> str:
+    return f"{x:.1%}" if x is not None else "–"
 
 
 def format_bench(r: dict[str, Any]) -> str:
     s, m = r["settings"], r["machine"]
     bf16_peak = m.get("matmul_peak_gflops_bf16")
-    lines = [
-        f"Model {s['size']} (vocab {s['vocab']}), L_t = {s['train_length']}, batch {s['batch']}, "
+    gpu = "gpu" in m
+    header = (
+        _gpu_header(r)
+        if gpu
+        else f"Model {s['size']} (vocab {s['vocab']}), L_t = {s['train_length']}, batch {s['batch']}, "
         f"{s['threads']} threads, torch {s['torch']}, CPU capability {m.get('cpu_capability', '?')}; matmul "
         "peak "
         f"{m['matmul_peak_gflops_fp32']:.0f} GFLOP/s fp32"
@@ -542,23 +796,29 @@ def format_bench(r: dict[str, Any]) -> str:
             if r["train_bf16"]
             else " The bf16 columns are skipped: this CPU has no native bf16 "
             "(emulated bf16 runs ~20x slower than fp32 and would measure nothing a user runs)."
-        ),
+        )
+    )
+    lines = [
+        header,
         "",
         "| encoding | train fp32 ms (x nope) | MFU fp32 | train bf16 ms (x nope) | MFU bf16 | "
+        + ("train peak MB fp32 | train peak MB bf16 | " if gpu else "")
         + " | ".join(f"eval {k}x ms (x)" for k in s["eval_lengths"])
         + " | "
         + " | ".join(f"peak MB {k}x (x)" for k in s["eval_lengths"])
         + " | decode ms/token (x) | cached tok/s | recompute tok/s | cache speedup |",
-        "|---|" + "---:|" * (4 + 2 * len(s["eval_lengths"]) + 4),
+        "|---|" + "---:|" * (4 + 2 * gpu + 2 * len(s["eval_lengths"]) + 4),
     ]
     tf, tb, et, em, gen = r["train_fp32"], r["train_bf16"], r["eval_time"], r["eval_memory"], r["generation"]
     for n in tf:
-        cells = [f"{tf[n]['step_ms']:.1f} ({tf[n]['ratio']:.2f})", f"{tf[n]['mfu']:.1%}"]
+        cells = [f"{tf[n]['step_ms']:.1f} ({tf[n]['ratio']:.2f})", _percent(tf[n]["mfu"])]
         cells += (
-            [f"{tb[n]['step_ms']:.1f} ({tb[n]['ratio']:.2f})", f"{tb[n]['mfu']:.1%}"]
+            [f"{tb[n]['step_ms']:.1f} ({tb[n]['ratio']:.2f})", _percent(tb[n]["mfu"])]
             if tb
             else ["skipped", "-"]
         )
+        if gpu:
+            cells += [f"{tf[n]['peak_mb']:.0f}", f"{tb[n]['peak_mb']:.0f}" if tb else "-"]
         for k in s["eval_lengths"]:
             cells.append(
                 f"{et[n][f'time_ms_{k}x']:.1f} "

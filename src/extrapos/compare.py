@@ -286,12 +286,26 @@ def compare(
     progress: bool = True,
     max_eval_tokens: int | None = None,
 ) -> Path:
-    """Run (or resume) a sweep into ``out``; returns the report path."""
+    """Run (or resume) a sweep into ``out``; returns the report path.
+
+    Under torchrun every row trains on all the processes (data parallel, as ``extrapos train``) and
+    is scored by them together (``evaluate`` and the passkey column deal their work out); rank 0
+    alone writes the comparison's files and prints (docs/distributed.md).
+    """
+    from extrapos.runtime import init_distributed, resolve_device
     from extrapos.train import run_is_complete, train
 
     sweep = load_sweep(spec)
     specs = task_specs(sweep, find_sweep(spec))
     out = Path(out)
+    rank, _, device = init_distributed(resolve_device(sweep_device(sweep, list(extra or []))))
+    main = rank == 0
+    progress = progress and main
+
+    def say(text: str) -> None:
+        if main:
+            print(text, flush=True)
+
     run_dirs: dict[tuple[str, int | None], Path] = {
         (r.name, None): existing_run(r) for r in sweep.rows if r.run
     }
@@ -301,7 +315,7 @@ def compare(
     seeds: list[int | None] = list(sweep.seeds) if sweep.seeds else [None]
     jobs = [(row, seed) for row in trained for seed in seeds]
     configs: dict[tuple[str, int | None], RunConfig] = {}
-    _check_heldout_fits(sweep, trained, list(extra or []))
+    _check_heldout_fits(sweep, trained, list(extra or []), progress=main)
     for i, (row, seed) in enumerate(jobs, 1):
         # the seed goes last: it is what distinguishes the runs of one row
         cfg = row_config(sweep, row, list(extra or []) + ([f"train.seed={seed}"] if seed is not None else []))
@@ -310,14 +324,14 @@ def compare(
         run_dirs[(row.name, seed)], configs[(row.name, seed)] = run_dir, cfg
         if run_is_complete(run_dir):
             _check_same_config(run_dir, cfg)
-            print(f"[{i}/{len(jobs)}] {label}: finished run reused ({run_dir})", flush=True)
+            say(f"[{i}/{len(jobs)}] {label}: finished run reused ({run_dir})")
             continue
         resume = (run_dir / "config.toml").is_file()
         if resume:
             _check_same_config(run_dir, cfg)
-        print(f"[{i}/{len(jobs)}] {label}: {'resuming' if resume else 'training'} -> {run_dir}", flush=True)
+        say(f"[{i}/{len(jobs)}] {label}: {'resuming' if resume else 'training'} -> {run_dir}")
         train(cfg, run_dir, resume=resume, progress=progress)
-    extension_dirs = _run_extensions(sweep, out, run_dirs, list(extra or []), progress, seeds)
+    extension_dirs = _run_extensions(sweep, out, run_dirs, list(extra or []), progress, seeds, say)
 
     entries, rows = [], []
     max_tokens = max_eval_tokens or sweep.max_eval_tokens
@@ -325,14 +339,17 @@ def compare(
         result, entry = None, {"name": row.name}
         if sweep.loss:
             per_seed = [
-                _evaluate_row(sweep, row, seed, out, run_dirs, extension_dirs, max_tokens, progress)
+                _evaluate_row(
+                    sweep, row, seed, out, run_dirs, extension_dirs, max_tokens, progress, str(device), main
+                )
                 for seed in seeds
             ]
             if sweep.seeds:
                 result = _combine_seeds([r for r, _, _ in per_seed], list(sweep.seeds))
                 merged = out / "merged" / f"{slug(row.name)}.json"
-                merged.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write(merged, json.dumps(result, indent=1))
+                if main:
+                    merged.parent.mkdir(parents=True, exist_ok=True)
+                    atomic_write(merged, json.dumps(result, indent=1))
                 runs = [run for _, r, _ in per_seed for run in (r if isinstance(r, list) else [r])]
                 entry.update({"run": runs, "eval": str(merged.relative_to(out))})
             else:
@@ -343,14 +360,20 @@ def compare(
                 shown = (
                     format_mlm_result(result) if result.get("objective") == "mlm" else format_result(result)
                 )
-                print(f"{row.name}:\n{shown}", flush=True)
+                say(f"{row.name}:\n{shown}")
         else:
             entry.update({"run": _row_runs(sweep, row, seeds, out, run_dirs, extension_dirs), "eval": None})
-        task_results = _score_row_tasks(sweep, specs, row, seeds, run_dirs, extension_dirs, progress)
+        task_results = _score_row_tasks(
+            sweep, specs, row, seeds, run_dirs, extension_dirs, progress, str(device)
+        )
         if task_results:
-            entry["tasks"] = {t: write_row_result(out, t, slug(row.name), r) for t, r in task_results.items()}
+            entry["tasks"] = {
+                t: write_row_result(out, t, slug(row.name), r, write=main) for t, r in task_results.items()
+            }
         entries.append(entry)
         rows.append(Row(row.name, result, task_results))
+    if not main:
+        return out / "report.md"
     atomic_write(out / "rows.json", json.dumps(entries, indent=1))
     facts = _facts(sweep, configs, run_dirs, rows, time.perf_counter() - t0, extension_dirs)
     atomic_write(out / "facts.json", json.dumps(facts, indent=1))
@@ -361,6 +384,13 @@ def compare(
         print(markdown_table(loss_rows(rows)))
     print(f"-> {report}")
     return report
+
+
+def sweep_device(sweep: Sweep, extra: list[str]) -> str:
+    """``train.device`` of the sweep's preset with the sweep's and the command line's overrides: where
+    every row trains and is scored."""
+    overrides = [o for o in [*sweep.set, *extra] if not o.startswith("model.positions")]
+    return load_config(sweep.train, overrides).train.device
 
 
 def existing_run(row: SweepRow) -> Path:
@@ -407,6 +437,7 @@ def _score_row_tasks(
     run_dirs: dict[tuple[str, int | None], Path],
     extension_dirs: dict[tuple[str, int, int | None], Path],
     progress: bool,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """task -> the row's result: an extension row's factor-k run scored at ev = k (in its parent's L_t;
     lm-eval:
@@ -421,12 +452,16 @@ def _score_row_tasks(
                 for k in factors:
                     run_dir = extension_dirs[(row.name, k, seed)]
                     base = json.loads((run_dir / "parent.json").read_text())["train_length"]
-                    parts.append(score_task(task, specs, run_dir, [k], dict(row.eval), base, progress))
+                    parts.append(
+                        score_task(task, specs, run_dir, [k], dict(row.eval), base, progress, device)
+                    )
                 per_seed.append(parts[0] if task == "lm-eval" else merge_lengths(parts))
             else:
                 source = run_dirs[(row.reuse or row.name, seed)]  # run = rows exist only without seeds
                 per_seed.append(
-                    score_task(task, specs, source, list(sweep.lengths), dict(row.eval), None, progress)
+                    score_task(
+                        task, specs, source, list(sweep.lengths), dict(row.eval), None, progress, device
+                    )
                 )
         results[task] = mean_over_seeds(per_seed, list(sweep.seeds)) if sweep.seeds else per_seed[0]
     return results
@@ -442,15 +477,24 @@ def report_settings(sweep: Sweep) -> dict[str, Any]:
 
 
 def score_run(
-    run_dir: Path, req: EvalRequest, name: str | None = None, progress: bool = True
+    run_dir: Path, req: EvalRequest, name: str | None = None, progress: bool = True, device: str = "cpu"
 ) -> dict[str, Any]:
     """A row's loss evaluation of one run: ``evaluate_mlm`` (masked-LM loss on the same masked tokens at
-    every length) for an encoder trained with objective mlm, ``evaluate`` (next-token loss) otherwise."""
+    every length) for an encoder trained with objective mlm, ``evaluate`` (next-token loss, sharded under
+    torchrun) otherwise."""
+    import torch.distributed as dist
+
     from extrapos.config import load_run_config
 
     if load_run_config(run_dir).train.objective == "mlm":
-        return evaluate_mlm(run_dir, req, name=None if name is None else f"mlm-{name}", progress=progress)
-    return evaluate(run_dir, req, name=name, progress=progress)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            raise UserError(
+                f"{run_dir} is an encoder, whose masked-LM evaluation runs in one process; compare "
+                "encoder sweeps without torchrun."
+            )
+        name = None if name is None else f"mlm-{name}"
+        return evaluate_mlm(run_dir, req, name=name, device=device, progress=progress)
+    return evaluate(run_dir, req, name=name, device=device, progress=progress)
 
 
 def _evaluate_row(
@@ -462,8 +506,11 @@ def _evaluate_row(
     extension_dirs: dict[tuple[str, int, int | None], Path],
     max_tokens: int,
     progress: bool,
+    device: str = "cpu",
+    main: bool = True,
 ) -> tuple[dict[str, Any], Any, str]:
-    """(result, run path(s) relative to ``out``, result file relative to ``out``) of one row at one seed."""
+    """(result, run path(s) relative to ``out``, result file relative to ``out``) of one row at one seed;
+    ``main``: this process writes the comparison's copies (rank 0 under torchrun)."""
     if row.extend is not None or sweep.eval_each_length:
         # one evaluation per length (an extension's factor-k run at k only), merged into one row
         parts = [
@@ -478,21 +525,24 @@ def _evaluate_row(
         results = []
         for run_dir, k in parts:
             req = EvalRequest(lengths=[k], position_options=dict(row.eval), max_tokens=max_tokens)
-            results.append(score_run(run_dir, req, name=f"{default_name(req)}-ev{k}", progress=progress))
+            name = f"{default_name(req)}-ev{k}"
+            results.append(score_run(run_dir, req, name=name, progress=progress, device=device))
         result = _merge_results(results)
         merged = out / "merged" / f"{run_slug(row.name, seed)}.json"
-        merged.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(merged, json.dumps(result, indent=1))
+        if main:
+            merged.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(merged, json.dumps(result, indent=1))
         return result, [_rel(p, out) for p, _ in parts], str(merged.relative_to(out))
     source = run_dirs[(row.reuse or row.name, seed)]
     req = EvalRequest(lengths=sweep.lengths, position_options=dict(row.eval), max_tokens=max_tokens)
-    result = score_run(source, req, progress=progress)
+    result = score_run(source, req, progress=progress, device=device)
     saved = source / "eval" / f"{result['name']}.json"
     if not saved.resolve().is_relative_to(out.resolve()):
         # an existing run outside the comparison: the report reads only files inside it, so keep a copy
         saved = out / "merged" / f"{run_slug(row.name, seed)}.json"
-        saved.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(saved, json.dumps(result, indent=1))
+        if main:
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(saved, json.dumps(result, indent=1))
     return result, _rel(source, out), str(saved.relative_to(out))
 
 
@@ -534,7 +584,9 @@ def _combine_seeds(results: list[dict[str, Any]], seeds: list[int]) -> dict[str,
     return combined
 
 
-def _check_heldout_fits(sweep: Sweep, trained: list[SweepRow], extra: list[str]) -> None:
+def _check_heldout_fits(
+    sweep: Sweep, trained: list[SweepRow], extra: list[str], progress: bool = True
+) -> None:
     """Before any training: the test split must hold a document for the longest evaluated window."""
     from extrapos.data import check_heldout
     from extrapos.data.synthetic import task_of
@@ -543,7 +595,7 @@ def _check_heldout_fits(sweep: Sweep, trained: list[SweepRow], extra: list[str])
     if not trained or not sweep.loss:  # task columns generate their own examples
         return
     cfg = row_config(sweep, trained[0], extra)
-    data_dir = prepare_run_data(cfg)
+    data_dir = prepare_run_data(cfg, progress=progress)
     if task_of(data_dir) is not None:
         return
     factors = [k for r in sweep.rows if r.extend is not None for k in r.factors]
@@ -558,6 +610,7 @@ def _run_extensions(
     extra: list[str],
     progress: bool,
     seeds: list[int | None],
+    say=print,
 ) -> dict[tuple[str, int, int | None], Path]:
     """Train (or reuse / resume) every extension run: OUT/runs/<row>-x<k>[-seed<s>], from its parent row's
     run of the same seed (an extension keeps its parent's train.seed)."""
@@ -577,7 +630,7 @@ def _run_extensions(
         started = (run_dir / "config.toml").is_file()
         state = "finished run reused" if run_is_complete(run_dir) else "resuming" if started else "extending"
         label = f"{row.name} x{k}" + ("" if seed is None else f" (seed {seed})")
-        print(f"[ext {i}/{len(jobs)}] {label}: {state} -> {run_dir}", flush=True)
+        say(f"[ext {i}/{len(jobs)}] {label}: {state} -> {run_dir}")
         extend(
             run_dirs[(e.parent, seed)],
             e.method,

@@ -121,8 +121,11 @@ def score(
     position_options: dict[str, Any],
     base_length: int | None,
     progress: bool,
+    device: str = "cpu",
 ) -> dict[str, Any]:
-    """One run's result for ``task`` at ``lengths`` (x ``base_length``, default the run's L_t)."""
+    """One run's result for ``task`` at ``lengths`` (x ``base_length``, default the run's L_t), scored on
+    ``device``. Under torchrun the passkey column deals its prompts out to the processes; the synthetic
+    and lm-eval columns are scored whole by every process (the same numbers)."""
     if task == "synthetic":
         from extrapos.tasks.synthetic import score_synthetic
 
@@ -136,6 +139,7 @@ def score(
             position_options=position_options,
             base_length=base_length,
             name=_name("synthetic", lengths, position_options, base_length, s),
+            device=device,
         )
     if task == "passkey":
         from extrapos.tasks.passkey import passkey
@@ -155,6 +159,7 @@ def score(
             base_length=base_length,
             name=_name(f"passkey-{p.mode}", lengths, position_options, base_length, p),
             progress=progress,
+            device=device,
         )
     from extrapos.integrations.lm_eval import position_options as lm_options
     from extrapos.integrations.lm_eval import run_lm_eval
@@ -189,6 +194,7 @@ def score(
         include_defaults=e.include_defaults,
         metadata=e.metadata,
         name=name,
+        device=device,
         **adapter,
     )
 
@@ -262,9 +268,11 @@ def _mean_cells(per_seed: list[Any]) -> Any:
     return first
 
 
-def write_row_result(out: Path, task: str, row_slug: str, result: dict[str, Any]) -> str:
-    """Copy a row's task result into the comparison directory; returns its path relative to ``out``."""
+def write_row_result(out: Path, task: str, row_slug: str, result: dict[str, Any], write: bool = True) -> str:
+    """Copy a row's task result into the comparison directory (unless ``write`` is false: a process other
+    than rank 0); returns its path relative to ``out``."""
     path = out / "tasks" / task / f"{row_slug}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps(result, indent=1, default=str))
+    if write:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps(result, indent=1, default=str))
     return str(path.relative_to(out))

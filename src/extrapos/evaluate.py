@@ -430,7 +430,11 @@ def evaluate(
         "per_position": per_position,
         "wall_time": time.perf_counter() - t0,
     }
-    atomic_write(out_path, json.dumps(result, indent=1))
+    from extrapos.runtime import barrier, process_group
+
+    if process_group()[0] == 0:  # under torchrun every process holds the whole result; rank 0 writes it
+        atomic_write(out_path, json.dumps(result, indent=1))
+    barrier()  # the result is on disk before any process looks for it again
     return result
 
 

@@ -250,13 +250,18 @@ def extend(
     import torch
 
     from extrapos.model import Decoder
+    from extrapos.runtime import barrier, init_distributed, resolve_device
     from extrapos.train import train
 
     parent = Path(parent)
     out = Path(out) if out is not None else default_out(parent, method, factor, alpha)
     cfg, record = extension_config(parent, method, factor, alpha, tokens, rope_interpolation, overrides)
     init = out / "init" / "model.safetensors"
-    if (out / "config.toml").is_file():
+    # under torchrun (a sweep's extension rows): every process looks at ``out`` before rank 0 writes
+    is_main = init_distributed(resolve_device(cfg.train.device))[0] == 0
+    started = (out / "config.toml").is_file()
+    barrier()
+    if started:
         if not resume:
             raise UserError(
                 f"{out} already holds a run; pass --resume to continue it or choose another --out."
@@ -292,13 +297,16 @@ def extend(
         check = Decoder(cfg.model)
         if check.pos.table.shape != model.pos.table.shape:  # pragma: no cover - a config/table mismatch
             raise UserError("the resized learned table does not match the extension config.")
-        init.parent.mkdir(parents=True, exist_ok=True)
-        with torch.no_grad():
-            save_model(model, str(init.with_suffix(".tmp")))
-        os.replace(init.with_suffix(".tmp"), init)
+        if is_main:
+            init.parent.mkdir(parents=True, exist_ok=True)
+            with torch.no_grad():
+                save_model(model, str(init.with_suffix(".tmp")))
+            os.replace(init.with_suffix(".tmp"), init)
         init_from = init
-    atomic_write(out / "parent.json", json.dumps(record, indent=1))
-    if progress:
+    if is_main:
+        atomic_write(out / "parent.json", json.dumps(record, indent=1))
+    barrier()  # the record and the resized weights are on disk before any process reads them
+    if progress and is_main:
         print(
             f"extrapos extend: {record['method']} x{factor} of {parent} (step {record['step']}): L_t "
             f"{record['train_length']} -> L_e {record['extended_length']}\n  "

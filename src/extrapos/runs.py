@@ -40,13 +40,14 @@ def load_run(
     """Load the newest intact (or a given ``step``'s, or a verified ``checkpoint``) weights, model in eval
     mode.
 
-    ``device`` "auto" is CUDA when a GPU is visible, else the CPU."""
+    ``device`` "auto" is CUDA when a GPU is visible, else the CPU; a device that is not there is a
+    UserError naming ``device``."""
     from extrapos.data import load_tokenizer
     from extrapos.model import Decoder
     from extrapos.runtime import resolve_device
 
-    if device == "auto":
-        device = resolve_device("auto")
+    if isinstance(device, str):
+        device = resolve_device(device, "device")
 
     path = Path(run_dir)
     cfg = load_run_config(path)

@@ -20,13 +20,25 @@ from extrapos.errors import UserError
 # ---- device and processes ------------------------------------------------------------------------
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, flag: str = "train.device") -> torch.device:
+    """The device ``name`` stands for ("auto": CUDA when present, else the CPU); ``flag`` is where the
+    caller's user wrote it (``train.device`` for a config, ``--device`` for a command line), so the
+    error names what to change."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"{flag} {name!r} is not a device; {_device_fix(flag)}.") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"train.device is {name!r} but no CUDA device is visible; use train.device=cpu.")
+        raise UserError(f"{flag} is {name!r} but no CUDA device is visible; {_device_fix(flag)}.")
     return dev
+
+
+def _device_fix(flag: str) -> str:
+    if flag.startswith("--"):
+        return f"pass {flag} cpu (or auto)"
+    return f"set {flag}=cpu (or auto)"
 
 
 def distributed_env() -> tuple[int, int, int]:
@@ -47,6 +59,57 @@ def init_distributed(device: torch.device) -> tuple[int, int, torch.device]:
         if not dist.is_initialized():
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return rank, world, device
+
+
+def process_group() -> tuple[int, int]:
+    """(rank, world size) of the torchrun group this process has joined; (0, 1) outside one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def barrier() -> None:
+    """Wait until every process of the group gets here; nothing outside a group."""
+    if process_group()[1] > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+class Shard:
+    """Jobs dealt out to the processes of a group, and their per-job outcomes summed back.
+
+    Job n (numbered across calls, so that many small sets of jobs still spread) belongs to rank
+    n % world. A process fills the outcomes of its own jobs and leaves zeros elsewhere; ``sum``
+    adds the processes' tensors, which is exact when every entry was written by one process. One
+    process (world 1) takes every job and ``sum`` returns its tensor unchanged.
+    """
+
+    def __init__(self, rank: int = 0, world: int = 1, device: torch.device | str = "cpu"):
+        self.rank, self.world, self.device, self.next_job = rank, world, torch.device(device), 0
+
+    @classmethod
+    def of_group(cls, device: torch.device | str = "cpu") -> Shard:
+        """The group this process has joined (NCCL reduces tensors on ``device``, gloo CPU ones)."""
+        rank, world = process_group()
+        return cls(rank, world, device)
+
+    def take(self) -> bool:
+        """Whether the next job is this process's."""
+        mine = self.next_job % self.world == self.rank
+        self.next_job += 1
+        return mine
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world == 1:
+            return t
+        import torch.distributed as dist
+
+        summed = t.to(self.device)
+        dist.all_reduce(summed)
+        return summed.cpu()
 
 
 def autocast(device: torch.device, precision: str):

@@ -38,6 +38,7 @@ from extrapos.model import Decoder, count_parameters, flops_per_token
 from extrapos.perf import matmul_peak_flops
 from extrapos.runtime import (
     autocast,
+    barrier,
     build_sampler,
     init_distributed,
     prepare_run_data,
@@ -224,22 +225,28 @@ def train(
         resume, changes = False, []
     else:
         cfg, changes = resume_config(run_dir, cfg)
+    # decided before anything is written (a larger budget, ``changes``, continues a finished run)
+    complete = resume and not changes and run_is_complete(run_dir)
     rank, world, device = init_distributed(resolve_device(cfg.train.device))
     parallelize.check_parallel(cfg, world)
     is_main = rank == 0
+    barrier()  # under torchrun: every process has looked at run_dir before rank 0 writes into it
     if is_main:
         ensure_writable_dir(run_dir, "the run")
     with RunLock(run_dir, enabled=is_main):
         if changes and is_main:
             atomic_write(run_dir / "config.toml", cfg.to_toml())
-            (run_dir / "summary.json").unlink(missing_ok=True)  # a larger budget continues a finished run
+            (run_dir / "summary.json").unlink(missing_ok=True)
             print("extrapos train: resuming with " + ", ".join(changes), flush=True)
-        if resume and run_is_complete(run_dir):
-            return TrainResult.from_summary(run_dir)
-        trainer = Trainer(
-            cfg, run_dir, device, rank, world, resume=resume, progress=progress, init_from=init_from
-        )
-        return trainer.run()
+        if complete:
+            result = TrainResult.from_summary(run_dir)
+        else:
+            trainer = Trainer(
+                cfg, run_dir, device, rank, world, resume=resume, progress=progress, init_from=init_from
+            )
+            result = trainer.run()
+    barrier()  # every process returns once the run is complete on disk (compare reads it next)
+    return result
 
 
 class Trainer:

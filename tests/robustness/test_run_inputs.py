@@ -340,6 +340,41 @@ def test_argument_errors_are_one_sentence(args, fragment, cache):
     assert_user_error(args, cache=cache, fragments=[fragment])
 
 
+def test_a_missing_device_is_named_as_the_caller_spelled_it(monkeypatch):
+    """resolve_device names the config key or the command-line flag it was given, never another."""
+    import torch
+
+    from extrapos.errors import UserError
+    from extrapos.runtime import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto", "--device").type == "cpu"
+    with pytest.raises(UserError, match=r"^train\.device is 'cuda' .*set train\.device=cpu \(or auto\)\.$"):
+        resolve_device("cuda")
+    with pytest.raises(UserError, match=r"^--device is 'cuda:1' .*pass --device cpu \(or auto\)\.$"):
+        resolve_device("cuda:1", "--device")
+    with pytest.raises(UserError, match=r"^--device 'gpu0' is not a device; pass --device cpu"):
+        resolve_device("gpu0", "--device")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["eval"], ["passkey"], ["synthetic-eval"], ["generate", "--prompt", "The"]],
+    ids=lambda c: c[0],
+)
+def test_commands_name_their_device_flag(trained, cache, command):
+    """eval, passkey, synthetic-eval and generate say --device (not train.device) when CUDA is absent."""
+    args = [command[0], str(trained), *command[1:], "--device", "cuda"]
+    sentence = assert_user_error(
+        args,
+        cache=cache,
+        watch=[trained],
+        fragments=["--device", "no CUDA device"],
+        env={"CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert "train.device" not in sentence
+
+
 def test_bf16_on_a_cpu_without_native_bf16_is_said_once(monkeypatch, capsys):
     import torch
 

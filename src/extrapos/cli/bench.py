@@ -21,6 +21,12 @@ def register(sub) -> None:
     p.add_argument(
         "--resolution-only", action="store_true", help="print only the bf16 position-resolution table"
     )
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="auto (CUDA when present), cpu, cuda or cuda:N; on a GPU: GPT-2 small, absolute times, "
+        "max_memory_allocated, MFU against the GPU's bf16 peak",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
@@ -33,6 +39,7 @@ def run(args) -> int:
         format_resolution,
         position_resolution,
     )
+    from extrapos.runtime import resolve_device
 
     if args.resolution_only:
         print(format_resolution(position_resolution()))
@@ -40,7 +47,8 @@ def run(args) -> int:
             print(format_bf16_delta(bf16_eval_delta(args.bf16_runs, progress=not args.no_progress)))
         return 0
     names = [n.strip() for n in args.encodings.split(",")] if args.encodings else None
-    r = run_bench(args.quick, names, progress=not args.no_progress)
+    device = resolve_device(args.device, "--device")
+    r = run_bench(args.quick, names, progress=not args.no_progress, device=device)
     if args.bf16_runs:
         r["bf16_eval"] = bf16_eval_delta(args.bf16_runs, progress=not args.no_progress)
     text = format_bench(r)

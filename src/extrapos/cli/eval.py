@@ -142,7 +142,7 @@ def run(args) -> int:
             f"--mask-seed applies to encoder runs (objective mlm) only and {args.run} is a decoder; drop it."
         )
     # under torchrun the windows are scored by all ranks together (each ends with the whole result)
-    rank, _, device = init_distributed(resolve_device(args.device))
+    rank, _, device = init_distributed(resolve_device(args.device, "--device"))
     result = evaluate(
         args.run,
         req,

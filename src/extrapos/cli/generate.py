@@ -25,6 +25,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from extrapos.errors import UserError
     from extrapos.generate import generate_text
+    from extrapos.runtime import resolve_device
 
     if (args.prompt is None) == (args.prompt_file is None):
         raise UserError("give exactly one of --prompt TEXT and --prompt-file FILE.")
@@ -36,6 +37,7 @@ def run(args) -> int:
     else:
         prompt = args.prompt
     options = {"scale": args.scale} if args.scale is not None else None
+    device = resolve_device(args.device, "--device")
 
     def show(piece: str) -> None:
         sys.stdout.write(piece)
@@ -52,7 +54,7 @@ def run(args) -> int:
         args.seed,
         use_cache=not args.no_cache,
         position_options=options,
-        device=args.device,
+        device=str(device),
         on_text=show,
     )
     sys.stdout.write("\n")

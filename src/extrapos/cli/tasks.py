@@ -120,9 +120,12 @@ def _options(args, lengths: list[int]):
 
 def run_passkey(args) -> int:
     from extrapos.cli.eval import parse_lengths
+    from extrapos.runtime import init_distributed, resolve_device
     from extrapos.tasks.passkey import format_grid, passkey, plot_heatmap
 
     lengths = parse_lengths(args.lengths)
+    # under torchrun the prompts are scored by all ranks together (each ends with the whole result)
+    rank, _, device = init_distributed(resolve_device(args.device, "--device"))
     result = passkey(
         args.run,
         lengths=lengths,
@@ -137,10 +140,12 @@ def run_passkey(args) -> int:
         position_options=_options(args, lengths),
         name=args.name,
         overwrite=args.overwrite,
-        device=args.device,
+        device=str(device),
         step=args.step,
-        progress=not args.no_progress,
+        progress=not args.no_progress and rank == 0,
     )
+    if rank != 0:
+        return 0
     print(format_grid(result))
     if args.plot:
         print(f"-> {plot_heatmap(result, args.plot)}")
@@ -150,9 +155,11 @@ def run_passkey(args) -> int:
 
 def run_synthetic(args) -> int:
     from extrapos.cli.eval import parse_lengths
+    from extrapos.runtime import resolve_device
     from extrapos.tasks.synthetic import format_synthetic, score_synthetic
 
     lengths = parse_lengths(args.lengths)
+    device = resolve_device(args.device, "--device")
     result = score_synthetic(
         args.run,
         lengths=lengths,
@@ -162,7 +169,7 @@ def run_synthetic(args) -> int:
         position_options=_options(args, lengths),
         name=args.name,
         overwrite=args.overwrite,
-        device=args.device,
+        device=str(device),
         step=args.step,
     )
     print(format_synthetic(result))
@@ -172,6 +179,7 @@ def run_synthetic(args) -> int:
 def run_lm_eval(args) -> int:
     from extrapos.errors import UserError
     from extrapos.integrations.lm_eval import run_lm_eval as lm_eval
+    from extrapos.runtime import resolve_device
 
     try:
         metadata = json.loads(args.metadata) if args.metadata else None
@@ -184,7 +192,7 @@ def run_lm_eval(args) -> int:
         limit=args.limit,
         max_length=args.max_length,
         batch_size=args.batch_size,
-        device=args.device,
+        device=str(resolve_device(args.device, "--device")),
         scale=args.scale,
         rope_scaling=args.rope_scaling,
         factor=args.factor,

@@ -74,11 +74,20 @@ class PairwiseBias:
     block of queries at a time for long sequences, so no T x T tensor is ever needed.
     Distance biases (Kerple, FIRE, T5) use the float positions as features (F = 1); K-CABLE uses
     (g_i, S_i) for queries and S_j for keys. k_feat covers the new keys only (the cache concatenates).
+
+    ``pair(qi, kj, h)`` is the same bias for one (query, key) pair, the form FlexAttention's
+    ``score_mod`` needs: qi[f] = q_feat[b, hq, i, f] and kj[f] = k_feat[b, hk, j, f] (lists of 0-d
+    tensors), h the head (a 0-d index tensor) -> a 0-d tensor. It uses tensor operations only (no
+    Python branch on a value, no custom autograd) and reads every other tensor that needs a gradient
+    by scalar indexing (``r[h]``, ``w[h, m]``; a 0-d one as ``t.reshape(1)[0]``), the one access flex
+    differentiates; ``attention.py`` trains with it on CUDA (docs/attention.md). None: no such form
+    (flex then evaluates ``fn`` on the pair, without gradients).
     """
 
     q_feat: Tensor
     k_feat: Tensor
     fn: Callable[[Tensor, Tensor], Tensor]
+    pair: Callable[[Tensor, Tensor, Tensor], Tensor] | None = dataclasses.field(default=None, kw_only=True)
 
 
 @dataclass

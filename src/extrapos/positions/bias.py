@@ -112,7 +112,12 @@ class ALiBi(PositionalEncoding):
             def fn(qf: Tensor, kf: Tensor) -> Tensor:
                 return -slopes * _distance(qf, kf)
 
-            return PairwiseBias(q_feat=p, k_feat=p, fn=fn)
+            m = slopes[0, :, 0, 0]
+
+            def pair(qi: list[Tensor], kj: list[Tensor], h: Tensor) -> Tensor:
+                return -m[h] * (qi[0] - kj[0]).abs()
+
+            return PairwiseBias(q_feat=p, k_feat=p, fn=fn, pair=pair)
         m = self.slopes.to(dtype)[None, :, None].expand(B, -1, T)
         # -m (i - j) = m * j - m * i, and -m * i is a row constant the softmax ignores
         j = positions.to(dtype)[:, None, :].expand(B, self.ctx.n_heads, T)
@@ -182,7 +187,12 @@ class Kerple(PositionalEncoding):
             # the same expression on the n distinct distances: (H, 1, 1) params -> (H, n)
             return kernel(torch.arange(n, dtype=dtype, device=qf.device), r1[:, :, 0], r2[:, :, 0])
 
-        return DistanceBias(q_feat=p, k_feat=p, fn=fn, table=table)
+        r1h, r2h = r1[:, 0, 0], r2[:, 0, 0]
+
+        def pair(qi: list[Tensor], kj: list[Tensor], h: Tensor) -> Tensor:
+            return kernel((qi[0] - kj[0]).abs(), r1h[h], r2h[h])
+
+        return DistanceBias(q_feat=p, k_feat=p, fn=fn, pair=pair, table=table)
 
 
 # ---- FIRE -------------------------------------------------------------------------------------
@@ -262,7 +272,22 @@ class FIRE(PositionalEncoding):
             u = (torch.log1p(c * d) / (torch.log1p(c * L) + eps)).to(mlp[0].weight.dtype)
             return mlp(u.unsqueeze(-1)).transpose(0, 1)  # (H, n)
 
-        return DistanceBias(q_feat=p, k_feat=p, fn=fn, table=table)
+        # the MLP's weights as tensors (a score_mod that captures a module is compiled once per layer),
+        # every one read by scalar indexing and the hidden layer unrolled (PairwiseBias.pair)
+        w1, b1, w2, b2 = mlp[0].weight[:, 0], mlp[0].bias, mlp[2].weight, mlp[2].bias
+        c1, L1 = c.reshape(1), L.reshape(1)
+
+        def pair(qi: list[Tensor], kj: list[Tensor], h: Tensor) -> Tensor:
+            c, L = c1[0], L1[0]
+            u = torch.log1p(c * (qi[0] - kj[0]).abs()) / (torch.log1p(c * torch.maximum(qi[0], L)) + eps)
+            u = u.to(w1.dtype)
+            out = b2[h]
+            for m in range(w1.shape[0]):
+                out = out + w2[h, m] * torch.relu(w1[m] * u + b1[m])
+            return out
+
+        # bidirectional FIRE normalises by the farthest key of the row: no per-pair form
+        return DistanceBias(q_feat=p, k_feat=p, fn=fn, pair=pair if causal else None, table=table)
 
 
 def _mlp_by_unit(mlp: nn.Sequential, u: Tensor) -> Tensor:
@@ -383,7 +408,11 @@ class T5Bias(PositionalEncoding):
             rel = -torch.arange(n, device=qf.device)  # j - i for d = i - j = 0 .. n - 1
             return table[t5_bucket(rel, o.num_buckets, o.max_distance)].transpose(0, 1)  # (H, n)
 
-        return DistanceBias(q_feat=p, k_feat=p, fn=fn, table=by_distance)
+        def pair(qi: list[Tensor], kj: list[Tensor], h: Tensor) -> Tensor:
+            rel = (kj[0] - qi[0]).round().to(torch.long)
+            return table[t5_bucket(rel, o.num_buckets, o.max_distance, bidirectional=both), h]
+
+        return DistanceBias(q_feat=p, k_feat=p, fn=fn, pair=pair, table=by_distance)
 
 
 register(

@@ -65,6 +65,16 @@ def k_cable_fn(qf: Tensor, kf: Tensor) -> Tensor:
     return (g * (s_i - kf.transpose(-1, -2))).square_().log1p_().neg_()
 
 
+def abs_cable_pair(qi: list[Tensor], kj: list[Tensor], h: Tensor) -> Tensor:
+    """``abs_cable_fn`` for one pair (FlexAttention's score_mod): qi = (g_i, S_i), kj = (S_j,)."""
+    return -qi[0] * (qi[1] - kj[0]).abs()
+
+
+def k_cable_pair(qi: list[Tensor], kj: list[Tensor], h: Tensor) -> Tensor:
+    """``k_cable_fn`` for one pair, plain autograd (flex differentiates it): qi = (g_i, S_i), kj = (S_j,)."""
+    return -torch.log1p((qi[0] * (qi[1] - kj[0])) ** 2)
+
+
 class _KCableBlock(torch.autograd.Function):
     """-log1p((g_i (s_i - S_j))^2) with a hand-written backward that saves no (tq, Tk) block.
 
@@ -146,8 +156,9 @@ class CABLE(PositionalEncoding):
         if g is None:
             g = torch.ones_like(S)
         if self.options.kernel or not self.ctx.causal:
-            fn = k_cable_fn if self.options.kernel else abs_cable_fn
-            return PairwiseBias(q_feat=torch.stack((g, S), dim=-1), k_feat=S.unsqueeze(-1), fn=fn)
+            fn, pair = (k_cable_fn, k_cable_pair) if self.options.kernel else (abs_cable_fn, abs_cable_pair)
+            q_feat = torch.stack((g, S), dim=-1)
+            return PairwiseBias(q_feat=q_feat, k_feat=S.unsqueeze(-1), fn=fn, pair=pair)
         # -g_i (S_i - S_j) = g_i S_j - g_i S_i, the last a row constant
         return FoldedBias(q_feat=g, k_feat=S)
 

@@ -159,21 +159,33 @@ def score_prompts(
     candidates: int,
     rng: np.random.Generator,
     batch_tokens: int = 16_384,
+    shard=None,
 ) -> dict[str, Any]:
-    """Score equal-length prompts: rank of the true key among ``candidates`` and/or greedy exact match."""
+    """Score equal-length prompts: rank of the true key among ``candidates`` and/or greedy exact match.
+
+    ``shard`` (``runtime.Shard``, under torchrun) deals the jobs out to the processes: one prompt in
+    rank mode, one batch of prompts in generate mode, each scored by one process exactly as a single
+    process scores it (same batch), the outcomes summed back; every process draws every prompt's
+    alternative keys, so ``rng`` moves as in a single process and the numbers are the same.
+    """
+    from extrapos.runtime import Shard
+
+    shard = shard or Shard()
     out: dict[str, Any] = {"n": len(prompts)}
     # per prompt (numerators, denominators): what the report's bootstrap intervals resample
     per_example: dict[str, list[list[int]]] = {}
     device = next(model.parameters()).device
     if mode in ("rank", "both"):
-        ranks = []
-        for p in prompts:
+        ranks = torch.zeros(len(prompts), dtype=torch.float64)
+        for i, p in enumerate(prompts):
             alts = builder.alternatives(p.key, candidates - 1, rng)
+            if not shard.take():
+                continue
             scores = continuation_logprobs(
                 model, p.tokens, [p.answer] + [builder.answer(k) for k in alts], batch_tokens
             )
-            ranks.append(1 + int((scores[1:] >= scores[0]).sum()))  # ties count against the true key
-        ranks_a = np.asarray(ranks)
+            ranks[i] = 1 + int((scores[1:] >= scores[0]).sum())  # ties count against the true key
+        ranks_a = shard.sum(ranks).numpy().astype(np.int64)
         out.update(
             {
                 "rank_accuracy": float((ranks_a == 1).mean()),
@@ -186,14 +198,18 @@ def score_prompts(
     if mode in ("generate", "both"):
         n_new = max(len(p.answer) for p in prompts) + 1
         per_batch = max(1, batch_tokens // (len(prompts[0].tokens) + n_new))
-        hits = []
+        hits = torch.zeros(len(prompts), dtype=torch.float64)
         for s in range(0, len(prompts), per_batch):
+            if not shard.take():
+                continue
             group = prompts[s : s + per_batch]
             x = torch.tensor([p.tokens for p in group], dtype=torch.long, device=device)
             gen = greedy_batch(model, x, n_new).cpu().tolist()
-            hits += [first_number(tokenizer.decode(g)) == p.key for g, p in zip(gen, group)]
-        out["exact_match"] = float(np.mean(hits))
-        per_example["exact_match"] = [[int(h) for h in hits], [1] * len(hits)]
+            for i, (g, p) in enumerate(zip(gen, group)):
+                hits[s + i] = float(first_number(tokenizer.decode(g)) == p.key)
+        hits_a = shard.sum(hits).numpy().astype(bool)
+        out["exact_match"] = float(np.mean(hits_a))
+        per_example["exact_match"] = [hits_a.astype(int).tolist(), [1] * len(prompts)]
     out["per_example"] = per_example
     out["examples_digest"] = examples_digest(*(np.asarray(p.tokens) for p in prompts))
     return out
@@ -289,8 +305,12 @@ def passkey(
     if previous is not None:
         return previous
 
+    from extrapos.runtime import Shard, barrier
+
     t0 = time.perf_counter()
     run = load_run(run_dir, device=device, step=scored["step"])
+    # under torchrun the prompts are dealt out to the processes (score_prompts); rank 0 writes
+    shard = Shard.of_group(next(run.model.parameters()).device)
     L = base_length or run.cfg.model.train_length
     options = resolve_position_options(position_options, max(lengths) * L)
     if options:
@@ -313,7 +333,7 @@ def passkey(
             rng = np.random.default_rng([seed, k, j])
             prompts = [builder.build(k * L, depth, rng) for _ in range(trials)]
             scores = score_prompts(
-                run.model, run.tokenizer, builder, prompts, mode, candidates, rng, batch_tokens
+                run.model, run.tokenizer, builder, prompts, mode, candidates, rng, batch_tokens, shard
             )
             cells.append(
                 {
@@ -348,7 +368,9 @@ def passkey(
         "by_length": by_length,
         "wall_time": time.perf_counter() - t0,
     }
-    write_result(out_path, result)
+    if shard.rank == 0:
+        write_result(out_path, result)
+    barrier()  # the result is on disk before any process looks for it again
     return result
 
 
