@@ -88,3 +88,35 @@ def test_cell_samples_reads_results_and_refuses_old_or_misaligned_ones():
     assert cell_samples(seeded, 1).sums.tolist() == [[10.0, 20.0], [11.0, 19.0]]
     misaligned = {"results": [], "seeds": [result, {"results": [dict(row, doc_index=[3, 8])]}]}
     assert cell_samples(misaligned, 1) is None
+
+
+def test_length_change_is_paired_over_the_same_targets_and_says_when_it_is_noise():
+    from extrapos.report import Row, length_change_table
+
+    rng = np.random.default_rng(5)
+    sums, counts = _documents(rng, 30)
+    idx = list(range(30))
+
+    def cell(ev, s, c=counts, index=idx):
+        return {
+            "ev": ev,
+            "loss": float(s.sum() / c.sum()),
+            "doc_index": index,
+            "doc_loss_sums": s.tolist(),
+            "doc_tokens": c.tolist(),
+        }
+
+    # at ev=2: +-0.03 nats on alternate documents, zero in total (noise around no change); at ev=4: worse
+    # by 0.05 nats per token on every document
+    jitter = np.where(np.arange(30) % 2 == 0, 0.03, -0.03) * counts
+    jitter -= counts * jitter.sum() / counts.sum()
+    worse = Row("worse", {"results": [cell(1, sums), cell(2, sums + jitter), cell(4, sums + 0.05 * counts)]})
+    # another row whose ev=4 column scored other documents: no paired change can be computed
+    other = Row("other", {"results": [cell(1, sums), cell(2, sums), cell(4, sums, index=idx[::-1])]})
+    table = length_change_table([worse, other])
+    lines = {line.split(" | ")[0][2:]: line for line in table.splitlines()[2:]}
+    ev2, ev4 = lines["worse"].split(" | ")[1:3]
+    assert "within noise" in ev2
+    assert ev4.startswith("+0.050 [+0.050, +0.050]") and "within noise" not in ev4
+    assert lines["other"].split(" | ")[2].startswith("–")
+    assert length_change_table([Row("one", {"results": [cell(1, sums)]})]) is None

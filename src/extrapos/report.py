@@ -172,6 +172,42 @@ def difference_table(rows: list[Row], cells: dict[tuple[str, int], Cell]) -> str
     return "\n".join(lines)
 
 
+def length_change_table(rows: list[Row]) -> str | None:
+    """Each row's loss at ev = k minus its loss at the shortest length, with a paired interval: every
+    length scores the same target tokens, so the documents (and seeds) are resampled once for both
+    columns; "within noise" when the interval contains 0. This is the question of length extrapolation
+    itself (does the row get worse past L_t?). None when no row has the per-document data."""
+    cols = _columns(rows)
+    if len(cols) < 2:
+        return None
+    first, rest = cols[0], cols[1:]
+    lines = [
+        "| model | " + " | ".join(f"ev={ev} - ev={first}" for ev in rest) + " |",
+        "|---|" + "---:|" * len(rest),
+    ]
+    found = False
+    for row in rows:
+        ref = stats.cell_samples(row.result, first)
+        texts = []
+        for ev in rest:
+            mine = stats.cell_samples(row.result, ev)
+            if (
+                ref is None
+                or mine is None
+                or mine.doc_index != ref.doc_index
+                or mine.sums.shape != ref.sums.shape
+                or not (mine.counts == ref.counts).all()
+            ):
+                texts.append("–")
+                continue
+            d = stats.paired_difference(mine.sums, mine.counts, ref.sums, ref.counts)
+            found = True
+            text = f"{d.estimate:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
+            texts.append(text + (" within noise" if d.contains(0.0) else ""))
+        lines.append(f"| {row.name} | " + " | ".join(texts) + " |")
+    return "\n".join(lines) if found else None
+
+
 def seed_table(rows: list[Row]) -> str:
     """Per cell: the per-seed losses' mean and sample standard deviation (training noise alone)."""
     cols = _columns(rows)
@@ -429,6 +465,15 @@ def _loss_sections(
         difference_table(rows, cells),
         "",
     ]
+    change = length_change_table(rows)
+    if change is not None:
+        parts += [
+            "Change with length: each row's loss at ev = k minus its own loss at the shortest length "
+            "(the same target tokens, paired-bootstrap interval; positive = worse with more context):",
+            "",
+            change,
+            "",
+        ]
     if any(row.seeds for row in rows):
         parts += [
             "Spread across seeds: mean ± sample standard deviation of the per-seed losses "
