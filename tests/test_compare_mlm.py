@@ -75,6 +75,11 @@ def test_an_mlm_sweep_reports_evaluate_mlm_numbers_with_intervals(tmp_path, many
     text = report.read_text()
     assert "Mean masked-token loss (MLM, nats)" in text and "Top-1 accuracy on the masked tokens" in text
     assert "masked-LM loss on" in text  # the facts say what was scored
+    # and what the training cost, summed from the runs' own summaries (a reused run keeps its cost)
+    trained = sum(
+        json.loads((out / "runs" / r / "summary.json").read_text())["wall_time"] for r in ("learned", "cable")
+    )
+    assert f"the 2 trained runs took {trained / 60:.1f} min of training in all" in text
     table = text.split("Mean masked-token loss")[1].split("Difference to the baseline")[0]
     cable_line = next(line for line in table.splitlines() if line.startswith("| CABLE |"))
     assert cable_line.count("[") == 3 and "(no interval)" not in text  # an interval per length

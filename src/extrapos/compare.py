@@ -764,7 +764,16 @@ def _facts(
             else "every row trained with the same data order, budget and seed; no per-method tuning",
         ]
     facts += _existing_run_facts(sweep, run_dirs, scored if not configs else [])
-    facts.append(f"sweep wall time {wall / 60:.1f} min (this invocation; reused runs cost nothing)")
+    train_wall = sum(s.get("wall_time") or 0.0 for s in summaries.values())
+    facts.append(
+        f"sweep wall time {wall / 60:.1f} min (this invocation; reused runs cost nothing)"
+        + (
+            f"; the {len(summaries)} trained runs took {train_wall / 60:.1f} min of training in all, "
+            "as their summaries record"
+            if summaries
+            else ""
+        )
+    )
     if extension_dirs:
         parents = [
             json.loads((p / "parent.json").read_text())
