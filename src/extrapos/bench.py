@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -576,20 +576,7 @@ class CudaDevice:
 def gpu_settings(quick: bool) -> BenchSettings:
     """GPT-2 small (124M) at L_t = 1024 (quick: 512): big enough that a GPU is busy, so the times and
     the MFU mean something, small enough for one 24 GB card."""
-    if quick:
-        return BenchSettings(
-            size="gpt2-small",
-            vocab=50304,
-            train_length=512,
-            batch=8,
-            eval_lengths=(1, 4, 8),
-            context=2048,
-            new_tokens=32,
-            repeats=3,
-            steps_per_repeat=3,
-            quick=True,
-        )
-    return BenchSettings(
+    full = BenchSettings(
         size="gpt2-small",
         vocab=50304,
         train_length=1024,
@@ -599,6 +586,18 @@ def gpu_settings(quick: bool) -> BenchSettings:
         new_tokens=64,
         repeats=5,
         steps_per_repeat=5,
+    )
+    if not quick:
+        return full
+    return replace(
+        full,
+        train_length=512,
+        eval_lengths=(1, 4, 8),
+        context=2048,
+        new_tokens=32,
+        repeats=3,
+        steps_per_repeat=3,
+        quick=True,
     )
 
 

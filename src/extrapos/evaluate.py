@@ -229,6 +229,43 @@ def collect_spans(split, span_len: int, max_tokens: int, with_documents: bool = 
     return (*out, np.asarray(owners, dtype=np.int64)) if with_documents else out
 
 
+@dataclass
+class EvalInputs:
+    """What an evaluation of a run scores: the loaded run with its fixed position options set, the
+    lengths, and the held-out spans of max(lengths) x L_t (+1) tokens with their documents."""
+
+    run: Any
+    lengths: list[int]
+    L: int
+    max_len: int
+    per_window: set[str]  # options set per evaluated window (value "window"), e.g. learned interpolate_to
+    data_dir: str
+    spans: np.ndarray
+    owners: np.ndarray
+    docs_used: int
+    docs_skipped: int
+
+
+def load_eval_inputs(run_dir, req: EvalRequest, ckpt, device, progress: bool) -> EvalInputs:
+    """Load the run at ``ckpt``, set the request's fixed position options and cut the held-out spans:
+    the shared start of the next-token and the masked-LM evaluations."""
+    from extrapos.runs import load_run
+
+    run = load_run(run_dir, device=device, checkpoint=ckpt)
+    lengths = sorted(set(req.lengths))
+    L = req.base_length or run.cfg.model.train_length
+    max_len = max(lengths) * L
+    per_window = {k for k, v in req.position_options.items() if v == "window"}
+    fixed = {k: v for k, v in _resolve_options(req.position_options, max_len).items() if k not in per_window}
+    if fixed:
+        run.model.pos.set_options(**fixed)
+    split, data_dir = _eval_split(run, req, progress)
+    spans, docs_used, docs_skipped, owners = collect_spans(
+        split, max_len, req.max_tokens, with_documents=True
+    )
+    return EvalInputs(run, lengths, L, max_len, per_window, data_dir, spans, owners, docs_used, docs_skipped)
+
+
 def per_document(losses: torch.Tensor, owners: np.ndarray) -> dict[str, list]:
     """Per-document loss sums (float64) and scored token counts of (n_spans, span_len) losses, in document
     order."""
@@ -336,7 +373,6 @@ def evaluate(
     from tqdm.auto import tqdm
 
     from extrapos import checkpoint as ckpt_io
-    from extrapos.runs import load_run
 
     req = req or EvalRequest()
     check_request(req)
@@ -359,18 +395,16 @@ def evaluate(
     ensure_writable_dir(eval_dir, "evaluation results")
 
     t0 = time.perf_counter()
-    run = load_run(run_dir, device=device, checkpoint=ckpt)
-    lengths = sorted(set(req.lengths))
-    L = req.base_length or run.cfg.model.train_length
-    max_len = max(lengths) * L
-    per_window = {k for k, v in req.position_options.items() if v == "window"}
-    fixed = {k: v for k, v in _resolve_options(req.position_options, max_len).items() if k not in per_window}
-    if fixed:
-        run.model.pos.set_options(**fixed)
-    split, data_dir = _eval_split(run, req, progress)
-    spans_np, docs_used, docs_skipped, owners = collect_spans(
-        split, max_len, req.max_tokens, with_documents=True
+    inputs = load_eval_inputs(run_dir, req, ckpt, device, progress)
+    run, lengths, L, max_len, per_window = (
+        inputs.run,
+        inputs.lengths,
+        inputs.L,
+        inputs.max_len,
+        inputs.per_window,
     )
+    data_dir, spans_np, owners = inputs.data_dir, inputs.spans, inputs.owners
+    docs_used, docs_skipped = inputs.docs_used, inputs.docs_skipped
     spans = torch.from_numpy(spans_np)
     n_targets = spans.shape[0] * max_len
     n_bytes = sum(len(run.tokenizer.decode(s[1:].tolist()).encode("utf-8")) for s in spans_np)

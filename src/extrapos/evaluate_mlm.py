@@ -29,13 +29,11 @@ from extrapos.data.mlm import encoder_special_tokens, mask_tokens, rng_for
 from extrapos.errors import UserError
 from extrapos.evaluate import (
     EvalRequest,
-    _eval_split,
     _jsonable,
-    _resolve_options,
     check_request,
     check_result_name,
-    collect_spans,
     default_name,
+    load_eval_inputs,
     result_key,
     results_dir,
     saved_result,
@@ -100,7 +98,6 @@ def evaluate_mlm(
     """
     from extrapos import checkpoint as ckpt_io
     from extrapos.config import load_run_config
-    from extrapos.runs import load_run
 
     req = req or EvalRequest()
     check_request(req)
@@ -129,18 +126,16 @@ def evaluate_mlm(
     ensure_writable_dir(eval_dir, "evaluation results")
 
     t0 = time.perf_counter()
-    run = load_run(run_dir, device=device, checkpoint=ckpt)
-    lengths = sorted(set(req.lengths))
-    L = req.base_length or run.cfg.model.train_length
-    max_len = max(lengths) * L
-    per_window = {k for k, v in req.position_options.items() if v == "window"}
-    fixed = {k: v for k, v in _resolve_options(req.position_options, max_len).items() if k not in per_window}
-    if fixed:
-        run.model.pos.set_options(**fixed)
-    split, data_dir = _eval_split(run, req, progress)
-    spans_np, docs_used, docs_skipped, owners = collect_spans(
-        split, max_len, req.max_tokens, with_documents=True
+    inputs = load_eval_inputs(run_dir, req, ckpt, device, progress)
+    run, lengths, L, max_len, per_window = (
+        inputs.run,
+        inputs.lengths,
+        inputs.L,
+        inputs.max_len,
+        inputs.per_window,
     )
+    data_dir, spans_np, owners = inputs.data_dir, inputs.spans, inputs.owners
+    docs_used, docs_skipped = inputs.docs_used, inputs.docs_skipped
     text_np = spans_np[:, :max_len]  # collect_spans keeps one extra token for next-token targets
     specials = encoder_special_tokens(run.tokenizer)
     corrupted_np, selected_np = mask_spans(text_np, specials, run.tokenizer.vocab_size, seed)
