@@ -45,6 +45,32 @@ def test_masking_proportions_are_bert_s():
     assert not np.isin(out[changed], SPECIALS.ids).any() and out.max() < V  # random ids: never special
 
 
+def test_mask_rate_sets_the_selected_share_and_keeps_the_80_10_10_split(tiny_data):
+    from extrapos.data import ContiguousSampler, open_split
+
+    tokens = np.random.default_rng(3).integers(5, V, size=(64, 4096))
+    out, selected = mask_tokens(tokens, rng_for((0, 0)), SPECIALS, V, rate=0.4)
+    assert abs(selected.mean() - 0.4) < 0.003
+    assert abs(((out == SPECIALS.mask) & selected).sum() / selected.sum() - 0.8) < 0.01
+    # the trainer's sampler carries the rate into every batch
+    split = open_split(tiny_data, "train")
+    share = {
+        rate: float(
+            torch.stack(
+                [
+                    MLMSampler(ContiguousSampler(split, 64, 8, seed=0), SPECIALS, 512, rate)
+                    .next_batch()
+                    .loss_mask
+                ]
+            )
+            .float()
+            .mean()
+        )
+        for rate in (0.15, 0.4)
+    }
+    assert share[0.4] > share[0.15] + 0.15, share
+
+
 def test_masking_is_a_pure_function_of_the_key():
     tokens = np.random.default_rng(2).integers(5, V, size=(4, 256))
     a = mask_tokens(tokens, rng_for((7, 0, 3)), SPECIALS, V)
@@ -104,6 +130,8 @@ def test_special_tokens_are_found_or_added(tiny_data):
         (['train.objective="clm"'], "train.objective"),
         (['model.size="cpu-encoder"', 'train.objective="mlm"', 'model.positions="cope"'], "cannot be"),
         (['model.size="cpu-encoder"', 'train.objective="mlm"', 'model.positions="xpos"'], "cannot be"),
+        (['model.size="cpu-encoder"', 'train.objective="mlm"', "train.mask_rate=1.0"], "train.mask_rate"),
+        (["train.mask_rate=0.4"], "objective mlm only"),
     ],
 )
 def test_user_mistakes_are_one_sentence(overrides, words):

@@ -104,6 +104,7 @@ class TrainConfig:
     tensorboard: bool = False
     wandb: str | None = None  # a W&B project name to log to (needs wandb installed)
     objective: str = "lm"  # lm: next token (decoders) | mlm: masked tokens (encoder flavour)
+    mask_rate: float = 0.15  # mlm: share of tokens selected in training (BERT 0.15; evaluation keeps 0.15)
 
 
 @dataclass
@@ -133,7 +134,7 @@ class RunConfig:
 WRITTEN_WHEN_SET: dict[str, dict[str, Any]] = {
     "model": {"parallel_residual": False, "embed_norm": False, "post_norm": False},
     "data": {"pose_chunks": POSE_CHUNKS},
-    "train": {"parallel": "ddp", "activation_checkpointing": False, "objective": "lm"},
+    "train": {"parallel": "ddp", "activation_checkpointing": False, "objective": "lm", "mask_rate": 0.15},
 }
 
 
@@ -194,6 +195,10 @@ def validate(cfg: RunConfig) -> None:
             f"train.objective={cfg.train.objective!r} does not fit model.flavour={cfg.model.flavour!r}: "
             "the encoder flavour trains with objective mlm, the decoders (gpt2, llama) with lm."
         )
+    if cfg.train.objective != "mlm" and cfg.train.mask_rate != TrainConfig.mask_rate:
+        raise UserError(
+            "train.mask_rate applies to objective mlm only; remove it from this decoder's config."
+        )
     if cfg.data.sampler == "pose":  # its examples have seq_len tokens, each chunk at least one
         _require(
             cfg.data.pose_chunks <= cfg.seq_len,
@@ -235,6 +240,7 @@ def _validate_train(t: TrainConfig) -> None:
     _require(
         t.objective in ("lm", "mlm"), "train.objective", "lm (next token) or mlm (masked tokens)", t.objective
     )
+    _require(0 < t.mask_rate < 1, "train.mask_rate", "in (0, 1), e.g. 0.15 (BERT) or 0.4", t.mask_rate)
     _require(t.log_every >= 1, "train.log_every", "at least 1", t.log_every)
     _require(t.eval_batches >= 1, "train.eval_batches", "at least 1", t.eval_batches)
     for key in ("eval_every", "checkpoint_every", "keep_checkpoints"):

@@ -122,6 +122,7 @@ def validation_loss(model: nn.Module, cfg: RunConfig, split, device: torch.devic
         return None  # validation split too small for one window: nothing to report
     if sampler.windows_per_epoch == 0:
         return None
+    # validation masks BERT's 15% whatever train.mask_rate is, so its loss compares across runs and with eval
     sampler = objective_sampler(cfg.train.objective, sampler, model_vocab_size=cfg.model.vocab_size)
     n_batches = min(cfg.train.eval_batches, max(1, sampler.windows_per_epoch // cfg.train.batch_size))
     was_training = model.training
@@ -277,7 +278,9 @@ class Trainer:
         tokenizer, data_dir, self.train_split, self.val_split = self._open_data()
         self.sampler = build_sampler(cfg, self.train_split, t.batch_size, seed=t.seed, rank=rank, world=world)
         # objective mlm: masked batches, the encoder's special tokens added to the run's tokenizer
-        self.sampler = objective_sampler(t.objective, self.sampler, tokenizer, cfg.model.vocab_size)
+        self.sampler = objective_sampler(
+            t.objective, self.sampler, tokenizer, cfg.model.vocab_size, mask_rate=t.mask_rate
+        )
         if self.sampler.windows_per_epoch < t.batch_size * world:
             raise UserError(
                 f"the training split has {self.sampler.windows_per_epoch} windows of {cfg.seq_len} tokens, "

@@ -96,10 +96,12 @@ def rng_for(key: Sequence[int]) -> np.random.Generator:
     return np.random.default_rng([*(int(k) for k in key), _STREAM])
 
 
-def mask_batch(batch: Batch, key: Sequence[int], specials: SpecialTokens, vocab_size: int) -> Batch:
+def mask_batch(
+    batch: Batch, key: Sequence[int], specials: SpecialTokens, vocab_size: int, rate: float = SELECT_RATE
+) -> Batch:
     """An MLM batch from a window batch: its ``tokens`` masked (the draw keyed by ``key``)."""
     text = batch.tokens.cpu().numpy()
-    corrupted, selected = mask_tokens(text, rng_for(key), specials, vocab_size)
+    corrupted, selected = mask_tokens(text, rng_for(key), specials, vocab_size, rate)
     return Batch(
         torch.from_numpy(corrupted), batch.tokens.clone(), batch.positions, torch.from_numpy(selected)
     )
@@ -109,11 +111,13 @@ class MLMSampler:
     """A window sampler whose batches are masked; the draw of batch n is keyed by (seed, rank, n).
 
     Everything else (epochs, sharding, ``windows_per_epoch``) is the wrapped sampler's; the state
-    adds the batch count, so resuming continues both streams exactly.
+    adds the batch count, so resuming continues both streams exactly. ``rate`` is the share of
+    tokens selected: BERT's 15% by default; small models on short budgets learn faster at 40%
+    (Wettig et al. 2023, "Should You Mask 15% in Masked Language Modeling?").
     """
 
-    def __init__(self, inner, specials: SpecialTokens, vocab_size: int):
-        self.inner, self.specials, self.vocab_size = inner, specials, vocab_size
+    def __init__(self, inner, specials: SpecialTokens, vocab_size: int, rate: float = SELECT_RATE):
+        self.inner, self.specials, self.vocab_size, self.rate = inner, specials, vocab_size, rate
         self.batches = 0
 
     def __getattr__(self, name: str):  # only called for names this wrapper does not have
@@ -124,7 +128,7 @@ class MLMSampler:
     def next_batch(self) -> Batch:
         key = (self.inner.seed, self.inner.rank, self.batches)
         self.batches += 1
-        return mask_batch(self.inner.next_batch(), key, self.specials, self.vocab_size)
+        return mask_batch(self.inner.next_batch(), key, self.specials, self.vocab_size, self.rate)
 
     def __iter__(self):
         while True:
@@ -143,9 +147,16 @@ class MLMSampler:
         self.inner.load_state_dict(state)
 
 
-def objective_sampler(objective: str, sampler, tokenizer=None, model_vocab_size: int | None = None):
-    """``sampler`` for objective "lm"; for "mlm", its batches masked, with the encoder's special tokens
-    added to ``tokenizer`` (default: the sampler's data directory's, which is then only read)."""
+def objective_sampler(
+    objective: str,
+    sampler,
+    tokenizer=None,
+    model_vocab_size: int | None = None,
+    mask_rate: float = SELECT_RATE,
+):
+    """``sampler`` for objective "lm"; for "mlm", its batches masked (``mask_rate`` of the tokens
+    selected), with the encoder's special tokens added to ``tokenizer`` (default: the sampler's data
+    directory's, which is then only read)."""
     if objective != "mlm":
         return sampler
     if tokenizer is None:
@@ -159,4 +170,4 @@ def objective_sampler(objective: str, sampler, tokenizer=None, model_vocab_size:
             f"model.vocab_size is {model_vocab_size}; set model.vocab_size={tokenizer.vocab_size} "
             "or more."
         )
-    return MLMSampler(sampler, specials, tokenizer.vocab_size)
+    return MLMSampler(sampler, specials, tokenizer.vocab_size, mask_rate)
