@@ -141,7 +141,7 @@ def test_user_mistakes_are_one_sentence(overrides, words):
 
 def test_encoder_trains_end_to_end_and_evaluates_at_longer_lengths(tiny_data, tmp_path):
     from extrapos.evaluate import EvalRequest
-    from extrapos.evaluate_mlm import evaluate_mlm
+    from extrapos.evaluate_mlm import evaluate_mlm, format_mlm_result
     from extrapos.train import train
 
     extra = {
@@ -167,6 +167,27 @@ def test_encoder_trains_end_to_end_and_evaluates_at_longer_lengths(tiny_data, tm
     assert [r["ev"] for r in rows] == [1, 2, 4]
     assert len({r["masked_tokens"] for r in rows}) == 1 and rows[0]["masked_tokens"] > 50  # the same targets
     assert all(np.isfinite(r["loss"]) for r in rows)
+    assert res["unigram_loss"] > 0 and "unigram" in format_mlm_result(res)
+
+
+def test_unigram_reference_is_the_training_frequencies_cross_entropy(tiny_data):
+    import math
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from extrapos.data import load_tokenizer, open_split
+    from extrapos.evaluate_mlm import unigram_loss
+
+    tok = load_tokenizer(tiny_data)
+    specials = encoder_special_tokens(tok)
+    train = [int(t) for t in open_split(tiny_data, "train").tokens]
+    targets = np.array([t for t in train[:300] if t not in specials.ids] + [tok.vocab_size - 1])
+    counts = Counter(t for t in train if t not in specials.ids)  # add-one over every id of the vocabulary
+    total = sum(counts.values()) + tok.vocab_size
+    expected = -sum(math.log((counts[t] + 1) / total) for t in targets.tolist()) / len(targets)
+    run = SimpleNamespace(data_dir=tiny_data, tokenizer=tok)
+    assert unigram_loss(run, targets, specials) == pytest.approx(expected, rel=1e-12)
+    assert unigram_loss(SimpleNamespace(data_dir=None, tokenizer=tok), targets, specials) is None
 
 
 def test_vocab_too_small_for_the_added_tokens_is_a_user_error(tiny_data, tmp_path):

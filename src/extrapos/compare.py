@@ -713,6 +713,13 @@ def _evaluation_fact(result: dict[str, Any]) -> str:
             f"tokens per length (BERT's 15% / 80-10-10 mask, drawn once per span with seed "
             f"{result.get('mask_seed', 0)}, the same tokens at every length) from {result['documents_used']} "
             "documents"
+            + (
+                f"; a context-free model (the training split's unigram frequencies) scores "
+                f"{result['unigram_loss']:.3f} nats on them: a row near that line has not learned to use "
+                "context"
+                if result.get("unigram_loss") is not None
+                else ""
+            )
         )
     return (
         f"evaluation on the held-out test split, {result['target_tokens']:,} target tokens per length from "

@@ -10,7 +10,9 @@ the top prediction, the number of masked tokens, the loss of the masked tokens a
 L_t positions (``tail_loss``), and, for the bootstrap intervals of ``extrapos.stats``, each document's
 masked-token loss sum and count (``doc_index``, ``doc_loss_sums``, ``doc_tokens``, as ``evaluate``
 records them). The mask is per span, so per document: every length scores the same masked tokens of
-the same documents, and rows of a sweep pair.
+the same documents, and rows of a sweep pair. Beside them, ``unigram_loss``: what a model that ignores
+context scores on the same masked tokens, the line a row must get below before its curve over length
+says anything about positions.
 """
 
 from __future__ import annotations
@@ -47,6 +49,22 @@ def mask_spans(spans: np.ndarray, specials, vocab_size: int, seed: int = 0) -> t
     for s in range(len(spans)):
         corrupted[s], selected[s] = mask_tokens(spans[s], rng_for((seed, s)), specials, vocab_size)
     return corrupted, selected
+
+
+def unigram_loss(run, targets: np.ndarray, specials) -> float | None:
+    """Cross-entropy of ``targets`` under the token frequencies of the run's training split (special tokens
+    excluded, add-one smoothed over the vocabulary): the loss of a model that ignores context. None when
+    the run's prepared data is no longer there."""
+    from extrapos.data import open_split
+
+    if run.data_dir is None:
+        return None
+    train = np.asarray(open_split(run.data_dir, "train").tokens)
+    vocab = max(run.tokenizer.vocab_size, int(targets.max(initial=0)) + 1, int(train.max(initial=0)) + 1)
+    counts = np.bincount(train, minlength=vocab).astype(np.float64)
+    counts[list(specials.ids)] = 0.0  # never a masked target
+    counts += 1.0
+    return float(np.log(counts.sum()) - np.log(counts[targets]).mean())
 
 
 @torch.no_grad()
@@ -189,6 +207,7 @@ def evaluate_mlm(
         "documents_skipped": docs_skipped,
         "spans": len(text),
         "target_tokens": int(selected.sum()),
+        "unigram_loss": unigram_loss(run, text_np[selected_np], specials),
         "results": rows,
         "per_position": per_position,
         "wall_time": time.perf_counter() - t0,
@@ -239,7 +258,12 @@ def format_mlm_result(result: dict[str, Any]) -> str:
         f"{result['run']}  encoding={result['encoding']}  L_t={result['train_length']}  "
         f"applied={result.get('applied') or 'nothing'}  (masked LM, mask seed {result.get('mask_seed', 0)})",
         f"{result['target_tokens']:,} masked tokens per length from {result['documents_used']} documents "
-        f"({result['documents_skipped']} too short, skipped)",
+        f"({result['documents_skipped']} too short, skipped)"
+        + (
+            f"; a context-free (unigram) model scores {result['unigram_loss']:.4f} on them"
+            if result.get("unigram_loss") is not None
+            else ""
+        ),
         "| ev | window | MLM loss | ppl | accuracy | tail loss |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
