@@ -266,6 +266,38 @@ def load_eval_inputs(run_dir, req: EvalRequest, ckpt, device, progress: bool) ->
     return EvalInputs(run, lengths, L, max_len, per_window, data_dir, spans, owners, docs_used, docs_skipped)
 
 
+@dataclass
+class ResultSlot:
+    """Where an evaluation's result is written and what identifies it: results are keyed by the checkpoint
+    they score (its step and a digest of its weights), so a run trained further is evaluated again, never
+    answered from an older result. ``previous`` is the saved result of this same evaluation, if any."""
+
+    ckpt: Any
+    digest: str
+    key: str
+    request_key: str
+    out_path: Path
+    previous: dict[str, Any] | None
+
+
+def result_slot(
+    run_dir: Path, req: EvalRequest, name: str, overwrite: bool, progress: bool, suffix: str = ""
+) -> ResultSlot:
+    """The slot of ``RUN/eval/<name>.json`` for ``req`` (``suffix`` tells apart evaluations of the same
+    request, e.g. the masked-LM one and its mask seed); the directory is made writable unless reused."""
+    from extrapos import checkpoint as ckpt_io
+
+    ckpt = ckpt_io.checkpoint_at(run_dir, req.step)
+    digest = ckpt_io.weights_digest(ckpt)
+    key, request_key = result_key(req, ckpt.step, digest) + suffix, req.key() + suffix
+    eval_dir = results_dir(run_dir)
+    out_path = eval_dir / f"{name}.json"
+    previous = saved_result(out_path, key, request_key, ckpt.step, overwrite, progress)
+    if previous is None:
+        ensure_writable_dir(eval_dir, "evaluation results")
+    return ResultSlot(ckpt, digest, key, request_key, out_path, previous)
+
+
 def per_document(losses: torch.Tensor, owners: np.ndarray) -> dict[str, list]:
     """Per-document loss sums (float64) and scored token counts of (n_spans, span_len) losses, in document
     order."""
@@ -372,8 +404,6 @@ def evaluate(
     """Evaluate a run at every length of ``req``; writes and returns ``RUN/eval/<name>.json``."""
     from tqdm.auto import tqdm
 
-    from extrapos import checkpoint as ckpt_io
-
     req = req or EvalRequest()
     check_request(req)
     run_dir = Path(run_dir)
@@ -382,29 +412,15 @@ def evaluate(
             f"{run_dir} is not a run directory (no config.toml); pass the --out of `extrapos train`."
         )
     name = check_result_name(name or default_name(req))
-    # results are keyed by the checkpoint they score (its step and a digest of its weights), so a
-    # run trained further is evaluated again, never answered from an older result
-    ckpt = ckpt_io.checkpoint_at(run_dir, req.step)
-    digest = ckpt_io.weights_digest(ckpt)
-    key = result_key(req, ckpt.step, digest)
-    eval_dir = results_dir(run_dir)
-    out_path = eval_dir / f"{name}.json"
-    previous = saved_result(out_path, key, req.key(), ckpt.step, overwrite, progress)
-    if previous is not None:
-        return previous  # the same evaluation of the same weights was done: reuse it
-    ensure_writable_dir(eval_dir, "evaluation results")
+    slot = result_slot(run_dir, req, name, overwrite, progress)
+    if slot.previous is not None:
+        return slot.previous  # the same evaluation of the same weights was done: reuse it
 
     t0 = time.perf_counter()
-    inputs = load_eval_inputs(run_dir, req, ckpt, device, progress)
-    run, lengths, L, max_len, per_window = (
-        inputs.run,
-        inputs.lengths,
-        inputs.L,
-        inputs.max_len,
-        inputs.per_window,
-    )
-    data_dir, spans_np, owners = inputs.data_dir, inputs.spans, inputs.owners
-    docs_used, docs_skipped = inputs.docs_used, inputs.docs_skipped
+    inputs = load_eval_inputs(run_dir, req, slot.ckpt, device, progress)
+    run, L, max_len = inputs.run, inputs.L, inputs.max_len
+    lengths, per_window = inputs.lengths, inputs.per_window
+    spans_np, owners = inputs.spans, inputs.owners
     spans = torch.from_numpy(spans_np)
     n_targets = spans.shape[0] * max_len
     n_bytes = sum(len(run.tokenizer.decode(s[1:].tolist()).encode("utf-8")) for s in spans_np)
@@ -445,18 +461,18 @@ def evaluate(
         "name": name,
         "run": str(run_dir),
         "request": asdict(req),
-        "request_key": req.key(),
-        "result_key": key,
-        "weights_sha256": digest,
+        "request_key": slot.request_key,
+        "result_key": slot.key,
+        "weights_sha256": slot.digest,
         "encoding": run.cfg.model.positions["name"],
         "encoding_options": _jsonable(asdict(run.model.pos.options)),
         "applied": _jsonable(req.position_options),
         "train_length": L,
         "checkpoint_step": run.step,
-        "data_dir": data_dir,
+        "data_dir": inputs.data_dir,
         "split": req.split if not req.corpus else "test",
-        "documents_used": docs_used,
-        "documents_skipped": docs_skipped,
+        "documents_used": inputs.docs_used,
+        "documents_skipped": inputs.docs_skipped,
         "spans": int(spans.shape[0]),
         "target_tokens": int(n_targets),
         "target_bytes": int(n_bytes),
@@ -467,7 +483,7 @@ def evaluate(
     from extrapos.runtime import barrier, process_group
 
     if process_group()[0] == 0:  # under torchrun every process holds the whole result; rank 0 writes it
-        atomic_write(out_path, json.dumps(result, indent=1))
+        atomic_write(slot.out_path, json.dumps(result, indent=1))
     barrier()  # the result is on disk before any process looks for it again
     return result
 

@@ -36,11 +36,9 @@ from extrapos.evaluate import (
     check_result_name,
     default_name,
     load_eval_inputs,
-    result_key,
-    results_dir,
-    saved_result,
+    result_slot,
 )
-from extrapos.files import atomic_write, ensure_writable_dir
+from extrapos.files import atomic_write
 
 
 def mask_spans(spans: np.ndarray, specials, vocab_size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -114,7 +112,6 @@ def evaluate_mlm(
     Position options as in ``evaluate``: "window" (e.g. a learned table interpolated to each window) and
     "max" (to the longest window) are resolved per length. ``req.stride`` does not apply (a UserError).
     """
-    from extrapos import checkpoint as ckpt_io
     from extrapos.config import load_run_config
 
     req = req or EvalRequest()
@@ -132,28 +129,15 @@ def evaluate_mlm(
     if not isinstance(seed, int) or seed < 0:
         raise UserError(f"the mask seed must be a non-negative integer, got {seed!r}.")
     name = check_result_name(name or f"mlm-{default_name(req)}" + (f"-mask{seed}" if seed else ""))
-    ckpt = ckpt_io.checkpoint_at(run_dir, req.step)
-    digest = ckpt_io.weights_digest(ckpt)
-    key = result_key(req, ckpt.step, digest) + f"-mlm{seed}"
-    request_key = f"{req.key()}-mlm{seed}"
-    eval_dir = results_dir(run_dir)
-    out_path = eval_dir / f"{name}.json"
-    previous = saved_result(out_path, key, request_key, ckpt.step, overwrite, progress)
-    if previous is not None:
-        return previous
-    ensure_writable_dir(eval_dir, "evaluation results")
+    slot = result_slot(run_dir, req, name, overwrite, progress, suffix=f"-mlm{seed}")
+    if slot.previous is not None:
+        return slot.previous
 
     t0 = time.perf_counter()
-    inputs = load_eval_inputs(run_dir, req, ckpt, device, progress)
-    run, lengths, L, max_len, per_window = (
-        inputs.run,
-        inputs.lengths,
-        inputs.L,
-        inputs.max_len,
-        inputs.per_window,
-    )
-    data_dir, spans_np, owners = inputs.data_dir, inputs.spans, inputs.owners
-    docs_used, docs_skipped = inputs.docs_used, inputs.docs_skipped
+    inputs = load_eval_inputs(run_dir, req, slot.ckpt, device, progress)
+    run, L, max_len = inputs.run, inputs.L, inputs.max_len
+    lengths, per_window = inputs.lengths, inputs.per_window
+    spans_np, owners = inputs.spans, inputs.owners
     text_np = spans_np[:, :max_len]  # collect_spans keeps one extra token for next-token targets
     specials = encoder_special_tokens(run.tokenizer)
     corrupted_np, selected_np = mask_spans(text_np, specials, run.tokenizer.vocab_size, seed)
@@ -192,19 +176,19 @@ def evaluate_mlm(
         "run": str(run_dir),
         "objective": "mlm",
         "request": asdict(req),
-        "request_key": request_key,
-        "result_key": key,
-        "weights_sha256": digest,
+        "request_key": slot.request_key,
+        "result_key": slot.key,
+        "weights_sha256": slot.digest,
         "mask_seed": seed,
         "encoding": run.cfg.model.positions["name"],
         "encoding_options": _jsonable(asdict(run.model.pos.options)),
         "applied": _jsonable(req.position_options),
         "train_length": L,
         "checkpoint_step": run.step,
-        "data_dir": data_dir,
+        "data_dir": inputs.data_dir,
         "split": req.split if not req.corpus else "test",
-        "documents_used": docs_used,
-        "documents_skipped": docs_skipped,
+        "documents_used": inputs.docs_used,
+        "documents_skipped": inputs.docs_skipped,
         "spans": len(text),
         "target_tokens": int(selected.sum()),
         "unigram_loss": unigram_loss(run, text_np[selected_np], specials),
@@ -212,7 +196,7 @@ def evaluate_mlm(
         "per_position": per_position,
         "wall_time": time.perf_counter() - t0,
     }
-    atomic_write(out_path, json.dumps(result, indent=1, default=str))
+    atomic_write(slot.out_path, json.dumps(result, indent=1, default=str))
     return result
 
 
