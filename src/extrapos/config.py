@@ -63,6 +63,8 @@ class DataConfig:
     split_fractions: list[float] = field(default_factory=lambda: [0.9, 0.05, 0.05])
     text_field: str = "text"
     packed: bool = False  # windows across documents joined by end-of-text
+    document_mask: bool = False  # packed rows: attention stays inside each document
+    document_positions: str = "continue"  # packed rows: "continue" across documents | "restart" at each
     sampler: str = "contiguous"  # contiguous | chunk | prefix | full | randompos | pose | synthetic
     alpha: float = 0.25  # chunk / prefix fraction (segmented sampling)
     extended_length: int | None = None  # L_e for segmented samplers (windows of L_e tokens)
@@ -133,7 +135,7 @@ class RunConfig:
 # before them keeps a byte-identical config.toml, which `compare` and `extend` compare as text.
 WRITTEN_WHEN_SET: dict[str, dict[str, Any]] = {
     "model": {"parallel_residual": False, "embed_norm": False, "post_norm": False},
-    "data": {"pose_chunks": POSE_CHUNKS},
+    "data": {"pose_chunks": POSE_CHUNKS, "document_mask": False, "document_positions": "continue"},
     "train": {"parallel": "ddp", "activation_checkpointing": False, "objective": "lm", "mask_rate": 0.15},
 }
 
@@ -271,6 +273,17 @@ def _validate_data(d: DataConfig) -> None:
         fractions,
     )
     _require(0 < d.alpha <= 1, "data.alpha", "in (0, 1]", d.alpha)
+    _require(
+        d.document_positions in ("continue", "restart"),
+        "data.document_positions",
+        "'continue' (positions run across the documents of a packed row) or 'restart' (each starts at 0)",
+        d.document_positions,
+    )
+    if not d.packed and (d.document_mask or d.document_positions != "continue"):
+        raise UserError(
+            "data.document_mask and data.document_positions apply to packed rows only (an unpacked "
+            "window holds one document); set data.packed = true or remove them."
+        )
     _require(d.min_doc_tokens >= 0, "data.min_doc_tokens", "non-negative", d.min_doc_tokens)
     for key in ("max_tokens", "max_docs", "extended_length"):
         _require(getattr(d, key) is None or getattr(d, key) > 0, f"data.{key}", "positive", getattr(d, key))
