@@ -150,6 +150,27 @@ def prepare_run_data(cfg: RunConfig, progress: bool = True) -> Path:
     )
 
 
+#: below this share of the train split's tokens reached by an epoch of windows, a run says so
+LOW_COVERAGE = 0.5
+
+
+def coverage_note(sampler, seq_len: int) -> tuple[str, bool]:
+    """One sentence on the share of the split's tokens an epoch of ``sampler`` predicts, and whether it is
+    low enough to warn (unpacked windows skip every document shorter than the window)."""
+    reached, total = sampler.coverage()
+    share = reached / max(total, 1)
+    text = (
+        f"an epoch of windows of {seq_len} tokens predicts {share:.1%} of the train split's {total:,} tokens"
+    )
+    if share >= LOW_COVERAGE:
+        return text, False
+    return (
+        f"{text}: documents shorter than {seq_len + 1} tokens are never seen; set data.packed = true to "
+        "lay documents end to end (data.document_mask = true keeps attention inside each)",
+        True,
+    )
+
+
 def build_sampler(cfg: RunConfig, split, batch_size: int, seed: int, rank: int = 0, world: int = 1):
     """The training sampler ``data.sampler`` names: contiguous windows or a segmented sampler.
 
@@ -167,7 +188,15 @@ def build_sampler(cfg: RunConfig, split, batch_size: int, seed: int, rank: int =
         )
     if name == "contiguous":
         return sampling.ContiguousSampler(
-            split, cfg.seq_len, batch_size, seed=seed, rank=rank, world_size=world, packed=d.packed
+            split,
+            cfg.seq_len,
+            batch_size,
+            seed=seed,
+            rank=rank,
+            world_size=world,
+            packed=d.packed,
+            document_mask=d.document_mask,
+            document_positions=d.document_positions,
         )
     if name not in segmented.SEGMENTED:
         raise UserError(

@@ -40,6 +40,7 @@ from extrapos.runtime import (
     autocast,
     barrier,
     build_sampler,
+    coverage_note,
     init_distributed,
     prepare_run_data,
     resolve_device,
@@ -117,7 +118,16 @@ def validation_loss(model: nn.Module, cfg: RunConfig, split, device: torch.devic
     from extrapos.data import sampling
 
     try:
-        sampler = sampling.ContiguousSampler(split, cfg.seq_len, cfg.train.batch_size, seed=1234)
+        d = cfg.data  # a packed run is validated on packed windows of the same kind
+        sampler = sampling.ContiguousSampler(
+            split,
+            cfg.seq_len,
+            cfg.train.batch_size,
+            seed=1234,
+            packed=d.packed and d.sampler == "contiguous",
+            document_mask=d.document_mask and d.sampler == "contiguous",
+            document_positions=d.document_positions if d.sampler == "contiguous" else "continue",
+        )
     except UserError:
         return None  # validation split too small for one window: nothing to report
     if sampler.windows_per_epoch == 0:
@@ -277,6 +287,9 @@ class Trainer:
         # everything that can fail on the user's input is checked before the run directory is written
         tokenizer, data_dir, self.train_split, self.val_split = self._open_data()
         self.sampler = build_sampler(cfg, self.train_split, t.batch_size, seed=t.seed, rank=rank, world=world)
+        self.coverage = (
+            coverage_note(self.sampler, cfg.seq_len) if hasattr(self.sampler, "coverage") else None
+        )
         # objective mlm: masked batches, the encoder's special tokens added to the run's tokenizer
         self.sampler = objective_sampler(
             t.objective, self.sampler, tokenizer, cfg.model.vocab_size, mask_rate=t.mask_rate
@@ -322,7 +335,7 @@ class Trainer:
             )
         train_split, val_split = open_split(data_dir, "train"), open_split(data_dir, "val")
         longest = int(val_split.doc_lengths.max(initial=0))
-        if self.is_main and longest < cfg.seq_len + 1:
+        if self.is_main and longest < cfg.seq_len + 1 and not cfg.data.packed:
             print(
                 f"extrapos: warning: no validation document holds one window of {cfg.seq_len + 1} tokens "
                 "(the "
@@ -486,6 +499,9 @@ class Trainer:
             f"(accumulation {plan.accumulation}) on {self.device} in {cfg.train.precision}",
             flush=True,
         )
+        if self.coverage is not None:
+            text, low = self.coverage
+            print(f"extrapos: warning: {text}." if low else f"extrapos train: {text}.", flush=True)
 
     def run(self) -> TrainResult:
         total = self.plan.total_steps

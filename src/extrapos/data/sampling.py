@@ -192,9 +192,19 @@ class ContiguousSampler(Sampler):
 
     By default a window never crosses a document boundary (a document of n tokens gives
     ``(n - 1) // seq_len`` windows; the remainder is dropped), so the model never attends across
-    unrelated texts. ``packed=True`` instead cuts windows from all documents laid end to end,
-    each followed by the end-of-text token. Positions restart at 0 in every window: the model
-    sees each window as its own sequence. Every target counts in the loss.
+    unrelated texts, and positions run 0..seq_len-1 in every window. On corpora whose documents are
+    shorter than the window that sees little of the data (``coverage``); ``packed=True`` instead cuts
+    windows from all documents laid end to end, each followed by the end-of-text token (the stream
+    ``d0 EOT d1 EOT d2 ...``, as nanoGPT packs FineWeb), and every target token of the split is
+    predicted exactly once per epoch: the last window, shorter than the others, is padded with
+    end-of-text tokens whose targets are masked out of the loss.
+
+    Packed rows hold several documents. The end-of-text that ends document d-1 is the first input
+    token of document d's segment (its targets are d's first tokens, like a beginning-of-sequence
+    token). ``document_mask`` sets ``Batch.documents``, so attention stays inside each segment;
+    ``document_positions="restart"`` starts positions at 0 at each segment (the first segment of a
+    row starts at 0 wherever its document was cut), ``"continue"`` numbers the row 0..seq_len-1.
+    Masked and restarted, a packed row computes what each of its segments would alone.
     """
 
     def __init__(
@@ -206,51 +216,115 @@ class ContiguousSampler(Sampler):
         rank: int = 0,
         world_size: int = 1,
         packed: bool = False,
+        document_mask: bool = False,
+        document_positions: str = "continue",
     ):
         super().__init__(split, seq_len, batch_size, seed, rank, world_size)
-        self.packed = packed
+        if document_positions not in ("continue", "restart"):
+            raise UserError(
+                f"document_positions must be 'continue' or 'restart', got {document_positions!r}."
+            )
+        if not packed and (document_mask or document_positions != "continue"):
+            raise UserError("Document masks and restarted positions apply to packed windows only.")
+        self.packed, self.document_mask, self.document_positions = packed, document_mask, document_positions
+        self._tail = packed  # packed: a last, padded window holds the stream's remainder
         if packed:
             # Document d starts at offsets[d] + d in the packed stream (one end-of-text per earlier doc).
             self._packed_offsets = split.offsets + np.arange(len(split.offsets), dtype=np.int64)
-            stream = split.num_tokens + split.num_docs
-            self._starts = np.arange(max(stream - 1, 0) // seq_len, dtype=np.int64) * seq_len
+            self._stream_length = split.num_tokens + split.num_docs
         else:
             doc_index, start_in_doc = windows_in_documents(split.doc_lengths, seq_len + 1, seq_len)
             self._starts = split.offsets[doc_index] + start_in_doc
+        self._set_packed_starts()
         self._check_not_empty("packed window" if packed else "window")
         self._positions = torch.arange(seq_len, dtype=torch.int64)
+
+    def _set_packed_starts(self) -> None:
+        if not self.packed:
+            return
+        targets = max(self._stream_length - 1, 0)  # every stream token but the first is a target
+        count = -(-targets // self.seq_len) if self._tail else targets // self.seq_len
+        self._starts = np.arange(count, dtype=np.int64) * self.seq_len
 
     @property
     def num_items(self) -> int:
         return len(self._starts)
 
-    def _packed_gather(self, starts: np.ndarray, span: int) -> np.ndarray:
+    def coverage(self) -> tuple[int, int]:
+        """(tokens of the split that some window of an epoch predicts, tokens of the split).
+
+        Unpacked windows reach only documents of at least seq_len + 1 tokens, and of those all but
+        the remainder; packed windows reach every token but the stream's first."""
+        total = self.split.num_tokens
+        if not self.packed:
+            return int(len(self._starts)) * self.seq_len, total
+        end = min(len(self._starts) * self.seq_len + 1, self._stream_length)  # stream tokens [1, end)
+        first = self._packed_offsets[:-1]
+        lengths = self.split.doc_lengths
+        reached = np.clip(np.minimum(first + lengths, end) - np.maximum(first, 1), 0, None)
+        return int(reached.sum()), total
+
+    def _packed_gather(self, starts: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Tokens of the stream windows at ``starts`` (len(starts), span), which of them are end-of-text
+        (or padding past the stream's end), and which lie past the stream's end."""
         stream_index = starts[:, None] + np.arange(span, dtype=np.int64)
+        past = stream_index >= self._stream_length
+        stream_index = np.minimum(stream_index, self._stream_length - 1)
         doc = np.searchsorted(self._packed_offsets, stream_index, side="right") - 1
         in_doc = stream_index - self._packed_offsets[doc]
         is_eot = in_doc == self.split.doc_lengths[doc]
         token_index = np.where(is_eot, 0, self.split.offsets[doc] + in_doc)
         out = np.asarray(self.split.tokens[token_index.ravel()], dtype=np.int64).reshape(stream_index.shape)
-        out[is_eot] = self.split.eot_id
-        return out
+        out[is_eot | past] = self.split.eot_id
+        return out, is_eot | past, past
+
+    def _segments(self, eot: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per input token (rows, seq_len): the row's document numbers (0, 0, 1, 1, 1, 2, ...) and the
+        positions the row's ``document_positions`` asks for. The end-of-text ending document d - 1
+        opens d's segment (each padding token past the stream is a segment of its own)."""
+        opens = np.zeros(eot[:, :-1].shape, dtype=bool)
+        opens[:, 1:] = eot[:, 1:-1]  # a row's first token opens its first segment whatever it is
+        segment = np.cumsum(opens, axis=1)
+        documents = torch.from_numpy(segment)
+        if self.document_positions == "continue":
+            return documents, self._positions.repeat(len(eot), 1)
+        index = np.broadcast_to(np.arange(self.seq_len, dtype=np.int64), segment.shape)
+        seg_start = np.maximum.accumulate(np.where(opens, index, 0), axis=1)
+        return documents, torch.from_numpy(index - seg_start)
 
     def _build_batch(self, items: np.ndarray, epochs: np.ndarray) -> Batch:
         starts = self._starts[items]
         span = self.seq_len + 1
-        windows = (
-            self._packed_gather(starts, span) if self.packed else gather(self.split.tokens, starts, span)
-        )
-        windows = torch.from_numpy(windows)
         rows = len(items)
+        if not self.packed:
+            windows = torch.from_numpy(gather(self.split.tokens, starts, span))
+            return Batch(
+                tokens=windows[:, :-1].contiguous(),
+                targets=windows[:, 1:].contiguous(),
+                positions=self._positions.repeat(rows, 1),
+                loss_mask=torch.ones(rows, self.seq_len, dtype=torch.bool),
+            )
+        windows, eot, past = self._packed_gather(starts, span)
+        windows = torch.from_numpy(windows)
+        if self.document_mask or self.document_positions == "restart":
+            documents, positions = self._segments(eot)
+        else:
+            documents, positions = None, self._positions.repeat(rows, 1)
         return Batch(
             tokens=windows[:, :-1].contiguous(),
             targets=windows[:, 1:].contiguous(),
-            positions=self._positions.repeat(rows, 1),
-            loss_mask=torch.ones(rows, self.seq_len, dtype=torch.bool),
+            positions=positions,
+            loss_mask=torch.from_numpy(~past[:, 1:]).contiguous(),
+            documents=documents if self.document_mask else None,
         )
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "packed": self.packed}
+        state = {**super().state_dict(), "packed": self.packed}
+        if self.packed:
+            state.update(
+                tail=self._tail, document_mask=self.document_mask, document_positions=self.document_positions
+            )
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("packed", False) != self.packed:
@@ -258,4 +332,16 @@ class ContiguousSampler(Sampler):
                 "Cannot resume the data stream: it was saved with packed="
                 f"{state.get('packed')}, now packed={self.packed}."
             )
+        if self.packed:
+            for key, default in (("document_mask", False), ("document_positions", "continue")):
+                if state.get(key, default) != getattr(self, key):
+                    raise UserError(
+                        f"Cannot resume the data stream: it was saved with {key}="
+                        f"{state.get(key, default)!r}, now {getattr(self, key)!r}; resume with the same "
+                        "data settings."
+                    )
+            # a stream saved before packed epochs kept their remainder resumes without it, exactly as it was
+            self._tail = bool(state.get("tail", False))
+            self._set_packed_starts()
+            self._order_cache = None
         super().load_state_dict(state)
