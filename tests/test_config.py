@@ -25,6 +25,24 @@ def test_paper_presets_match_the_papers():
     assert (c.train.lr, c.train.end_lr, c.train.warmup) == (6e-4, 6e-5, 750)
 
 
+def test_paper_presets_pack_short_web_documents():
+    # FineWeb-Edu documents average ~1,000 tokens: the web presets pack them (CABLE's nanoGPT stream,
+    # no document mask, positions per window); ExPE App. B keeps documents of >= 4000 tokens unpacked
+    for name in ("cable-gpt2-tiny", "cable-gpt2-small", "cable-gpt2-medium"):
+        d = load_config(name).data
+        assert (d.tokenizer, d.packed, d.document_mask, d.document_positions) == (
+            "gpt2",
+            True,
+            False,
+            "continue",
+        )
+    for name in ("expe-app-c-s", "expe-app-c-m"):
+        d = load_config(name).data
+        assert d.packed and not d.document_mask and d.tokenizer == "bpe:32768"
+    b = load_config("expe-app-b").data
+    assert not b.packed and b.min_doc_tokens == 4000
+
+
 def test_overrides_and_round_trip():
     cfg = load_config(
         "cpu/tiny",
