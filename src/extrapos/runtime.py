@@ -159,9 +159,7 @@ def coverage_note(sampler, seq_len: int) -> tuple[str, bool]:
     low enough to warn (unpacked windows skip every document shorter than the window)."""
     reached, total = sampler.coverage()
     share = reached / max(total, 1)
-    text = (
-        f"an epoch of windows of {seq_len} tokens predicts {share:.1%} of the train split's {total:,} tokens"
-    )
+    text = f"an epoch of {seq_len}-token windows predicts {share:.1%} of the train split's {total:,} tokens"
     if share >= LOW_COVERAGE:
         return text, False
     return (

