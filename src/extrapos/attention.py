@@ -4,7 +4,10 @@ Shapes: q (B, H, Tq, d_h); k, v (B, H_kv, Tk, d_h) with H % H_kv == 0; Tq <= Tk.
 causal with the queries aligned to the END of the keys (query t sees keys j <= t + Tk - Tq),
 which covers both full forwards (Tq == Tk) and cached decoding (Tq new tokens after Tk - Tq).
 ``causal=False`` (the encoder flavour, docs/encoder.md) drops the mask: every query sees every key,
-on every path below.
+on every path below. ``documents`` (B, Tk), the document number of every key (non-decreasing along
+a row: a packed row of several documents, docs/packing.md), keeps each query inside its own
+document on every path: the queries run in blocks that skip the keys before their documents
+start (``document_blocks``), each block with its (B, 1, tq, tk) visibility mask.
 
 ``attention`` picks the kernel; every path equals ``attention_reference`` in the tests:
 no bias -> fused SDPA; ``FoldedBias`` (ALiBi, CABLE) -> one extra q/k dimension in fused SDPA,
@@ -45,6 +48,9 @@ TOEPLITZ_CHUNK = 256
 FOLD_BLOCK = 256
 #: FlexAttention (CUDA) only for no-grad forwards with at least this many queries, see ``flex_wanted``
 FLEX_MIN_QUERIES = 128
+#: queries per block of a document-masked forward on the fused paths: a block sees the keys from the
+#: start of its first query's document, so with short documents the (block, keys) masks stay small
+DOCUMENT_BLOCK = 1024
 
 
 def _expand_kv(k: Tensor, n_heads: int) -> Tensor:
@@ -72,9 +78,16 @@ def bias_block(bias: Bias, q_slice: slice | None = None) -> Tensor:
 
 
 def attention_reference(
-    q: Tensor, k: Tensor, v: Tensor, bias: Bias | None = None, dropout_p: float = 0.0, causal: bool = True
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Bias | None = None,
+    dropout_p: float = 0.0,
+    causal: bool = True,
+    documents: Tensor | None = None,
 ) -> Tensor:
-    """Plain materialized softmax(q k^T / sqrt(d_h) + bias (+ causal mask)) v. The tests' ground truth."""
+    """Plain materialized softmax(q k^T / sqrt(d_h) + bias (+ causal and document masks)) v. The tests'
+    ground truth."""
     B, H, Tq, Dh = q.shape
     Tk = k.shape[2]
     k, v = _expand_kv(k, H), _expand_kv(v, H)
@@ -82,6 +95,8 @@ def attention_reference(
     i = torch.arange(Tq, device=q.device).unsqueeze(-1) + (Tk - Tq)
     j = torch.arange(Tk, device=q.device)
     visible = (j <= i) if causal else torch.ones(Tq, Tk, dtype=torch.bool, device=q.device)
+    if documents is not None:
+        visible = visible & (documents[:, Tk - Tq :, None] == documents[:, None, :]).unsqueeze(1)
     if isinstance(bias, LogitBias):
         scores = scores + bias.fn(scores, q, bias.q_feat, bias.k_feat, visible).to(scores.dtype)
     elif bias is not None:
@@ -102,23 +117,30 @@ def attention(
     *,
     chunk_size: int | None = None,
     causal: bool = True,
+    documents: Tensor | None = None,
 ) -> Tensor:
     """Causal (or, ``causal=False``, bidirectional) attention, see module docstring; dropout_p applies
-    to the attention weights.
+    to the attention weights; ``documents`` (B, Tk) keeps every query inside its own document.
 
     ``chunk_size`` (queries per block of the pairwise path) defaults to ``CHUNK_ELEMENTS`` worth.
     """
     _check_shapes(q, k, v)
-    if bias is None:
-        return _sdpa(q, k, v, dropout_p, causal=causal)
-    if _flex_wanted(q, bias, dropout_p):
-        out = _flex_or_none(q, k, v, bias, causal)
+    if documents is not None:
+        _check_documents(documents, k)
+    if _flex_wanted(q, bias, dropout_p, documents):
+        out = _flex_or_none(q, k, v, bias, causal, documents)
         if out is not None:
             return out
+    if bias is None:
+        if documents is not None:
+            return _document_sdpa(q, k, v, dropout_p, causal, documents)
+        return _sdpa(q, k, v, dropout_p, causal=causal)
     if isinstance(bias, FoldedBias):
-        return folded_attention(q, k, v, bias, dropout_p, causal=causal)
+        return folded_attention(q, k, v, bias, dropout_p, causal=causal, documents=documents)
     if isinstance(bias, (PairwiseBias, LogitBias)):
-        return chunked_attention(q, k, v, bias, dropout_p, chunk_size=chunk_size, causal=causal)
+        return chunked_attention(
+            q, k, v, bias, dropout_p, chunk_size=chunk_size, causal=causal, documents=documents
+        )
     raise TypeError(f"unknown bias description {type(bias).__name__}")
 
 
@@ -139,11 +161,20 @@ def _causal_mask(Tq: int, Tk: int, device: torch.device) -> Tensor:
 
 
 def _sdpa(
-    q: Tensor, k: Tensor, v: Tensor, dropout_p: float, scale: float | None = None, causal: bool = True
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dropout_p: float,
+    scale: float | None = None,
+    causal: bool = True,
+    mask: Tensor | None = None,
 ) -> Tensor:
-    """Fused SDPA, causal with bottom-right alignment (or unmasked); GQA without copying k/v."""
+    """Fused SDPA, causal with bottom-right alignment (or unmasked), or with an explicit boolean ``mask``
+    (True = visible) instead; GQA without copying k/v."""
     Tq, Tk = q.shape[2], k.shape[2]
     kwargs = {"dropout_p": dropout_p, "scale": scale, "enable_gqa": q.shape[1] != k.shape[1]}
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kwargs)
     if not causal:
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
     if Tq == Tk:
@@ -151,6 +182,67 @@ def _sdpa(
     if Tq == 1:  # the one new token sees every key
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=_causal_mask(Tq, Tk, q.device), **kwargs)
+
+
+# ---- document masks ---------------------------------------------------------------------------
+
+
+def _check_documents(documents: Tensor, k: Tensor) -> None:
+    if documents.shape != (k.shape[0], k.shape[2]) or documents.dtype.is_floating_point:
+        raise ValueError(
+            f"documents must be integer (B, Tk) = {(k.shape[0], k.shape[2])}, got {documents.dtype} "
+            f"{tuple(documents.shape)}"
+        )
+    if documents.shape[1] > 1 and not bool((documents[:, 1:] >= documents[:, :-1]).all()):
+        raise ValueError("document numbers must not decrease along a row (a packed row's documents in order)")
+
+
+def document_visible(
+    documents: Tensor, past: int, queries: tuple[int, int], keys: tuple[int, int], causal: bool = True
+) -> Tensor:
+    """(B, 1, tq, tk) bool: key j (of ``keys`` = [k0, k1)) visible from query i (of ``queries`` = [q0, q1),
+    at key index past + i): in the query's document and, causally, not after it."""
+    (q0, q1), (k0, k1) = queries, keys
+    same = documents[:, past + q0 : past + q1, None] == documents[:, None, k0:k1]
+    if causal:
+        i = torch.arange(q0, q1, device=documents.device).unsqueeze(-1) + past
+        same = same & (torch.arange(k0, k1, device=documents.device) <= i)
+    return same.unsqueeze(1)
+
+
+def document_blocks(
+    documents: Tensor, Tq: int, causal: bool = True, block: int = DOCUMENT_BLOCK
+) -> list[tuple[int, int, int, int]]:
+    """Blocks (q0, q1, k0, k1) of queries and the keys they may see: from the start of the block's first
+    query's document (the earliest over the batch) to its last query (causal) or to the end of its last
+    query's document. Documents are contiguous in a row, so no visible key is left out, and a decoded
+    token after a long packed prompt reads only its own document's keys."""
+    Tk = documents.shape[1]
+    past = Tk - Tq
+    if Tq <= block and Tk <= 2 * block:  # one block over every key: no host round trip to find the ranges
+        return [(0, Tq, 0, Tk)]
+    documents = documents.contiguous()
+    starts = torch.searchsorted(documents, documents, side="left")  # rows are sorted: first index of each
+    ends = torch.searchsorted(documents, documents, side="right")
+    out = []
+    for q0 in range(0, Tq, block):
+        q1 = min(q0 + block, Tq)
+        k0 = int(starts[:, past + q0].min())
+        k1 = past + q1 if causal else int(ends[:, past + q1 - 1].max())
+        out.append((q0, q1, k0, k1))
+    return out
+
+
+def _document_sdpa(
+    q: Tensor, k: Tensor, v: Tensor, dropout_p: float, causal: bool, documents: Tensor
+) -> Tensor:
+    """Fused SDPA under a document mask, block by block (``document_blocks``)."""
+    past = k.shape[2] - q.shape[2]
+    outs = []
+    for q0, q1, k0, k1 in document_blocks(documents, q.shape[2], causal, DOCUMENT_BLOCK):
+        mask = document_visible(documents, past, (q0, q1), (k0, k1), causal)
+        outs.append(_sdpa(q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1], dropout_p, mask=mask))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
 # ---- folded bias ------------------------------------------------------------------------------
@@ -174,6 +266,7 @@ def folded_attention(
     fold_dtype: torch.dtype | None = None,
     block: int | None = None,
     causal: bool = True,
+    documents: Tensor | None = None,
 ) -> Tensor:
     """Fused SDPA with a rank-one bias folded into one extra q/k dimension (exact, see module doc).
 
@@ -185,7 +278,8 @@ def folded_attention(
     ``subtract_reference`` and ``fold_dtype`` exist for the precision measurements in
     ``benchmarks/bench_attention.py``; the defaults are the right choice. Bidirectional
     (``causal=False``): every block sees all keys and is shifted by the key at its last query's
-    position (still a row constant, and still small near each query).
+    position (still a row constant, and still small near each query). With ``documents`` the blocks are
+    ``document_blocks`` of the same size, each shifted by its last query's own key.
     """
     B, H, Tq, Dh = q.shape
     Tk, Hkv = k.shape[2], k.shape[1]
@@ -198,7 +292,15 @@ def folded_attention(
     # blocks of queries whose (block, Tk) mask (the CPU kernel makes it float) is no larger than the keys
     block = block or max(FOLD_BLOCK, H * Dh)
     past = Tk - Tq
-    if Tq <= block or not subtract_reference:
+    if documents is not None:
+        outs = []
+        for q0, q1, k0, k1 in document_blocks(documents, Tq, causal, block):
+            mask = document_visible(documents, past, (q0, q1), (k0, k1), causal)
+            args = (q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1], qf[:, :, q0:q1], kf[:, :, k0:k1])
+            ref = past + q1 - 1 - k0  # the block's last query's own key: visible to it, near the others
+            outs.append(_fold_call(*args, dropout_p, dtype, subtract_reference, causal, ref, mask))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+    elif Tq <= block or not subtract_reference:
         ref = -1 if causal else past + Tq - 1
         out = _fold_call(q, k, v, qf, kf, dropout_p, dtype, subtract_reference, causal, ref)
     else:
@@ -223,9 +325,11 @@ def _fold_call(
     shift: bool,
     causal: bool = True,
     ref: int = -1,
+    mask: Tensor | None = None,
 ) -> Tensor:
     """One SDPA call over q' = [q, qf sqrt(d_h), 0..], k' = [k, kf, 0..], v' = [v, 0..]; ``ref``: the key
-    whose feature is subtracted (causal: the last one, which the last query sees)."""
+    whose feature is subtracted (causal: the last one, which the last query sees); ``mask``: an explicit
+    visibility mask instead of the causal one."""
     B, H, Tq, Dh = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     if shift:
@@ -240,7 +344,7 @@ def _fold_call(
     v2 = F.pad(v.to(dtype), (0, pad))
     # autocast would cast the fp32 fold back to half precision: keep it off here
     with torch.autocast(q.device.type, enabled=False):
-        out = _sdpa(q2, k2, v2, dropout_p, scale=1.0 / math.sqrt(Dh), causal=causal)
+        out = _sdpa(q2, k2, v2, dropout_p, scale=1.0 / math.sqrt(Dh), causal=causal, mask=mask)
     return out[..., :Dh]
 
 
@@ -273,10 +377,13 @@ def _chunk(
     dropout_p: float,
     causal: bool = True,
     table: Callable | None = None,
+    allowed: Tensor | None = None,
 ) -> Tensor:
-    """One block of queries (the last of which sits at key index ``offset + tq - 1``) vs its keys."""
+    """One block of queries (the last of which sits at key index ``offset + tq - 1``) vs its keys;
+    ``allowed`` (B, 1, tq, Tk), a document mask, replaces the causal one."""
     tq, Tk = q.shape[2], k.shape[2]
-    table = table if causal else None  # distance tables hold causal biases with the causal mask built in
+    # distance tables hold causal biases with the causal mask built in (a document mask is not Toeplitz)
+    table = table if causal and allowed is None else None
     dtype = _softmax_dtype(q.dtype)
     scale = 1 / math.sqrt(q.shape[-1])
     fused = not torch.is_grad_enabled() and not dropout_p and q.dtype in (torch.float32, torch.float64)
@@ -295,10 +402,19 @@ def _chunk(
         if dropout_p:
             weights = torch.dropout(weights, dropout_p, train=True)
         return weights @ v
-    i = torch.arange(tq, device=q.device).unsqueeze(-1) + offset
-    future = (torch.arange(Tk, device=q.device) > i) & causal
+    if allowed is not None:
+        future = ~allowed
+    else:
+        i = torch.arange(tq, device=q.device).unsqueeze(-1) + offset
+        future = (torch.arange(Tk, device=q.device) > i) & causal
     if fused:  # inference in full precision: the bias block, masked in place, is the fused kernel's mask
-        block = fn(qf, kf).to(dtype).contiguous().masked_fill_(future, float("-inf"))
+        block = fn(qf, kf).to(dtype).contiguous()
+        # a document mask has a batch dimension the bias may lack: masked out of place, broadcast
+        block = (
+            block.masked_fill_(future, float("-inf"))
+            if allowed is None
+            else block.masked_fill(future, float("-inf"))
+        )
         return F.scaled_dot_product_attention(q, k, v, attn_mask=block, scale=scale)
     if not torch.is_grad_enabled():  # inference: one score block, updated in place
         scores = (q @ k.transpose(-1, -2)).to(dtype).mul_(scale)
@@ -370,12 +486,19 @@ def _logit_chunk(
     offset: int,
     dropout_p: float,
     causal: bool = True,
+    allowed: Tensor | None = None,
 ) -> Tensor:
-    """``_chunk`` for a ``LogitBias``: fn also sees the block's unmasked logits, queries and causal mask."""
+    """``_chunk`` for a ``LogitBias``: fn also sees the block's unmasked logits, queries and causal mask
+    (or ``allowed``, a (B, 1, tq, Tk) document mask)."""
     tq, Tk = q.shape[2], k.shape[2]
     dtype = _softmax_dtype(q.dtype)
-    visible = torch.arange(Tk, device=q.device) <= torch.arange(tq, device=q.device).unsqueeze(-1) + offset
-    visible = visible | (not causal)
+    if allowed is not None:
+        visible = allowed
+    else:
+        visible = (
+            torch.arange(Tk, device=q.device) <= torch.arange(tq, device=q.device).unsqueeze(-1) + offset
+        )
+        visible = visible | (not causal)
     scores = (q @ k.transpose(-1, -2)).to(dtype) / math.sqrt(q.shape[-1])
     scores = scores + fn(scores, q, qf, kf, visible).to(dtype)
     scores = scores.masked_fill(~visible, float("-inf"))
@@ -394,6 +517,7 @@ def chunked_attention(
     *,
     chunk_size: int | None = None,
     causal: bool = True,
+    documents: Tensor | None = None,
 ) -> Tensor:
     """Pairwise- or logit-bias attention in blocks of queries: memory O(chunk * Tk) (see module doc)."""
     B, H, Tq, Dh = q.shape
@@ -402,6 +526,8 @@ def chunked_attention(
     past = Tk - Tq
     table = getattr(bias, "table", None)  # a DistanceBias (positions/bias.py): O(T) distinct values
     chunk = chunk_size or default_chunk_size(B, H, Tq, Tk, Dh)
+    if documents is not None:
+        return _document_chunks(q, k, v, bias, dropout_p, chunk, causal, documents)
     if (
         chunk_size is None
         and causal
@@ -438,6 +564,41 @@ def chunked_attention(
     return torch.cat(outs[::-1], dim=2)
 
 
+def _document_chunks(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: PairwiseBias | LogitBias,
+    dropout_p: float,
+    chunk: int,
+    causal: bool,
+    documents: Tensor,
+) -> Tensor:
+    """``chunked_attention`` under a document mask: the ``document_blocks`` of ``chunk`` queries, each
+    against the keys from its first document's start, the bias evaluated on every pair (no distance
+    table: the masked block is not Toeplitz)."""
+    Tq, past = q.shape[2], k.shape[2] - q.shape[2]
+    run = _logit_chunk if isinstance(bias, LogitBias) else _chunk
+    blocks = document_blocks(documents, Tq, causal, chunk)
+    use_ckpt = torch.is_grad_enabled() and len(blocks) > 1
+    outs = []
+    for q0, q1, k0, k1 in reversed(blocks):  # largest first, as in chunked_attention
+        allowed = document_visible(documents, past, (q0, q1), (k0, k1), causal)
+        args = (
+            q[:, :, q0:q1],
+            k[:, :, k0:k1],
+            v[:, :, k0:k1],
+            bias.q_feat[:, :, q0:q1],
+            bias.k_feat[:, :, k0:k1],
+        )
+        extra = (bias.fn, past + q0 - k0, dropout_p, causal)
+        if use_ckpt:
+            outs.append(checkpoint(run, *args, *extra, allowed=allowed, use_reentrant=False))
+        else:
+            outs.append(run(*args, *extra, allowed=allowed))
+    return outs[0] if len(outs) == 1 else torch.cat(outs[::-1], dim=2)
+
+
 def _contiguous(k_feat: Tensor) -> bool:
     """Key positions (B, 1, Tk, 1) that step by exactly one in every row."""
     p = k_feat[:, 0, :, 0] if k_feat.dim() == 4 and k_feat.shape[1] == 1 and k_feat.shape[-1] == 1 else None
@@ -449,12 +610,19 @@ def _contiguous(k_feat: Tensor) -> bool:
 _flex_state: dict = {}
 
 
-def _flex_wanted(q: Tensor, bias: Bias, dropout_p: float) -> bool:
-    return flex_wanted(q.device.type, torch.is_grad_enabled(), dropout_p, q.shape[2], q.dtype, bias)
+def _flex_wanted(q: Tensor, bias: Bias | None, dropout_p: float, documents: Tensor | None = None) -> bool:
+    grad = torch.is_grad_enabled()
+    return flex_wanted(q.device.type, grad, dropout_p, q.shape[2], q.dtype, bias, documents is not None)
 
 
 def flex_wanted(
-    device_type: str, grad: bool, dropout_p: float, n_queries: int, dtype: torch.dtype, bias: Bias
+    device_type: str,
+    grad: bool,
+    dropout_p: float,
+    n_queries: int,
+    dtype: torch.dtype,
+    bias: Bias | None,
+    documents: bool = False,
 ) -> bool:
     """Whether ``attention`` runs FlexAttention: on CUDA only (the CPU keeps its paths), never with
     dropout (flex has none) nor for a ``LogitBias`` (a score_mod sees one (query, key) pair, never the
@@ -467,9 +635,15 @@ def flex_wanted(
     pairwise bias, and folded biases in half precision only (in fp32 the SDPA fold is already
     fused, while a half-precision fold runs SDPA in fp32 (_fold_dtype) and flex computes the
     score_mod in fp32 on bf16 inputs instead).
+
+    Without a bias, only under a document mask (``documents``), in training or for long forwards:
+    flex's ``mask_mod`` skips the blocks between documents, where SDPA would need a dense mask and its
+    slower masked kernels.
     """
     if device_type != "cuda" or dropout_p or isinstance(bias, LogitBias):
         return False
+    if bias is None:
+        return documents and (grad or n_queries >= FLEX_MIN_QUERIES)
     if grad:
         return isinstance(bias, PairwiseBias) and bias.pair is not None
     if n_queries < FLEX_MIN_QUERIES:
@@ -477,7 +651,9 @@ def flex_wanted(
     return isinstance(bias, PairwiseBias) or dtype in (torch.float16, torch.bfloat16)
 
 
-def _flex_or_none(q: Tensor, k: Tensor, v: Tensor, bias: Bias, causal: bool = True) -> Tensor | None:
+def _flex_or_none(
+    q: Tensor, k: Tensor, v: Tensor, bias: Bias | None, causal: bool = True, documents: Tensor | None = None
+) -> Tensor | None:
     """FlexAttention (compiled), or None (the caller falls back) when it is missing or fails.
 
     Under autograd a failure of the compiled backward would surface in ``loss.backward()``, where no
@@ -495,8 +671,8 @@ def _flex_or_none(q: Tensor, k: Tensor, v: Tensor, bias: Bias, causal: bool = Tr
             _flex_state["mask"] = create_block_mask
         flex, make_mask = _flex_state["fn"], _flex_state["mask"]
         if torch.is_grad_enabled():
-            _check_flex_backward(q, k, v, bias, causal, flex, make_mask)
-        return _flex(q, k, v, bias, flex, make_mask, causal)
+            _check_flex_backward(q, k, v, bias, causal, flex, make_mask, documents)
+        return _flex(q, k, v, bias, flex, make_mask, causal, documents)
     except Exception as e:  # import errors, compile errors, unsupported captures: use the fallback
         _flex_state["broken"] = True
         warnings.warn(
@@ -513,15 +689,17 @@ def _check_flex_backward(
     causal: bool,
     flex_attention: Callable,
     create_block_mask: Callable,
+    documents: Tensor | None = None,
 ) -> None:
     """One forward and backward of flex on detached q, k, v, once per kind of call (see _flex_or_none)."""
     pair = getattr(bias, "pair", None)
     key = (type(bias).__name__, getattr(pair, "__qualname__", None), q.shape, k.shape, q.dtype, causal)
+    key = (*key, documents is not None)
     checked = _flex_state.setdefault("backward_checked", set())
     if key in checked:
         return
     qd, kd, vd = (t.detach().requires_grad_() for t in (q, k, v))
-    out = _flex(qd, kd, vd, bias, flex_attention, create_block_mask, causal)
+    out = _flex(qd, kd, vd, bias, flex_attention, create_block_mask, causal, documents)
     torch.autograd.grad(out.sum(), (qd, kd, vd))
     checked.add(key)
 
@@ -529,9 +707,7 @@ def _check_flex_backward(
 def flex_mask_mod(Tq: int, Tk: int, causal: bool = True, documents: Tensor | None = None) -> Callable | None:
     """FlexAttention's ``mask_mod``: key kj visible from query qi (bottom-right causal, kj <= qi + Tk - Tq)
     and, with ``documents`` (B, Tk) (the document of every key; the queries are the last Tq), in the
-    query's document; None when every key is visible. The samplers keep a window inside one document
-    or (``data.packed``) attend across documents on purpose (docs/architecture.md), so the model
-    passes no ``documents`` today; the mask is here for packed training with document boundaries."""
+    query's document (``data.document_mask``, docs/packing.md); None when every key is visible."""
     past = Tk - Tq
     if documents is None:
         if not causal:
@@ -562,9 +738,16 @@ def flex_block_mask(
     causal: bool = True,
     documents: Tensor | None = None,
 ):
-    """The block mask of ``flex_mask_mod`` (None when every key is visible, e.g. one decoded query)."""
+    """The block mask of ``flex_mask_mod`` (None when every key is visible, e.g. one decoded query).
+    A document mask is built once per forward: every layer passes the same ``documents`` tensor."""
     if documents is not None:
-        return create_block_mask(flex_mask_mod(Tq, Tk, causal, documents), B, None, Tq, Tk, device=device)
+        key = (Tq, Tk, causal, create_block_mask)
+        last = _flex_state.get("document_mask")
+        if last is not None and last[0] is documents and last[1] == key:
+            return last[2]
+        mask = create_block_mask(flex_mask_mod(Tq, Tk, causal, documents), B, None, Tq, Tk, device=device)
+        _flex_state["document_mask"] = (documents, key, mask)
+        return mask
     if Tq == 1 or not causal:
         return None
     cache = _flex_state.setdefault("masks", {})
@@ -576,8 +759,10 @@ def flex_block_mask(
     return cache[key]
 
 
-def flex_score_mod(bias: Bias, B: int, H: int, Tq: int, Tk: int) -> Callable:
+def flex_score_mod(bias: Bias | None, B: int, H: int, Tq: int, Tk: int) -> Callable | None:
     """FlexAttention's ``score_mod`` for a bias description: score + bias of the pair (b, h, qi, kj)."""
+    if bias is None:
+        return None
     if isinstance(bias, FoldedBias):
         kf = bias.k_feat.float()
         qf = bias.q_feat.float().expand(B, H, Tq)

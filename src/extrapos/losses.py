@@ -95,8 +95,17 @@ def linear_cross_entropy_sum(
 
 
 def model_loss_sum(
-    model, tokens: Tensor, positions: Tensor, targets: Tensor, mask: Tensor, fused: bool = True
+    model,
+    tokens: Tensor,
+    positions: Tensor,
+    targets: Tensor,
+    mask: Tensor,
+    fused: bool = True,
+    documents: Tensor | None = None,
 ) -> Tensor:
     """The masked loss sum of a ``Decoder`` (or a DDP / FSDP2 / compiled wrapper of one): its forward
-    computes the loss, fused with the head when it can be (``fused``, a decoder, no autocast)."""
-    return model(tokens, positions, targets=targets, loss_mask=mask, fused=fused)
+    computes the loss, fused with the head when it can be (``fused``, a decoder, no autocast);
+    ``documents``: a packed row's document numbers (document mask), passed only when set."""
+    if documents is None:  # the call every wrapper has always seen
+        return model(tokens, positions, targets=targets, loss_mask=mask, fused=fused)
+    return model(tokens, positions, targets=targets, loss_mask=mask, fused=fused, documents=documents)

@@ -40,6 +40,10 @@ calls that one's hooks, with the layer's index among that encoding's layers.
 ``positions`` (B, T) are explicit: the position of every *new* token. With a cache only the new
 tokens and their positions are passed; keys are cached after rotation (RoPE rotates each key at its
 own position once), and the bias hook's cumulative state lives in the cache (``state`` dict per layer).
+
+``documents`` (B, T), optional, numbers the documents of a packed row (0, 0, 1, 1, 1, 2, ...): every
+token then attends only to the earlier tokens of its own document (docs/packing.md). The cache keeps
+the numbers of the tokens it holds; new tokens passed without numbers continue the last document.
 """
 
 from __future__ import annotations
@@ -293,6 +297,24 @@ class KVCache:
 
     def __init__(self, n_layers: int) -> None:
         self.layers = [LayerCache() for _ in range(n_layers)]
+        self._documents = _Growing()  # (B, 1, Tk, 1): the document number of every cached token
+
+    def documents(self, new: Tensor | None, batch: int, n_new: int) -> Tensor | None:
+        """The document numbers of every key once ``n_new`` tokens are added (B, Tk), or None when no
+        token ever had one. New tokens without numbers continue the last cached document."""
+        held = self._documents.n
+        if new is None:
+            if not held:
+                return None
+            last = self._documents.buf[:, :, held - 1 : held]
+            new = last.expand(batch, 1, n_new, 1)
+        else:
+            if self.length and not held:
+                raise ValueError(
+                    "the cache holds tokens without document numbers; pass documents from the first call"
+                )
+            new = new.view(batch, 1, n_new, 1)
+        return self._documents.append(new)[:, 0, :, 0]
 
     @property
     def length(self) -> int:
@@ -323,7 +345,13 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(
-        self, x: Tensor, positions: Tensor, layer: int, pos: PositionalEncoding, cache: LayerCache | None
+        self,
+        x: Tensor,
+        positions: Tensor,
+        layer: int,
+        pos: PositionalEncoding,
+        cache: LayerCache | None,
+        documents: Tensor | None = None,
     ) -> Tensor:
         B, T, _ = x.shape
         pos, layer = pos.at_layer(layer)  # a layer schedule's encoding of this layer (positions/schedule.py)
@@ -344,7 +372,8 @@ class Attention(nn.Module):
         bias = pos.bias(x, positions, layer, cache.state if cache is not None else None)
         if cache is not None:
             k, v, bias = cache.update(k, v, bias)
-        y = attention(q, k, v, bias, self.dropout if self.training else 0.0, causal=self.causal)
+        dropout = self.dropout if self.training else 0.0
+        y = attention(q, k, v, bias, dropout, causal=self.causal, documents=documents)
         return self.proj(y.transpose(1, 2).reshape(B, T, self.q_out))
 
 
@@ -385,15 +414,20 @@ class Block(nn.Module):
         self.post_norm = cfg.post_norm
 
     def forward(
-        self, h: Tensor, positions: Tensor, pos: PositionalEncoding, cache: LayerCache | None
+        self,
+        h: Tensor,
+        positions: Tensor,
+        pos: PositionalEncoding,
+        cache: LayerCache | None,
+        documents: Tensor | None = None,
     ) -> Tensor:
         if self.post_norm:
-            h = self.norm1(h + self.drop(self.attn(h, positions, self.layer, pos, cache)))
+            h = self.norm1(h + self.drop(self.attn(h, positions, self.layer, pos, cache, documents)))
             return self.norm2(h + self.drop(self.mlp(h)))
         if self.parallel:
-            a = self.drop(self.attn(self.norm1(h), positions, self.layer, pos, cache))
+            a = self.drop(self.attn(self.norm1(h), positions, self.layer, pos, cache, documents))
             return h + a + self.drop(self.mlp(self.norm2(h)))
-        h = h + self.drop(self.attn(self.norm1(h), positions, self.layer, pos, cache))
+        h = h + self.drop(self.attn(self.norm1(h), positions, self.layer, pos, cache, documents))
         return h + self.drop(self.mlp(self.norm2(h)))
 
 
@@ -466,11 +500,22 @@ class Decoder(nn.Module):
     def new_cache(self) -> KVCache:
         return KVCache(self.cfg.n_layers)
 
-    def hidden_states(self, tokens: Tensor, positions: Tensor, cache: KVCache | None = None) -> Tensor:
-        """Final-normed hidden states (B, T, d) of the new tokens."""
+    def hidden_states(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cache: KVCache | None = None,
+        documents: Tensor | None = None,
+    ) -> Tensor:
+        """Final-normed hidden states (B, T, d) of the new tokens; ``documents`` (B, T) keeps attention
+        inside each document of a packed row (module docstring)."""
         if tokens.shape != positions.shape:
             raise ValueError(
                 f"tokens {tuple(tokens.shape)} and positions {tuple(positions.shape)} differ in shape"
+            )
+        if documents is not None and documents.shape != tokens.shape:
+            raise ValueError(
+                f"tokens {tuple(tokens.shape)} and documents {tuple(documents.shape)} differ in shape"
             )
         if cache is not None and not self.cfg.causal:
             raise UserError(
@@ -481,8 +526,10 @@ class Decoder(nn.Module):
         if self.cfg.embed_norm:
             h = self.emb_norm(h)
         h = self.drop(h)
+        if cache is not None:
+            documents = cache.documents(documents, *tokens.shape)
         for i, block in enumerate(self.blocks):
-            h = block(h, positions, self.pos, cache.layers[i] if cache is not None else None)
+            h = block(h, positions, self.pos, cache.layers[i] if cache is not None else None, documents)
         return self.norm(h)
 
     def logits(self, h: Tensor) -> Tensor:
@@ -498,14 +545,16 @@ class Decoder(nn.Module):
         targets: Tensor | None = None,
         loss_mask: Tensor | None = None,
         fused: bool = True,
+        documents: Tensor | None = None,
     ) -> Tensor:
-        """The logits (B, T, V); with ``targets`` and ``loss_mask``, the masked loss sum instead.
+        """The logits (B, T, V); with ``targets`` and ``loss_mask``, the masked loss sum instead;
+        ``documents`` (B, T): a document mask (``hidden_states``).
 
         The loss is computed here, inside ``forward``, so that a DDP / FSDP2 / compiled wrapper runs it
         with its hooks and every setup gets the head fused with the loss (losses.py): a decoder's head
         is a bare linear layer, so outside autocast its logits are never all materialized.
         """
-        h = self.hidden_states(tokens, positions, cache)
+        h = self.hidden_states(tokens, positions, cache, documents)
         if targets is None:
             return self.logits(h)
         if loss_mask is None:

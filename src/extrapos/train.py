@@ -141,7 +141,7 @@ def validation_loss(model: nn.Module, cfg: RunConfig, split, device: torch.devic
     for _ in range(n_batches):
         b = sampler.next_batch().to(device)
         with autocast(device, cfg.train.precision):
-            logits = model(b.tokens, b.positions)
+            logits = model(b.tokens, b.positions, documents=b.documents)
         total += float(masked_loss_sum(logits, b))
         count += b.num_tokens
     model.train(was_training)
@@ -409,8 +409,10 @@ class Trainer:
             sync = parallelize.gradient_sync(self.train_model, self.model, cfg, world, enabled=i == accum - 1)
             with sync, autocast(device, cfg.train.precision):
                 # the forward computes the loss (fused with the head, losses.py), wrapped or not
+                masked = {} if b.documents is None else {"documents": b.documents}  # a document mask
                 loss = (
-                    model_loss_sum(self.train_model, b.tokens, b.positions, b.targets, b.loss_mask) / n_tokens
+                    model_loss_sum(self.train_model, b.tokens, b.positions, b.targets, b.loss_mask, **masked)
+                    / n_tokens
                 )
             loss.backward()
             step_loss += loss.detach()
