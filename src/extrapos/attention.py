@@ -382,14 +382,17 @@ def _chunk(
     """One block of queries (the last of which sits at key index ``offset + tq - 1``) vs its keys;
     ``allowed`` (B, 1, tq, Tk), a document mask, replaces the causal one."""
     tq, Tk = q.shape[2], k.shape[2]
-    # distance tables hold causal biases with the causal mask built in (a document mask is not Toeplitz)
-    table = table if causal and allowed is None else None
+    table = table if causal else None  # distance tables hold causal biases with the causal mask built in
     dtype = _softmax_dtype(q.dtype)
     scale = 1 / math.sqrt(q.shape[-1])
     fused = not torch.is_grad_enabled() and not dropout_p and q.dtype in (torch.float32, torch.float64)
-    block, reversed_rows = (
-        (None, False) if table is None else distance_block(table, qf, kf, offset, dtype, reversed_rows=fused)
-    )
+    if table is None:
+        block, reversed_rows = None, False
+    elif allowed is not None:  # positions step by one inside each document (_document_chunks checked)
+        block, reversed_rows = toeplitz_block(table, qf, offset, Tk, dtype), False
+        block = None if block is None else block.masked_fill(~allowed, float("-inf"))
+    else:
+        block, reversed_rows = distance_block(table, qf, kf, offset, dtype, reversed_rows=fused)
     if block is not None:  # the bias with the causal mask already in it (-inf on future keys)
         if fused:  # inference in full precision: the fused kernel takes the block as a float mask
             if not reversed_rows:
@@ -456,13 +459,9 @@ def distance_block(
         return None, False
     step = kp[:, 1:] - kp[:, :-1]
     if bool((step == 1).all()):
-        n = offset + tq  # distances 0 .. offset + tq - 1
-        g = table(qf, n)
-        if g is None:
+        windows = toeplitz_block(table, qf, offset, Tk, dtype, reversed_rows=True)
+        if windows is None:
             return None, False
-        g = g.to(dtype)
-        u = torch.cat([g.flip(-1), g.new_full((g.shape[0], Tk - 1 - offset), float("-inf"))], dim=-1)
-        windows = u.unfold(-1, Tk, 1).unsqueeze(0)  # (1, H, tq, Tk), window r = query tq - 1 - r
         return (windows, True) if reversed_rows else (windows.flip(-2), False)
     if not bool((step >= 0).all()):
         return None, False
@@ -474,6 +473,22 @@ def distance_block(
     future = torch.arange(Tk, device=qf.device) > torch.arange(tq, device=qf.device).unsqueeze(-1) + offset
     idx = d.clamp(0, n - 1).to(torch.long)
     return g.to(dtype)[:, idx].transpose(0, 1).masked_fill(future, float("-inf")), False
+
+
+def toeplitz_block(
+    table: Callable, qf: Tensor, offset: int, Tk: int, dtype: torch.dtype, reversed_rows: bool = False
+) -> Tensor | None:
+    """bias[i, j] = g(offset + i - j) (-inf on future keys) as windows of one vector (``distance_block``):
+    (1, H, tq, Tk), rows in reverse query order with ``reversed_rows`` (a zero-copy view), else a copy;
+    None when the table does not cover the block's queries."""
+    tq = qf.shape[2]
+    g = table(qf, offset + tq)  # distances 0 .. offset + tq - 1
+    if g is None:
+        return None
+    g = g.to(dtype)
+    u = torch.cat([g.flip(-1), g.new_full((g.shape[0], Tk - 1 - offset), float("-inf"))], dim=-1)
+    windows = u.unfold(-1, Tk, 1).unsqueeze(0)  # (1, H, tq, Tk), window r = query tq - 1 - r
+    return windows if reversed_rows else windows.flip(-2)
 
 
 def _logit_chunk(
@@ -575,10 +590,16 @@ def _document_chunks(
     documents: Tensor,
 ) -> Tensor:
     """``chunked_attention`` under a document mask: the ``document_blocks`` of ``chunk`` queries, each
-    against the keys from its first document's start, the bias evaluated on every pair (no distance
-    table: the masked block is not Toeplitz)."""
+    against the keys from its first document's start. A distance table (Kerple, T5, FIRE before L)
+    is used when positions step by one inside every document (restarting or continuing across
+    them): then p_i - p_j = i - j on every visible pair, and the masked block is the Toeplitz one
+    with the other documents' keys set to -inf; otherwise the bias is evaluated on every pair."""
     Tq, past = q.shape[2], k.shape[2] - q.shape[2]
-    run = _logit_chunk if isinstance(bias, LogitBias) else _chunk
+    if isinstance(bias, LogitBias):
+        run = _logit_chunk
+    else:
+        table = getattr(bias, "table", None)
+        run = partial(_chunk, table=table if table is not None and _steps_by_one(bias, documents) else None)
     blocks = document_blocks(documents, Tq, causal, chunk)
     use_ckpt = torch.is_grad_enabled() and len(blocks) > 1
     outs = []
@@ -597,6 +618,16 @@ def _document_chunks(
         else:
             outs.append(run(*args, *extra, allowed=allowed))
     return outs[0] if len(outs) == 1 else torch.cat(outs[::-1], dim=2)
+
+
+def _steps_by_one(bias: PairwiseBias, documents: Tensor) -> bool:
+    """Key positions (B, 1, Tk, 1) that step by exactly one between neighbours of the same document."""
+    kf = bias.k_feat
+    if kf.dim() != 4 or kf.shape[1] != 1 or kf.shape[-1] != 1 or bias.q_feat.shape[1] != 1:
+        return False
+    p = kf[:, 0, :, 0]
+    same = documents[:, 1:] == documents[:, :-1]
+    return bool(((p[:, 1:] - p[:, :-1] == 1) | ~same).all())
 
 
 def _contiguous(k_feat: Tensor) -> bool:
