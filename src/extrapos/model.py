@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from extrapos.attention import attention
+from extrapos.attention import attention, check_document_order
 from extrapos.errors import UserError
 from extrapos.losses import linear_cross_entropy_sum, masked_loss_sum
 from extrapos.positions.base import EncodingContext, PositionalEncoding
@@ -528,6 +528,8 @@ class Decoder(nn.Module):
         h = self.drop(h)
         if cache is not None:
             documents = cache.documents(documents, *tokens.shape)
+        if documents is not None and documents.is_cuda:
+            check_document_order(documents)  # once per forward (attention checks CPU inputs itself)
         for i, block in enumerate(self.blocks):
             h = block(h, positions, self.pos, cache.layers[i] if cache is not None else None, documents)
         return self.norm(h)
