@@ -178,3 +178,102 @@ def test_results_record_per_document_losses_for_the_bootstrap(runs):
         runs["rope"], EvalRequest(lengths=[2], max_tokens=256, stride=8), name="s", progress=False
     )
     assert sliding["results"][0]["seq_ppl"] is None and sum(sliding["results"][0]["doc_tokens"]) == 256
+
+
+class _Split:
+    """What ``collect_spans`` reads of a split: document lengths and documents (token = its document)."""
+
+    def __init__(self, lengths):
+        self.doc_lengths = np.asarray(lengths)
+
+    def doc(self, d):
+        return np.full(self.doc_lengths[d], d)
+
+
+def _first_documents(split, span_len, max_tokens):
+    """Spans as every evaluation chose them before the spread: from the first documents, in order."""
+    owners, budget = [], max(1, max_tokens // span_len)
+    for d in np.flatnonzero(split.doc_lengths >= span_len + 1):
+        for _ in range((split.doc_lengths[d] - 1) // span_len):
+            if len(owners) < budget:
+                owners.append(int(d))
+    return owners
+
+
+def test_spread_selection_reaches_as_many_documents_as_the_budget_allows():
+    lengths = [10 + (d * 389) % 700 for d in range(60)]  # 60 documents, some shorter than a span
+    split = _Split(lengths)
+    holds = (np.asarray(lengths) - 1) // 64
+    long_docs = np.flatnonzero(holds > 0)
+    # a budget smaller than the documents: one span from each of evenly spaced documents
+    spans, used, skipped, owners = collect_spans(split, 64, 20 * 64, with_documents=True)
+    assert len(spans) == 20 == used == len(set(owners.tolist())) and skipped == 60 - len(long_docs)
+    assert owners[0] == long_docs[0] and owners[-1] >= long_docs[-3]  # the whole split, not its start
+    assert np.all(spans[:, 0] == owners)  # each span comes from its own document
+    # a larger budget: every document's first span before any document's second, and so on
+    budget = len(long_docs) + 30
+    _, used, _, owners = collect_spans(split, 64, budget * 64, with_documents=True)
+    taken = np.bincount(owners, minlength=60)[long_docs]
+    assert used == len(long_docs) and taken.sum() == budget and np.all(taken >= 1)
+    assert taken.max() - taken[holds[long_docs] >= taken.max()].min() <= 1  # rounds: never two ahead
+    # "first" is the selection of every evaluation saved before: the first documents filled the budget
+    for tokens in (64, 20 * 64, budget * 64):
+        first = collect_spans(split, 64, tokens, with_documents=True, selection="first")[3]
+        assert first.tolist() == _first_documents(split, 64, tokens)
+    assert len(set(_first_documents(split, 64, 20 * 64))) < 20 // 2
+
+
+def test_the_default_spans_reach_more_documents_than_the_first_ones(runs):
+    from dataclasses import replace
+
+    req = EvalRequest(lengths=[1, 4], max_tokens=512, split="val")  # two documents of thousands of tokens
+    spread = evaluate(runs["rope"], req, name="sp", progress=False)
+    first = evaluate(runs["rope"], replace(req, selection="first"), name="f", progress=False)
+    assert spread["target_tokens"] == first["target_tokens"] and spread["selection"] == "spread"
+    assert first["documents_used"] == 1 < spread["documents_used"]
+    assert first["name"] == "f" and EvalRequest(selection="first").key() != EvalRequest().key()
+
+
+def test_keys_change_exactly_where_the_targets_changed():
+    import hashlib
+    from dataclasses import asdict, replace
+
+    from extrapos.evaluate import LEGACY_FIELDS, result_key
+
+    def old_key(req):  # every request's key before protocols and selections existed
+        fields = {k: v for k, v in asdict(req).items() if k not in LEGACY_FIELDS}
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+    new = EvalRequest(lengths=[1, 2], max_tokens=128)
+    old = replace(new, selection="first")
+    assert old.key() == old_key(new) and new.key() != old_key(new)  # the spread changed the targets
+    fields = {k: v for k, v in asdict(old).items() if k not in LEGACY_FIELDS}
+    text = json.dumps({"request": fields, "step": 3, "weights": "ab"}, sort_keys=True)
+    assert (
+        result_key(old, 3, "ab") == hashlib.sha256(text.encode()).hexdigest()[:16] != result_key(new, 3, "ab")
+    )
+    assert EvalRequest.from_saved(fields) == old and EvalRequest.from_saved(asdict(new)) == new
+    stream = replace(new, protocol="stream", boundary="cross")
+    assert len({new.key(), old.key(), stream.key(), replace(stream, boundary="mask").key()}) == 4
+
+
+def test_results_saved_before_the_spread_are_scored_again_never_reused(runs, capsys):
+    from dataclasses import replace
+
+    from extrapos.evaluate import LEGACY_FIELDS
+    from extrapos.stats import same_targets
+
+    run, req = runs["rope"], EvalRequest(lengths=[1, 2], max_tokens=512, split="val")
+    # a result as an older extrapos wrote it: the first documents' spans, no protocol fields
+    saved = evaluate(run, replace(req, selection="first"), name="older", progress=False)
+    for k in LEGACY_FIELDS:
+        del saved["request"][k], saved[k]
+    (run / "eval" / "older.json").write_text(json.dumps(saved, indent=1))
+    # still readable, and reused by the request that scores those targets
+    assert evaluate(run, replace(req, selection="first"), name="older", progress=False) == saved
+    capsys.readouterr()
+    again = evaluate(run, req, name="older", progress=True)
+    assert "scored spans from the first held-out documents" in capsys.readouterr().out
+    assert again["selection"] == "spread" and again["documents_used"] > saved["documents_used"]
+    assert json.loads((run / "eval" / "older.json").read_text())["result_key"] == again["result_key"]
+    assert not same_targets(saved, again)  # a report never pairs the two

@@ -1,11 +1,23 @@
 """`extrapos eval`: train short, test long, measured the way the papers do.
 
-Protocol (``ev = k`` means windows of k x L_t tokens):
+Two protocols (``ev = k`` means windows of k x L_t tokens; docs/evaluation.md explains both):
 
-1. Take held-out documents with at least ``max(k) * L_t + 1`` tokens (shorter ones are skipped and
-   counted) and cut each into non-overlapping spans of ``max(k) * L_t`` targets.
+**documents** (the default; needs held-out documents of ``max(k) * L_t + 1`` tokens):
+
+1. Cut held-out documents long enough into non-overlapping spans of ``max(k) * L_t`` targets (shorter
+   documents are skipped and counted), spread over as many documents as the budget allows: the first
+   span of every document before the second of any (evenly spaced documents when the budget holds
+   fewer spans than there are documents).
 2. Split every span into non-overlapping windows of each length; every window starts at position 0.
    So every length scores exactly the same target tokens, and only the context differs.
+
+**stream** (for corpora of documents shorter than the longest window, ``evaluate_stream``): the
+held-out documents joined with end-of-text; fixed blocks of L_t targets, each scored at every length
+by the window of k x L_t tokens that ends with it, its context crossing document boundaries
+(``boundary = "cross"``) or masked to the target's own document (``"mask"``).
+
+Either way:
+
 3. Report per length: mean token loss, perplexity, bits per byte (nats of the scored tokens over
    the UTF-8 bytes they decode to), and the loss of each window's last L_t tokens ("tail": does
    a longer context help the tokens that have the most of it?).
@@ -27,7 +39,7 @@ import json
 import math
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +51,14 @@ from extrapos.errors import UserError
 from extrapos.files import atomic_write, ensure_writable_dir
 
 DEFAULT_LENGTHS = (1, 2, 4, 8, 16)
+PROTOCOLS = ("documents", "stream")
+BOUNDARIES = ("cross", "mask")  # the stream protocol: context crosses documents, or stays in its own
+SELECTIONS = ("spread", "first")  # the documents protocol's spans: spread over documents, or the first ones
+
+# Fields added after results were first saved, with the values that reproduce the requests of that time
+# (spans taken from the first documents). A field at its legacy value is left out of the keys, so a request
+# with all of them at these values has the key it had before they existed, and no other request does.
+LEGACY_FIELDS: dict[str, Any] = {"protocol": "documents", "boundary": None, "selection": "first"}
 
 
 @dataclass
@@ -56,15 +76,36 @@ class EvalRequest:
     buckets: int = 32  # per-position loss buckets over the longest window
     precision: str = "fp32"
     step: int | None = None  # checkpoint step (None: latest)
+    protocol: str = "documents"  # "documents": spans inside documents; "stream": documents joined
+    boundary: str | None = None  # stream only: "cross" (None means cross) or "mask"
+    selection: str = "spread"  # documents only: spans "spread" over documents, or the "first" documents'
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        return hashlib.sha256(json.dumps(self.key_fields(), sort_keys=True).encode()).hexdigest()[:12]
+
+    def key_fields(self) -> dict[str, Any]:
+        """The fields a key hashes: all of them, less those added later that hold their legacy value."""
+        return {k: v for k, v in asdict(self).items() if k not in LEGACY_FIELDS or v != LEGACY_FIELDS[k]}
+
+    @classmethod
+    def from_saved(cls, request: dict[str, Any]) -> EvalRequest:
+        """The request a saved result records; one saved before a field existed gets its legacy value."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{**LEGACY_FIELDS, **{k: v for k, v in request.items() if k in known}})
 
 
 def result_key(req: EvalRequest, step: int, weights_sha256: str) -> str:
     """The request, the checkpoint step it resolved to and the digest of the weights it scored."""
-    text = json.dumps({"request": asdict(req), "step": step, "weights": weights_sha256}, sort_keys=True)
+    text = json.dumps({"request": req.key_fields(), "step": step, "weights": weights_sha256}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def resolve_request(req: EvalRequest) -> EvalRequest:
+    """``req`` with the stream protocol's boundary made explicit (None -> "cross"), so that a result always
+    names it and the two spellings of one evaluation share a key."""
+    if req.protocol == "stream" and req.boundary is None:
+        return replace(req, boundary="cross")
+    return req
 
 
 def check_request(req: EvalRequest) -> None:
@@ -83,6 +124,27 @@ def check_request(req: EvalRequest) -> None:
         raise UserError(f"--split must be train, val or test, got {req.split!r}.")
     if req.base_length is not None and req.base_length < 1:
         raise UserError(f"the base length must be positive, got {req.base_length}.")
+    if req.protocol not in PROTOCOLS:
+        raise UserError(f"--protocol must be documents or stream, got {req.protocol!r}.")
+    if req.protocol == "documents" and req.boundary is not None:
+        raise UserError(
+            "--boundary applies to the stream protocol only (a documents window never leaves its document); "
+            "drop it or add --protocol stream."
+        )
+    if req.boundary not in (None, *BOUNDARIES):
+        raise UserError(f"--boundary must be cross or mask, got {req.boundary!r}.")
+    if req.selection not in SELECTIONS:
+        raise UserError(f"--selection must be spread or first, got {req.selection!r}.")
+    if req.protocol == "stream" and req.selection != "spread":
+        raise UserError(
+            "the stream protocol always spreads its target blocks over the stream; --selection first "
+            "applies to the documents protocol only."
+        )
+    if req.protocol == "stream" and req.stride is not None:
+        raise UserError(
+            "--stride is the documents protocol's sliding window; the stream protocol already scores each "
+            "block with all the preceding stream its window holds, so drop --stride."
+        )
 
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,119}")
@@ -118,11 +180,18 @@ def _read_result(path: Path) -> dict[str, Any] | None:
 
 
 def saved_result(
-    out_path: Path, key: str, request_key: str, step: int, overwrite: bool, progress: bool
+    out_path: Path,
+    key: str,
+    request_key: str,
+    step: int,
+    overwrite: bool,
+    progress: bool,
+    older_request_key: str | None = None,
 ) -> dict[str, Any] | None:
     """The result saved at ``out_path`` when it is this evaluation of these weights (then it is reused);
     None when there is none, it is damaged, ``overwrite`` is set, or it scored an older checkpoint of the
-    same request; a UserError when it holds a different request."""
+    same request or (``older_request_key``) this request's spans from the first documents, as evaluations
+    chose them before the spread selection; a UserError when it holds a different request."""
     if not out_path.is_file() or overwrite:
         return None
     previous = _read_result(out_path)
@@ -130,6 +199,14 @@ def saved_result(
         return None
     if previous.get("result_key") == key:
         return previous
+    if older_request_key is not None and previous.get("request_key") == older_request_key:
+        if progress:
+            print(
+                f"extrapos eval: {out_path} scored spans from the first held-out documents (an older "
+                "extrapos); evaluating again with the targets spread over the documents.",
+                flush=True,
+            )
+        return None
     if previous.get("request_key") != request_key:
         raise UserError(
             f"{out_path} holds a different evaluation; pass --name to keep both or --overwrite to replace it."
@@ -149,6 +226,10 @@ def default_name(req: EvalRequest) -> str:
         if req.corpus is None and req.data_dir is None
         else _slug(req.corpus or Path(req.data_dir).name)
     ]
+    if req.protocol == "stream":
+        parts += ["stream", req.boundary or "cross"]
+    elif req.selection != "spread":
+        parts.append(req.selection)
     for k, v in sorted(req.position_options.items()):
         parts.append(f"{k}{v}")
     if req.stride:
@@ -197,11 +278,18 @@ def _tokenizer_file(run_dir: Path) -> Path:
     return run_dir
 
 
-def collect_spans(split, span_len: int, max_tokens: int, with_documents: bool = False):
-    """Non-overlapping spans of ``span_len + 1`` tokens from documents long enough, up to a target budget.
+def collect_spans(
+    split, span_len: int, max_tokens: int, with_documents: bool = False, selection: str = "spread"
+):
+    """Non-overlapping spans of ``span_len + 1`` tokens from documents long enough, up to a target budget
+    of ``max(1, max_tokens // span_len)`` spans.
 
-    Returns (spans (n, span_len + 1) int64, documents used, documents skipped as too short), and with
-    ``with_documents`` a fourth item: the split index of each span's document, (n,) int64.
+    ``selection`` "spread" reaches as many documents as the budget allows (``spread_counts``): each
+    document's first span before any document's second, and evenly spaced documents when the budget holds
+    fewer spans than there are documents. "first" fills the budget from the first documents, as every
+    evaluation did before (a few long documents gave all the spans, so the intervals were wide).
+    Returns (spans (n, span_len + 1) int64 in document order, documents used, documents skipped as too
+    short), and with ``with_documents`` a fourth item: the split index of each span's document, (n,) int64.
     """
     lengths = np.asarray(split.doc_lengths)
     long_enough = np.flatnonzero(lengths >= span_len + 1)
@@ -210,23 +298,74 @@ def collect_spans(split, span_len: int, max_tokens: int, with_documents: bool = 
         longest = int(lengths.max()) if len(lengths) else 0
         raise UserError(
             f"no held-out document has the {span_len + 1} tokens the longest length needs (the longest has "
-            f"{longest}); use lengths whose longest window is at most {max(longest - 1, 0)} tokens, or "
-            "another corpus."
+            f"{longest}); use lengths whose longest window is at most {max(longest - 1, 0)} tokens, "
+            "--protocol stream (documents joined), or another corpus."
         )
-    spans, owners, used = [], [], 0
     budget = max(1, max_tokens // span_len)
-    for d in long_enough:  # documents in their deterministic order; spans from each until the budget is met
-        doc = np.asarray(split.doc(int(d)))
-        used += 1
-        for s in range((len(doc) - 1) // span_len):
+    counts = (lengths[long_enough] - 1) // span_len  # spans each document holds
+    if selection == "first":
+        before = np.cumsum(counts) - counts
+        take = np.clip(budget - before, 0, counts)
+    else:
+        take = spread_counts(counts, budget)
+    spans, owners = [], []
+    for d, n in zip(long_enough[take > 0].tolist(), take[take > 0].tolist()):
+        doc = np.asarray(split.doc(d))
+        for s in range(n):
             spans.append(doc[s * span_len : s * span_len + span_len + 1].astype(np.int64))
-            owners.append(int(d))
-            if len(spans) >= budget:
-                break
-        if len(spans) >= budget:
-            break
-    out = (np.stack(spans), used, skipped)
+            owners.append(d)
+    out = (np.stack(spans), int((take > 0).sum()), skipped)
     return (*out, np.asarray(owners, dtype=np.int64)) if with_documents else out
+
+
+def spread_counts(counts: np.ndarray, budget: int) -> np.ndarray:
+    """How many of its ``counts[d]`` items to take from each document for ``budget`` items in all, reaching
+    as many documents as possible: round r takes the r-th item of every document that has one while the
+    budget lasts; the round the budget runs out in takes evenly spaced documents (the i-th of m drawn from n
+    is ``i * n // m``), so a small budget samples the whole split, not its first documents."""
+    counts = np.asarray(counts, dtype=np.int64)
+    take = np.zeros_like(counts)
+    left, r = int(budget), 0
+    while left > 0:
+        have = np.flatnonzero(counts > r)
+        if len(have) == 0:
+            break
+        if len(have) > left:
+            have = have[(np.arange(left) * len(have)) // left]
+        take[have] += 1
+        left -= len(have)
+        r += 1
+    return take
+
+
+@dataclass
+class ScoredRun:
+    """A run loaded for evaluation, with the request's fixed position options set, its lengths and the
+    held-out split to score."""
+
+    run: Any
+    lengths: list[int]
+    L: int
+    max_len: int
+    per_window: set[str]  # options set per evaluated window (value "window"), e.g. learned interpolate_to
+    split: Any
+    data_dir: str
+
+
+def load_scored_run(run_dir, req: EvalRequest, ckpt, device, progress: bool) -> ScoredRun:
+    """Load the run at ``ckpt``, set the request's fixed position options and open the held-out split."""
+    from extrapos.runs import load_run
+
+    run = load_run(run_dir, device=device, checkpoint=ckpt)
+    lengths = sorted(set(req.lengths))
+    L = req.base_length or run.cfg.model.train_length
+    max_len = max(lengths) * L
+    per_window = {k for k, v in req.position_options.items() if v == "window"}
+    fixed = {k: v for k, v in _resolve_options(req.position_options, max_len).items() if k not in per_window}
+    if fixed:
+        run.model.pos.set_options(**fixed)
+    split, data_dir = _eval_split(run, req, progress)
+    return ScoredRun(run, lengths, L, max_len, per_window, split, data_dir)
 
 
 @dataclass
@@ -247,23 +386,20 @@ class EvalInputs:
 
 
 def load_eval_inputs(run_dir, req: EvalRequest, ckpt, device, progress: bool) -> EvalInputs:
-    """Load the run at ``ckpt``, set the request's fixed position options and cut the held-out spans:
-    the shared start of the next-token and the masked-LM evaluations."""
-    from extrapos.runs import load_run
-
-    run = load_run(run_dir, device=device, checkpoint=ckpt)
-    lengths = sorted(set(req.lengths))
-    L = req.base_length or run.cfg.model.train_length
-    max_len = max(lengths) * L
-    per_window = {k for k, v in req.position_options.items() if v == "window"}
-    fixed = {k: v for k, v in _resolve_options(req.position_options, max_len).items() if k not in per_window}
-    if fixed:
-        run.model.pos.set_options(**fixed)
-    split, data_dir = _eval_split(run, req, progress)
+    """Load the run at ``ckpt``, set the request's fixed position options and cut the held-out spans of the
+    documents protocol: the shared start of the next-token and the masked-LM evaluations."""
+    if req.protocol != "documents":
+        raise UserError(
+            "the stream protocol scores next-token losses of decoders; a masked-LM (encoder) evaluation uses "
+            "the documents protocol only, so drop the stream protocol."
+        )
+    r = load_scored_run(run_dir, req, ckpt, device, progress)
     spans, docs_used, docs_skipped, owners = collect_spans(
-        split, max_len, req.max_tokens, with_documents=True
+        r.split, r.max_len, req.max_tokens, with_documents=True, selection=req.selection
     )
-    return EvalInputs(run, lengths, L, max_len, per_window, data_dir, spans, owners, docs_used, docs_skipped)
+    return EvalInputs(
+        r.run, r.lengths, r.L, r.max_len, r.per_window, r.data_dir, spans, owners, docs_used, docs_skipped
+    )
 
 
 @dataclass
@@ -290,9 +426,11 @@ def result_slot(
     ckpt = ckpt_io.checkpoint_at(run_dir, req.step)
     digest = ckpt_io.weights_digest(ckpt)
     key, request_key = result_key(req, ckpt.step, digest) + suffix, req.key() + suffix
+    # the same request as an older extrapos scored it, with spans from the first documents
+    older = replace(req, selection="first").key() + suffix if req.selection != "first" else None
     eval_dir = results_dir(run_dir)
     out_path = eval_dir / f"{name}.json"
-    previous = saved_result(out_path, key, request_key, ckpt.step, overwrite, progress)
+    previous = saved_result(out_path, key, request_key, ckpt.step, overwrite, progress, older)
     if previous is None:
         ensure_writable_dir(eval_dir, "evaluation results")
     return ResultSlot(ckpt, digest, key, request_key, out_path, previous)
@@ -300,13 +438,17 @@ def result_slot(
 
 def per_document(losses: torch.Tensor, owners: np.ndarray) -> dict[str, list]:
     """Per-document loss sums (float64) and scored token counts of (n_spans, span_len) losses, in document
-    order."""
-    docs, which = np.unique(owners, return_inverse=True)
-    span_sums = losses.double().sum(1).numpy()
+    order; ``owners`` gives each span's document (n_spans,) or each target's (n_spans, span_len), as a
+    stream block's targets may belong to several documents."""
+    owners = np.asarray(owners)
+    if owners.ndim == 1:
+        owners = np.repeat(owners[:, None], losses.shape[1], axis=1)
+    docs, which = np.unique(owners.ravel(), return_inverse=True)
+    sums = losses.double().reshape(-1).numpy()
     return {
         "doc_index": docs.tolist(),
-        "doc_loss_sums": np.bincount(which, weights=span_sums, minlength=len(docs)).tolist(),
-        "doc_tokens": (np.bincount(which, minlength=len(docs)) * losses.shape[1]).tolist(),
+        "doc_loss_sums": np.bincount(which, weights=sums, minlength=len(docs)).tolist(),
+        "doc_tokens": np.bincount(which, minlength=len(docs)).tolist(),
     }
 
 
@@ -402,9 +544,7 @@ def evaluate(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Evaluate a run at every length of ``req``; writes and returns ``RUN/eval/<name>.json``."""
-    from tqdm.auto import tqdm
-
-    req = req or EvalRequest()
+    req = resolve_request(req or EvalRequest())
     check_request(req)
     run_dir = Path(run_dir)
     if not (run_dir / "config.toml").is_file():
@@ -417,7 +557,63 @@ def evaluate(
         return slot.previous  # the same evaluation of the same weights was done: reuse it
 
     t0 = time.perf_counter()
-    inputs = load_eval_inputs(run_dir, req, slot.ckpt, device, progress)
+    if req.protocol == "stream":
+        from extrapos.evaluate_stream import score_stream
+
+        scored = score_stream(run_dir, req, slot.ckpt, device, batch_tokens, progress)
+    else:
+        scored = _score_documents(run_dir, req, slot.ckpt, device, batch_tokens, progress)
+    run = scored.run
+    result = {
+        "name": name,
+        "run": str(run_dir),
+        "request": asdict(req),
+        "request_key": slot.request_key,
+        "result_key": slot.key,
+        "weights_sha256": slot.digest,
+        "encoding": run.cfg.model.positions["name"],
+        "encoding_options": _jsonable(asdict(run.model.pos.options)),
+        "applied": _jsonable(req.position_options),
+        "train_length": scored.L,
+        "checkpoint_step": run.step,
+        "data_dir": scored.data_dir,
+        "split": req.split if not req.corpus else "test",
+        "protocol": req.protocol,
+        "boundary": req.boundary,
+        "selection": req.selection,
+        **scored.facts,
+        "results": scored.rows,
+        "per_position": scored.per_position,
+        "wall_time": time.perf_counter() - t0,
+    }
+    from extrapos.runtime import barrier, process_group
+
+    if process_group()[0] == 0:  # under torchrun every process holds the whole result; rank 0 writes it
+        atomic_write(slot.out_path, json.dumps(result, indent=1))
+    barrier()  # the result is on disk before any process looks for it again
+    return result
+
+
+@dataclass
+class Scored:
+    """One protocol's scores of a run: a row per length, the per-position curve of the longest, and what
+    the result says about the targets (documents used, tokens, bytes, ...)."""
+
+    run: Any
+    L: int
+    data_dir: str
+    rows: list[dict[str, Any]]
+    per_position: dict[str, Any] | None
+    facts: dict[str, Any]
+
+
+def _score_documents(
+    run_dir: Path, req: EvalRequest, ckpt, device, batch_tokens: int, progress: bool
+) -> Scored:
+    """The documents protocol: the spans of max(lengths) x L_t tokens, split into windows of each length."""
+    from tqdm.auto import tqdm
+
+    inputs = load_eval_inputs(run_dir, req, ckpt, device, progress)
     run, L, max_len = inputs.run, inputs.L, inputs.max_len
     lengths, per_window = inputs.lengths, inputs.per_window
     spans_np, owners = inputs.spans, inputs.owners
@@ -456,36 +652,14 @@ def evaluate(
         if k == max(lengths):
             per_position = _bucketed(losses.mean(0), req.buckets)
     bar.close()
-
-    result = {
-        "name": name,
-        "run": str(run_dir),
-        "request": asdict(req),
-        "request_key": slot.request_key,
-        "result_key": slot.key,
-        "weights_sha256": slot.digest,
-        "encoding": run.cfg.model.positions["name"],
-        "encoding_options": _jsonable(asdict(run.model.pos.options)),
-        "applied": _jsonable(req.position_options),
-        "train_length": L,
-        "checkpoint_step": run.step,
-        "data_dir": inputs.data_dir,
-        "split": req.split if not req.corpus else "test",
+    facts = {
         "documents_used": inputs.docs_used,
         "documents_skipped": inputs.docs_skipped,
         "spans": int(spans.shape[0]),
         "target_tokens": int(n_targets),
         "target_bytes": int(n_bytes),
-        "results": rows,
-        "per_position": per_position,
-        "wall_time": time.perf_counter() - t0,
     }
-    from extrapos.runtime import barrier, process_group
-
-    if process_group()[0] == 0:  # under torchrun every process holds the whole result; rank 0 writes it
-        atomic_write(slot.out_path, json.dumps(result, indent=1))
-    barrier()  # the result is on disk before any process looks for it again
-    return result
+    return Scored(run, L, inputs.data_dir, rows, per_position, facts)
 
 
 def _resolve_options(options: dict[str, Any], max_len: int) -> dict[str, Any]:
@@ -493,14 +667,17 @@ def _resolve_options(options: dict[str, Any], max_len: int) -> dict[str, Any]:
     return {k: (max_len if v == "max" else v) for k, v in options.items()}
 
 
-def _bucketed(curve: torch.Tensor, buckets: int) -> dict[str, Any]:
+def _bucketed(curve: torch.Tensor, buckets: int, window: int | None = None) -> dict[str, Any]:
+    """Bucket means of a loss curve over the last ``curve.numel()`` positions of windows of ``window``
+    tokens (default: the whole window)."""
     n = curve.numel()
+    window = n if window is None else window
     buckets = max(1, min(buckets, n))
     edges = np.linspace(0, n, buckets + 1).astype(int)
     return {
-        "window": n,
-        "starts": edges[:-1].tolist(),
-        "ends": edges[1:].tolist(),
+        "window": window,
+        "starts": (edges[:-1] + window - n).tolist(),
+        "ends": (edges[1:] + window - n).tolist(),
         "loss": [float(curve[a:b].mean()) for a, b in zip(edges[:-1], edges[1:])],
     }
 
@@ -510,12 +687,25 @@ def _jsonable(d: Any) -> Any:
 
 
 def format_result(result: dict[str, Any]) -> str:
+    from extrapos.stats import protocol_name
+
+    if result.get("protocol") == "stream":
+        scored = (
+            f"scored {result['target_tokens']:,} target tokens per length ({result['blocks']} blocks of "
+            f"{result['block']}, each ending its window at every length) owned by "
+            f"{result['documents_used']} of the {result['documents_in_split']} documents joined in a stream "
+            f"of {result['stream_tokens']:,} tokens"
+        )
+    else:
+        scored = (
+            f"scored {result['target_tokens']:,} target tokens per length from {result['documents_used']} "
+            f"documents ({result['documents_skipped']} too short, skipped)"
+        )
     lines = [
         f"{result['run']}  encoding={result['encoding']}  L_t={result['train_length']}  "
         f"applied={result['applied'] or 'nothing'}",
-        f"scored {result['target_tokens']:,} target tokens per length from {result['documents_used']} "
-        "documents "
-        f"({result['documents_skipped']} too short, skipped)",
+        f"protocol: {protocol_name(result)}",
+        scored,
         "| ev | window | loss | ppl | bits/byte | tail loss |",
         "|---:|---:|---:|---:|---:|---:|",
     ]

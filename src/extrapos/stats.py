@@ -159,12 +159,48 @@ def cell_samples(result: dict[str, Any], ev: int) -> Samples | None:
     return Samples(docs, np.stack(sums), np.stack(counts))
 
 
+def protocol_of(result: dict[str, Any]) -> tuple[str, str | None, str]:
+    """(protocol, boundary, selection) of a saved evaluation, read from its request: ``documents`` (spans
+    inside documents) or ``stream`` (documents joined, ``boundary`` cross or mask), and which targets were
+    chosen. A result saved before these fields existed scored the documents protocol's spans from the first
+    documents (``selection`` "first")."""
+    req = result.get("request") or {}
+    return req.get("protocol", "documents"), req.get("boundary"), req.get("selection", "first")
+
+
+def protocol_id(result: dict[str, Any]) -> str:
+    """A short name of a result's protocol (a CSV column, a plot folder): documents, documents-first,
+    stream-cross, stream-mask."""
+    protocol, boundary, selection = protocol_of(result)
+    if protocol == "stream":
+        return f"stream-{boundary}"
+    return "documents" if selection == "spread" else f"documents-{selection}"
+
+
+PROTOCOL_NAMES = {
+    "documents": "documents (each window inside one held-out document, spans spread over the documents)",
+    "documents-first": (
+        "documents, spans from the first held-out documents (results saved before targets were spread)"
+    ),
+    "stream-cross": "stream, context crossing documents (held-out documents joined with end-of-text)",
+    "stream-mask": "stream, document-masked (a target sees only its own document)",
+}
+
+
+def protocol_name(result: dict[str, Any]) -> str:
+    """A result's protocol in words, as reports and facts name it."""
+    short = protocol_id(result)
+    return PROTOCOL_NAMES.get(short, short)
+
+
 def same_targets(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two results scored the same held-out data the same way (then their documents can be paired):
-    a masked-LM result and a next-token one never are, nor MLM results of different mask seeds."""
+    a masked-LM result and a next-token one never are, nor MLM results of different mask seeds, nor results
+    of different protocols or target selections."""
     return (
         a.get("data_dir") == b.get("data_dir")
         and a.get("split") == b.get("split")
         and a.get("objective", "lm") == b.get("objective", "lm")
         and a.get("mask_seed") == b.get("mask_seed")
+        and protocol_of(a) == protocol_of(b)
     )

@@ -10,7 +10,8 @@ def register(sub) -> None:
     p = sub.add_parser(
         "eval",
         help="evaluate a run at 1x..16x its training length",
-        description="Score the same held-out tokens with windows of k x L_t for each k.",
+        description="Score the same held-out tokens with windows of k x L_t for each k (protocols: "
+        "docs/evaluation.md).",
     )
     p.add_argument("run", help="a run directory")
     p.add_argument(
@@ -49,6 +50,27 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--stride", type=int, default=None, help="sliding-window mode with this stride (decoders only)"
+    )
+    p.add_argument(
+        "--protocol",
+        choices=["documents", "stream"],
+        default="documents",
+        help="documents (default): spans inside held-out documents of max length + 1 tokens; stream: the "
+        "documents joined with end-of-text, for corpora of short documents (docs/evaluation.md)",
+    )
+    p.add_argument(
+        "--boundary",
+        choices=["cross", "mask"],
+        default=None,
+        help="the stream protocol: context crosses document boundaries (cross, default) or each target "
+        "sees only its own document (mask)",
+    )
+    p.add_argument(
+        "--selection",
+        choices=["spread", "first"],
+        default="spread",
+        help="the documents protocol's spans: spread over as many documents as --max-tokens allows "
+        "(default) or taken from the first documents (as results saved before the spread were)",
     )
     p.add_argument(
         "--mask-seed",
@@ -134,6 +156,9 @@ def run(args) -> int:
         stride=args.stride,
         precision=args.precision,
         step=args.step,
+        protocol=args.protocol,
+        boundary=args.boundary,
+        selection=args.selection,
     )
     if is_encoder_run(args.run):
         return run_mlm(args, req)
@@ -167,6 +192,11 @@ def run_mlm(args, req) -> int:
         raise UserError(
             "--stride is a sliding window for next-token loss; an encoder run is scored on non-overlapping "
             "windows only, so drop --stride."
+        )
+    if args.protocol != "documents":
+        raise UserError(
+            "an encoder run (objective mlm) is scored with the documents protocol only; drop --protocol "
+            f"{args.protocol}."
         )
     if distributed_env()[1] > 1:
         raise UserError(
