@@ -62,6 +62,13 @@ Encoder rows: a row whose run was trained with ``train.objective = "mlm"`` (the 
 at every length) instead of the next-token protocol, with the same ``eval`` options, seeds and report
 (intervals over documents included).
 
+Evaluation protocol (``extrapos.evaluate``, docs/evaluation.md): every row of a sweep is scored the same
+way, by default on spans inside held-out documents long enough for the longest window; a corpus of short
+documents (web text) joins them into a stream instead::
+
+    protocol = "stream"         # documents joined with end-of-text, fixed target blocks (default "documents")
+    boundary = "mask"           # each target sees only its own document (default "cross": context crosses)
+
 Imported and other existing runs: a row ``run = "runs/hf-gpt2"`` names a run directory (an
 ``extrapos import`` output or any trained run) instead of training one. A relative path is taken from
 the current directory, like every path on the command line; the run is never written to except for its
@@ -95,6 +102,7 @@ from extrapos.evaluate_mlm import evaluate_mlm, format_mlm_result
 from extrapos.files import atomic_write
 from extrapos.presets import find_sweep, read_toml, sweep_names
 from extrapos.report import Row, loss_rows, markdown_table, write_report
+from extrapos.stats import protocol_name
 
 __all__ = ["ExtensionSpec", "Sweep", "SweepRow", "compare", "load_sweep", "row_config", "slug", "sweep_names"]
 
@@ -147,6 +155,18 @@ class Sweep:
     synthetic: dict[str, Any] | None = None  # options of each task column (extrapos.compare_tasks)
     passkey: dict[str, Any] | None = None
     lm_eval: dict[str, Any] | None = None
+    protocol: str = "documents"  # the evaluation protocol of the loss columns: documents or stream
+    boundary: str | None = None  # stream: context crossing documents ("cross", the default) or "mask"
+
+    def eval_request(self, lengths: list[int], options: dict[str, Any], max_tokens: int) -> EvalRequest:
+        """The loss evaluation of a row at ``lengths``, under the sweep's protocol."""
+        return EvalRequest(
+            lengths=list(lengths),
+            position_options=dict(options),
+            max_tokens=max_tokens,
+            protocol=self.protocol,
+            boundary=self.boundary,
+        )
 
 
 def load_sweep(spec: str) -> Sweep:
@@ -186,6 +206,7 @@ def load_sweep(spec: str) -> Sweep:
             f"{path}: seeds must be a non-empty list of distinct non-negative integers, got {sweep.seeds}."
         )
     task_specs(sweep, path)
+    _check_protocol(path, sweep)
     if not sweep.loss and not sweep.tasks:
         raise UserError(
             f'{path}: loss = false leaves nothing to report; add tasks = ["synthetic", ...] '
@@ -206,6 +227,21 @@ def task_specs(sweep: Sweep, path: Path | str) -> TaskSpecs:
         sweep.tasks,
         {"synthetic": sweep.synthetic, "passkey": sweep.passkey, "lm_eval": sweep.lm_eval},
     )
+
+
+def _check_protocol(path: Path, sweep: Sweep) -> None:
+    """The sweep's evaluation protocol, checked as `extrapos eval` checks its flags."""
+    from extrapos.evaluate import BOUNDARIES, PROTOCOLS
+
+    if sweep.protocol not in PROTOCOLS:
+        raise UserError(
+            f"{path}: protocol must be {' or '.join(map(repr, PROTOCOLS))}, got {sweep.protocol!r}."
+        )
+    if sweep.boundary is not None and (sweep.protocol != "stream" or sweep.boundary not in BOUNDARIES):
+        raise UserError(
+            f'{path}: boundary = "cross" or "mask" goes with protocol = "stream" only, got '
+            f"boundary = {sweep.boundary!r} with protocol = {sweep.protocol!r}."
+        )
 
 
 def _extension_spec(path: Path, row: str, raw: Any) -> ExtensionSpec:
@@ -487,6 +523,11 @@ def score_run(
     from extrapos.config import load_run_config
 
     if load_run_config(run_dir).train.objective == "mlm":
+        if req.protocol != "documents":
+            raise UserError(
+                f"{run_dir} is an encoder, whose masked-LM evaluation uses the documents protocol only; "
+                f"drop protocol = {req.protocol!r} from the sweep."
+            )
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             raise UserError(
                 f"{run_dir} is an encoder, whose masked-LM evaluation runs in one process; compare "
@@ -524,7 +565,7 @@ def _evaluate_row(
         ]
         results = []
         for run_dir, k in parts:
-            req = EvalRequest(lengths=[k], position_options=dict(row.eval), max_tokens=max_tokens)
+            req = sweep.eval_request([k], row.eval, max_tokens)
             name = f"{default_name(req)}-ev{k}"
             results.append(score_run(run_dir, req, name=name, progress=progress, device=device))
         result = _merge_results(results)
@@ -534,7 +575,7 @@ def _evaluate_row(
             atomic_write(merged, json.dumps(result, indent=1))
         return result, [_rel(p, out) for p, _ in parts], str(merged.relative_to(out))
     source = run_dirs[(row.reuse or row.name, seed)]
-    req = EvalRequest(lengths=sweep.lengths, position_options=dict(row.eval), max_tokens=max_tokens)
+    req = sweep.eval_request(sweep.lengths, row.eval, max_tokens)
     result = score_run(source, req, progress=progress, device=device)
     saved = source / "eval" / f"{result['name']}.json"
     if not saved.resolve().is_relative_to(out.resolve()):
@@ -587,9 +628,11 @@ def _combine_seeds(results: list[dict[str, Any]], seeds: list[int]) -> dict[str,
 def _check_heldout_fits(
     sweep: Sweep, trained: list[SweepRow], extra: list[str], progress: bool = True
 ) -> None:
-    """Before any training: the test split must hold a document for the longest evaluated window."""
-    from extrapos.data import check_heldout
+    """Before any training: the test split must hold a document for the longest evaluated window (the
+    documents protocol) or a stream long enough for it (the stream protocol)."""
+    from extrapos.data import check_heldout, open_split
     from extrapos.data.synthetic import task_of
+    from extrapos.evaluate_stream import TokenStream, select_blocks
     from extrapos.runtime import prepare_run_data
 
     if not trained or not sweep.loss:  # task columns generate their own examples
@@ -600,6 +643,10 @@ def _check_heldout_fits(
         return
     factors = [k for r in sweep.rows if r.extend is not None for k in r.factors]
     longest = max([*sweep.lengths, *factors]) * cfg.model.train_length
+    if sweep.protocol == "stream":
+        length = TokenStream(open_split(data_dir, "test")).length
+        select_blocks(length, cfg.model.train_length, longest, sweep.max_eval_tokens)
+        return
     check_heldout(data_dir, "test", longest + 1)
 
 
@@ -709,7 +756,8 @@ def _evaluation_fact(result: dict[str, Any]) -> str:
     """What a loss column scored: next-token targets, or (an encoder) the masked tokens of the BERT mask."""
     if result.get("objective") == "mlm":
         return (
-            f"evaluation on the held-out test split: masked-LM loss on {result['target_tokens']:,} masked "
+            f"evaluation on the held-out test split, protocol {protocol_name(result)}: masked-LM loss on "
+            f"{result['target_tokens']:,} masked "
             f"tokens per length (BERT's 15% / 80-10-10 mask, drawn once per span with seed "
             f"{result.get('mask_seed', 0)}, the same tokens at every length) from {result['documents_used']} "
             "documents"
@@ -721,9 +769,18 @@ def _evaluation_fact(result: dict[str, Any]) -> str:
                 else ""
             )
         )
+    if result.get("protocol") == "stream":
+        return (
+            f"evaluation on the held-out test split, protocol {protocol_name(result)}: its "
+            f"{result['documents_in_split']:,} documents joined with end-of-text in a stream of "
+            f"{result['stream_tokens']:,} tokens, {result['target_tokens']:,} target tokens in "
+            f"{result['blocks']} blocks of {result['block']} spread over it, the same at every length, each "
+            "block scored by the window of k x L_t tokens that ends with it; the targets belong to "
+            f"{result['documents_used']} documents"
+        )
     return (
-        f"evaluation on the held-out test split, {result['target_tokens']:,} target tokens per length from "
-        f"{result['documents_used']} documents"
+        f"evaluation on the held-out test split, protocol {protocol_name(result)}: "
+        f"{result['target_tokens']:,} target tokens per length from {result['documents_used']} documents"
     )
 
 

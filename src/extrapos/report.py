@@ -13,6 +13,12 @@ a model; the bootstrap is seeded, so a re-rendered report is byte-identical. Enc
 table. Rows of a sweep with task columns also carry task results (passkey, synthetic tasks, lm-eval),
 rendered after the loss tables by ``extrapos.task_tables``; a sweep with ``loss = false`` has task
 tables only.
+
+Every loss table names its evaluation protocol (``extrapos.evaluate``: documents, or the stream with
+context crossing documents or document-masked; results saved before the targets were spread are a
+protocol of their own). Results of different protocols score different targets with different contexts:
+a report of several gets one set of tables per protocol, after one sentence saying so, and never pairs
+rows across them.
 """
 
 from __future__ import annotations
@@ -118,11 +124,40 @@ def _number(v: float, metric: str) -> str:
     return f"{v:.2f}" if metric in ("ppl", "seq_ppl") else f"{v:.3f}"
 
 
+def protocol_groups(rows: list[Row]) -> list[list[Row]]:
+    """Loss rows grouped by their evaluation protocol (``stats.protocol_id``), in order of appearance: the
+    protocols score different targets with different contexts, so no table holds two of them."""
+    groups: dict[str, list[Row]] = {}
+    for row in rows:
+        groups.setdefault(stats.protocol_id(row.result), []).append(row)
+    return list(groups.values())
+
+
+def mixed_protocols_note(groups: list[list[Row]]) -> str:
+    """The one sentence a report of several protocols opens with."""
+    names = "; ".join(stats.protocol_name(g[0].result) for g in groups)
+    return (
+        f"These results were scored under {len(groups)} evaluation protocols ({names}), which score "
+        "different targets with different contexts, so each protocol has its own tables and no row is "
+        "compared across them."
+    )
+
+
 def markdown_table(
     rows: list[Row], metric: str = "loss", cells: dict[tuple[str, int], Cell] | None = None
 ) -> str:
     """One metric per cell, best of each column in bold; with ``cells``, loss and ppl carry their
-    intervals."""
+    intervals. Rows of different protocols get a table each, after ``mixed_protocols_note``."""
+    groups = protocol_groups(rows)
+    if len(groups) > 1:
+        return "\n\n".join(
+            [mixed_protocols_note(groups)]
+            + [f"Protocol: {stats.protocol_name(g[0].result)}\n\n" + _table(g, metric, cells) for g in groups]
+        )
+    return _table(rows, metric, cells)
+
+
+def _table(rows: list[Row], metric: str, cells: dict[tuple[str, int], Cell] | None) -> str:
     cols = _columns(rows)
     best = {}
     pick = max if metric in HIGHER_IS_BETTER else min
@@ -250,6 +285,7 @@ def rows_to_csv(rows: list[Row], cells: dict[tuple[str, int], Cell] | None = Non
             "diff_low",
             "diff_high",
             "accuracy",
+            "protocol",
         ]
     )
 
@@ -281,6 +317,7 @@ def rows_to_csv(rows: list[Row], cells: dict[tuple[str, int], Cell] | None = Non
                     fmt(d.low if d else None),
                     fmt(d.high if d else None),
                     fmt(r.get("accuracy")),
+                    stats.protocol_id(row.result),
                 ]
             )
     return buf.getvalue()
@@ -417,9 +454,20 @@ def write_report(
     if facts:
         parts += [f"- {f}" for f in facts] + [""]
     cells: dict[tuple[str, int], Cell] = {}
-    if rows:
-        loss_parts, cells = _loss_sections(rows, out_dir, title, baseline, sequence_ppl)
+    groups = protocol_groups(rows)
+    if len(groups) == 1:
+        loss_parts, cells = _loss_sections(rows, out_dir, title, baseline, sequence_ppl, out_dir / "plots")
         parts += loss_parts
+    elif groups:
+        # one set of tables per protocol; the baseline row is the named one where it is, else the first
+        baseline_row(rows, baseline)
+        parts += [mixed_protocols_note(groups), ""]
+        for group in groups:
+            base = baseline if baseline in {row.name for row in group} else None
+            plots = out_dir / "plots" / stats.protocol_id(group[0].result)
+            loss_parts, group_cells = _loss_sections(group, out_dir, title, base, sequence_ppl, plots)
+            parts += [f"## Protocol: {stats.protocol_name(group[0].result)}", ""] + loss_parts + [""]
+            cells.update(group_cells)
     if task_rows:
         parts += ([""] if rows else []) + tables.task_sections(
             task_rows, tables.plot_tasks(task_rows, out_dir / "plots"), baseline
@@ -437,15 +485,17 @@ def write_report(
 
 
 def _loss_sections(
-    rows: list[Row], out_dir: Path, title: str, baseline: str | None, sequence_ppl: bool
+    rows: list[Row], out_dir: Path, title: str, baseline: str | None, sequence_ppl: bool, plot_dir: Path
 ) -> tuple[list[str], dict[tuple[str, int], Cell]]:
-    """The loss part of the report (tables with intervals, differences to the baseline, plots) and its
-    cells."""
+    """The loss part of the report for rows of one protocol (tables with intervals, differences to the
+    baseline, plots in ``plot_dir``) and its cells."""
     base = baseline_row(rows, baseline)
     cells = cell_intervals(rows, base.name)
-    plots = plot(rows, out_dir / "plots", title, cells)
+    plots = plot(rows, plot_dir, title, cells)
     mlm = is_mlm(rows)
     parts = [
+        f"Protocol: {stats.protocol_name(rows[0].result)}.",
+        "",
         (
             "Mean masked-token loss (MLM, nats) on the same masked tokens at every length (encoders, "
             "`evaluate_mlm`); best per column in bold."
@@ -514,7 +564,7 @@ def _loss_sections(
         "",
     ]
     for p in plots:
-        parts.append(f"![{p.stem}](plots/{p.name})")
+        parts.append(f"![{p.stem}]({p.relative_to(out_dir).as_posix()})")
     return parts, cells
 
 
