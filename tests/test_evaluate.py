@@ -40,6 +40,7 @@ def test_every_length_scores_the_same_targets(runs):
         len({x["tokens"] for x in rows}) == 1 and rows[0]["tokens"] == r["target_tokens"] == r["spans"] * 64
     )
     assert [x["windows"] for x in rows] == [r["spans"] * 4, r["spans"] * 2, r["spans"]]
+    assert len({x["targets"] for x in rows}) == 1  # one digest of the scored targets for every length
     for x in rows:
         assert x["ppl"] == pytest.approx(np.exp(x["loss"]))
         assert x["bpb"] == pytest.approx(x["loss"] * x["tokens"] / (np.log(2) * r["target_bytes"]))

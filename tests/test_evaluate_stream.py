@@ -137,6 +137,7 @@ def test_stream_evaluation_scores_the_same_targets_at_every_length(runs, short_d
     assert (
         len({tuple(x["doc_index"]) for x in rows}) == 1 and len({tuple(x["doc_tokens"]) for x in rows}) == 1
     )
+    assert len({x["targets"] for x in rows}) == 1  # one digest of the scored targets for every length
     # the direct recomputation of every target, and of each document's share
     split = open_split(short_data, "test")
     stream = TokenStream(split)
@@ -325,3 +326,22 @@ def test_sharded_stream_evaluation_equals_one_process(runs, tmp_path, boundary):
     one = evaluate(runs["rope"], req, name=f"one-{boundary}", batch_tokens=64, progress=False)
     sharded = json.loads((runs["rope"] / "eval" / f"sharded-{boundary}.json").read_text())
     assert [r["doc_loss_sums"] for r in sharded["results"]] == [r["doc_loss_sums"] for r in one["results"]]
+
+
+def _cells(targets: dict[int, str]) -> dict:
+    """A result whose lengths scored two documents with equal counts, the targets' digests as given."""
+    rows = [
+        {"ev": ev, "window": 16 * ev, "tokens": 4, "loss": 1 + ev / 8, "ppl": 1.0, "tail_loss": 1.0}
+        | {"doc_index": [0, 1], "doc_loss_sums": [2.0 + ev, 2.5], "doc_tokens": [2, 2], "targets": t}
+        for ev, t in targets.items()
+    ]
+    return {"request": {"protocol": "stream", "boundary": "cross"}, "results": rows}
+
+
+def test_lengths_pair_only_over_the_same_targets():
+    from extrapos.report import Row, length_change_table
+
+    same = length_change_table([Row("same", _cells({1: "a", 4: "a"}))])
+    assert same is not None and "| same | +" in same
+    # documents and counts alike, targets not (a sweep that scores each length alone): never paired
+    assert length_change_table([Row("apart", _cells({1: "a", 4: "b"}))]) is None

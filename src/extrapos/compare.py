@@ -594,7 +594,7 @@ def _combine_seeds(results: list[dict[str, Any]], seeds: list[int]) -> dict[str,
     combined = {k: v for k, v in results[0].items() if k not in ("results", "per_position", "wall_time")}
     combined["run"] = [r["run"] for r in results]
     combined["seed_values"] = list(seeds)
-    counted = ("ev", "window", "windows", "tokens", "masked_tokens")  # equal across seeds: the same targets
+    counted = ("ev", "window", "windows", "tokens", "masked_tokens", "targets")  # equal across seeds
     rows = []
     for i, first in enumerate(results[0]["results"]):
         same = [r["results"][i] for r in results]

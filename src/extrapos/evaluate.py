@@ -436,6 +436,15 @@ def result_slot(
     return ResultSlot(ckpt, digest, key, request_key, out_path, previous)
 
 
+def targets_digest(targets: np.ndarray, owners: np.ndarray) -> str:
+    """A digest of the scored target tokens and the documents they belong to, recorded in every row: reports
+    pair two cells only when they scored the same targets (e.g. never two lengths of a sweep that evaluates
+    each length alone, whose spans differ)."""
+    h = hashlib.sha256(np.ascontiguousarray(targets, dtype=np.int64).tobytes())
+    h.update(np.ascontiguousarray(owners, dtype=np.int64).tobytes())
+    return h.hexdigest()[:16]
+
+
 def per_document(losses: torch.Tensor, owners: np.ndarray) -> dict[str, list]:
     """Per-document loss sums (float64) and scored token counts of (n_spans, span_len) losses, in document
     order; ``owners`` gives each span's document (n_spans,) or each target's (n_spans, span_len), as a
@@ -620,6 +629,7 @@ def _score_documents(
     spans = torch.from_numpy(spans_np)
     n_targets = spans.shape[0] * max_len
     n_bytes = sum(len(run.tokenizer.decode(s[1:].tolist()).encode("utf-8")) for s in spans_np)
+    digest = targets_digest(spans_np[:, 1:], owners)
 
     rows, per_position = [], None
     bar = tqdm(total=n_targets * len(lengths), unit="tok", disable=not progress, desc=f"eval {run_dir.name}")
@@ -646,6 +656,7 @@ def _score_documents(
                     if req.stride is None
                     else None
                 ),
+                "targets": digest,
                 **per_document(losses, owners),
             }
         )

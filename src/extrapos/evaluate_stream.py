@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from extrapos.errors import UserError
-from extrapos.evaluate import EvalRequest, Scored, _bucketed, load_scored_run, per_document
+from extrapos.evaluate import EvalRequest, Scored, _bucketed, load_scored_run, per_document, targets_digest
 
 
 class TokenStream:
@@ -238,7 +238,9 @@ def score_stream(
     stream = TokenStream(scored.split)
     block = L
     ends = select_blocks(stream.length, block, scored.max_len, req.max_tokens)
-    owners = stream.owner(ends[:, None] - block + np.arange(block))
+    target_index = ends[:, None] - block + np.arange(block)
+    owners = stream.owner(target_index)
+    digest = targets_digest(stream.gather(target_index)[0], owners)
     n_bytes = target_bytes(stream, ends, block, run.tokenizer)
     mask = req.boundary == "mask"
 
@@ -262,6 +264,7 @@ def score_stream(
                 "bpb": float(losses.double().sum()) / (math.log(2) * max(n_bytes, 1)),
                 "tail_loss": float(losses[:, -L:].mean()),  # the block is the window's last L_t tokens
                 "seq_ppl": None,  # a window scores only its block: no per-sequence perplexity
+                "targets": digest,
                 **per_document(losses, owners),
             }
         )

@@ -104,11 +104,19 @@ def cell_intervals(rows: list[Row], baseline: str | None = None) -> dict[tuple[s
                 and mine.doc_index == ref.doc_index
                 and mine.sums.shape == ref.sums.shape
                 and stats.same_targets(row.result, base.result)
+                and _same_cell_targets(row, ev, base, ev)
                 and (mine.counts == ref.counts).all()
             ):
                 diff = stats.paired_difference(mine.sums, mine.counts, ref.sums, ref.counts)
             cells[(row.name, ev)] = Cell(interval, diff, row is base)
     return cells
+
+
+def _same_cell_targets(a: Row, ev_a: int, b: Row, ev_b: int) -> bool:
+    """Whether two cells scored the same targets, as far as their rows' ``targets`` digests say (results
+    saved before the digest existed have none: then the documents and counts decide alone)."""
+    x, y = a.metric(ev_a, "targets"), b.metric(ev_b, "targets")
+    return x is None or y is None or x == y
 
 
 HIGHER_IS_BETTER = ("accuracy",)  # the metrics whose best value is the largest (bold in their table)
@@ -229,6 +237,7 @@ def length_change_table(rows: list[Row]) -> str | None:
             if (
                 ref is None
                 or mine is None
+                or not _same_cell_targets(row, ev, row, first)
                 or mine.doc_index != ref.doc_index
                 or mine.sums.shape != ref.sums.shape
                 or not (mine.counts == ref.counts).all()
