@@ -345,3 +345,19 @@ def test_lengths_pair_only_over_the_same_targets():
     assert same is not None and "| same | +" in same
     # documents and counts alike, targets not (a sweep that scores each length alone): never paired
     assert length_change_table([Row("apart", _cells({1: "a", 4: "b"}))]) is None
+
+
+def test_a_stream_sweep_checks_the_stream_before_training(short_data, tmp_path):
+    import json
+
+    from extrapos.compare import compare
+
+    sets = tiny_overrides(short_data, **{"model.train_length": L, "train.steps": 2})
+    path = tmp_path / "long.toml"
+    path.write_text(
+        f'title = "too long"\ntrain = "cpu/tiny"\nlengths = [1, 100_000]\nprotocol = "stream"\n'
+        f'set = {json.dumps(sets)}\n[[rows]]\nname = "RoPE"\npositions = {{ name = "rope" }}\n'
+    )
+    with pytest.raises(UserError, match="held-out stream has [\\d,]+ tokens"):
+        compare(str(path), tmp_path / "out", progress=False)
+    assert not (tmp_path / "out" / "runs").exists()  # refused before any row trained

@@ -427,7 +427,8 @@ def result_slot(
     digest = ckpt_io.weights_digest(ckpt)
     key, request_key = result_key(req, ckpt.step, digest) + suffix, req.key() + suffix
     # the same request as an older extrapos scored it, with spans from the first documents
-    older = replace(req, selection="first").key() + suffix if req.selection != "first" else None
+    spread = req.protocol == "documents" and req.selection != "first"
+    older = replace(req, selection="first").key() + suffix if spread else None
     eval_dir = results_dir(run_dir)
     out_path = eval_dir / f"{name}.json"
     previous = saved_result(out_path, key, request_key, ckpt.step, overwrite, progress, older)
