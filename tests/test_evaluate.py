@@ -278,3 +278,16 @@ def test_results_saved_before_the_spread_are_scored_again_never_reused(runs, cap
     assert again["selection"] == "spread" and again["documents_used"] > saved["documents_used"]
     assert json.loads((run / "eval" / "older.json").read_text())["result_key"] == again["result_key"]
     assert not same_targets(saved, again)  # a report never pairs the two
+
+
+def test_lengths_that_do_not_split_the_span_are_refused(runs):
+    with pytest.raises(UserError, match="every length must divide the longest \\(6\\)"):
+        evaluate(runs["rope"], EvalRequest(lengths=[1, 4, 6], max_tokens=128), name="uneven", progress=False)
+    # the stream scores each block with its own window: any lengths do
+    r = evaluate(
+        runs["rope"],
+        EvalRequest(lengths=[1, 4, 6], max_tokens=32, protocol="stream"),
+        name="u",
+        progress=False,
+    )
+    assert [x["window"] for x in r["results"]] == [16, 64, 96]

@@ -114,6 +114,11 @@ def check_request(req: EvalRequest) -> None:
         raise UserError(
             "evaluation lengths must be positive multiples of the training length, e.g. 1,2,4,8,16."
         )
+    if req.protocol == "documents" and any(max(req.lengths) % k for k in req.lengths):
+        raise UserError(
+            f"every length must divide the longest ({max(req.lengths)}) so that each span splits into whole "
+            f"windows, got {','.join(map(str, req.lengths))}; use e.g. 1,2,4,8,16, or --protocol stream."
+        )
     if req.stride is not None and req.stride < 1:
         raise UserError(f"--stride must be a positive number of tokens, got {req.stride}.")
     if req.max_tokens < 1 or req.buckets < 1:
