@@ -35,8 +35,9 @@ def register(sub) -> None:
     prepare.add_argument(
         "--tokenizer",
         default="bpe:8192",
-        help="bpe:N to train a byte-level BPE on the train split (default bpe:8192), or a "
-        "path to a tokenizer.json, sentencepiece .model or .tiktoken file",
+        help="bpe:N to train a byte-level BPE on the train split (default bpe:8192), gpt2 (GPT-2's "
+        "BPE, from $EXTRAPOS_CACHE/tokenizers/gpt2.tiktoken or fetched once), or a path to a "
+        "tokenizer.json, sentencepiece .model or .tiktoken file",
     )
     prepare.add_argument(
         "--out",
@@ -87,7 +88,9 @@ def register(sub) -> None:
     prepare.add_argument(
         "--seed", type=int, default=0, help="salt of the document hash that picks each split"
     )
-    prepare.add_argument("--quiet", action="store_true", help="no progress bars")
+    prepare.add_argument(
+        "--quiet", action="store_true", help="no progress bars (they are shown only on a terminal anyway)"
+    )
     prepare.set_defaults(func=run_prepare)
 
     info = data_sub.add_parser("info", help="print a prepared directory's manifest and document lengths")
@@ -140,11 +143,14 @@ def run_prepare(args) -> int:
         f"{name} {s['num_docs']:,} docs / {s['num_tokens']:,} tokens"
         for name, s in manifest["splits"].items()
     )
+    total = sum(s["num_tokens"] for s in manifest["splits"].values())
+    seconds = manifest.get("seconds") or 0
+    timing = f", {seconds:,.1f} s ({total / seconds / 1e6:,.2f} M tokens/s)" if seconds and not reused else ""
     print(
         f"{'Reused' if reused else 'Prepared'} {path}"
         + (" (same corpus, tokenizer and filters)" if reused else "")
         + f"\n  {counts}\n  {manifest['dtype']}, vocab {manifest['tokenizer']['vocab_size']:,}, "
-        f"tokenizer {manifest['tokenizer']['hash']}"
+        f"tokenizer {manifest['tokenizer']['hash']}{timing}"
     )
     return 0
 

@@ -14,6 +14,9 @@ Why it is shaped this way:
   Ctrl-C, SIGTERM or bad input leaves no directory a later command would trust, an existing
   prepared directory is never touched, and what a SIGKILL leaves is swept by the next prepare
   (see ``staging``).
+- Fast and bounded: batches of documents are encoded on every core (tiktoken; a trained ``bpe:N``
+  through its exact tiktoken mirror, see ``fast_bpe``) while the next batch is read, and written to
+  the split files as they come, so memory does not grow with the corpus (docs/data.md).
 - Idempotent: the inputs (corpus fingerprint, tokenizer, filters) hash to a key stored in the
   manifest; preparing again with the same inputs reuses the directory. Without ``--out`` the
   directory lives in a cache keyed the same way, so commands can name a corpus, not a path.
@@ -21,6 +24,8 @@ Why it is shaped this way:
 
 from __future__ import annotations
 
+import array
+import collections
 import errno
 import glob
 import hashlib
@@ -29,8 +34,10 @@ import json
 import os
 import re
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from extrapos import __version__
@@ -68,8 +75,10 @@ DEFAULT_SPLIT_FRACTIONS = (0.9, 0.05, 0.05)
 BPE_TRAINING_BYTES = 256 * 2**20
 # Bump when train_bpe changes, to invalidate cached results (/2: long runs cut before training).
 BPE_RECIPE = "byte-level-bpe/2"
-ENCODE_BATCH_DOCS = 256
-ENCODE_BATCH_CHARS = 8 * 2**20
+# A batch is what one call encodes on every core while the next is read: ~0.1 s of work, enough
+# that the threads' start costs nothing, small enough that the two held in memory are a few MB.
+ENCODE_BATCH_DOCS = 1024
+ENCODE_BATCH_CHARS = 2 * 2**20
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -328,7 +337,7 @@ def _train_tokenizer(
         desc=f"training {spec}",
         unit="doc",
         total=source.size_hint,
-        disable=not progress,
+        disable=None if progress else True,  # None: shown only on a terminal
         file=sys.stderr,
         leave=False,
     )
@@ -367,7 +376,7 @@ def _train_tokenizer(
 
 
 def _batches(docs: Iterator[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]:
-    """Groups of documents for encode_batch: big enough to keep every core busy, bounded in RAM."""
+    """Groups of documents to encode at once: big enough to keep every core busy, bounded in RAM."""
     batch, chars = [], 0
     for doc in docs:
         batch.append(doc)
@@ -377,6 +386,49 @@ def _batches(docs: Iterator[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]
             batch, chars = [], 0
     if batch:
         yield batch
+
+
+def _encoded(source: Corpus, tok: Tokenizer) -> Iterator[tuple[list[str], list[int], int, list]]:
+    """The corpus in batches, each as (document ids, UTF-8 byte counts, replaced characters, token
+    id arrays), in corpus order. While a worker thread encodes one batch on every core
+    (``Tokenizer.encode_arrays``), this thread reads and cleans the next, so reading a corpus (JSON
+    lines, a hub stream) overlaps tokenizing it; at most two batches are held at a time."""
+    pending: collections.deque = collections.deque()
+    with ThreadPoolExecutor(1, thread_name_prefix="extrapos-encode") as pool:
+        try:
+            for batch in _batches(iter(source)):
+                cleaned = [_utf8_size(text) for _, text in batch]
+                job = pool.submit(tok.encode_arrays, [c[0] for c in cleaned])
+                pending.append(
+                    ([d for d, _ in batch], [c[1] for c in cleaned], sum(c[2] for c in cleaned), job)
+                )
+                if len(pending) == 2:
+                    *head, job = pending.popleft()
+                    yield *head, job.result()
+            while pending:
+                *head, job = pending.popleft()
+                yield *head, job.result()
+        finally:  # stopped early (--max-tokens, an error): drop what is queued
+            for *_, job in pending:
+                job.cancel()
+
+
+class _DocumentIds:
+    """The ids of one split's documents in order, in an unnamed temporary file (millions of ids
+    would otherwise sit in memory until the end), read back only for the few a rescue moves."""
+
+    def __init__(self, directory: Path):
+        self._file = tempfile.TemporaryFile(dir=directory)
+
+    def append(self, doc_id: str) -> None:
+        self._file.write(json.dumps(doc_id).encode() + b"\n")
+
+    def lookup(self, indices: set[int]) -> dict[int, str]:
+        self._file.seek(0)
+        return {i: json.loads(line) for i, line in enumerate(self._file) if i in indices}
+
+    def close(self) -> None:
+        self._file.close()
 
 
 def _utf8_size(text: str) -> tuple[str, int, int]:
@@ -400,28 +452,53 @@ def _write_splits(
     max_tokens: int | None,
     progress: bool,
 ) -> dict:
+    """Tokenize the corpus into the split files of ``directory`` as it is read; the manifest's
+    counts, statistics and warnings."""
+    # document rule: each document's hash and id, to rescue an empty split at the end
+    names = {split: _DocumentIds(directory) for split in SPLITS}
+    try:
+        return _tokenize_into(
+            directory, source, tok, fractions, seed, rule, min_doc_tokens, max_tokens, progress, names
+        )
+    finally:
+        for ids_file in names.values():
+            ids_file.close()
+
+
+def _tokenize_into(
+    directory: Path,
+    source: Corpus,
+    tok: Tokenizer,
+    fractions,
+    seed: int,
+    rule: dict,
+    min_doc_tokens: int,
+    max_tokens: int | None,
+    progress: bool,
+    names: dict[str, _DocumentIds],
+) -> dict:
     from tqdm import tqdm
 
     dtype = token_dtype(tok.vocab_size)
     writers = {split: SplitWriter(directory, split, dtype) for split in SPLITS}
-    units: dict[str, list[float]] = {split: [] for split in SPLITS}  # document rule: each document's hash
-    names: dict[str, list[str]] = {split: [] for split in SPLITS}
+    units = {split: array.array("d") for split in SPLITS}
     read = too_short = kept_tokens = replaced = whole = 0
     over_budget = False
     bar = tqdm(
         desc="tokenizing",
-        unit="doc",
-        total=source.size_hint,
-        disable=not progress,
+        unit="tok",
+        unit_scale=True,
+        disable=None if progress else True,  # None: shown only on a terminal
         file=sys.stderr,
         leave=False,
+        mininterval=0.5,
     )
+    started = time.perf_counter()
+    batches = _encoded(source, tok)
     try:
-        for batch in _batches(iter(source)):
-            cleaned = [_utf8_size(text) for _, text in batch]
-            replaced += sum(c[2] for c in cleaned)
-            encoded = tok.encode_batch([c[0] for c in cleaned])
-            for (doc_id, _), (_, num_bytes, _), ids in zip(batch, cleaned, encoded):
+        for doc_ids, sizes, replaced_here, encoded in batches:
+            replaced += replaced_here
+            for doc_id, num_bytes, ids in zip(doc_ids, sizes, encoded):
                 read += 1
                 if len(ids) < max(min_doc_tokens, 1):
                     too_short += 1
@@ -437,11 +514,19 @@ def _write_splits(
                 if max_tokens is not None and kept_tokens >= max_tokens:
                     over_budget = True
                     break
-            bar.update(len(batch))
-            bar.set_postfix(tokens=f"{kept_tokens:,}", refresh=False)
+            bar.update(sum(len(ids) for ids in encoded))
+            bar.set_postfix(docs=f"{read:,}", refresh=False)
             if over_budget:
                 break
+        if not bar.disable:
+            seconds = time.perf_counter() - started
+            print(
+                f"tokenized {read:,} documents ({kept_tokens:,} tokens kept) in {seconds:.1f} s: "
+                f"{bar.n / max(seconds, 1e-9) / 1e6:.2f} M tokens/s with {_encoder_of(tok)}",
+                file=sys.stderr,
+            )
     finally:
+        batches.close()  # now, not when the generator is collected: stops the encoding thread
         bar.close()
         splits = {split: writer.close() for split, writer in writers.items()}
     if read == 0:
@@ -464,7 +549,8 @@ def _write_splits(
             for (source_split, i), to in sorted(moves.items()):
                 layout[to].append((source_split, i))
             splits = rewrite_splits(directory, dtype, layout, {s: w.doc_bytes for s, w in writers.items()})
-        details["moved"] = {names[s][i]: to for (s, i), to in sorted(moves.items())}
+        moved = {s: names[s].lookup({i for (m, i) in moves if m == s}) for s in SPLITS}
+        details["moved"] = {moved[s][i]: to for (s, i), to in sorted(moves.items())}
     else:
         details["documents_whole_in_train"] = whole
     return {
@@ -480,7 +566,7 @@ def _write_splits(
 
 
 def _add_spans(
-    writers: dict[str, SplitWriter], tok: Tokenizer, ids: list[int], num_bytes: int, fractions, gap: int
+    writers: dict[str, SplitWriter], tok: Tokenizer, ids, num_bytes: int, fractions, gap: int
 ) -> int:
     """Write one document's spans under the ``within`` rule; 1 when it was too short to cut (it
     then goes whole to train), else 0. A span's byte count is that of its decoded text."""
@@ -491,8 +577,13 @@ def _add_spans(
     for split, (start, end) in spans.items():
         if end > start:
             span = ids[start:end]
-            writers[split].add(span, len(tok.decode(span).encode("utf-8")))
+            writers[split].add(span, len(tok.decode(span.tolist()).encode("utf-8")))
     return 0
+
+
+def _encoder_of(tok: Tokenizer) -> str:
+    """What encodes the text: a tokenizer.json's tiktoken mirror, or the tokenizer's own library."""
+    return getattr(tok, "encoder", tok.kind)
 
 
 def _empty_split_warnings(splits: dict, fractions, rule: dict, kept: int) -> list[str]:
