@@ -92,3 +92,16 @@ def test_unknown_preset_and_bad_toml(tmp_path):
 def test_bare_word_override_is_a_string():
     assert parse_override("model.positions.name=rope") == (["model", "positions", "name"], "rope")
     assert parse_override("train.lr=1e-3") == (["train", "lr"], 1e-3)
+
+
+def test_web_corpus_sweeps_evaluate_on_the_stream():
+    """The sweeps whose runs train on FineWeb-Edu score its test stream (no document holds 16 x L_t)."""
+    from extrapos.compare import load_sweep
+
+    for name in ("paper/cable-table1", "paper/expe-table1", "rehearsal"):
+        sweep = load_sweep(name)
+        assert (sweep.protocol, sweep.boundary) == ("stream", "cross"), name
+    rehearsal = load_sweep("rehearsal")
+    masked = [r for r in rehearsal.rows if "data.document_mask=true" in r.set]
+    assert len(masked) == 2 and all('data.document_positions="restart"' in r.set for r in masked)
+    assert load_config("cpu/rehearsal").data.tokenizer == "gpt2"
