@@ -388,7 +388,7 @@ def _batches(docs: Iterator[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]
         yield batch
 
 
-def _encoded(source: Corpus, tok: Tokenizer) -> Iterator[tuple[list[str], list[int], int, list]]:
+def _encoded(source: Corpus, tok: Tokenizer, dtype: str) -> Iterator[tuple[list[str], list[int], int, list]]:
     """The corpus in batches, each as (document ids, UTF-8 byte counts, replaced characters, token
     id arrays), in corpus order. While a worker thread encodes one batch on every core
     (``Tokenizer.encode_arrays``), this thread reads and cleans the next, so reading a corpus (JSON
@@ -398,7 +398,7 @@ def _encoded(source: Corpus, tok: Tokenizer) -> Iterator[tuple[list[str], list[i
         try:
             for batch in _batches(iter(source)):
                 cleaned = [_utf8_size(text) for _, text in batch]
-                job = pool.submit(tok.encode_arrays, [c[0] for c in cleaned])
+                job = pool.submit(tok.encode_arrays, [c[0] for c in cleaned], dtype)
                 pending.append(
                     ([d for d, _ in batch], [c[1] for c in cleaned], sum(c[2] for c in cleaned), job)
                 )
@@ -494,7 +494,7 @@ def _tokenize_into(
         mininterval=0.5,
     )
     started = time.perf_counter()
-    batches = _encoded(source, tok)
+    batches = _encoded(source, tok, dtype)
     try:
         for doc_ids, sizes, replaced_here, encoded in batches:
             replaced += replaced_here

@@ -52,8 +52,8 @@ class SplitWriter:
 
     def add(self, ids, num_bytes: int) -> None:
         """One document's token ids (a list or an integer array) and the UTF-8 byte count of its text."""
-        tokens = np.asarray(ids, dtype=self.dtype)  # no copy when it is already such an array
-        self._file.write(tokens.tobytes())
+        tokens = np.ascontiguousarray(ids, dtype=self.dtype)  # no copy when it is already such an array
+        self._file.write(memoryview(tokens).cast("B"))
         self._lengths.append(len(tokens))
         self.doc_bytes.append(num_bytes)
         self.num_bytes += num_bytes

@@ -87,15 +87,16 @@ def _in_threads(encode_one: Callable[[str], np.ndarray], texts: list[str]) -> li
         return [ids for run in pool.map(lambda run: [encode_one(t) for t in run], runs) for ids in run]
 
 
-def _numpy_encoder(encoding, allowed_special: frozenset[str]) -> Callable[[str], np.ndarray]:
-    """One text -> uint32 ids through tiktoken's buffer (no Python int per token); the special
-    tokens of ``allowed_special`` are matched in the text, all others are text."""
+def _numpy_encoder(encoding, allowed_special: frozenset[str], dtype: str) -> Callable[[str], np.ndarray]:
+    """One text -> ids of ``dtype`` through tiktoken's buffer (no Python int per token), converted on
+    the encoding thread; the special tokens of ``allowed_special`` are matched in the text, all
+    others are text."""
     if hasattr(encoding, "encode_to_numpy"):
         return lambda text: encoding.encode_to_numpy(
             text, allowed_special=allowed_special, disallowed_special=()
-        )
+        ).astype(dtype, copy=False)
     return lambda text: np.asarray(
-        encoding.encode(text, allowed_special=allowed_special, disallowed_special=()), dtype=np.uint32
+        encoding.encode(text, allowed_special=allowed_special, disallowed_special=()), dtype=dtype
     )
 
 
@@ -112,9 +113,10 @@ class Tokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         raise NotImplementedError
 
-    def encode_arrays(self, texts: list[str]) -> list[np.ndarray]:
-        """The ids of ``encode_batch`` as integer arrays: the bulk path of ``data prepare``."""
-        return [np.asarray(ids, dtype=np.uint32) for ids in self.encode_batch(texts)]
+    def encode_arrays(self, texts: list[str], dtype: str = "uint32") -> list[np.ndarray]:
+        """The ids of ``encode_batch`` as arrays of ``dtype`` (which must hold every id, see
+        ``token_dtype``): the bulk path of ``data prepare``."""
+        return [np.asarray(ids, dtype=dtype) for ids in self.encode_batch(texts)]
 
     def decode(self, ids: Iterable[int]) -> str:
         raise NotImplementedError
@@ -192,11 +194,11 @@ class HFTokenizer(Tokenizer):
         # Rust side, multithreaded over the batch (RAYON_NUM_THREADS / all cores).
         return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
 
-    def encode_arrays(self, texts: list[str]) -> list[np.ndarray]:
+    def encode_arrays(self, texts: list[str], dtype: str = "uint32") -> list[np.ndarray]:
         mirror = self.mirror()
         if mirror is None:
-            return super().encode_arrays(texts)
-        return _in_threads(_numpy_encoder(mirror, mirror.special_tokens_set), list(texts))
+            return super().encode_arrays(texts, dtype)
+        return _in_threads(_numpy_encoder(mirror, mirror.special_tokens_set, dtype), list(texts))
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=False)
@@ -334,8 +336,8 @@ class TiktokenTokenizer(Tokenizer):
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return self.backend.encode_ordinary_batch(list(texts), num_threads=_threads())
 
-    def encode_arrays(self, texts: list[str]) -> list[np.ndarray]:
-        return _in_threads(_numpy_encoder(self.backend, frozenset()), list(texts))
+    def encode_arrays(self, texts: list[str], dtype: str = "uint32") -> list[np.ndarray]:
+        return _in_threads(_numpy_encoder(self.backend, frozenset(), dtype), list(texts))
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.backend.decode([int(i) for i in ids], errors="replace")
@@ -360,10 +362,14 @@ class TiktokenTokenizer(Tokenizer):
             self._hash = None
 
     def _rank_lines(self) -> bytes:
-        return b"".join(
-            base64.b64encode(token) + b" " + str(rank).encode() + b"\n"
-            for token, rank in sorted(self.ranks.items(), key=lambda kv: kv[1])
-        )
+        """The ranks as a tiktoken file; computed once (saving and hashing both need it, and GPT-2's
+        50,000 lines take a tenth of a second)."""
+        if getattr(self, "_lines", None) is None:
+            self._lines = b"".join(
+                base64.b64encode(token) + b" " + str(rank).encode() + b"\n"
+                for token, rank in sorted(self.ranks.items(), key=lambda kv: kv[1])
+            )
+        return self._lines
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / "tokenizer.tiktoken"
