@@ -245,3 +245,18 @@ def test_both_regex_engines_classify_every_code_point_alike():
                 differing.append(probe)
     assert not differing, differing[:20]
     assert whole > 500_000  # letters and others kept whole with their neighbours: the probe is not vacuous
+
+
+def test_a_tiktoken_files_bulk_path_gives_its_ordinary_ids(tmp_path):
+    """``.tiktoken`` files and ``gpt2`` keep tiktoken's ordinary encoding in bulk: special-token text
+    is text there, as it always was for them (unlike a tokenizer.json, whose added tokens match)."""
+    from data_helpers import write_tiktoken_file
+
+    from extrapos.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(write_tiktoken_file(tmp_path / "tiny.tiktoken"))
+    texts = VARIED + fuzz(200, seed=1)
+    expected = tok.backend.encode_ordinary_batch(texts)
+    assert [a.tolist() for a in tok.encode_arrays(texts)] == expected == tok.encode_batch(texts)
+    assert [a.dtype for a in tok.encode_arrays(texts[:2], "uint16")] == [np.uint16, np.uint16]
+    assert tok.eot_id not in expected[5]
