@@ -4,6 +4,12 @@ One module per command group; each exposes ``register(subparsers)`` and imports 
 module level, so `extrapos --help` and `extrapos <command> --help` never import torch. The parser a
 module adds sets ``func`` (called with the parsed namespace; returns an exit code or None), which
 imports the library function it calls.
+
+``main`` is the boundary every command passes through: a ``UserError`` (or an ``OSError`` such as a
+full disk) is the user's to fix and ends with one sentence and exit status 2; any other exception is
+a defect of extrapos and ends with one line, ``internal error in <command>: <type>: <message>``, and
+exit status ``INTERNAL_ERROR`` (70, sysexits.h's EX_SOFTWARE). ``--debug`` (before or after the
+command) prints the traceback as well.
 """
 
 from __future__ import annotations
@@ -11,8 +17,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 
-from extrapos.errors import UserError
+from extrapos.errors import INTERNAL_ERROR, UserError
 
 COMMAND_MODULES = [
     "extrapos.cli.data",
@@ -44,10 +51,48 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train short, test long: positional encodings for length extrapolation.",
     )
     parser.add_argument("--version", action="version", version=f"extrapos {__version__}")
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an internal error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    _add_debug(sub)
     return parser
+
+
+def _add_debug(sub: argparse._SubParsersAction) -> None:
+    """``--debug`` after the command too (``extrapos import ... --debug``), on every (sub)command.
+
+    The default is suppressed so that a subcommand does not reset a ``--debug`` given before it.
+    """
+    for command in set(sub.choices.values()):
+        if "--debug" not in command._option_string_actions:
+            command.add_argument(
+                "--debug",
+                action="store_true",
+                default=argparse.SUPPRESS,
+                help="print the traceback of an internal error",
+            )
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _add_debug(action)
+
+
+def _command_name(args: argparse.Namespace) -> str:
+    """``import``, or ``data prepare`` for a command group's subcommand."""
+    words = [getattr(args, "command", None) or "extrapos"]
+    words += [v for k, v in sorted(vars(args).items()) if k.endswith("_command") and isinstance(v, str)]
+    return " ".join(words)
+
+
+def internal_error_line(command: str, error: BaseException) -> str:
+    """The one line an unexpected exception becomes (its message's first line, kept short)."""
+    message = str(error).strip().splitlines()[0] if str(error).strip() else "no message"
+    if len(message) > 300:
+        message = message[:297] + "..."
+    return (
+        f"extrapos: internal error in {command}: {type(error).__name__}: {message}; "
+        "rerun with --debug for the traceback."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    except Exception as e:  # a defect, not the user's mistake: one line, its own exit status
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(internal_error_line(_command_name(args), e), file=sys.stderr)
+        return INTERNAL_ERROR
     return int(code or 0)
 
 
