@@ -118,14 +118,32 @@ def resolve_source(source: str | Path, revision: str | None = None) -> tuple[Pat
     }
 
 
+def _read_json(f: Path) -> Any:
+    """A JSON file of a model directory; a UserError naming it when it is not UTF-8 JSON."""
+    try:
+        return json.loads(f.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{f} is not UTF-8 text; fix or re-download it.") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{f} is not valid JSON ({e}); fix or re-download it.") from None
+    except RecursionError:
+        raise UserError(f"{f} nests too deeply to be a model's JSON file; fix or re-download it.") from None
+
+
 def read_hf_config(directory: Path) -> dict[str, Any]:
     f = Path(directory) / "config.json"
     if not f.is_file():
         raise UserError(f"{directory} has no config.json; pass the directory save_pretrained wrote.")
-    try:
-        return json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"{f} is not valid JSON ({e}); fix or re-download it.") from None
+    hf = _read_json(f)
+    if not isinstance(hf, dict):
+        raise UserError(f"{f} holds {_json_kind(hf)}, not a JSON object of settings; fix or re-download it.")
+    return hf
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {list: "a list", str: "a string", bool: "a boolean"}.get(type(value), "a number")
 
 
 def weight_files(directory: Path) -> list[Path]:
@@ -133,7 +151,21 @@ def weight_files(directory: Path) -> list[Path]:
     directory = Path(directory)
     index = directory / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        data = _read_json(index)
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise UserError(f"{index} has no weight_map (tensor name -> shard file); fix or re-download it.")
+        bad = [
+            v
+            for v in weight_map.values()
+            if not isinstance(v, str) or Path(v).name != v or v in ("", ".", "..")
+        ]
+        if bad:
+            raise UserError(
+                f"{index} maps a tensor to {json.dumps(bad[0])}, which is not a shard file name; "
+                "fix or re-download it."
+            )
+        names = sorted(set(weight_map.values()))
         missing = [n for n in names if not (directory / n).is_file()]
         if missing:
             raise UserError(f"{directory} lacks the shard {missing[0]} its index names; download it again.")
@@ -141,7 +173,7 @@ def weight_files(directory: Path) -> list[Path]:
     single = directory / "model.safetensors"
     if single.is_file():
         return [single]
-    others = sorted(directory.glob("*.safetensors"))
+    others = sorted(p for p in directory.glob("*.safetensors") if p.is_file())
     if others:
         return others
     if any(directory.glob("*.bin")):
@@ -150,6 +182,123 @@ def weight_files(directory: Path) -> list[Path]:
             "(model.save_pretrained(dir, safe_serialization=True)) and import that."
         )
     raise UserError(f"{directory} has no *.safetensors weights; pass a directory save_pretrained wrote.")
+
+
+# ---- config.json validation -------------------------------------------------------------------------
+#
+# Every field the translation below reads is checked here first, by key, so that a malformed or
+# hand-edited config.json ends with one sentence naming the key (never a KeyError, a ValueError from
+# int("four") or a ZeroDivisionError from 0 heads), and values that would only show up as NaN losses
+# later (rope_theta <= 0, a negative norm epsilon) are refused before any work.
+
+_REQUIRED: dict[str, list[tuple[str, ...]]] = {  # each entry: the key, or alternatives for one setting
+    "gpt2": [("n_embd",), ("n_layer",), ("n_head",), ("n_positions",), ("vocab_size",)],
+    "gpt_neox": [
+        ("hidden_size",),
+        ("num_hidden_layers",),
+        ("num_attention_heads",),
+        ("intermediate_size",),
+        ("vocab_size",),
+        ("max_position_embeddings",),
+    ],
+    "bloom": [("hidden_size", "n_embed"), ("n_layer", "num_hidden_layers"), ("n_head", "num_attention_heads")]
+    + [("vocab_size",)],
+}
+for _arch in LLAMA_LIKE:
+    _REQUIRED[_arch] = _REQUIRED["gpt_neox"]
+_POSITIVE_INT = (
+    "n_embd n_layer n_head n_positions n_inner vocab_size hidden_size n_embed num_hidden_layers "
+    "num_attention_heads intermediate_size max_position_embeddings num_key_value_heads head_dim "
+    "seq_length original_max_position_embeddings"
+).split()
+_POSITIVE_FLOAT = "layer_norm_epsilon layer_norm_eps rms_norm_eps rope_theta rotary_emb_base".split()
+_FRACTION = ["rotary_pct", "partial_rotary_factor"]
+_STRING = ["activation_function", "hidden_act"]
+_BOOL = (
+    "tie_word_embeddings scale_attn_by_inverse_layer_idx scale_attn_weights use_parallel_residual "
+    "attention_bias mlp_bias apply_residual_connection_post_layernorm use_sliding_window"
+).split()
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, float) or math.isfinite(value) else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _bad(key: str, need: str, value: Any) -> UserError:
+    return UserError(f"config.json's {key} must be {need}, not {_show(value)}; fix config.json.")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_value(key: str, value: Any, kind: str) -> None:
+    if kind == "int":
+        if not (_is_number(value) and float(value).is_integer() and value >= 1):
+            raise _bad(key, "a positive integer", value)
+    elif kind == "float":
+        if not (_is_number(value) and value > 0):
+            raise _bad(key, "a positive number", value)
+    elif kind == "fraction":
+        if not (_is_number(value) and 0 < value <= 1):
+            raise _bad(key, "a number in (0, 1]", value)
+    elif kind == "str":
+        if not isinstance(value, str):
+            raise _bad(key, "a string", value)
+    elif kind == "bool" and not isinstance(value, bool):
+        raise _bad(key, "true or false", value)
+
+
+def check_hf_config(hf: dict, arch: str) -> None:
+    """Check every config.json field ``model_options_from_hf`` reads (UserError naming the key)."""
+    for keys in _REQUIRED[arch]:
+        if all(hf.get(k) is None for k in keys):
+            raise UserError(
+                f"config.json has no {' or '.join(keys)}, which a {arch} config needs; check its "
+                "model_type or re-download the model."
+            )
+    for names, kind in (
+        (_POSITIVE_INT, "int"),
+        (_POSITIVE_FLOAT, "float"),
+        (_FRACTION, "fraction"),
+        (_STRING, "str"),
+        (_BOOL, "bool"),
+    ):
+        for key in names:
+            if hf.get(key) is not None:
+                _check_value(key, hf[key], kind)
+    flags = hf.get("no_rope_layers")
+    if flags is not None and not (isinstance(flags, list) and all(f in (0, 1) for f in flags)):
+        raise _bad("no_rope_layers", "a list of 0 and 1 (one per layer)", flags)
+    for key in ("rope_scaling", "rope_parameters"):
+        if hf.get(key) is not None and not isinstance(hf[key], dict):
+            raise _bad(key, 'an object such as {"rope_type": "linear", "factor": 2.0} or null', hf[key])
+    d = _first(hf, "n_embd", "hidden_size", "n_embed")
+    heads = _first(hf, "n_head", "num_attention_heads")
+    if hf.get("head_dim") is None and int(d) % int(heads):
+        raise UserError(
+            f"config.json's hidden size {int(d)} is not divisible by its {int(heads)} attention heads; "
+            "fix config.json."
+        )
+
+
+def _rope_number(params: dict, key: str, kind: str, section: str) -> float:
+    """A number of the rope_scaling / rope_parameters object, checked (UserError naming the key)."""
+    if params.get(key) is None:
+        rope_type = params.get("rope_type", params.get("type"))
+        raise UserError(
+            f"config.json's {section} has no {key}, which RoPE type {rope_type!r} needs; fix config.json."
+        )
+    _check_value(f"{section}.{key}", params[key], kind)
+    return float(params[key])
+
+
+def _rope_factors(params: dict, key: str, section: str) -> list[float]:
+    values = params.get(key)
+    if not (isinstance(values, list) and values and all(_is_number(v) and v > 0 for v in values)):
+        raise _bad(f"{section}.{key}", "a list of positive numbers", values)
+    return [float(v) for v in values]
 
 
 # ---- config translation ----------------------------------------------------------------------------
@@ -171,42 +320,66 @@ def _activation(hf: dict, key: str, default: str) -> str:
 
 def rope_options_from_hf(hf: dict, head_dim: int, partial: float = 1.0) -> dict[str, Any]:
     """Our ``rope`` encoding options from a config's rope_theta and rope_scaling / rope_parameters."""
-    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    section = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+    raw = hf.get(section) or {}
+    if not isinstance(raw, dict):
+        raise _bad(section, 'an object such as {"rope_type": "linear", "factor": 2.0} or null', raw)
+    params = dict(raw)
     if params and all(isinstance(v, dict) or v is None for v in params.values()):
         raise UserError("this config has a different RoPE per layer type, which extrapos does not model.")
-    theta = float(
-        _first(params, "rope_theta", default=_first(hf, "rope_theta", "rotary_emb_base", default=10000.0))
-    )
+    if params.get("rope_theta") is not None:
+        theta = _rope_number(params, "rope_theta", "float", section)
+    else:
+        key = next((k for k in ("rope_theta", "rotary_emb_base") if hf.get(k) is not None), None)
+        if key is not None:
+            _check_value(key, hf[key], "float")
+        theta = float(hf[key]) if key else 10000.0
     kind = params.get("rope_type", params.get("type", "default")) or "default"
-    max_pos = int(hf["max_position_embeddings"])
-    original = int(
-        _first(
-            hf,
-            "original_max_position_embeddings",
-            default=_first(params, "original_max_position_embeddings", default=max_pos),
+    if not isinstance(kind, str):
+        raise _bad(f"{section}.rope_type", 'a string such as "linear"', kind)
+    if hf.get("max_position_embeddings") is None:
+        raise UserError(
+            "config.json has no max_position_embeddings, which a RoPE model needs; fix config.json."
         )
-    )
+    _check_value("max_position_embeddings", hf["max_position_embeddings"], "int")
+    max_pos = int(hf["max_position_embeddings"])
+    if hf.get("original_max_position_embeddings") is not None:
+        _check_value("original_max_position_embeddings", hf["original_max_position_embeddings"], "int")
+        original = int(hf["original_max_position_embeddings"])
+    elif params.get("original_max_position_embeddings") is not None:
+        original = int(_rope_number(params, "original_max_position_embeddings", "int", section))
+    else:
+        original = max_pos
     opts: dict[str, Any] = {"name": "rope", "base": theta}
     if partial != 1.0:
         opts["rotary_fraction"] = float(partial)
-    factor = params.get("factor")
     if kind == "default":
         return opts
+    if kind not in ("linear", "dynamic", "llama3", "yarn", "longrope"):
+        raise UserError(
+            f"RoPE type {kind!r} is not supported; extrapos has default, linear, dynamic, yarn, llama3, "
+            "longrope."
+        )
+    if kind in ("linear", "dynamic", "llama3") or params.get("factor") is not None:
+        factor = _rope_number(params, "factor", "float", section)
+    else:  # yarn and longrope may leave the factor to max_position_embeddings / original
+        factor = max_pos / original
+    for key in ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+        if params.get(key) is not None:
+            _check_value(f"{section}.{key}", params[key], "float")
     if kind == "linear":
-        return {**opts, "scaling": "linear", "factor": float(factor)}
+        return {**opts, "scaling": "linear", "factor": factor}
     if kind == "dynamic":  # Hugging Face's dynamic NTK measures from max_position_embeddings
-        return {**opts, "scaling": "dynamic", "factor": float(factor), "original_length": max_pos}
+        return {**opts, "scaling": "dynamic", "factor": factor, "original_length": max_pos}
     if kind == "llama3":
         return {
             **opts,
             "scaling": "llama3",
-            "factor": float(factor),
+            "factor": factor,
             "original_length": original,
-            "low_freq_factor": float(params["low_freq_factor"]),
-            "high_freq_factor": float(params["high_freq_factor"]),
+            "low_freq_factor": _rope_number(params, "low_freq_factor", "float", section),
+            "high_freq_factor": _rope_number(params, "high_freq_factor", "float", section),
         }
-    if factor is None:
-        factor = max_pos / original
     if kind == "yarn":
         if params.get("truncate") is False:
             raise UserError(
@@ -235,8 +408,8 @@ def rope_options_from_hf(hf: dict, head_dim: int, partial: float = 1.0) -> dict[
             "scaling": "longrope",
             "factor": float(factor),
             "original_length": original,
-            "long_factor": [float(x) for x in params["long_factor"]],
-            "short_factor": [float(x) for x in params["short_factor"]],
+            "long_factor": _rope_factors(params, "long_factor", section),
+            "short_factor": _rope_factors(params, "short_factor", section),
         }
         attention = params.get("attention_factor")
         return out if attention is None else {**out, "attention_factor": float(attention)}
@@ -259,11 +432,16 @@ class ImportedConfig:
 def model_options_from_hf(hf: dict, context_length: int | None = None) -> ImportedConfig:
     """Translate a Hugging Face ``config.json`` into ModelConfig fields (UserError if unsupported)."""
     arch = hf.get("model_type")
-    if arch not in ARCHITECTURES:
+    if not isinstance(arch, str) or arch not in ARCHITECTURES:
         raise UserError(f"model_type {arch!r} is not supported; extrapos imports {', '.join(ARCHITECTURES)}.")
+    if context_length is not None and (
+        not isinstance(context_length, int) or isinstance(context_length, bool) or context_length < 1
+    ):
+        raise UserError(f"the context length must be a positive integer, got {context_length!r}.")
+    check_hf_config(hf, arch)
     notes: list[str] = []
     tie_default = {"gpt2": True, "bloom": True}.get(arch, False)
-    tie = bool(hf.get("tie_word_embeddings", tie_default))
+    tie = bool(_first(hf, "tie_word_embeddings", default=tie_default))
     if arch == "gpt2":
         if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("scale_attn_weights") is False:
             raise UserError(
@@ -279,7 +457,7 @@ def model_options_from_hf(hf: dict, context_length: int | None = None) -> Import
             vocab_size=int(hf["vocab_size"]),
             mlp_hidden=int(hf.get("n_inner") or 4 * d),
             bias=True,
-            norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+            norm_eps=float(_first(hf, "layer_norm_epsilon", default=1e-5)),
             activation=_activation(hf, "activation_function", "gelu_new"),
             positions={"name": "learned", "max_length": n_pos},
         )
@@ -287,19 +465,19 @@ def model_options_from_hf(hf: dict, context_length: int | None = None) -> Import
     elif arch == "gpt_neox":
         d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
         params = hf.get("rope_parameters") or {}
-        partial = float(
-            _first(
-                params,
-                "partial_rotary_factor",
-                default=_first(hf, "partial_rotary_factor", "rotary_pct", default=0.25),
-            )
+        raw = _first(
+            params,
+            "partial_rotary_factor",
+            default=_first(hf, "partial_rotary_factor", "rotary_pct", default=0.25),
         )
+        _check_value("partial_rotary_factor", raw, "fraction")
+        partial = float(raw)
         if int(d // heads * partial) % 2:
             raise UserError(
                 f"rotary_pct={partial} rotates an odd number of dims per head ({int(d // heads * partial)});"
                 " extrapos rotates pairs."
             )
-        attn_bias = bool(hf.get("attention_bias", True))
+        attn_bias = bool(_first(hf, "attention_bias", default=True))
         model = dict(
             flavour="gpt2",
             n_layers=int(hf["num_hidden_layers"]),
@@ -309,9 +487,9 @@ def model_options_from_hf(hf: dict, context_length: int | None = None) -> Import
             mlp_hidden=int(hf["intermediate_size"]),
             bias=True,
             qkv_bias=attn_bias,
-            norm_eps=float(hf.get("layer_norm_eps", 1e-5)),
+            norm_eps=float(_first(hf, "layer_norm_eps", default=1e-5)),
             activation=_activation(hf, "hidden_act", "gelu"),
-            parallel_residual=bool(hf.get("use_parallel_residual", True)),
+            parallel_residual=bool(_first(hf, "use_parallel_residual", default=True)),
             positions=rope_options_from_hf(hf, d // heads, partial),
         )
         if not attn_bias:
@@ -333,7 +511,7 @@ def model_options_from_hf(hf: dict, context_length: int | None = None) -> Import
             vocab_size=int(hf["vocab_size"]),
             mlp_hidden=4 * d,
             bias=True,
-            norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+            norm_eps=float(_first(hf, "layer_norm_epsilon", default=1e-5)),
             activation="gelu_tanh",
             embed_norm=True,
             positions={"name": "alibi"},
@@ -377,7 +555,7 @@ def model_options_from_hf(hf: dict, context_length: int | None = None) -> Import
             mlp_hidden=int(hf["intermediate_size"]),
             bias=bias,
             qkv_bias=qkv_bias,
-            norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            norm_eps=float(_first(hf, "rms_norm_eps", default=1e-6)),
             activation=_activation(hf, "hidden_act", "silu"),
             positions=rope_options_from_hf(hf, head_dim),
         )
@@ -532,6 +710,44 @@ def _empty_decoder(cfg):
     return model
 
 
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names of the dtypes a model's weights may have
+
+
+def _unreadable(file: Path, e: Exception) -> UserError:
+    why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return UserError(
+        f"{file} is not a readable safetensors file ({why}); it may be truncated or damaged, "
+        "download it again."
+    )
+
+
+def shard_dtypes(file: Path) -> dict[str, str]:
+    """Every tensor of a safetensors shard with its dtype (``F32``, ``BF16``...), from the header alone;
+    a UserError naming the file when it is empty, truncated or has a damaged header."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            return {key: f.get_slice(key).get_dtype() for key in f.keys()}  # noqa: SIM118 - not a dict
+    except OSError:
+        raise
+    except Exception as e:  # SafetensorError: a header too small, not JSON, offsets past the end
+        raise _unreadable(file, e) from None
+
+
+def check_shards(files: list[Path], arch: str) -> None:
+    """Before any work: every shard's header is readable, every tensor is a weight of ``arch``, and every
+    weight is floating point (integer or quantized tensors would be cast to meaningless numbers)."""
+    for file in files:
+        for key, dtype in shard_dtypes(file).items():
+            _name, kind = _match(arch, key)
+            if kind != "skip" and dtype not in _FLOAT_DTYPES:
+                raise UserError(
+                    f"{key} in {file} holds {dtype} values, not floating-point weights; extrapos imports "
+                    "float32, float16 or bfloat16 checkpoints (dequantize it first)."
+                )
+
+
 def iter_hf_tensors(files: list[Path]) -> Iterator[tuple[str, Callable[[], Tensor]]]:
     """(name, loader) for every tensor of the shards; each loader reads that one tensor."""
     from safetensors import safe_open
@@ -539,13 +755,16 @@ def iter_hf_tensors(files: list[Path]) -> Iterator[tuple[str, Callable[[], Tenso
     def load(file: Path, key: str) -> Tensor:
         # one mapping per tensor: pages of a shard mapped for the whole loop would count in the resident
         # set as they are read, a second copy of the model next to the one being filled
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            return f.get_tensor(key)
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                return f.get_tensor(key)
+        except OSError:
+            raise
+        except Exception as e:
+            raise _unreadable(file, e) from None
 
     for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            keys = list(f.keys())  # noqa: SIM118 - safe_open is not a dict
-        for key in keys:
+        for key in shard_dtypes(file):
             yield key, (lambda file=file, key=key: load(file, key))
 
 
@@ -571,6 +790,11 @@ def load_hf_weights(model, arch: str, files: list[Path]) -> None:
                 "config.json and the weights disagree (bias or tie settings)."
             )
         t = load()
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise UserError(
+                f"the checkpoint's {key} holds NaN or infinite values, so every loss of the imported model "
+                "would be NaN; re-download or repair the checkpoint."
+            )
         if kind == "T":
             t = t.t()
         elif kind == "heads3":
@@ -601,7 +825,8 @@ def load_hf_weights(model, arch: str, files: list[Path]) -> None:
 # ---- import -----------------------------------------------------------------------------------------
 
 
-def _copy_tokenizer(src: Path, dst: Path, tokenizer: str | Path | None) -> Path:
+def _find_tokenizer(src: Path, tokenizer: str | Path | None) -> tuple[Path, str]:
+    """The tokenizer file to import (the source's own or ``tokenizer``) and its name in the run."""
     from extrapos.data.tokenizer import TOKENIZER_FILES
 
     if tokenizer is not None:
@@ -626,8 +851,20 @@ def _copy_tokenizer(src: Path, dst: Path, tokenizer: str | Path | None) -> Path:
     )
     if suffix is None:
         raise UserError(f"{file} is not a tokenizer.json, .model or .tiktoken file.")
-    shutil.copyfile(file, dst / suffix)
-    return dst / suffix
+    return file, suffix
+
+
+def _read_tokenizer(file: Path):
+    """Load the tokenizer where the user keeps it, so that an error names that file (not a temporary copy)."""
+    from extrapos.data.tokenizer import load_tokenizer
+
+    try:
+        return load_tokenizer(file)
+    except (UserError, OSError):
+        raise
+    except Exception as e:  # a damaged sentencepiece or tiktoken file raises its library's own errors
+        why = str(e).strip().splitlines()[0] if str(e).strip() else "no message"
+        raise UserError(f"{file} is not a tokenizer extrapos can read ({type(e).__name__}: {why}).") from None
 
 
 def import_pretrained(
@@ -650,27 +887,32 @@ def import_pretrained(
     """
     from extrapos import checkpoint as ckpt_io
     from extrapos.config import DataConfig, RunConfig, TrainConfig, build_section, validate
-    from extrapos.data.tokenizer import load_tokenizer
     from extrapos.model import model_config
 
     out = Path(out)
+    # every input is checked before anything is written: config.json by key, the shards' headers and
+    # dtypes, the tokenizer where the user keeps it (an error then names the user's file)
     src, provenance = resolve_source(source, revision)
     hf = read_hf_config(src)
     imported = model_options_from_hf(hf, context_length)
+    mcfg = model_config(**imported.model)
     files = weight_files(src)
+    if out.exists():
+        raise UserError(f"{out} already exists; choose another output directory or remove it first.")
+    check_shards(files, imported.architecture)
+    tok_src, tok_name = _find_tokenizer(src, tokenizer)
+    tok = _read_tokenizer(tok_src)
+    if tok.vocab_size > mcfg.vocab_size:
+        raise UserError(
+            f"the tokenizer has {tok.vocab_size} tokens but the model only {mcfg.vocab_size}; "
+            "pass the model's own tokenizer."
+        )
+    data_fields = {"tokenizer": str(out.resolve() / tok_name), **(data or {})}
+    cfg = RunConfig(mcfg, build_section(DataConfig, data_fields, "data"), TrainConfig())
+    validate(cfg)
     tmp = fresh_output_dir(out, "import")
     try:
-        tok_file = _copy_tokenizer(src, tmp, tokenizer)
-        tok = load_tokenizer(tmp)
-        mcfg = model_config(**imported.model)
-        if tok.vocab_size > mcfg.vocab_size:
-            raise UserError(
-                f"the tokenizer has {tok.vocab_size} tokens but the model only {mcfg.vocab_size}; "
-                "pass the model's own tokenizer."
-            )
-        data_fields = {"tokenizer": str(out.resolve() / tok_file.name), **(data or {})}
-        cfg = RunConfig(mcfg, build_section(DataConfig, data_fields, "data"), TrainConfig())
-        validate(cfg)
+        shutil.copyfile(tok_src, tmp / tok_name)
         model = _empty_decoder(mcfg)
         load_hf_weights(model, imported.architecture, files)
         record = {
@@ -683,7 +925,7 @@ def import_pretrained(
             "torch_dtype": hf.get("torch_dtype", hf.get("dtype")),
             "notes": imported.notes,
             "weights": [f.name for f in files],
-            "tokenizer": tok_file.name,
+            "tokenizer": tok_name,
             "hf_config": hf,
         }
         (tmp / "config.toml").write_text(cfg.to_toml())
@@ -691,8 +933,17 @@ def import_pretrained(
         ckpt_io.save_checkpoint(tmp, 0, model, None, {"imported_from": provenance["source"]})
         del model
         os.replace(tmp, out)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        # the temporary directory is gone: an error must name the user's paths, never it
+        if isinstance(e, OSError):
+            where = f"{e.filename}: " if e.filename and str(tmp) not in str(e.filename) else ""
+            raise UserError(
+                f"importing {source} into {out} failed ({where}{e.strerror or e}); check the free space "
+                "and the permissions, then import again."
+            ) from None
+        if isinstance(e, UserError) and str(tmp) in str(e):
+            raise UserError(str(e).replace(str(tmp), str(out))) from None
         raise
     return out
 
