@@ -315,6 +315,45 @@ def row_config(sweep: Sweep, row: SweepRow, extra: list[str]) -> RunConfig:
     return cfg
 
 
+# written into every comparison directory: a later compare writes only into a directory that holds it
+OUT_MARKER = ".extrapos-compare"
+# what a comparison writes at its top level (a directory of an older extrapos, before the marker, holds
+# only these, with rows.json or a trained run under runs/)
+_OUT_NAMES = {
+    "runs",
+    "merged",
+    "tasks",
+    "plots",
+    "rows.json",
+    "facts.json",
+    "report.json",
+    "report.md",
+    "results.csv",
+    "results.json",
+    "tasks.csv",
+}
+
+
+def check_out_dir(out: Path) -> None:
+    """Refuse ``out`` unless it is new, empty, or a comparison directory (it holds ``OUT_MARKER``, or only
+    what an older extrapos compare wrote): the user's own files are never replaced."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a directory; choose a new or empty --out directory.")
+    entries = {p.name for p in out.iterdir()}
+    if not entries or OUT_MARKER in entries:
+        return
+    older = entries <= _OUT_NAMES and (
+        (out / "rows.json").is_file() or any((out / "runs").glob("*/config.toml"))
+    )
+    if not older:
+        raise UserError(
+            f"--out {out} is not empty and was not made by extrapos compare (it has no {OUT_MARKER}); "
+            "choose a new or empty --out directory so that none of its files is replaced."
+        )
+
+
 def compare(
     spec: str,
     out: str | Path,
@@ -334,6 +373,7 @@ def compare(
     sweep = load_sweep(spec)
     specs = task_specs(sweep, find_sweep(spec))
     out = Path(out)
+    check_out_dir(out)  # before anything is written: never into a directory extrapos did not make
     rank, _, device = init_distributed(resolve_device(sweep_device(sweep, list(extra or []))))
     main = rank == 0
     progress = progress and main
@@ -346,6 +386,8 @@ def compare(
         (r.name, None): existing_run(r) for r in sweep.rows if r.run
     }
     out.mkdir(parents=True, exist_ok=True)
+    if main and not (out / OUT_MARKER).is_file():
+        atomic_write(out / OUT_MARKER, json.dumps({"made_by": "extrapos compare"}) + "\n")
     t0 = time.perf_counter()
     trained = [r for r in sweep.rows if not r.reuse and r.extend is None and r.run is None]
     seeds: list[int | None] = list(sweep.seeds) if sweep.seeds else [None]

@@ -190,6 +190,7 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
 def validate(cfg: RunConfig) -> None:
     """Every value checked before anything is written: a bad one is one sentence naming the key."""
     cfg.model.validate()
+    _validate_model(cfg.model)
     _validate_train(cfg.train)
     _validate_data(cfg.data)
     if (cfg.train.objective == "mlm") != (cfg.model.flavour == "encoder"):
@@ -215,6 +216,28 @@ def _require(ok: bool, key: str, rule: str, value: Any) -> None:
         raise UserError(f"{key} must be {rule}, got {value!r}.")
 
 
+def _validate_model(m: ModelConfig) -> None:
+    """Values the model accepts but that make the first step's loss NaN (checked before anything runs)."""
+    from extrapos.positions.registry import build_options
+    from extrapos.positions.schedule import plan_positions
+
+    _require(
+        math.isfinite(m.norm_eps) and 0 < m.norm_eps < 1,
+        "model.norm_eps",
+        "a small positive number (e.g. 1e-5)",
+        m.norm_eps,
+    )
+    plan = plan_positions(m.positions, m.n_layers)
+    pairs = [(plan.name, plan.options, "model.positions")]
+    if plan.layers is not None:
+        pairs.append((plan.others_name, plan.others_options or {}, "model.positions.others"))
+    for name, options, where in pairs:
+        base = getattr(build_options(name, options), "base", None)
+        if isinstance(base, (int, float)) and not isinstance(base, bool):
+            # frequencies base^(-2i/d) (Vaswani et al. 2017; Su et al. 2021): base 0 makes them infinite
+            _require(math.isfinite(base) and base > 1, f"{where}.base", "a number greater than 1", base)
+
+
 def _validate_train(t: TrainConfig) -> None:
     budgets = [b for b in (t.steps, t.tokens, t.epochs) if b is not None]
     if len(budgets) > 1:
@@ -231,8 +254,9 @@ def _validate_train(t: TrainConfig) -> None:
         "cosine, linear or constant",
         t.schedule,
     )
-    _require(t.lr >= 0 and math.isfinite(t.lr), "train.lr", "a non-negative number", t.lr)
-    _require(t.end_lr >= 0 and math.isfinite(t.end_lr), "train.end_lr", "a non-negative number", t.end_lr)
+    # AdamW's step is about lr per weight: above 1 the first step destroys the model (a NaN loss at step 1)
+    _require(0 <= t.lr <= 1, "train.lr", "a learning rate in [0, 1] (e.g. 3e-4)", t.lr)
+    _require(0 <= t.end_lr <= 1, "train.end_lr", "a learning rate in [0, 1] (e.g. 3e-5)", t.end_lr)
     _require(t.warmup >= 0, "train.warmup", "a fraction of the steps (< 1) or a number of steps", t.warmup)
     _require(t.weight_decay >= 0, "train.weight_decay", "non-negative", t.weight_decay)
     _require(0 <= t.beta1 < 1, "train.beta1", "in [0, 1)", t.beta1)

@@ -210,6 +210,34 @@ def resume_config(run_dir: Path, cfg: RunConfig | None) -> tuple[RunConfig, list
     return cfg, [f"{k} {old.get(k, '(default)')} -> {new.get(k, '(default)')}" for k in changed]
 
 
+def stopped_before_first_checkpoint(run_dir: Path) -> bool:
+    """A trained run directory (config.toml) that holds no checkpoint, finished or partial, no summary and
+    was not imported: it failed or was killed before its first checkpoint, so nothing in it is lost by
+    starting it over."""
+    run_dir = Path(run_dir)
+    return (
+        (run_dir / "config.toml").is_file()
+        and not (run_dir / "summary.json").exists()
+        and not (run_dir / "source.json").exists()
+        and not ckpt_io.list_checkpoints(run_dir)
+        and not any((run_dir / "checkpoints").glob("*"))
+    )
+
+
+def _checkpoint_to_resume(run_dir: Path, say) -> ckpt_io.Checkpoint | None:
+    """The newest intact checkpoint a resume continues from (None: the run has none yet); a UserError when
+    every checkpoint is damaged, as training again from step 0 would replace the run's metrics."""
+    if not ckpt_io.list_checkpoints(run_dir):
+        return None
+    last = ckpt_io.latest_intact(run_dir, say=say)
+    if last is None:
+        raise UserError(
+            f"every checkpoint of {run_dir} is damaged, so --resume would train it again from step 0 and "
+            "replace its metrics; restore the checkpoints from a copy, or start a new run with another --out."
+        )
+    return last
+
+
 def train(
     cfg: RunConfig | None,
     run_dir: str | Path,
@@ -226,7 +254,10 @@ def train(
     """
     run_dir = Path(run_dir)
     existing = (run_dir / "config.toml").is_file()
-    if existing and not resume:
+    # a run that stopped before its first checkpoint (e.g. a loss that was NaN at step 1) holds nothing
+    # trained: the same command, or one with a corrected config, starts it over
+    restart = existing and cfg is not None and stopped_before_first_checkpoint(run_dir)
+    if existing and not resume and not restart:
         raise UserError(
             f"{run_dir} already holds a run; pass --resume to continue it or choose another --out."
         )
@@ -234,6 +265,8 @@ def train(
         if cfg is None:
             raise UserError(f"{run_dir} holds no run to resume; start it with --config FILE_OR_PRESET.")
         resume, changes = False, []
+    elif restart:  # resumed from no checkpoint: the Trainer truncates metrics.jsonl and starts at step 0
+        resume, changes = True, []
     else:
         cfg, changes = resume_config(run_dir, cfg)
     # decided before anything is written (a larger budget, ``changes``, continues a finished run)
@@ -245,15 +278,29 @@ def train(
     if is_main:
         ensure_writable_dir(run_dir, "the run")
     with RunLock(run_dir, enabled=is_main):
-        if changes and is_main:
-            atomic_write(run_dir / "config.toml", cfg.to_toml())
-            (run_dir / "summary.json").unlink(missing_ok=True)
+        restore_from = None
+        if resume and not complete and not restart:
+            restore_from = _checkpoint_to_resume(run_dir, say=_say if is_main else lambda _: None)
+        if restart and is_main:
+            print(
+                f"extrapos train: {run_dir} stopped before its first checkpoint; starting it over.",
+                flush=True,
+            )
+        if changes and is_main:  # config.toml and summary.json change only once the Trainer's checks pass
             print("extrapos train: resuming with " + ", ".join(changes), flush=True)
         if complete:
             result = TrainResult.from_summary(run_dir)
         else:
             trainer = Trainer(
-                cfg, run_dir, device, rank, world, resume=resume, progress=progress, init_from=init_from
+                cfg,
+                run_dir,
+                device,
+                rank,
+                world,
+                resume=resume,
+                progress=progress,
+                init_from=init_from,
+                restore_from=restore_from,
             )
             result = trainer.run()
     barrier()  # every process returns once the run is complete on disk (compare reads it next)
@@ -274,6 +321,7 @@ class Trainer:
         resume: bool = False,
         progress: bool = True,
         init_from: str | Path | None = None,
+        restore_from: ckpt_io.Checkpoint | None = None,
     ):
         self.cfg, self.run_dir, self.device, self.rank, self.world = cfg, run_dir, device, rank, world
         self.is_main = rank == 0
@@ -300,7 +348,18 @@ class Trainer:
                 f"fewer than one batch ({t.batch_size * world}); use more data or a smaller train.batch_size."
             )
         self.plan = step_plan(cfg, self.sampler.windows_per_epoch, world)
+        self.restore_from = restore_from
+        if restore_from is not None and restore_from.step > self.plan.total_steps:
+            raise UserError(
+                f"{run_dir} is already at step {restore_from.step}, past the {self.plan.total_steps} steps "
+                "of the asked budget; --resume continues a run and never shortens it, so ask for at least "
+                f"{restore_from.step} steps (e.g. --set train.steps={restore_from.step}) or start a new run "
+                "with another --out."
+            )
         if self.is_main:
+            # a finished run trained further (or one resumed from no checkpoint) is no longer complete
+            if resume:
+                (run_dir / "summary.json").unlink(missing_ok=True)
             self._write_run_files(tokenizer, data_dir)
 
         torch.manual_seed(t.seed)  # the model's initialisation; the samplers draw from their own seeds
@@ -358,7 +417,7 @@ class Trainer:
 
     def _restore(self) -> ckpt_io.Checkpoint | None:
         """Continue from the latest checkpoint: weights, optimizer moments, RNG, data position, log."""
-        last = ckpt_io.latest_intact(self.run_dir, say=_say)
+        last = self.restore_from or ckpt_io.latest_intact(self.run_dir, say=_say)
         if last is None:  # killed before its first checkpoint: start over cleanly
             self.metrics.truncate_after(-1)
             if self.is_main:

@@ -106,10 +106,18 @@ def register(sub) -> None:
         "--metadata", default=None, help="JSON task metadata (e.g. '{\"max_seq_lengths\": [4096]}')"
     )
     m.add_argument("--log-samples", action="store_true")
-    m.add_argument("--name", default=None)
+    m.add_argument("--name", default=None, help="result name in RUN/eval/")
+    m.add_argument("--overwrite", action="store_true", help="replace an existing different result")
     m.add_argument("--step", type=int, default=None)
     m.add_argument("--device", default="cpu")
     m.set_defaults(func=run_lm_eval)
+
+
+def _name(args) -> str | None:
+    """--name checked before any work: a file name in RUN/eval/, never a path."""
+    from extrapos.evaluate import check_result_name
+
+    return None if args.name is None else check_result_name(args.name)
 
 
 def _options(args, lengths: list[int]):
@@ -138,7 +146,7 @@ def run_passkey(args) -> int:
         key_digits=args.key_digits,
         seed=args.seed,
         position_options=_options(args, lengths),
-        name=args.name,
+        name=_name(args),
         overwrite=args.overwrite,
         device=str(device),
         step=args.step,
@@ -167,7 +175,7 @@ def run_synthetic(args) -> int:
         task=args.task,
         seed=args.seed,
         position_options=_options(args, lengths),
-        name=args.name,
+        name=_name(args),
         overwrite=args.overwrite,
         device=str(device),
         step=args.step,
@@ -199,8 +207,9 @@ def run_lm_eval(args) -> int:
         include_path=args.include_path,
         metadata=metadata,
         log_samples=args.log_samples,
-        name=args.name,
+        name=_name(args),
         step=args.step,
+        overwrite=args.overwrite,
     )
     for task, metrics in (result.get("results") or {}).items():
         shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))

@@ -49,7 +49,15 @@ except ImportError as e:  # pragma: no cover - the eval extra is missing
         "the lm-eval integration needs lm-evaluation-harness; run `pip install 'extrapos[eval]'`."
     ) from e
 
-from extrapos.tasks.common import greedy_batch, slug, write_result
+from extrapos.evaluate import check_result_name
+from extrapos.tasks.common import (
+    check_existing,
+    greedy_batch,
+    result_path,
+    scored_checkpoint,
+    slug,
+    write_result,
+)
 
 
 def position_options(
@@ -275,6 +283,7 @@ def run_lm_eval(
     seed: int = 1234,
     name: str | None = None,
     step: int | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Run lm-eval ``tasks`` on a run; write ``RUN/eval/NAME.json`` (default ``lm-eval-<tasks>``) and return
     it.
@@ -282,22 +291,53 @@ def run_lm_eval(
     ``include_path``: a directory of extra task YAMLs (local tasks, offline; ``include_defaults=False``
     skips indexing the harness's own tasks, which takes seconds); ``metadata``: task
     metadata such as RULER's ``max_seq_lengths``; ``limit``: examples per task (for quick checks).
+    The result goes through the slot every task result uses (``tasks.common.check_existing``): the same
+    request on the same weights is reused without running the harness, a different request under the
+    same name is refused unless ``overwrite``; ``name`` is a file name in ``RUN/eval/``, never a path.
     """
     import lm_eval
     from lm_eval.tasks import TaskManager
+
+    from extrapos.config import load_run_config
 
     if not tasks:
         raise UserError("give at least one lm-eval task, e.g. tasks=['arc_easy'] (--tasks arc_easy).")
     if limit is not None and limit >= 1:  # a count of examples; below 1 it is lm-eval's fraction of each task
         limit = int(limit)
     run_dir = Path(run_dir)
+    if name is not None:
+        check_result_name(name)  # before anything is loaded: a name, never a path
+    options = position_options(
+        scale, rope_scaling, factor, max_length, load_run_config(run_dir).model.train_length
+    )
+    name = name or "lm-eval-" + slug("_".join(tasks)) + "".join(
+        f"-{slug(f'{k}{v}')}" for k, v in sorted(options.items())
+    )
+    request = {
+        "tasks": list(tasks),
+        "num_fewshot": num_fewshot,
+        "limit": limit,
+        "max_length": max_length,
+        "seed": seed,
+        "metadata": metadata,
+        "options": options,
+        "step": step,
+        "bootstrap_iters": bootstrap_iters,
+        "log_samples": log_samples,
+    }
+    out_path = result_path(run_dir, name)
+    scored = scored_checkpoint(run_dir, step)
+    previous = _saved(out_path, request, overwrite, scored)
+    if previous is not None:
+        print(f"extrapos lm-eval: {out_path} holds this request on these weights; reused.", flush=True)
+        return previous
     t0 = time.perf_counter()
     lm = ExtraposLM(
         run=str(run_dir),
         max_length=max_length,
         batch_size=batch_size,
         device=device,
-        step=step,
+        step=scored["step"],
         scale=scale,
         rope_scaling=rope_scaling,
         factor=factor,
@@ -329,9 +369,6 @@ def run_lm_eval(
     )
     if raw is None:  # pragma: no cover - only non-zero ranks get None
         raise UserError("lm-eval returned no results.")
-    name = name or "lm-eval-" + slug("_".join(tasks)) + "".join(
-        f"-{slug(f'{k}{v}')}" for k, v in sorted(lm.options.items())
-    )
     result = {
         "name": name,
         "task": "lm-eval",
@@ -342,14 +379,8 @@ def run_lm_eval(
         "max_length": lm.max_length,
         "train_length": lm.train_length,
         "checkpoint_step": lm.run.step,
-        "request": {
-            "tasks": list(tasks),
-            "num_fewshot": num_fewshot,
-            "limit": limit,
-            "max_length": max_length,
-            "seed": seed,
-            "metadata": metadata,
-        },
+        "checkpoint": scored,
+        "request": request,
         "results": raw.get("results", {}),
         "n-shot": raw.get("n-shot", {}),
         "versions": raw.get("versions", {}),
@@ -359,5 +390,27 @@ def run_lm_eval(
     if log_samples:
         result["samples"] = raw.get("samples", {})
     result = json.loads(json.dumps(result, default=str))
-    write_result(run_dir / "eval" / f"{name}.json", result)
+    write_result(out_path, result)
     return result
+
+
+# the request keys an lm-eval result recorded before it recorded its checkpoint and options
+_OLDER_REQUEST = ("tasks", "num_fewshot", "limit", "max_length", "seed", "metadata")
+
+
+def _saved(
+    out_path: Path, request: dict[str, Any], overwrite: bool, scored: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The saved result of this request on these weights (reused), None when it must be scored, a
+    UserError when the name holds another request. A result of an older extrapos (no ``checkpoint``
+    recorded) of the same request is scored again and replaced: nothing says which weights it scored."""
+    if not overwrite and out_path.is_file():
+        try:
+            previous = json.loads(out_path.read_text())
+        except (OSError, ValueError):
+            previous = None
+        older = {k: request[k] for k in _OLDER_REQUEST}
+        if isinstance(previous, dict) and "checkpoint" not in previous:
+            if previous.get("request") == json.loads(json.dumps(older, default=str)):
+                return None
+    return check_existing(out_path, request, overwrite, scored)

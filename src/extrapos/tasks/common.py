@@ -118,8 +118,8 @@ def check_existing(
         json.dumps(request, default=str)
     ):
         raise UserError(
-            f"{path} holds a different evaluation; pass name=... to keep both or overwrite=True "
-            "(--overwrite) to replace it."
+            f"{path} holds a different evaluation; pass another --name (name=...) to keep both or "
+            "--overwrite (overwrite=True) to replace it."
         )
     if checkpoint is not None and previous.get("checkpoint") != checkpoint:
         return None  # the run was trained further: the stored numbers are stale
