@@ -312,3 +312,37 @@ def test_nan_weights_in_a_child_process(model, scratch, cache):
     )
     assert not (scratch / "run").exists()
     assert [p.name for p in scratch.iterdir() if p.name.startswith(".tmp")] == []
+
+
+def test_import_under_a_file_size_limit(model, scratch, cache):
+    """The checkpoint cannot be written: one sentence naming the run, nothing left, import again works."""
+    limit = (model / "tokenizer.json").stat().st_size + 4096
+    assert (model / "model.safetensors").stat().st_size > 2 * limit  # the weights hit the limit
+    sentence = assert_user_error(
+        ["import", model, "--out", scratch / "run"],
+        cache=cache,
+        watch=[model],
+        fragments=[str(scratch / "run"), "File too large", "import again"],
+        fsize_limit=limit,
+    )
+    assert ".tmp-" not in sentence and "resume" not in sentence
+    assert not (scratch / "run").exists()
+    assert [p.name for p in scratch.iterdir() if p.name.startswith(".tmp")] == []
+    from harness import run
+
+    assert run(["import", model, "--out", scratch / "run"], cache=cache).returncode == 0
+
+
+def test_export_under_a_file_size_limit(model, scratch, cache, capsys):
+    """`export` onto a file-size limit (issue 24's traceback list): one sentence, nothing left behind."""
+    assert _import(model, scratch / "run", capsys=capsys).returncode == 0
+    sentence = assert_user_error(
+        ["export", scratch / "run", "--out", scratch / "exported"],
+        cache=cache,
+        watch=[scratch / "run"],
+        fragments=[str(scratch / "exported"), "File too large", "export again"],
+        fsize_limit=8192,
+    )
+    assert ".tmp-" not in sentence
+    assert not (scratch / "exported").exists()
+    assert [p.name for p in scratch.iterdir() if p.name.startswith(".tmp")] == []

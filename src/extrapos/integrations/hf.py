@@ -936,16 +936,30 @@ def import_pretrained(
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         # the temporary directory is gone: an error must name the user's paths, never it
-        if isinstance(e, OSError):
-            where = f"{e.filename}: " if e.filename and str(tmp) not in str(e.filename) else ""
+        reason = _write_failure(e, tmp)
+        if reason is not None:
             raise UserError(
-                f"importing {source} into {out} failed ({where}{e.strerror or e}); check the free space "
-                "and the permissions, then import again."
+                f"importing {source} into {out} failed ({reason}); check the free space, the file-size "
+                "limit and the permissions, then import again."
             ) from None
         if isinstance(e, UserError) and str(tmp) in str(e):
             raise UserError(str(e).replace(str(tmp), str(out))) from None
         raise
     return out
+
+
+def _write_failure(e: BaseException, tmp: Path) -> str | None:
+    """Why writing into ``tmp`` failed (a full disk, a file-size limit, permissions), without naming
+    ``tmp``; None when ``e`` is not a write failure."""
+    if isinstance(e, OSError):
+        where = f"{e.filename}: " if e.filename and str(tmp) not in str(e.filename) else ""
+        return f"{where}{e.strerror or e}"
+    if type(e).__name__ == "SafetensorError" and "I/O error" in str(e):  # safetensors' own I/O errors
+        return str(e).rpartition("I/O error: ")[2]
+    if isinstance(e, UserError) and str(tmp) in str(e):  # save_checkpoint's sentence names its directory
+        m = re.search(r"^cannot write checkpoint \S+ \((.*)\); free some space", str(e))
+        return m.group(1) if m else None
+    return None
 
 
 # ---- export -----------------------------------------------------------------------------------------
@@ -1353,7 +1367,13 @@ def export_pretrained(run_dir: str | Path, out: str | Path, *, step: int | None 
             )
         )
         os.replace(tmp, out)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        reason = _write_failure(e, tmp)
+        if reason is not None:  # one sentence naming out, never the temporary directory just removed
+            raise UserError(
+                f"cannot write {out} ({reason}); free some space or raise the file-size limit, then "
+                "export again."
+            ) from None
         raise
     return out
