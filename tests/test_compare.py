@@ -93,3 +93,28 @@ def test_a_changed_sweep_does_not_reuse_a_run_trained_differently(tmp_path, tiny
     spec.write_text(spec.read_text().replace('"train.steps=4"', '"train.steps=5"'))
     with pytest.raises(UserError, match="different config"):
         compare(str(spec), out, progress=False)
+
+
+def test_report_of_result_files_keeps_runs_apart(tmp_path, tiny_data):
+    """Results of one name from several runs (RUN/eval/test.json) are rows named by their runs, each with
+    its own numbers; two results that would share a row name are refused, never read as one row."""
+    from extrapos.report import collect_rows
+
+    spec = _sweep(tmp_path, tiny_data)
+    out = tmp_path / "out"
+    compare(str(spec), out, progress=False)
+    by_name: dict[str, list] = {}
+    for f in sorted((out / "runs").glob("*/eval/*.json")):
+        by_name.setdefault(f.name, []).append(f)
+    picked = max(by_name.values(), key=len)
+    assert len(picked) >= 2  # the same file name in two runs
+    rows, _ = collect_rows(picked[:2])
+    assert [r.name for r in rows] == [f"{f.parent.parent.name}/{f.stem}" for f in picked[:2]]
+    assert rows[0].result["results"][0]["loss"] != rows[1].result["results"][0]["loss"]
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    for i, f in enumerate(picked[:2]):
+        (loose / str(i)).mkdir()
+        (loose / str(i) / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(UserError, match="would both be the row"):
+        collect_rows([loose / "0" / picked[0].name, loose / "1" / picked[1].name])

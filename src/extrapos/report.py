@@ -621,11 +621,22 @@ def collect_rows(paths: list[str | Path]) -> tuple[list[Row], Path | None]:
             for f in sorted((p / "eval").glob("*.json")):
                 rows.append(_file_row(f"{p.name}/{f.stem}", json.loads(f.read_text())))
         elif p.suffix == ".json" and p.is_file():
-            rows.append(_file_row(p.stem, json.loads(p.read_text())))
+            # a run's own result is named as its run directory names it: RUN/eval/X.json -> RUN/X
+            in_run = p.parent.name == "eval" and (p.parent.parent / "config.toml").is_file()
+            rows.append(
+                _file_row(f"{p.parent.parent.name}/{p.stem}" if in_run else p.stem, json.loads(p.read_text()))
+            )
         else:
             raise UserError(
                 f"{p} is neither a compare directory, a run with eval/ results, nor an eval JSON file."
             )
+    names = [r.name for r in rows]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # rows are paired and looked up by name: two of one name would be read as one
+        raise UserError(
+            f"two results would both be the row {twice[0]!r}; give the run directories or results "
+            "distinct names (or pass each run directory once)."
+        )
     return rows, compare_dir
 
 
