@@ -268,6 +268,23 @@ def test_integer_weights_are_refused(model, scratch, capsys, dtype, name):
     _refused(model, scratch, capsys, "model.embed_tokens.weight", name, "floating-point")
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [{"hidden_size": 2**30}, {"vocab_size": 10**12}, {"num_hidden_layers": 10**7}, {"intermediate_size": 64}],
+    ids=["hidden_size 2^30", "vocab_size 10^12", "layers 10^7", "intermediate_size larger"],
+)
+def test_config_larger_than_its_weights_is_refused_before_allocating(model, scratch, capsys, changes):
+    """A huge size in config.json is compared with the shards' headers, never allocated (it would
+    exhaust memory before the shapes were compared)."""
+    (model / "config.json").write_text(json.dumps(_llama(**changes)))
+    _refused(model, scratch, capsys, "config.json describes a model of", "weights disagree")
+
+
+def test_untied_config_for_tied_weights_is_refused(model, scratch, capsys):
+    (model / "config.json").write_text(json.dumps(_llama(tie_word_embeddings=False)))
+    _refused(model, scratch, capsys, "weights disagree")
+
+
 # ---- the tokenizer and the output ---------------------------------------------------------------------
 
 

@@ -721,31 +721,47 @@ def _unreadable(file: Path, e: Exception) -> UserError:
     )
 
 
-def shard_dtypes(file: Path) -> dict[str, str]:
-    """Every tensor of a safetensors shard with its dtype (``F32``, ``BF16``...), from the header alone;
-    a UserError naming the file when it is empty, truncated or has a damaged header."""
+def shard_header(file: Path) -> dict[str, tuple[str, int]]:
+    """Every tensor of a safetensors shard with its dtype (``F32``, ``BF16``...) and element count, from
+    the header alone; a UserError naming the file when it is empty, truncated or has a damaged header."""
     from safetensors import safe_open
 
     try:
         with safe_open(str(file), framework="pt", device="cpu") as f:
-            return {key: f.get_slice(key).get_dtype() for key in f.keys()}  # noqa: SIM118 - not a dict
+            slices = {key: f.get_slice(key) for key in f.keys()}  # noqa: SIM118 - not a dict
+            return {key: (t.get_dtype(), math.prod(t.get_shape())) for key, t in slices.items()}
     except OSError:
         raise
     except Exception as e:  # SafetensorError: a header too small, not JSON, offsets past the end
         raise _unreadable(file, e) from None
 
 
-def check_shards(files: list[Path], arch: str) -> None:
-    """Before any work: every shard's header is readable, every tensor is a weight of ``arch``, and every
-    weight is floating point (integer or quantized tensors would be cast to meaningless numbers)."""
+def check_shards(files: list[Path], arch: str, cfg) -> None:
+    """Before any work: every shard's header is readable, every tensor is a weight of ``arch``, every
+    weight is floating point (integer or quantized tensors would be cast to meaningless numbers), and
+    the shards hold at least as many values as the model config.json describes (so that a config with
+    a huge size is refused here, not by allocating it)."""
+    held = 0
     for file in files:
-        for key, dtype in shard_dtypes(file).items():
+        for key, (dtype, numel) in shard_header(file).items():
             _name, kind = _match(arch, key)
-            if kind != "skip" and dtype not in _FLOAT_DTYPES:
+            if kind == "skip":
+                continue
+            held += numel
+            if dtype not in _FLOAT_DTYPES:
                 raise UserError(
                     f"{key} in {file} holds {dtype} values, not floating-point weights; extrapos imports "
                     "float32, float16 or bfloat16 checkpoints (dequantize it first)."
                 )
+    # a lower bound of the model's weights, in Python integers (no model is built, nothing overflows):
+    # the embedding, an untied head, Q and the output projection, and the MLP's up and down matrices
+    d, vocab = cfg.d_model, cfg.vocab_size
+    needed = vocab * d * (1 if cfg.tie_embeddings else 2) + cfg.n_layers * (2 * d * d + 2 * d * cfg.hidden)
+    if needed > held:
+        raise UserError(
+            f"config.json describes a model of at least {needed:,} weights but the safetensors files "
+            f"hold {held:,}; config.json and the weights disagree."
+        )
 
 
 def iter_hf_tensors(files: list[Path]) -> Iterator[tuple[str, Callable[[], Tensor]]]:
@@ -764,7 +780,7 @@ def iter_hf_tensors(files: list[Path]) -> Iterator[tuple[str, Callable[[], Tenso
             raise _unreadable(file, e) from None
 
     for file in files:
-        for key in shard_dtypes(file):
+        for key in shard_header(file):
             yield key, (lambda file=file, key=key: load(file, key))
 
 
@@ -899,7 +915,7 @@ def import_pretrained(
     files = weight_files(src)
     if out.exists():
         raise UserError(f"{out} already exists; choose another output directory or remove it first.")
-    check_shards(files, imported.architecture)
+    check_shards(files, imported.architecture, mcfg)
     tok_src, tok_name = _find_tokenizer(src, tokenizer)
     tok = _read_tokenizer(tok_src)
     if tok.vocab_size > mcfg.vocab_size:
