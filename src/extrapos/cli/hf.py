@@ -83,16 +83,29 @@ def run_export(args) -> int:
                 "--format sentence-transformers needs the sentence-transformers package; "
                 "pip install 'extrapos[sentence-transformers]'."
             )
+        from pathlib import Path
+
+        from extrapos.integrations.hf import write_failure
         from extrapos.integrations.sentence_transformers import export_sentence_transformers
 
-        out = export_sentence_transformers(
-            args.run,
-            args.out,
-            pooling=args.pooling or "mean",
-            max_length=args.max_length,
-            normalize=args.normalize,
-            step=args.step,
-        )
+        try:
+            out = export_sentence_transformers(
+                args.run,
+                args.out,
+                pooling=args.pooling or "mean",
+                max_length=args.max_length,
+                normalize=args.normalize,
+                step=args.step,
+            )
+        except Exception as e:  # a full disk or a file-size limit: name --out, not the removed temporary dir
+            tmp = Path(args.out).parent / f".tmp-export-{Path(args.out).name}"
+            reason = write_failure(e, tmp)
+            if reason is None or (isinstance(e, OSError) and e.filename and str(tmp) not in str(e.filename)):
+                raise  # not a write into the output (a run file that cannot be read names itself)
+            raise UserError(
+                f"cannot write {args.out} ({reason}); free some space or raise the file-size limit, then "
+                "export again."
+            ) from None
         print(
             f"exported {args.run} -> {out} (load it with "
             f"SentenceTransformer({str(out)!r}, trust_remote_code=True))"

@@ -952,7 +952,7 @@ def import_pretrained(
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         # the temporary directory is gone: an error must name the user's paths, never it
-        reason = _write_failure(e, tmp)
+        reason = write_failure(e, tmp)
         if reason is not None:
             raise UserError(
                 f"importing {source} into {out} failed ({reason}); check the free space, the file-size "
@@ -964,9 +964,9 @@ def import_pretrained(
     return out
 
 
-def _write_failure(e: BaseException, tmp: Path) -> str | None:
+def write_failure(e: BaseException, tmp: Path) -> str | None:
     """Why writing into ``tmp`` failed (a full disk, a file-size limit, permissions), without naming
-    ``tmp``; None when ``e`` is not a write failure."""
+    ``tmp`` (any path starting with it); None when ``e`` is not a write failure."""
     if isinstance(e, OSError):
         where = f"{e.filename}: " if e.filename and str(tmp) not in str(e.filename) else ""
         return f"{where}{e.strerror or e}"
@@ -1385,7 +1385,7 @@ def export_pretrained(run_dir: str | Path, out: str | Path, *, step: int | None 
         os.replace(tmp, out)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        reason = _write_failure(e, tmp)
+        reason = write_failure(e, tmp)
         if reason is not None:  # one sentence naming out, never the temporary directory just removed
             raise UserError(
                 f"cannot write {out} ({reason}); free some space or raise the file-size limit, then "
