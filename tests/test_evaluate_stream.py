@@ -11,7 +11,7 @@ from extrapos.config import load_config
 from extrapos.data import open_split
 from extrapos.errors import UserError
 from extrapos.evaluate import EvalRequest, evaluate, format_result
-from extrapos.evaluate_stream import TokenStream, score_blocks, select_blocks
+from extrapos.evaluate.stream import TokenStream, score_blocks, select_blocks
 from extrapos.runs import load_run
 from extrapos.train import train
 from tests.conftest import tiny_overrides

@@ -674,7 +674,7 @@ def _check_heldout_fits(
     documents protocol) or a stream long enough for it (the stream protocol)."""
     from extrapos.data import check_heldout, open_split
     from extrapos.data.synthetic import task_of
-    from extrapos.evaluate_stream import TokenStream, select_blocks
+    from extrapos.evaluate.stream import TokenStream, select_blocks
     from extrapos.runtime import prepare_run_data
 
     if not trained or not sweep.loss:  # task columns generate their own examples

@@ -11,7 +11,7 @@ Two protocols (``ev = k`` means windows of k x L_t tokens; docs/evaluation.md ex
 2. Split every span into non-overlapping windows of each length; every window starts at position 0.
    So every length scores exactly the same target tokens, and only the context differs.
 
-**stream** (for corpora of documents shorter than the longest window, ``evaluate_stream``): the
+**stream** (for corpora of documents shorter than the longest window, ``evaluate.stream``): the
 held-out documents joined with end-of-text; fixed blocks of L_t targets, each scored at every length
 by the window of k x L_t tokens that ends with it, its context crossing document boundaries
 (``boundary = "cross"``) or masked to the target's own document (``"mask"``).
@@ -573,7 +573,7 @@ def evaluate(
 
     t0 = time.perf_counter()
     if req.protocol == "stream":
-        from extrapos.evaluate_stream import score_stream
+        from extrapos.evaluate.stream import score_stream
 
         scored = score_stream(run_dir, req, slot.ckpt, device, batch_tokens, progress)
     else:

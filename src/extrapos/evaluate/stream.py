@@ -1,6 +1,6 @@
 """The stream protocol of `extrapos eval`: train short, test long on corpora of short documents.
 
-The documents protocol (``evaluate.py``) needs held-out documents of max(k) x L_t + 1 tokens; a web
+The documents protocol (``evaluate/__init__.py``) needs held-out documents of max(k) x L_t + 1 tokens; a web
 corpus (documents of a few hundred tokens) has none. Here the held-out documents are joined in their
 order, each opened by an end-of-text token::
 
