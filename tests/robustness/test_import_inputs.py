@@ -280,6 +280,43 @@ def test_config_larger_than_its_weights_is_refused_before_allocating(model, scra
     _refused(model, scratch, capsys, "config.json describes a model of", "weights disagree")
 
 
+def _gpt2(path, n_positions=32):
+    """A one-layer GPT-2 directory (Conv1D weights stored (in, out)) beside the Llama ones."""
+    g = torch.Generator().manual_seed(0)
+
+    def w(*shape):
+        return torch.randn(*shape, generator=g) * 0.1
+
+    h = "transformer.h.0"
+    tensors = {
+        "transformer.wte.weight": w(VOCAB, D),
+        "transformer.wpe.weight": w(32, D),
+        f"{h}.attn.c_attn.weight": w(D, 3 * D),
+        f"{h}.attn.c_attn.bias": w(3 * D),
+        f"{h}.attn.c_proj.weight": w(D, D),
+        f"{h}.attn.c_proj.bias": w(D),
+        f"{h}.mlp.c_fc.weight": w(D, 4 * D),
+        f"{h}.mlp.c_fc.bias": w(4 * D),
+        f"{h}.mlp.c_proj.weight": w(4 * D, D),
+        f"{h}.mlp.c_proj.bias": w(D),
+        **{f"{h}.{n}.weight": torch.ones(D) for n in ("ln_1", "ln_2")},
+        **{f"{h}.{n}.bias": torch.zeros(D) for n in ("ln_1", "ln_2")},
+        "transformer.ln_f.weight": torch.ones(D),
+        "transformer.ln_f.bias": torch.zeros(D),
+    }
+    _save(tensors, path / "model.safetensors")
+    config = {"model_type": "gpt2", "n_embd": D, "n_layer": 1, "n_head": 2, "n_positions": n_positions}
+    (path / "config.json").write_text(json.dumps({**config, "vocab_size": VOCAB}))
+
+
+def test_gpt2_position_table_larger_than_its_weights(model, scratch, capsys):
+    """n_positions 10^10 would allocate a 640 GB table: refused from the headers."""
+    _gpt2(model)
+    assert _import(model, scratch / "ok", capsys=capsys).returncode == 0  # the directory itself is valid
+    _gpt2(model, n_positions=10**10)
+    _refused(model, scratch, capsys, "config.json describes a model of", "weights disagree")
+
+
 def test_untied_config_for_tied_weights_is_refused(model, scratch, capsys):
     (model / "config.json").write_text(json.dumps(_llama(tie_word_embeddings=False)))
     _refused(model, scratch, capsys, "weights disagree")
