@@ -23,6 +23,7 @@ from extrapos.model import Decoder, model_config
 from extrapos.positions import registry
 from extrapos.positions.base import LogitBias
 from tests.test_attention import SHAPES, _folded, _pairwise, _pairwise_per_head, _qkv
+from tests.test_kv_cache import FLAVOURS, make  # tiny models, encoding parameters moved off their init
 
 F64 = torch.float64
 
@@ -132,31 +133,7 @@ def test_bad_documents_are_refused():
 
 # ---- the model: packed + masked == each document alone -------------------------------------------
 
-FLAVOURS = {
-    "gpt2": dict(flavour="gpt2"),
-    "llama-gqa": dict(flavour="llama", n_kv_heads=2, tie_embeddings=False),
-}
 LENGTHS = [[5, 9, 4], [7, 11]]  # two packed rows of 18 tokens
-
-
-def make(name, flavour="gpt2", seed=0):
-    torch.manual_seed(seed)
-    cfg = model_config(
-        n_layers=2,
-        d_model=32,
-        n_heads=4,
-        vocab_size=61,
-        train_length=16,
-        positions={"name": name},
-        **FLAVOURS[flavour],
-    )
-    model = Decoder(cfg).eval()
-    with torch.no_grad():  # learnable encoding parameters away from their init (as test_kv_cache)
-        for p in model.pos.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-            if p.dim() == 0:
-                p.abs_()
-    return model
 
 
 def packed_rows(lengths, seed=1):
