@@ -47,14 +47,37 @@ def default_out(parent: Path, method: str, factor: int, alpha: float | None = No
 
 
 def _parent_split(parent: Path, cfg: RunConfig):
-    from extrapos.data import open_split
+    """The parent's train split: the data it trained on (data.json), else its data prepared again; either
+    must hold the parent's tokenizer."""
+    from extrapos.data import load_tokenizer, open_split
+    from extrapos.runtime import check_data_tokenizer
 
     f = parent / "data.json"
     if f.is_file():
         d = Path(json.loads(f.read_text())["dir"])
         if (d / "manifest.json").is_file():
+            check_data_tokenizer(d, load_tokenizer(parent).hash, parent, "set data.dir = DIR with --set")
             return open_split(d, "train")
-    return open_split(prepare_run_data(cfg, progress=False), "train")
+    return open_split(prepare_run_data(cfg, progress=False, run_dir=parent), "train")
+
+
+def parent_checkpoint(parent: Path) -> ckpt_io.Checkpoint:
+    """The parent's newest intact checkpoint, verified as eval and generate verify theirs: every tensor file
+    against the size and sha256 recorded at save (weights copied in from another run are damage too)."""
+    if not ckpt_io.list_checkpoints(parent):
+        raise UserError(f"{parent} has no checkpoint to extend; train it first.")
+    return ckpt_io.checkpoint_at(parent, None)
+
+
+def parent_tokenizer(parent: Path, data: DataConfig) -> DataConfig:
+    """A tokenizer file is the parent's own saved copy (an imported parent records it relative to itself,
+    older ones by an absolute path that may since name another tokenizer); bpe:N and named ones stay."""
+    from extrapos.runtime import is_file_spec, run_tokenizer_file
+
+    own = run_tokenizer_file(parent)
+    if own is None or not is_file_spec(data.tokenizer):
+        return data
+    return replace(data, tokenizer=str(own.resolve()))
 
 
 # ---- the derived config, one part at a time: each returns the new part and what it changed ----------
@@ -181,9 +204,7 @@ def extension_config(
     if not isinstance(factor, int) or factor < 1:
         raise UserError(f"--factor must be a positive integer (L_e = factor x L_t), got {factor!r}.")
     pcfg = load_run_config(parent)
-    ckpt = ckpt_io.latest_checkpoint(parent)
-    if ckpt is None:
-        raise UserError(f"{parent} has no checkpoint to extend; train it first.")
+    ckpt = parent_checkpoint(parent)
     if method in ("chunk", "prefix"):
         alpha = DEFAULT_ALPHA if alpha is None else float(alpha)
         segment_length(pcfg.seq_len, alpha)
@@ -193,7 +214,7 @@ def extension_config(
     overrides, tokens, literal_budget = _split_budget(list(overrides or []), tokens)
 
     positions, changes = extended_positions(pcfg, L_e, factor, rope_interpolation, parent)
-    data, data_changes = extended_data(pcfg.data, method, alpha, L_e)
+    data, data_changes = extended_data(parent_tokenizer(parent, pcfg.data), method, alpha, L_e)
     train, train_changes = extended_train(pcfg.train, method, L_t, L_e)
     changes += data_changes + train_changes
     cfg = replace(pcfg, model=replace(pcfg.model, positions=positions), data=data, train=train)
@@ -220,6 +241,7 @@ def extension_config(
         "parent": str(parent.resolve()),
         "checkpoint": str(ckpt.path.resolve()),
         "step": ckpt.step,
+        "weights_sha256": ckpt_io.weights_digest(ckpt),
         "method": method,
         "alpha": alpha if method in ("chunk", "prefix") else None,
         "factor": factor,

@@ -28,6 +28,7 @@ import io
 import json
 import math
 import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ class Row:
     name: str
     result: dict[str, Any] | None  # an eval/*.json document (None: a task-only row, sweep key loss = false)
     tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # task -> the row's task result
+    run_dir: Path | None = None  # the run the result belongs to, where the report knows it
 
     def metric(self, ev: int, metric: str) -> float | None:
         for r in self.result["results"]:
@@ -91,14 +93,16 @@ def cell_intervals(rows: list[Row], baseline: str | None = None) -> dict[tuple[s
     cells = {}
     for ev in _columns(rows):
         ref = stats.cell_samples(base.result, ev)
+        base_finite = is_finite(base.metric(ev, "loss"))
         for row in rows:
-            if row.metric(ev, "loss") is None:
-                continue
+            if not is_finite(row.metric(ev, "loss")):
+                continue  # missing, or NaN / infinite: flagged in the tables, no interval nor difference
             mine = stats.cell_samples(row.result, ev)
             interval = stats.loss_interval(mine.sums, mine.counts) if mine is not None else None
             diff = None
             if (
                 row is not base
+                and base_finite
                 and mine is not None
                 and ref is not None
                 and mine.doc_index == ref.doc_index
@@ -155,7 +159,19 @@ def markdown_table(
     rows: list[Row], metric: str = "loss", cells: dict[tuple[str, int], Cell] | None = None
 ) -> str:
     """One metric per cell, best of each column in bold; with ``cells``, loss and ppl carry their
-    intervals. Rows of different protocols get a table each, after ``mixed_protocols_note``."""
+    intervals. Rows of different kinds (objective, tokenizer: ``kind_groups``) get tables of their own
+    after ``mixed_kinds_note``, and within a kind rows of different protocols after
+    ``mixed_protocols_note``."""
+    kinds = kind_groups(rows)
+    if len(kinds) > 1:
+        return "\n\n".join(
+            [mixed_kinds_note(kinds)]
+            + [f"{label}:\n\n" + _protocol_tables(g, metric, cells) for label, g in kinds]
+        )
+    return _protocol_tables(rows, metric, cells)
+
+
+def _protocol_tables(rows: list[Row], metric: str, cells: dict[tuple[str, int], Cell] | None) -> str:
     groups = protocol_groups(rows)
     if len(groups) > 1:
         return "\n\n".join(
@@ -165,12 +181,127 @@ def markdown_table(
     return _table(rows, metric, cells)
 
 
+# ---- what a number is: objective, tokenizer, finiteness, checkpoint -----------------------------------
+
+
+def is_finite(v: float | None) -> bool:
+    return v is not None and math.isfinite(v)
+
+
+def objective_of(result: dict[str, Any]) -> str:
+    """``mlm`` for an encoder's masked-token loss (``evaluate_mlm``), ``lm`` for a next-token loss."""
+    return "mlm" if result.get("objective") == "mlm" else "lm"
+
+
+def tokenizer_of(result: dict[str, Any]) -> str | None:
+    """The hash of the tokenizer a result's tokens were cut with: recorded in the result, else in the
+    manifest of the data it scored (eval refuses data of another tokenizer than the run's); None when
+    neither is at hand."""
+    recorded = result.get("tokenizer_hash")
+    if isinstance(recorded, str):
+        return recorded
+    data_dir = result.get("data_dir")
+    if not isinstance(data_dir, str) or not data_dir:
+        return None
+    try:
+        found = json.loads((Path(data_dir) / "manifest.json").read_text())["tokenizer"]["hash"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return found if isinstance(found, str) else None
+
+
+def kind_groups(rows: list[Row]) -> list[tuple[str, list[Row]]]:
+    """Loss rows grouped by what their losses are, in order of appearance, each with its label: a masked-token
+    loss (MLM) and a next-token loss are different quantities, and losses under different tokenizers are per
+    different tokens, so no table holds two kinds. A row whose tokenizer is unknown (its data is gone and
+    the result predates the recorded hash) joins the others unless they disagree among themselves."""
+    found = {id(row): tokenizer_of(row.result) for row in rows}
+    split_tokenizers = len(set(found.values()) - {None}) > 1
+    groups: dict[tuple[str, str | None], list[Row]] = {}
+    for row in rows:
+        groups.setdefault(
+            (objective_of(row.result), found[id(row)] if split_tokenizers else None), []
+        ).append(row)
+    split_objectives = len({objective for objective, _ in groups}) > 1
+
+    def label(objective: str, tokenizer: str | None) -> str:
+        parts = []
+        if split_objectives:
+            parts.append("Masked-token (MLM) loss" if objective == "mlm" else "Next-token loss")
+        if split_tokenizers:
+            parts.append(f"tokenizer {tokenizer}" if tokenizer else "tokenizer unknown")
+        text = ", ".join(parts)
+        return text[:1].upper() + text[1:]
+
+    return [(label(*key), group) for key, group in groups.items()]
+
+
+def mixed_kinds_note(kinds: list[tuple[str, list[Row]]]) -> str:
+    """The one sentence a report of several kinds of loss opens with."""
+    return (
+        f"These results are {len(kinds)} kinds of loss that cannot be compared "
+        f"({'; '.join(k for k, _ in kinds)}: "
+        "a masked-token loss is not a next-token loss, and losses under different tokenizers are per "
+        "different tokens), so each kind has its own tables and no row is compared across them."
+    )
+
+
+def nonfinite_note(rows: list[Row]) -> str | None:
+    """One sentence naming the rows with a NaN or infinite loss, or None."""
+    names = [row.name for row in rows if any(not is_finite(r.get("loss")) for r in row.result["results"])]
+    if not names:
+        return None
+    return (
+        f"Not finite: {', '.join(names)} scored a NaN or infinite loss at some length (a diverged model or a "
+        "position option outside its range), flagged in the tables and never marked best."
+    )
+
+
+def run_of(row: Row) -> Path | None:
+    """The run directory a loss row's result belongs to: the one it was collected from, else the ``run`` the
+    result names if that is still a run directory."""
+    if row.run_dir is not None:
+        return row.run_dir
+    named = row.result.get("run") if row.result else None
+    if isinstance(named, str) and named and (Path(named) / "config.toml").is_file():
+        return Path(named)
+    return None
+
+
+def checkpoint_notes(rows: list[Row]) -> tuple[str | None, list[str]]:
+    """The checkpoint step each loss row scored (one sentence), and a warning for each row whose run has
+    since reached a newer checkpoint (its row shows older weights than the run now holds)."""
+    from extrapos import checkpoint as ckpt_io
+
+    steps = {row.name: row.result.get("checkpoint_step") for row in rows}
+    steps = {name: step for name, step in steps.items() if isinstance(step, int)}
+    if not steps:
+        return None, []
+    if len(set(steps.values())) == 1 and len(steps) == len(rows):
+        line = f"Checkpoint scored: step {next(iter(steps.values()))} for every row."
+    else:
+        line = "Checkpoints scored: " + ", ".join(f"{name} step {step}" for name, step in steps.items()) + "."
+    warnings = []
+    for row in rows:
+        run_dir, step = run_of(row), steps.get(row.name)
+        if run_dir is None or step is None:
+            continue
+        newest = max((c.step for c in ckpt_io.list_checkpoints(run_dir)), default=step)
+        if newest > step:
+            warnings.append(
+                f"{row.name} scored step {step} but its run {run_dir} has a newer checkpoint (step "
+                f"{newest}); evaluate it again (extrapos eval {run_dir} with the same options) to report "
+                "the newer weights."
+            )
+    return line, warnings
+
+
 def _table(rows: list[Row], metric: str, cells: dict[tuple[str, int], Cell] | None) -> str:
     cols = _columns(rows)
     best = {}
     pick = max if metric in HIGHER_IS_BETTER else min
     for ev in cols:
-        values = [v for row in rows if (v := row.metric(ev, metric)) is not None]
+        values = [v for row in rows if is_finite(v := row.metric(ev, metric))]
         best[ev] = pick(values) if values else None
     lines = ["| model | " + " | ".join(f"ev={ev}" for ev in cols) + " |", "|---|" + "---:|" * len(cols)]
     for row in rows:
@@ -179,6 +310,9 @@ def _table(rows: list[Row], metric: str, cells: dict[tuple[str, int], Cell] | No
             v = row.metric(ev, metric)
             if v is None:
                 texts.append("–")
+                continue
+            if not math.isfinite(v):
+                texts.append(f"{'NaN' if math.isnan(v) else v} (not finite)")
                 continue
             text = _number(v, metric)
             text = f"**{text}**" if v == best[ev] else text
@@ -237,6 +371,8 @@ def length_change_table(rows: list[Row]) -> str | None:
             if (
                 ref is None
                 or mine is None
+                or not is_finite(row.metric(ev, "loss"))
+                or not is_finite(row.metric(first, "loss"))
                 or not _same_cell_targets(row, ev, row, first)
                 or mine.doc_index != ref.doc_index
                 or mine.sums.shape != ref.sums.shape
@@ -295,6 +431,7 @@ def rows_to_csv(rows: list[Row], cells: dict[tuple[str, int], Cell] | None = Non
             "diff_high",
             "accuracy",
             "protocol",
+            "step",
         ]
     )
 
@@ -327,6 +464,7 @@ def rows_to_csv(rows: list[Row], cells: dict[tuple[str, int], Cell] | None = Non
                     fmt(d.high if d else None),
                     fmt(r.get("accuracy")),
                     stats.protocol_id(row.result),
+                    row.result.get("checkpoint_step", ""),
                 ]
             )
     return buf.getvalue()
@@ -463,20 +601,25 @@ def write_report(
     if facts:
         parts += [f"- {f}" for f in facts] + [""]
     cells: dict[tuple[str, int], Cell] = {}
-    groups = protocol_groups(rows)
-    if len(groups) == 1:
-        loss_parts, cells = _loss_sections(rows, out_dir, title, baseline, sequence_ppl, out_dir / "plots")
-        parts += loss_parts
-    elif groups:
-        # one set of tables per protocol; the baseline row is the named one where it is, else the first
-        baseline_row(rows, baseline)
-        parts += [mixed_protocols_note(groups), ""]
-        for group in groups:
+    if rows:
+        baseline_row(rows, baseline)  # a named baseline must be a row of the report
+        steps, warnings = checkpoint_notes(rows)
+        for warning in warnings:
+            print(f"extrapos: warning: {warning}", file=sys.stderr, flush=True)
+        parts += [line for line in [steps, *(f"Warning: {w}" for w in warnings)] if line] + [""]
+    kinds = kind_groups(rows)
+    if len(kinds) == 1:
+        parts += _protocol_sections(
+            rows, out_dir, title, baseline, sequence_ppl, out_dir / "plots", "##", cells
+        )
+    elif kinds:
+        # one set of tables per kind of loss; the baseline row is the named one where it is, else the first
+        parts += [mixed_kinds_note(kinds), ""]
+        for label, group in kinds:
             base = baseline if baseline in {row.name for row in group} else None
-            plots = out_dir / "plots" / stats.protocol_id(group[0].result)
-            loss_parts, group_cells = _loss_sections(group, out_dir, title, base, sequence_ppl, plots)
-            parts += [f"## Protocol: {stats.protocol_name(group[0].result)}", ""] + loss_parts + [""]
-            cells.update(group_cells)
+            plots = out_dir / "plots" / _slug(label)
+            parts += [f"## {label}", ""]
+            parts += _protocol_sections(group, out_dir, title, base, sequence_ppl, plots, "###", cells) + [""]
     if task_rows:
         parts += ([""] if rows else []) + tables.task_sections(
             task_rows, tables.plot_tasks(task_rows, out_dir / "plots"), baseline
@@ -491,6 +634,37 @@ def write_report(
             json.dumps([{**r.result, "eval_name": r.result["name"], "name": r.name} for r in rows], indent=1),
         )
     return report
+
+
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")
+
+
+def _protocol_sections(
+    rows: list[Row],
+    out_dir: Path,
+    title: str,
+    baseline: str | None,
+    sequence_ppl: bool,
+    plot_dir: Path,
+    heading: str,
+    cells: dict[tuple[str, int], Cell],
+) -> list[str]:
+    """The loss part of the report for rows of one kind: one set of tables, or one per protocol (headed by
+    ``heading``) after ``mixed_protocols_note``; fills ``cells``."""
+    groups = protocol_groups(rows)
+    if len(groups) == 1:
+        loss_parts, group_cells = _loss_sections(rows, out_dir, title, baseline, sequence_ppl, plot_dir)
+        cells.update(group_cells)
+        return loss_parts
+    parts = [mixed_protocols_note(groups), ""]
+    for group in groups:
+        base = baseline if baseline in {row.name for row in group} else None
+        plots = plot_dir / stats.protocol_id(group[0].result)
+        loss_parts, group_cells = _loss_sections(group, out_dir, title, base, sequence_ppl, plots)
+        parts += [f"{heading} Protocol: {stats.protocol_name(group[0].result)}", ""] + loss_parts + [""]
+        cells.update(group_cells)
+    return parts
 
 
 def _loss_sections(
@@ -514,6 +688,9 @@ def _loss_sections(
         "",
     ]
     parts += _uncertainty_note(cells) + [""]
+    flagged = nonfinite_note(rows)
+    if flagged is not None:
+        parts += [flagged, ""]
     parts += [
         markdown_table(rows, "loss", cells),
         "",
@@ -619,12 +796,16 @@ def collect_rows(paths: list[str | Path]) -> tuple[list[Row], Path | None]:
                     rows.append(Row(entry["name"], None, tasks))
         elif (p / "eval").is_dir():
             for f in sorted((p / "eval").glob("*.json")):
-                rows.append(_file_row(f"{p.name}/{f.stem}", json.loads(f.read_text())))
+                rows.append(_file_row(f"{p.name}/{f.stem}", json.loads(f.read_text()), p))
         elif p.suffix == ".json" and p.is_file():
             # a run's own result is named as its run directory names it: RUN/eval/X.json -> RUN/X
             in_run = p.parent.name == "eval" and (p.parent.parent / "config.toml").is_file()
             rows.append(
-                _file_row(f"{p.parent.parent.name}/{p.stem}" if in_run else p.stem, json.loads(p.read_text()))
+                _file_row(
+                    f"{p.parent.parent.name}/{p.stem}" if in_run else p.stem,
+                    json.loads(p.read_text()),
+                    p.parent.parent if in_run else None,
+                )
             )
         else:
             raise UserError(
@@ -640,10 +821,10 @@ def collect_rows(paths: list[str | Path]) -> tuple[list[Row], Path | None]:
     return rows, compare_dir
 
 
-def _file_row(name: str, doc: dict[str, Any]) -> Row:
+def _file_row(name: str, doc: dict[str, Any], run_dir: Path | None = None) -> Row:
     """A saved result as a row: a task result (passkey, synthetic:..., lm-eval: it names its ``task``) becomes
     a task row, anything else a loss row; a run's eval/ holds both kinds."""
     task = doc.get("task") if isinstance(doc, dict) else None
     if isinstance(task, str):
-        return Row(name, None, {"synthetic" if task.startswith("synthetic:") else task: doc})
-    return Row(name, doc)
+        return Row(name, None, {"synthetic" if task.startswith("synthetic:") else task: doc}, run_dir)
+    return Row(name, doc, run_dir=run_dir)

@@ -122,32 +122,93 @@ def autocast(device: torch.device, precision: str):
 # ---- data ----------------------------------------------------------------------------------------
 
 
-def prepare_run_data(cfg: RunConfig, progress: bool = True) -> Path:
-    """The prepared data directory of a config: ``data.dir`` or the cache entry of corpus+tokenizer."""
+def prepare_run_data(cfg: RunConfig, progress: bool = True, run_dir: str | Path | None = None) -> Path:
+    """The prepared data directory of a config: ``data.dir`` or the cache entry of corpus+tokenizer.
+
+    With ``run_dir`` (the config is that run's), a tokenizer file is the run's own saved copy: an imported
+    run records its tokenizer relative to the run (older imports an absolute path, which may since name
+    another model's tokenizer), and the data found or prepared must hold that tokenizer's hash."""
     from extrapos.data import prepare_data
 
-    if cfg.data.dir:
-        path = Path(cfg.data.dir)
+    d = cfg.data
+    own = run_tokenizer_file(run_dir) if run_dir is not None else None
+    spec = d.tokenizer
+    if run_dir is not None and is_file_spec(spec):
+        spec = str(own.resolve()) if own is not None else str(Path(run_dir) / spec)
+    if d.dir:
+        path = Path(d.dir)
         if not (path / "manifest.json").is_file():
             raise UserError(
                 f"data.dir {path} is not a prepared data directory; run `extrapos data prepare` first."
             )
-        return path
-    d = cfg.data
-    # unset split keys keep the call (and so the cache key) of runs saved before they existed
-    split = {k: v for k, v in (("split_rule", d.split_rule), ("split_gap", d.split_gap)) if v is not None}
-    return prepare_data(
-        d.corpus,
-        d.tokenizer,
-        None,
-        min_doc_tokens=d.min_doc_tokens,
-        max_tokens=d.max_tokens,
-        max_docs=d.max_docs,
-        split_fractions=tuple(d.split_fractions),
-        text_field=d.text_field,
-        progress=progress,
-        **split,
-    )
+    else:
+        # unset split keys keep the call (and so the cache key) of runs saved before they existed
+        split = {k: v for k, v in (("split_rule", d.split_rule), ("split_gap", d.split_gap)) if v is not None}
+        path = prepare_data(
+            d.corpus,
+            spec,
+            None,
+            min_doc_tokens=d.min_doc_tokens,
+            max_tokens=d.max_tokens,
+            max_docs=d.max_docs,
+            split_fractions=tuple(d.split_fractions),
+            text_field=d.text_field,
+            progress=progress,
+            **split,
+        )
+    if own is not None:
+        from extrapos.data import load_tokenizer
+
+        check_data_tokenizer(path, load_tokenizer(own).hash, run_dir, "set data.dir = DIR")
+    return path
+
+
+def is_file_spec(spec: str) -> bool:
+    """Whether a ``data.tokenizer`` spec names a tokenizer file (not ``bpe:N``, a named tokenizer such as
+    ``gpt2``, or ``synthetic``)."""
+    from extrapos.data.named_tokenizers import NAMED_TOKENIZERS
+    from extrapos.data.tokenizer import is_trained_spec
+
+    s = str(spec).strip()
+    return not (is_trained_spec(s) or s in NAMED_TOKENIZERS or s == "synthetic")
+
+
+def run_tokenizer_file(run_dir: str | Path) -> Path | None:
+    """The tokenizer file a run directory holds (train and import save it there), or None."""
+    from extrapos.data.tokenizer import TOKENIZER_FILES
+
+    return next((Path(run_dir) / n for n in TOKENIZER_FILES if (Path(run_dir) / n).is_file()), None)
+
+
+def check_data_tokenizer(data_dir: str | Path, tokenizer_hash: str, run_dir: str | Path, use: str) -> None:
+    """Refuse prepared data tokenized with another tokenizer than the run's (its ids would be scored, or
+    trained on, as the wrong tokens): the manifest records the hash of the tokenizer that wrote it. ``use``
+    says where the user passes the right directory ("pass DIR as --data")."""
+    from extrapos.data.shards import read_manifest
+
+    found = read_manifest(data_dir)["tokenizer"].get("hash")
+    if found != tokenizer_hash and not _encoder_tokenizer_of(data_dir, tokenizer_hash):
+        own = run_tokenizer_file(run_dir) or Path(run_dir) / "tokenizer.json"
+        raise UserError(
+            f"{data_dir} was prepared with another tokenizer (hash {found}) than the run {run_dir} "
+            f"(hash {tokenizer_hash}), so its token ids would be read as other tokens; prepare the "
+            f"corpus with the run's tokenizer (extrapos data prepare --corpus CORPUS --tokenizer {own} "
+            f"--out DIR), then {use}."
+        )
+
+
+def _encoder_tokenizer_of(data_dir: str | Path, tokenizer_hash: str) -> bool:
+    """Whether the run's tokenizer is the data's with an encoder's special tokens appended ([CLS], [SEP],
+    [MASK], [PAD] after the last id, as masked-LM training adds them): the data's ids mean the same."""
+    from extrapos.data import load_tokenizer
+    from extrapos.data.mlm import encoder_special_tokens
+
+    try:
+        tokenizer = load_tokenizer(data_dir)
+        encoder_special_tokens(tokenizer)
+    except (UserError, OSError, ValueError):
+        return False
+    return tokenizer.hash == tokenizer_hash
 
 
 #: below this share of the train split's tokens reached by an epoch of windows, a run says so

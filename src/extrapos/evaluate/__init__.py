@@ -255,10 +255,12 @@ def _slug(text: str) -> str:
 
 def _eval_split(run, req: EvalRequest, progress: bool):
     """The token split to score: the run's held-out split, or another corpus tokenized with the run's
-    tokenizer."""
+    tokenizer; data tokenized with another tokenizer is refused (its ids would be scored as other tokens)."""
     from extrapos.data import open_split, prepare_data
+    from extrapos.runtime import check_data_tokenizer, prepare_run_data
 
     if req.data_dir:
+        check_data_tokenizer(req.data_dir, run.tokenizer.hash, run.path, "pass DIR as --data")
         return open_split(req.data_dir, req.split), req.data_dir
     if req.corpus:
         # every document of a foreign corpus is held out for this model: put them all in `test`
@@ -266,21 +268,20 @@ def _eval_split(run, req: EvalRequest, progress: bool):
         data_dir = prepare_data(
             req.corpus, tok_spec, None, split_fractions=(0.0, 0.0, 1.0), progress=progress
         )
+        check_data_tokenizer(data_dir, run.tokenizer.hash, run.path, "pass DIR as --data")
         return open_split(data_dir, "test"), str(data_dir)
     data_dir = run.data_dir
     if data_dir is None:
-        cfg = run.cfg
-        from extrapos.runtime import prepare_run_data
-
-        data_dir = prepare_run_data(cfg, progress=progress)
+        data_dir = prepare_run_data(run.cfg, progress=progress, run_dir=run.path)
+    else:  # data.json names the data the run trained on; it may since have been prepared again
+        check_data_tokenizer(data_dir, run.tokenizer.hash, run.path, "pass DIR as --data")
     return open_split(data_dir, req.split), str(data_dir)
 
 
 def _tokenizer_file(run_dir: Path) -> Path:
-    for name in ("tokenizer.json", "tokenizer.model", "tokenizer.tiktoken"):
-        if (run_dir / name).is_file():
-            return run_dir / name
-    return run_dir
+    from extrapos.runtime import run_tokenizer_file
+
+    return run_tokenizer_file(run_dir) or run_dir
 
 
 def collect_spans(
@@ -591,6 +592,7 @@ def evaluate(
         "applied": _jsonable(req.position_options),
         "train_length": scored.L,
         "checkpoint_step": run.step,
+        "tokenizer_hash": run.tokenizer.hash,  # reports never put two tokenizers' losses in one table
         "data_dir": scored.data_dir,
         "split": req.split if not req.corpus else "test",
         "protocol": req.protocol,

@@ -925,7 +925,10 @@ def import_pretrained(
             f"the tokenizer has {tok.vocab_size} tokens but the model only {mcfg.vocab_size}; "
             "pass the model's own tokenizer."
         )
-    data_fields = {"tokenizer": str(out.resolve() / tok_name), **(data or {})}
+    # the tokenizer is recorded relative to the run (an absolute path would name another model's tokenizer
+    # once the run is moved and another import takes its place); readers use the run's own file and
+    # check its hash against the data's (runtime.prepare_run_data)
+    data_fields = {"tokenizer": tok_name, **(data or {})}
     cfg = RunConfig(mcfg, build_section(DataConfig, data_fields, "data"), TrainConfig())
     validate(cfg)
     tmp = fresh_output_dir(out, "import")
