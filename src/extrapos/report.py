@@ -27,6 +27,7 @@ import csv
 import io
 import json
 import math
+import re
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -237,12 +238,17 @@ def kind_groups(rows: list[Row]) -> list[tuple[str, list[Row]]]:
 
 
 def mixed_kinds_note(kinds: list[tuple[str, list[Row]]]) -> str:
-    """The one sentence a report of several kinds of loss opens with."""
+    """The one sentence a report of several kinds of loss opens with, giving the reasons that apply."""
+    objectives = {objective_of(row.result) for _, group in kinds for row in group}
+    reasons = (["a masked-token loss is not a next-token loss"] if len(objectives) > 1 else []) + (
+        ["losses under different tokenizers are per different tokens"]
+        if any("okenizer" in label for label, _ in kinds)
+        else []
+    )
     return (
         f"These results are {len(kinds)} kinds of loss that cannot be compared "
-        f"({'; '.join(k for k, _ in kinds)}: "
-        "a masked-token loss is not a next-token loss, and losses under different tokenizers are per "
-        "different tokens), so each kind has its own tables and no row is compared across them."
+        f"({'; '.join(k for k, _ in kinds)}: {' and '.join(reasons)}), so each kind has its own tables and "
+        "no row is compared across them."
     )
 
 
@@ -637,7 +643,7 @@ def write_report(
 
 
 def _slug(label: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
 
 
 def _protocol_sections(

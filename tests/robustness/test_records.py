@@ -254,6 +254,8 @@ def test_report_never_puts_mlm_and_next_token_rows_in_one_table(scored, scratch,
     assert result.returncode == 0, result.stderr
     text = (out / "report.md").read_text()
     assert "2 kinds of loss that cannot be compared" in text
+    assert "a masked-token loss is not a next-token loss)" in text and "tokenizers" not in text
+    assert (out / "plots" / "masked-token-mlm-loss" / "loss_vs_length.png").is_file()
     sections = _sections(text)
     assert set(sections) == {"Next-token loss", "Masked-token (MLM) loss"}
     assert "| nexttoken |" in sections["Next-token loss"] and "| masked |" not in sections["Next-token loss"]
@@ -271,7 +273,9 @@ def test_report_never_compares_two_tokenizers(scored, scratch, cache):
     out = scratch / "report"
     result = run(["report", *map(str, files), "--out", str(out)], cache=cache)
     assert result.returncode == 0, result.stderr
-    sections = _sections((out / "report.md").read_text())
+    text = (out / "report.md").read_text()
+    assert "losses under different tokenizers are per different tokens)" in text
+    sections = _sections(text)
     assert set(sections) == {f"Tokenizer {scored['tokenizer_hash']}", "Tokenizer 0123456789abcdef"}
     for heading, section in sections.items():
         mine, other = ("ours", "theirs") if scored["tokenizer_hash"] in heading else ("theirs", "ours")
