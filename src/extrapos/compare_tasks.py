@@ -110,7 +110,54 @@ def parse_task_specs(path: Path, tasks: list[str], options: dict[str, dict[str, 
         raise UserError(f"{path}: passkey.mode must be rank, generate or both, got {specs.passkey.mode!r}.")
     if specs.lm_eval is not None and not specs.lm_eval.tasks:
         raise UserError(f'{path}: lm-eval columns need lm_eval = {{ tasks = ["arc_easy", ...] }}.')
+    _check_values(path, specs)
     return specs
+
+
+def _check_values(path: Path, specs: TaskSpecs) -> None:
+    """Every task option checked by the task's own validators before the sweep trains its first row (a
+    value refused only after training would cost every row's training first), named by its sweep key."""
+    from extrapos.tasks.common import MAX_KEY_DIGITS, check_lm_eval_request, check_seed
+
+    def fail(table: str, rule: str) -> None:
+        raise UserError(f"{path}: {table}.{rule.rstrip('.').removeprefix('--')}.")
+
+    if specs.passkey is not None:
+        from extrapos.tasks.passkey import check_candidates
+
+        p = specs.passkey
+        if p.trials < 1:
+            fail("passkey", f"trials must be at least 1, got {p.trials}")
+        if not p.depths or any(not 0 <= d <= 1 for d in p.depths):
+            fail("passkey", f"depths must be a non-empty list of fractions in [0, 1], got {p.depths}")
+        if not 1 <= p.key_digits <= MAX_KEY_DIGITS:
+            fail("passkey", f"key_digits must be between 1 and {MAX_KEY_DIGITS}, got {p.key_digits}")
+        try:
+            check_candidates(p.mode, p.candidates, p.key_digits)
+            check_seed(p.seed, "seed")
+        except UserError as e:
+            fail("passkey", str(e))
+    if specs.synthetic is not None:
+        from extrapos.data.synthetic import SyntheticTask
+
+        s = specs.synthetic
+        if s.examples < 1:
+            fail("synthetic", f"examples must be at least 1, got {s.examples}")
+        try:
+            check_seed(s.seed, "seed")
+        except UserError as e:
+            fail("synthetic", str(e))
+        if s.task is not None:
+            try:
+                SyntheticTask.parse(s.task)
+            except UserError as e:
+                raise UserError(f"{path}: synthetic.task: {e}") from None
+    if specs.lm_eval is not None:
+        e = specs.lm_eval
+        try:
+            check_lm_eval_request(e.limit, e.batch_size, e.num_fewshot, e.metadata, e.max_length, cli=False)
+        except UserError as err:
+            fail("lm_eval", str(err))
 
 
 def score(

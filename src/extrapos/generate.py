@@ -91,6 +91,27 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, t
         raise UserError(f"--top-p must be in (0, 1], got {top_p}.")
 
 
+def check_prompt_memory(model_cfg, tokens: int, use_cache: bool, device: str) -> None:
+    """Refuse a prompt whose KV cache (or, without one, whose full forward) cannot fit in memory, in one
+    sentence naming the limit (``tasks.common.forward_bytes``: tokens x layers x heads x head_dim x 2 x 4
+    bytes for the cache, one prefill chunk's activations)."""
+    from extrapos.tasks.common import check_memory, forward_bytes
+
+    need = (
+        forward_bytes(model_cfg, tokens, cache=True)
+        - forward_bytes(model_cfg, tokens)
+        + forward_bytes(model_cfg, min(tokens, 1024))
+        if use_cache
+        else forward_bytes(model_cfg, tokens)
+    )
+    check_memory(
+        need,
+        device,
+        f"a prompt and continuation of {tokens} tokens",
+        "give a shorter prompt or fewer --max-new-tokens",
+    )
+
+
 def generate_text(
     run_dir: str | Path,
     prompt: str,
@@ -112,6 +133,7 @@ def generate_text(
     if position_options:
         run.model.pos.set_options(**position_options)
     ids = run.tokenizer.encode(prompt)
+    check_prompt_memory(run.cfg.model, len(ids) + max_new_tokens, use_cache, device)
     out: list[int] = []
     shown = ""
     for tok in generate_tokens(

@@ -61,6 +61,8 @@ def read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(Path(path).read_text())
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path} is not valid TOML ({e}); fix the file.") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text, so not a TOML file; fix or replace the file.") from None
 
 
 def parse_toml_value(text: str) -> Any:

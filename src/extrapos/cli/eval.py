@@ -130,6 +130,17 @@ def position_options(args, lengths: list[int]) -> dict[str, Any]:
     return options
 
 
+def check_position_options(run_dir: str, options: dict[str, Any]) -> None:
+    """The --position-option (and --scale, --rope-scaling) values checked against the run's encoding before
+    any work (``tasks.common.check_encoding_options``); nothing to check without a run (the command then
+    says what is missing)."""
+    from extrapos.config import load_run_config
+    from extrapos.tasks.common import check_encoding_options
+
+    if options and (Path(run_dir) / "config.toml").is_file():
+        check_encoding_options(load_run_config(Path(run_dir)), options)
+
+
 def is_encoder_run(run_dir: str) -> bool:
     """Whether ``run_dir`` holds a run trained with objective mlm (False when it holds no run: the
     evaluation then says what is missing)."""
@@ -146,13 +157,15 @@ def run(args) -> int:
     from extrapos.runtime import init_distributed, resolve_device
 
     lengths = parse_lengths(args.lengths)
+    options = position_options(args, lengths)
+    check_position_options(args.run, options)
     req = EvalRequest(
         lengths=lengths,
         corpus=args.corpus,
         data_dir=args.data,
         split=args.split,
         max_tokens=args.max_tokens,
-        position_options=position_options(args, lengths),
+        position_options=options,
         stride=args.stride,
         precision=args.precision,
         step=args.step,

@@ -22,6 +22,38 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+#: the largest prompt file read (a prompt is tokenized, then prefilled into the KV cache)
+MAX_PROMPT_BYTES = 16 << 20
+
+
+def read_prompt_file(path: Path) -> str:
+    """The prompt file as text: a regular file of at most ``MAX_PROMPT_BYTES`` of UTF-8 (a binary file is
+    refused, never decoded with replacement characters into a prompt nobody meant)."""
+    from extrapos.errors import UserError
+
+    if not path.is_file():
+        raise UserError(f"prompt file {path} does not exist.")
+    size = path.stat().st_size
+    if size > MAX_PROMPT_BYTES:
+        raise UserError(
+            f"prompt file {path} holds {size} bytes and a prompt may hold at most {MAX_PROMPT_BYTES}; "
+            "give a shorter prompt."
+        )
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UserError(f"cannot read prompt file {path} ({e.strerror}); check the file.") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"prompt file {path} is not UTF-8 text (byte {e.start} is invalid); give a text file."
+        ) from None
+    if "\x00" in text:
+        raise UserError(f"prompt file {path} holds NUL bytes, so it is not text; give a text file.")
+    return text
+
+
 def run(args) -> int:
     from extrapos.errors import UserError
     from extrapos.generate import generate_text
@@ -30,12 +62,13 @@ def run(args) -> int:
     if (args.prompt is None) == (args.prompt_file is None):
         raise UserError("give exactly one of --prompt TEXT and --prompt-file FILE.")
     if args.prompt_file is not None:
-        path = Path(args.prompt_file)
-        if not path.is_file():
-            raise UserError(f"prompt file {path} does not exist.")
-        prompt = path.read_text(encoding="utf-8", errors="replace")
+        prompt = read_prompt_file(Path(args.prompt_file))
     else:
         prompt = args.prompt
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8 arrive as lone surrogates
+            raise UserError("--prompt is not valid UTF-8 text; give the prompt as text.") from None
     options = {"scale": args.scale} if args.scale is not None else None
     device = resolve_device(args.device, "--device")
 

@@ -25,9 +25,37 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def check_result_files(paths: list[str]) -> None:
+    """Every JSON file named on the command line read before any work: an object holding the ``results``
+    an extrapos evaluation writes (eval, passkey, synthetic-eval, lm-eval), else one sentence naming it."""
+    from extrapos.errors import UserError
+
+    for text in paths:
+        path = Path(text)
+        if not path.is_file():
+            continue  # directories and missing paths: collect_rows names what it expected
+        try:
+            data = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            raise UserError(
+                f"{path} is not a readable JSON file; pass eval JSON files, run directories or a compare "
+                "directory."
+            ) from None
+        results = data.get("results") if isinstance(data, dict) else None
+        rows_ok = isinstance(results, dict) or (
+            isinstance(results, list) and all(isinstance(r, dict) for r in results)
+        )
+        if not rows_ok:
+            raise UserError(
+                f"{path} is not a result of an extrapos evaluation (it has no results table); pass the "
+                "JSON files eval, passkey, synthetic-eval or lm-eval wrote under RUN/eval/."
+            )
+
+
 def run(args) -> int:
     from extrapos.report import collect_rows, loss_rows, markdown_table, write_report
 
+    check_result_files(args.paths)
     rows, compare_dir = collect_rows(args.paths)
     out = Path(args.out) if args.out else (compare_dir or Path("report"))
     facts, settings = None, {}

@@ -121,17 +121,21 @@ def _name(args) -> str | None:
 
 
 def _options(args, lengths: list[int]):
-    from extrapos.cli.eval import position_options
+    from extrapos.cli.eval import check_position_options, position_options
 
-    return position_options(args, lengths) or None
+    options = position_options(args, lengths)
+    check_position_options(args.run, options)
+    return options or None
 
 
 def run_passkey(args) -> int:
     from extrapos.cli.eval import parse_lengths
     from extrapos.runtime import init_distributed, resolve_device
-    from extrapos.tasks.passkey import format_grid, passkey, plot_heatmap
+    from extrapos.tasks.passkey import check_plot_path, format_grid, passkey, plot_heatmap
 
     lengths = parse_lengths(args.lengths)
+    if args.plot:
+        check_plot_path(args.run, args.plot)  # before any work: the result is never followed by an error
     # under torchrun the prompts are scored by all ranks together (each ends with the whole result)
     rank, _, device = init_distributed(resolve_device(args.device, "--device"))
     result = passkey(

@@ -52,7 +52,9 @@ except ImportError as e:  # pragma: no cover - the eval extra is missing
 from extrapos.evaluate import check_result_name
 from extrapos.tasks.common import (
     check_existing,
+    check_lm_eval_request,
     greedy_batch,
+    refuse_encoder,
     result_path,
     scored_checkpoint,
     slug,
@@ -302,11 +304,13 @@ def run_lm_eval(
 
     if not tasks:
         raise UserError("give at least one lm-eval task, e.g. tasks=['arc_easy'] (--tasks arc_easy).")
+    check_lm_eval_request(limit, batch_size, num_fewshot, metadata, max_length)
     if limit is not None and limit >= 1:  # a count of examples; below 1 it is lm-eval's fraction of each task
         limit = int(limit)
     run_dir = Path(run_dir)
     if name is not None:
         check_result_name(name)  # before anything is loaded: a name, never a path
+    refuse_encoder(run_dir, "lm-eval")
     options = position_options(
         scale, rope_scaling, factor, max_length, load_run_config(run_dir).model.train_length
     )

@@ -143,3 +143,160 @@ def examples_digest(*arrays) -> str:
         h.update(str((a.dtype.str, a.shape)).encode())
         h.update(a.tobytes())
     return h.hexdigest()[:16]
+
+
+# ---- what a task may ask for, checked before any work --------------------------------------------------
+
+#: keys of the int64 generator: numpy's ``integers`` draws below 2^63, so at most 18 digits
+MAX_KEY_DIGITS = 18
+#: candidates ranked per passkey prompt: each is one forward over the whole prompt
+MAX_CANDIDATES = 10_000
+
+
+def check_seed(seed: int | None, flag: str = "--seed") -> None:
+    """A seed numpy's generators accept: a non-negative integer (None: the default)."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise UserError(f"{flag} must be a non-negative integer, got {seed!r}.")
+
+
+def refuse_encoder(run_dir: str | Path, command: str) -> None:
+    """A UserError when ``run_dir`` holds an encoder (objective mlm): ``command`` scores next-token
+    predictions, which a masked-LM encoder does not make (it would rank keys by a bidirectional model's
+    guesses at positions it was never trained to predict)."""
+    from extrapos.config import load_run_config
+
+    if load_run_config(Path(run_dir)).train.objective == "mlm":
+        raise UserError(
+            f"{run_dir} is an encoder run (objective mlm) and {command} scores a decoder's next-token "
+            "predictions, so score it with `extrapos eval` (its masked-LM loss) instead."
+        )
+
+
+def available_bytes(device: str | torch.device) -> int:
+    """Memory a task may use on ``device``: free GPU memory, or the host's available memory (within the
+    cgroup's limit when one is set)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    avail = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+        if limit != "max":
+            avail = min(avail or 1 << 62, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    if avail is None:
+        import os
+
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            avail = 1 << 62  # unknown: only the estimate's own sanity applies
+    return int(avail)
+
+
+def forward_bytes(model_cfg, tokens: int, rows: int = 1, cache: bool = False) -> int:
+    """Bytes one no-grad forward of ``rows`` x ``tokens`` holds at once, in fp32 (an estimate from above,
+    in Python integers so a huge request never overflows): the hidden states of one block (residual,
+    normed input, q, k, v, attention output, the MLP's hidden layer, twice for a gated MLP), the
+    attention path's keys and values of every layer when a KV cache is kept (tokens x layers x heads x
+    head_dim x 2 x 4 bytes), and the token and position ids (int64)."""
+    d = model_cfg.d_model
+    hidden = model_cfg.mlp_hidden or 4 * d
+    per_token = 4 * (6 * d + 2 * hidden) + 16
+    if cache:
+        per_token += model_cfg.n_layers * model_cfg.kv_heads * model_cfg.head_dim * 2 * 4
+    return rows * tokens * per_token
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("TB", 1 << 40), ("GB", 1 << 30), ("MB", 1 << 20)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 1024:.1f} KB"
+
+
+def check_memory(need: int, device: str | torch.device, what: str, advice: str) -> None:
+    """Refuse, in one sentence naming the limit, work whose estimate ``need`` exceeds the memory free on
+    ``device``."""
+    have = available_bytes(device)
+    if need > have:
+        raise UserError(
+            f"{what} needs about {_size(need)} of memory and {torch.device(device).type} has "
+            f"{_size(have)} available; {advice}."
+        )
+
+
+#: few-shot examples per lm-eval prompt: each is a whole document of the task in every prompt's context
+MAX_FEWSHOT = 64
+
+
+def flag_name(key: str, cli: bool = True) -> str:
+    """How a message names an option: the command line's ``--num-fewshot`` or a sweep's ``num_fewshot``."""
+    return "--" + key.replace("_", "-") if cli else key
+
+
+def check_lm_eval_request(
+    limit: int | float | None,
+    batch_size: int,
+    num_fewshot: int | None,
+    metadata: Any,
+    max_length: int | None,
+    cli: bool = True,
+) -> None:
+    """An lm-eval request's numbers checked before the run or the harness is loaded, each named by its flag
+    (``cli``) or its sweep key."""
+    import math
+
+    def name(key: str) -> str:
+        return flag_name(key, cli)
+
+    if limit is not None and (isinstance(limit, bool) or not (math.isfinite(limit) and limit > 0)):
+        raise UserError(
+            f"{name('limit')} must be a positive count of examples per task (or a fraction below 1), "
+            f"got {limit}."
+        )
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise UserError(f"{name('batch_size')} must be a positive integer, got {batch_size}.")
+    if num_fewshot is not None and not 0 <= num_fewshot <= MAX_FEWSHOT:
+        raise UserError(f"{name('num_fewshot')} must be between 0 and {MAX_FEWSHOT}, got {num_fewshot}.")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise UserError(
+            f'{name("metadata")} must be a JSON object such as {{"max_seq_lengths": [4096]}}, got '
+            f"{metadata!r}."
+        )
+    if max_length is not None and max_length < 2:
+        raise UserError(f"{name('max_length')} must be at least 2 tokens, got {max_length}.")
+
+
+def check_encoding_options(cfg, options: dict[str, Any], given_as: str = "the encoding options") -> None:
+    """Inference-time encoding options checked against a run's config before any work, by the validator a
+    training config goes through (``config.validate``): an unknown option, a value of the wrong type
+    (``base=abc``) or one that makes every loss NaN (``base=0``: RoPE's frequencies base^(-2i/d), Su et
+    al. 2021) is one sentence naming ``given_as``. The value "max" (the longest length) stands in as 2. A
+    config an older extrapos wrote under other rules is left to the encoding's own checks."""
+    import dataclasses
+
+    from extrapos.config import validate
+
+    if not options:
+        return
+    try:
+        validate(cfg)
+    except UserError:
+        return
+    values = {k: (2.0 if v == "max" else v) for k, v in options.items()}
+    model = dataclasses.replace(cfg.model, positions={**cfg.model.positions, **values})
+    try:
+        validate(dataclasses.replace(cfg, model=model))
+    except UserError as e:
+        given = ", ".join(f"{k}={v}" for k, v in options.items())
+        raise UserError(f"{given_as} {given} are refused: {str(e).rstrip('.')}.") from None

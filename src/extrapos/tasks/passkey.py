@@ -35,10 +35,16 @@ import torch
 
 from extrapos.errors import UserError
 from extrapos.tasks.common import (
+    MAX_CANDIDATES,
+    MAX_KEY_DIGITS,
     check_existing,
+    check_memory,
+    check_seed,
     continuation_logprobs,
     examples_digest,
+    forward_bytes,
     greedy_batch,
+    refuse_encoder,
     resolve_position_options,
     result_path,
     scored_checkpoint,
@@ -128,7 +134,7 @@ class PasskeyBuilder:
         want = len(self.answer(key))
         out: list[str] = []
         seen = {key}
-        for _ in range(1000 * max(n, 1)):
+        for _ in range(100 * max(n, 1) + 1000):
             if len(out) == n:
                 return out
             k = self.random_key(rng)
@@ -279,8 +285,10 @@ def passkey(
         raise UserError("needle depths must be fractions in [0, 1], e.g. 0,0.25,0.5,0.75,1.")
     if trials < 1:
         raise UserError(f"trials must be at least 1, got {trials}.")
-    if mode != "generate" and candidates < 2:
-        raise UserError(f"rank mode needs at least 2 candidate keys, got {candidates}.")
+    if not 1 <= key_digits <= MAX_KEY_DIGITS:
+        raise UserError(f"--key-digits must be between 1 and {MAX_KEY_DIGITS}, got {key_digits}.")
+    check_candidates(mode, candidates, key_digits)
+    check_seed(seed)
     lengths = sorted({int(k) for k in lengths})
     depths = [float(d) for d in depths]
     request = {
@@ -301,9 +309,11 @@ def passkey(
     name = name or default_name(mode, haystack, position_options)
     out_path = result_path(run_dir, name)
     scored = scored_checkpoint(run_dir, step)
+    refuse_encoder(run_dir, "passkey")
     previous = check_existing(out_path, request, overwrite, scored)
     if previous is not None:
         return previous
+    check_passkey_memory(run_dir, lengths, trials, mode, candidates, base_length, device, batch_tokens)
 
     from extrapos.runtime import Shard, barrier
 
@@ -372,6 +382,72 @@ def passkey(
         write_result(out_path, result)
     barrier()  # the result is on disk before any process looks for it again
     return result
+
+
+def check_candidates(mode: str, candidates: int, key_digits: int) -> None:
+    """Rank mode's candidate keys: at least 2, at most ``MAX_CANDIDATES`` (each is a forward over the
+    whole prompt) and at most half the keys of ``key_digits`` digits (the alternatives are drawn at
+    random until that many distinct ones are found, which must end quickly)."""
+    if mode == "generate":
+        return
+    keys = 9 * 10 ** (key_digits - 1)
+    limit = min(MAX_CANDIDATES, max(2, keys // 2))
+    if not 2 <= candidates <= limit:
+        raise UserError(
+            f"--candidates must be between 2 and {limit} for keys of {key_digits} digits "
+            f"(at most {MAX_CANDIDATES}, and half the {keys} possible keys), got {candidates}."
+        )
+
+
+def check_passkey_memory(
+    run_dir: Path,
+    lengths: Sequence[int],
+    trials: int,
+    mode: str,
+    candidates: int,
+    base_length: int | None,
+    device: str,
+    batch_tokens: int = 16_384,
+) -> None:
+    """Refuse before loading the model a request whose longest cell cannot fit in memory: the cell's
+    ``trials`` prompts (a list of token ids each), rank mode's candidate rows and one forward over
+    them, generate mode's batch of prompts with its KV cache (``common.forward_bytes``)."""
+    from extrapos.config import load_run_config
+
+    model = load_run_config(run_dir).model
+    T = max(lengths) * (base_length or model.train_length)
+    need = trials * T * 8  # the cell's prompts, built before they are scored
+    if mode in ("rank", "both"):
+        rows = min(candidates, max(1, batch_tokens // T))
+        need += candidates * (T + 8) * 8 + forward_bytes(model, T + 8, rows)
+    if mode in ("generate", "both"):
+        rows = min(trials, max(1, batch_tokens // T))
+        need += forward_bytes(model, T + 8, rows, cache=True)
+    check_memory(
+        need,
+        device,
+        f"passkey prompts of {max(lengths)} x {base_length or model.train_length} = {T} tokens "
+        f"({trials} per cell)",
+        "ask for shorter --lengths or fewer --trials",
+    )
+
+
+def check_plot_path(run_dir: str | Path, path: str | Path) -> Path:
+    """``--plot`` checked before any work: a .png file that is not a directory and, inside the run, only
+    under RUN/plots/ (a run's own files are never replaced by a picture)."""
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise UserError(f"--plot writes a PNG image, so give it a file name ending in .png, got {path}.")
+    if path.is_dir():
+        raise UserError(f"--plot {path} is a directory; give a file name ending in .png.")
+    run_dir = Path(run_dir).resolve()
+    where = path.resolve()
+    if where.is_relative_to(run_dir) and not where.is_relative_to(run_dir / "plots"):
+        raise UserError(
+            f"--plot {path} is inside the run {run_dir}, whose files a plot never replaces; write it "
+            f"under {run_dir / 'plots'} or outside the run."
+        )
+    return path
 
 
 def primary_metric(mode: str) -> str:

@@ -22,7 +22,11 @@ from extrapos.data.synthetic import SyntheticTask, build_tokenizer, task_of
 from extrapos.errors import UserError
 from extrapos.tasks.common import (
     check_existing,
+    check_memory,
+    check_seed,
     examples_digest,
+    forward_bytes,
+    refuse_encoder,
     resolve_position_options,
     result_path,
     slug,
@@ -102,8 +106,13 @@ def score_synthetic(
         )
     if examples < 1:
         raise UserError(f"examples must be at least 1, got {examples}.")
+    check_seed(seed)
     lengths = sorted({int(k) for k in lengths})
     run_dir = Path(run_dir)
+    if task is not None:
+        SyntheticTask.parse(task)  # a malformed spec is named before the run is loaded
+    refuse_encoder(run_dir, "synthetic-eval")
+    check_synthetic_memory(run_dir, lengths, examples, base_length, device, batch_tokens)
     run = load_run(run_dir, device=device, step=step)
     if task is not None:
         t = SyntheticTask.parse(task)
@@ -160,6 +169,32 @@ def score_synthetic(
     }
     write_result(out_path, result)
     return result
+
+
+def check_synthetic_memory(
+    run_dir: Path,
+    lengths: Sequence[int],
+    examples: int,
+    base_length: int | None,
+    device: str,
+    batch_tokens: int = 16_384,
+) -> None:
+    """Refuse before loading the model a length whose examples cannot fit in memory: the ``examples``
+    rows of ids (int64) and answer flags (each held twice while they are stacked), then one batch's
+    forward (``common.forward_bytes``)."""
+    from extrapos.config import load_run_config
+
+    model = load_run_config(run_dir).model
+    L = base_length or model.train_length
+    T = max(lengths) * L + 1
+    rows = min(examples, max(1, batch_tokens // T))
+    need = examples * T * 18 + forward_bytes(model, T, rows)  # ids and answer flags, built then stacked
+    check_memory(
+        need,
+        device,
+        f"{examples} synthetic examples of {max(lengths)} x {L} = {T - 1} tokens",
+        "ask for shorter --lengths or fewer --examples",
+    )
 
 
 def format_synthetic(result: dict[str, Any]) -> str:

@@ -1,0 +1,125 @@
+"""Unbounded work is refused up front (issue 24, item 13): a passkey or synthetic length, a trial count or a
+prompt that cannot fit in memory is one sentence naming the limit and the flag to change, said before the
+model is loaded; nothing is allocated by these tests (the estimates are integer arithmetic).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from harness import assert_user_error
+
+from tests.conftest import tiny_overrides
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_data):
+    """A finished 8-step decoder run on the tiny data (L_t = 32)."""
+    from extrapos.config import load_config
+    from extrapos.train import train
+
+    out = tmp_path_factory.mktemp("runs") / "run"
+    train(load_config("cpu/tiny", tiny_overrides(tiny_data)), out, progress=False)
+    return out
+
+
+def refused_quickly(args, trained, cache, fragments, seconds=60):
+    t0 = time.perf_counter()
+    sentence = assert_user_error([str(a) for a in args], cache=cache, watch=[trained], fragments=fragments)
+    assert time.perf_counter() - t0 < seconds  # refused from the estimate, not after trying
+    assert not (trained / "eval").exists() or not any((trained / "eval").iterdir())
+    return sentence
+
+
+def test_passkey_length_beyond_memory(trained, cache):
+    sentence = refused_quickly(
+        ["passkey", trained, "--lengths", "100000000", "--no-progress"],
+        trained,
+        cache,
+        ["100000000 x 32 = 3200000000 tokens", "of memory", "available", "--lengths"],
+    )
+    assert "TB" in sentence or "PB" in sentence or "GB" in sentence
+
+
+def test_passkey_the_issue_case(trained, cache):
+    """`passkey R --lengths 1000000` was killed for memory after 100 s; refused at once wherever its
+    estimate exceeds the memory there is."""
+    from extrapos.config import load_run_config
+    from extrapos.tasks.common import available_bytes, forward_bytes
+
+    need = forward_bytes(load_run_config(trained).model, 32 * 10**6)
+    if available_bytes("cpu") > need:
+        pytest.skip("this machine has the memory for it")
+    refused_quickly(["passkey", trained, "--lengths", "1000000"], trained, cache, ["of memory", "--lengths"])
+
+
+def test_passkey_trials_beyond_memory(trained, cache):
+    refused_quickly(
+        ["passkey", trained, "--lengths", "4", "--trials", "100000000000"],
+        trained,
+        cache,
+        ["100000000000 per cell", "of memory", "--trials"],
+    )
+
+
+def test_passkey_trials_not_an_integer(trained, cache):
+    assert_user_error(
+        ["passkey", str(trained), "--trials", "1e11"], cache=cache, watch=[trained], fragments=["invalid int"]
+    )
+
+
+@pytest.mark.parametrize("candidates", ["1000000", "10001"])
+def test_passkey_candidates_are_bounded_before_any_draw(candidates, trained, cache):
+    refused_quickly(
+        ["passkey", trained, "--lengths", "4", "--candidates", candidates],
+        trained,
+        cache,
+        ["--candidates must be between 2 and 10000", candidates],
+        seconds=30,
+    )
+
+
+def test_synthetic_length_beyond_memory(trained, cache):
+    refused_quickly(
+        ["synthetic-eval", trained, "--lengths", "10000000", "--task", "synthetic:copy"],
+        trained,
+        cache,
+        ["synthetic examples", "of memory", "--lengths", "--examples"],
+    )
+
+
+def test_generate_prompt_file_beyond_its_limit(trained, scratch, cache):
+    from extrapos.cli.generate import MAX_PROMPT_BYTES
+
+    big = scratch / "big.txt"
+    with open(big, "wb") as f:
+        f.truncate(MAX_PROMPT_BYTES + 1)  # sparse: nothing is written
+    refused_quickly(
+        ["generate", trained, "--prompt-file", big], trained, cache, ["big.txt", "at most", "shorter prompt"]
+    )
+
+
+def test_generate_refuses_a_cache_that_cannot_fit():
+    from extrapos.errors import UserError
+    from extrapos.generate import check_prompt_memory
+    from extrapos.model import ModelConfig
+
+    with pytest.raises(UserError, match="fewer --max-new-tokens"):
+        check_prompt_memory(ModelConfig(), 10**12, True, "cpu")
+    check_prompt_memory(ModelConfig(), 1000, True, "cpu")  # an ordinary prompt passes
+
+
+def test_estimates_are_exact_integers_that_grow_with_the_request():
+    from extrapos.model import ModelConfig
+    from extrapos.tasks.common import forward_bytes
+
+    cfg = ModelConfig()
+    one = forward_bytes(cfg, 1000)
+    assert isinstance(one, int) and one > 1000 * cfg.d_model * 4
+    assert forward_bytes(cfg, 2000) == 2 * one
+    assert forward_bytes(cfg, 1000, rows=3) == 3 * one
+    # the KV cache: tokens x layers x heads x head_dim x 2 (keys, values) x 4 bytes
+    cache = forward_bytes(cfg, 1000, cache=True) - one
+    assert cache == 1000 * cfg.n_layers * cfg.kv_heads * cfg.head_dim * 2 * 4
+    assert forward_bytes(cfg, 10**15) == 10**12 * one  # Python integers: no overflow
