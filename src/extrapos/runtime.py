@@ -135,6 +135,12 @@ def prepare_run_data(cfg: RunConfig, progress: bool = True, run_dir: str | Path 
     spec = d.tokenizer
     if run_dir is not None and is_file_spec(spec):
         spec = str(own.resolve()) if own is not None else str(Path(run_dir) / spec)
+    elif _run_relative(spec) and not d.dir:
+        raise UserError(
+            f"data.tokenizer {spec!r} is the tokenizer file of the run this config was saved in (an import "
+            f"records it relative to the run); set data.tokenizer to that run's {spec} with its path, or "
+            "continue from the run itself (extrapos extend RUN)."
+        )
     if d.dir:
         path = Path(d.dir)
         if not (path / "manifest.json").is_file():
@@ -171,6 +177,14 @@ def is_file_spec(spec: str) -> bool:
 
     s = str(spec).strip()
     return not (is_trained_spec(s) or s in NAMED_TOKENIZERS or s == "synthetic")
+
+
+def _run_relative(spec: str) -> bool:
+    """A bare tokenizer file name (``tokenizer.json``) that is not in the current directory: as an import
+    records it, relative to the run, read here from a config without its run."""
+    from extrapos.data.tokenizer import TOKENIZER_FILES
+
+    return str(spec).strip() in TOKENIZER_FILES and not Path(str(spec).strip()).is_file()
 
 
 def run_tokenizer_file(run_dir: str | Path) -> Path | None:

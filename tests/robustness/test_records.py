@@ -169,6 +169,15 @@ def test_a_moved_import_keeps_its_own_tokenizer(scratch, corpus, cache):
     manifest = json.loads((Path(saved["data_dir"]) / "manifest.json").read_text())
     assert saved["tokenizer_hash"] == mine and manifest["tokenizer"]["hash"] == mine
 
+    # read from its config without the run (train --resume of an import), the name is refused, not looked
+    # up in the current directory
+    assert_user_error(
+        ["train", "--resume", "--out", str(b), "--set", "train.steps=2", "--no-progress"],
+        cache=cache,
+        watch=[b, a],
+        fragments=["data.tokenizer 'tokenizer.json'", "relative to the run"],
+    )
+
     # an import of an older extrapos recorded A's absolute path: B still reads its own tokenizer
     config = (b / "config.toml").read_text()
     (b / "config.toml").write_text(config.replace('"tokenizer.json"', json.dumps(str(a / "tokenizer.json"))))
