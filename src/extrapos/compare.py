@@ -82,6 +82,7 @@ import json
 import math
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -205,6 +206,7 @@ def load_sweep(spec: str) -> Sweep:
         raise UserError(
             f"{path}: seeds must be a non-empty list of distinct non-negative integers, got {sweep.seeds}."
         )
+    _check_values(path, sweep)
     task_specs(sweep, path)
     _check_protocol(path, sweep)
     if not sweep.loss and not sweep.tasks:
@@ -262,6 +264,23 @@ def _extension_spec(path: Path, row: str, raw: Any) -> ExtensionSpec:
     )
 
 
+def _check_values(path: Path, sweep: Sweep) -> None:
+    """The sweep's numbers, checked when it is loaded (before the first row trains)."""
+    if not sweep.lengths or any(isinstance(k, bool) or k < 1 for k in sweep.lengths):
+        raise UserError(
+            f"{path}: lengths must be a non-empty list of positive multiples of L_t (e.g. [1, 2, 4]), "
+            f"got {sweep.lengths}."
+        )
+    if sweep.max_eval_tokens < 1:
+        raise UserError(
+            f"{path}: max_eval_tokens must be a positive number of tokens, got {sweep.max_eval_tokens}."
+        )
+    if sweep.extend_tokens is not None and sweep.extend_tokens < 1:
+        raise UserError(
+            f"{path}: extend_tokens must be a positive number of tokens, got {sweep.extend_tokens}."
+        )
+
+
 def _check_rows(path: Path, rows: list[SweepRow]) -> None:
     if not rows:
         raise UserError(f"{path} has no [[rows]].")
@@ -277,6 +296,11 @@ def _check_rows(path: Path, rows: list[SweepRow]) -> None:
             )
         if r.reuse and r.reuse not in by_name:
             raise UserError(f"{path}: row '{r.name}' reuses '{r.reuse}', which is not a row.")
+        if r.reuse and (r.reuse == r.name or by_name[r.reuse].reuse or by_name[r.reuse].extend is not None):
+            raise UserError(
+                f"{path}: row '{r.name}' reuses '{r.reuse}', which is not a trained row or a run = row "
+                "(a row reuses another row's own run, never itself, a reuse row or an extension row)."
+            )
         if r.extend is None:
             continue
         parent = by_name.get(r.extend.parent)
@@ -292,6 +316,22 @@ def _check_rows(path: Path, rows: list[SweepRow]) -> None:
             )
         if r.positions is None:
             r.positions = parent.positions  # an extension keeps its parent's encoding
+    _check_slugs(path, rows)
+
+
+def _check_slugs(path: Path, rows: list[SweepRow]) -> None:
+    """Rows whose names differ only in case or punctuation ("RoPE" and "rope", "A-B" and "A_B") would share
+    a run directory and a result file (``slug``): refused before anything is trained."""
+    owner: dict[str, str] = {}
+    for r in rows:
+        names = [slug(r.name)] + ([slug(f"{r.name} x{k}") for k in r.factors] if r.extend is not None else [])
+        for s in names:
+            if s in owner and owner[s] != r.name:
+                raise UserError(
+                    f"{path}: rows '{owner[s]}' and '{r.name}' would both be stored as '{s}' (names are "
+                    "compared without case and punctuation); rename one of them."
+                )
+            owner[s] = r.name
 
 
 def slug(name: str) -> str:
@@ -372,8 +412,11 @@ def compare(
 
     sweep = load_sweep(spec)
     specs = task_specs(sweep, find_sweep(spec))
+    if max_eval_tokens is not None and max_eval_tokens < 1:
+        raise UserError(f"--max-eval-tokens must be a positive number of tokens, got {max_eval_tokens}.")
     out = Path(out)
     check_out_dir(out)  # before anything is written: never into a directory extrapos did not make
+    _check_row_options(sweep, find_sweep(spec), specs, list(extra or []))
     rank, _, device = init_distributed(resolve_device(sweep_device(sweep, list(extra or []))))
     main = rank == 0
     progress = progress and main
@@ -412,7 +455,7 @@ def compare(
     extension_dirs = _run_extensions(sweep, out, run_dirs, list(extra or []), progress, seeds, say)
 
     entries, rows = [], []
-    max_tokens = max_eval_tokens or sweep.max_eval_tokens
+    max_tokens = sweep.max_eval_tokens if max_eval_tokens is None else max_eval_tokens
     for row in sweep.rows:
         result, entry = None, {"name": row.name}
         if sweep.loss:
@@ -462,6 +505,39 @@ def compare(
         print(markdown_table(loss_rows(rows)))
     print(f"-> {report}")
     return report
+
+
+def _check_row_options(sweep: Sweep, path: Path, specs: TaskSpecs, extra: list[str]) -> None:
+    """Every row's ``eval`` options checked against the encoding it evaluates before the first row trains
+    (``tasks.common.check_encoding_options``: unknown options, wrong types, values that make the loss
+    NaN), and against what the lm-eval column can apply; task columns refuse an encoder row."""
+    from extrapos.config import load_run_config
+    from extrapos.tasks.common import check_encoding_options
+
+    by_name = {r.name: r for r in sweep.rows}
+    for row in sweep.rows:
+        if not row.eval and not specs.enabled():
+            continue
+        source = by_name[row.reuse] if row.reuse else row
+        if source.extend is not None:
+            source = by_name[source.extend.parent]
+        if source.run is not None:
+            cfg = load_run_config(existing_run(source))
+        else:
+            cfg = row_config(sweep, source, extra)
+        if specs.enabled() and cfg.train.objective == "mlm":
+            raise UserError(
+                f"{path}: row '{row.name}' is an encoder (objective mlm) and the task columns "
+                f"({', '.join(specs.enabled())}) score a decoder's next-token predictions; drop tasks or "
+                "that row."
+            )
+        check_encoding_options(cfg, dict(row.eval), f"{path}: row '{row.name}' eval options")
+        unsupported = set(row.eval) - {"scale", "scaling", "factor"}
+        if specs.lm_eval is not None and unsupported:
+            raise UserError(
+                f"{path}: row '{row.name}': lm-eval columns take the eval options scale, scaling and factor "
+                f"only, not {', '.join(sorted(unsupported))}; drop lm-eval or that row's option."
+            )
 
 
 def sweep_device(sweep: Sweep, extra: list[str]) -> str:
@@ -576,8 +652,28 @@ def score_run(
                 "encoder sweeps without torchrun."
             )
         name = None if name is None else f"mlm-{name}"
-        return evaluate_mlm(run_dir, req, name=name, device=device, progress=progress)
-    return evaluate(run_dir, req, name=name, device=device, progress=progress)
+        with _compare_advice(run_dir):
+            return evaluate_mlm(run_dir, req, name=name, device=device, progress=progress)
+    with _compare_advice(run_dir):
+        return evaluate(run_dir, req, name=name, device=device, progress=progress)
+
+
+@contextmanager
+def _compare_advice(run_dir: Path):
+    """The evaluation's "holds a different evaluation; pass --name ... or --overwrite" in words compare can
+    follow: it has neither flag, and its result names follow from the sweep."""
+    try:
+        yield
+    except UserError as e:
+        text = str(e)
+        if "holds a different evaluation" not in text:
+            raise
+        held = text.split(" holds a different evaluation")[0]
+        raise UserError(
+            f"{held} holds an evaluation of {run_dir} with other settings than this sweep's "
+            "(max_eval_tokens, protocol or a row's eval options), which compare never replaces; move that "
+            "file away to score the run again, or compare with the settings it was scored with."
+        ) from None
 
 
 def _evaluate_row(

@@ -233,3 +233,16 @@ def test_generate_with_an_invalid_utf8_prompt(trained, scratch, cache):
     nul = scratch / "nul.txt"
     nul.write_bytes(b"\x00" * 1000)
     refused(["generate", trained, "--prompt-file", nul], trained, cache, ["NUL"], watch=[nul])
+
+
+@pytest.mark.parametrize("value", ["window", "max", 64])
+def test_placeholder_option_values_pass_the_check(value, tiny_data):
+    """Values an evaluation resolves itself (--interpolate's "window", "max") are not refused as strings."""
+    from extrapos.config import load_config
+    from extrapos.errors import UserError
+    from extrapos.tasks.common import check_encoding_options
+
+    cfg = load_config("cpu/tiny", tiny_overrides(tiny_data, **{"model.positions.name": '"learned"'}))
+    check_encoding_options(cfg, {"interpolate_to": value})
+    with pytest.raises(UserError, match="interpolate_to=abc"):
+        check_encoding_options(cfg, {"interpolate_to": "abc"})

@@ -277,12 +277,17 @@ def check_lm_eval_request(
         raise UserError(f"{name('max_length')} must be at least 2 tokens, got {max_length}.")
 
 
+#: option values an evaluation resolves itself: the longest length, each evaluated window's length
+PLACEHOLDERS = ("max", "window")
+
+
 def check_encoding_options(cfg, options: dict[str, Any], given_as: str = "the encoding options") -> None:
     """Inference-time encoding options checked against a run's config before any work, by the validator a
     training config goes through (``config.validate``): an unknown option, a value of the wrong type
     (``base=abc``) or one that makes every loss NaN (``base=0``: RoPE's frequencies base^(-2i/d), Su et
-    al. 2021) is one sentence naming ``given_as``. The value "max" (the longest length) stands in as 2. A
-    config an older extrapos wrote under other rules is left to the encoding's own checks."""
+    al. 2021) is one sentence naming ``given_as``. The values resolved at evaluation time ("max": the
+    longest length, "window": each window's length) stand in as 2. A config an older extrapos wrote under
+    other rules is left to the encoding's own checks."""
     import dataclasses
 
     from extrapos.config import validate
@@ -293,7 +298,7 @@ def check_encoding_options(cfg, options: dict[str, Any], given_as: str = "the en
         validate(cfg)
     except UserError:
         return
-    values = {k: (2.0 if v == "max" else v) for k, v in options.items()}
+    values = {k: (2 if v in PLACEHOLDERS else v) for k, v in options.items()}
     model = dataclasses.replace(cfg.model, positions={**cfg.model.positions, **values})
     try:
         validate(dataclasses.replace(cfg, model=model))
