@@ -123,3 +123,41 @@ def test_estimates_are_exact_integers_that_grow_with_the_request():
     cache = forward_bytes(cfg, 1000, cache=True) - one
     assert cache == 1000 * cfg.n_layers * cfg.kv_heads * cfg.head_dim * 2 * 4
     assert forward_bytes(cfg, 10**15) == 10**12 * one  # Python integers: no overflow
+
+
+def test_feasible_work_still_runs(trained, tmp_path, cache):
+    """What fits is scored: a synthetic run through the command line (the bar on stderr unless
+    --no-progress), and passkey at 4 x L_t."""
+    import json
+    import shutil
+
+    from harness import run
+
+    from extrapos.config import load_config
+    from extrapos.data import prepare_data
+    from extrapos.train import train
+
+    spec = "synthetic:passkey:length=16,train=64,val=8,test=8,digits=2"
+    data = prepare_data(spec, "synthetic", tmp_path / "d", progress=False)
+    overrides = [f'data.corpus="{spec}"', 'data.tokenizer="synthetic"', 'data.sampler="synthetic"']
+    overrides += [f'data.dir="{data}"', "model.vocab_size=65", "model.train_length=16", "train.steps=2"]
+    overrides += ["train.batch_size=8", "train.threads=1"]
+    train(load_config("cpu/tiny", overrides), tmp_path / "syn", progress=False)
+    done = run(["synthetic-eval", tmp_path / "syn", "--lengths", "1,4", "--examples", "4"], cache=cache)
+    assert done.returncode == 0, done.stderr
+    assert "synthetic-eval syn" in done.stderr  # the progress bar
+    saved = json.loads((tmp_path / "syn" / "eval" / "synthetic-passkey.json").read_text())
+    assert [r["length"] for r in saved["results"]] == [16, 64]
+    again = run(
+        ["synthetic-eval", tmp_path / "syn", "--lengths", "1,4", "--examples", "4", "--no-progress"],
+        cache=cache,
+    )
+    assert again.returncode == 0 and "synthetic-eval syn" not in again.stderr
+
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy)
+    pk = run(
+        ["passkey", copy, "--lengths", "4", "--depths", "0.5", "--trials", "2", "--no-progress"], cache=cache
+    )
+    assert pk.returncode == 0, pk.stderr
+    assert (copy / "eval" / "passkey-rank-filler.json").is_file()

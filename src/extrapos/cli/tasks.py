@@ -84,6 +84,7 @@ def register(sub) -> None:
     s.add_argument("--seed", type=int, default=None)
     _add_position_flags(s)
     _add_result_flags(s)
+    s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=run_synthetic)
 
     m = sub.add_parser(
@@ -183,6 +184,7 @@ def run_synthetic(args) -> int:
         overwrite=args.overwrite,
         device=str(device),
         step=args.step,
+        progress=not args.no_progress,
     )
     print(format_synthetic(result))
     return 0

@@ -92,11 +92,14 @@ def score_synthetic(
     device: str = "cpu",
     batch_tokens: int = 16_384,
     step: int | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Score a run on its synthetic task at ``lengths`` x L_t; writes and returns ``RUN/eval/NAME.json``.
 
     The task is the one the run trained on (its prepared data's manifest) unless ``task`` gives a
-    ``synthetic:...`` spec. ``seed`` (default: the task's) picks the evaluation examples.
+    ``synthetic:...`` spec. ``seed`` (default: the task's) picks the evaluation examples. A length whose
+    examples cannot fit in memory is refused before the model is loaded; ``progress`` shows a bar over the
+    lengths.
     """
     from extrapos.runs import load_run
 
@@ -150,8 +153,10 @@ def score_synthetic(
     options = resolve_position_options(position_options, max(lengths) * L)
     if options:
         run.model.pos.set_options(**options)
+    from tqdm.auto import tqdm
+
     rows = []
-    for k in lengths:
+    for k in tqdm(lengths, disable=not progress, desc=f"synthetic-eval {run_dir.name}"):
         ids, answer = t.eval_examples(k * L, examples, seed)
         rows.append({"ev": k, "length": k * L, **score_examples(run.model, ids, answer, batch_tokens)})
     result = {
