@@ -246,3 +246,29 @@ def test_placeholder_option_values_pass_the_check(value, tiny_data):
     check_encoding_options(cfg, {"interpolate_to": value})
     with pytest.raises(UserError, match="interpolate_to=abc"):
         check_encoding_options(cfg, {"interpolate_to": "abc"})
+
+
+def test_lm_eval_fewshot_beyond_the_task(trained, scratch, cache):
+    """--num-fewshot within its bound but above what a task can draw from (three documents): exit 2, the
+    last line of stderr one sentence (the harness logs its task loading above it), no traceback, no result
+    written."""
+    pytest.importorskip("lm_eval")
+    from harness import PREFIX, SECOND_SENTENCE, assert_unchanged, snapshot
+
+    from tests.test_lm_eval import CHOICE_DOCS, YAML
+
+    tasks = scratch / "tasks"
+    tasks.mkdir()
+    (tasks / "choice.jsonl").write_text("".join(json.dumps(x) + "\n" for x in CHOICE_DOCS))
+    (tasks / "xp_choice.yaml").write_text(YAML["xp_choice"].format(dir=tasks))
+    before, names = snapshot(trained, tasks), files_under(trained)
+    result = run(
+        ["lm-eval", trained, "--tasks", "xp_choice", "--include-path", tasks, "--num-fewshot", "5"],
+        cache=cache,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(PREFIX) and not SECOND_SENTENCE.search(last[len(PREFIX) :]), last
+    assert "--num-fewshot 5" in last and "xp_choice" in last and "lower --num-fewshot" in last
+    assert_unchanged(before)
+    assert files_under(trained) == names

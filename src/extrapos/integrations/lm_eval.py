@@ -357,20 +357,29 @@ def run_lm_eval(
             f"lm-eval knows no task {', '.join(unknown)}; check the name (lm_eval ls tasks) or pass "
             "include_path=DIR holding its YAML."
         )
-    raw = lm_eval.simple_evaluate(
-        model=lm,
-        tasks=list(tasks),
-        num_fewshot=num_fewshot,
-        limit=limit,
-        task_manager=manager,
-        bootstrap_iters=bootstrap_iters,
-        log_samples=log_samples,
-        random_seed=seed,
-        numpy_random_seed=seed,
-        torch_random_seed=seed,
-        fewshot_random_seed=seed,
-        metadata=metadata,
-    )
+    try:
+        raw = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=list(tasks),
+            num_fewshot=num_fewshot,
+            limit=limit,
+            task_manager=manager,
+            bootstrap_iters=bootstrap_iters,
+            log_samples=log_samples,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+            metadata=metadata,
+        )
+    except ValueError as e:
+        # the harness draws the few-shot examples with random.sample from the task's own split
+        if num_fewshot and "larger than population" in str(e):
+            raise UserError(
+                f"--num-fewshot {num_fewshot} (num_fewshot) asks for more few-shot examples than "
+                f"{', '.join(tasks)} can draw from; lower --num-fewshot."
+            ) from None
+        raise
     if raw is None:  # pragma: no cover - only non-zero ranks get None
         raise UserError("lm-eval returned no results.")
     result = {
