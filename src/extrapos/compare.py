@@ -525,6 +525,7 @@ def _check_row_options(sweep: Sweep, path: Path, specs: TaskSpecs, extra: list[s
             cfg = load_run_config(existing_run(source))
         else:
             cfg = row_config(sweep, source, extra)
+        _check_task_memory(sweep, path, specs, row, cfg)
         if specs.enabled() and cfg.train.objective == "mlm":
             raise UserError(
                 f"{path}: row '{row.name}' is an encoder (objective mlm) and the task columns "
@@ -538,6 +539,49 @@ def _check_row_options(sweep: Sweep, path: Path, specs: TaskSpecs, extra: list[s
                 f"{path}: row '{row.name}': lm-eval columns take the eval options scale, scaling and factor "
                 f"only, not {', '.join(sorted(unsupported))}; drop lm-eval or that row's option."
             )
+
+
+def _check_task_memory(sweep: Sweep, path: Path, specs: TaskSpecs, row: SweepRow, cfg: RunConfig) -> None:
+    """The passkey and synthetic columns' memory estimates for ``row`` (its longest length, from the config
+    it will train with), before any row trains: a trial count or a length that cannot fit is refused now,
+    not after training every row. Checked against the host's memory (asking a GPU here would open a CUDA
+    context before torchrun's processes pick their devices); each task checks its own device again when
+    it scores."""
+    from extrapos.tasks.passkey import check_passkey_memory
+    from extrapos.tasks.synthetic import check_synthetic_memory
+
+    if specs.passkey is None and specs.synthetic is None:
+        return
+    lengths = list(row.factors) if row.extend is not None else list(sweep.lengths)
+    device = "cpu"
+    where = f"{path}: row '{row.name}':"
+    if specs.passkey is not None:
+        p = specs.passkey
+        try:
+            check_passkey_memory(
+                cfg.model,
+                lengths,
+                p.trials,
+                p.mode,
+                p.candidates,
+                None,
+                device,
+                advice="lower the sweep's lengths or passkey.trials",
+            )
+        except UserError as e:
+            raise UserError(f"{where} {e}") from None
+    if specs.synthetic is not None:
+        try:
+            check_synthetic_memory(
+                cfg.model,
+                lengths,
+                specs.synthetic.examples,
+                None,
+                device,
+                advice="lower the sweep's lengths or synthetic.examples",
+            )
+        except UserError as e:
+            raise UserError(f"{where} {e}") from None
 
 
 def sweep_device(sweep: Sweep, extra: list[str]) -> str:

@@ -101,6 +101,17 @@ def refused(sweep, tiny_data, scratch, cache, fragments, extra=()):
             ROWS + '[[rows]]\nname = "RoPE base0"\nreuse = "RoPE"\neval = { base = 0 }\n',
             ["row 'RoPE base0' eval options base=0", "greater than 1"],
         ),
+        (
+            'lengths = [4]\ntasks = ["passkey"]\npasskey = { trials = 100000000000 }\n',
+            ROWS,
+            ["row 'RoPE'", "of memory", "passkey.trials"],
+        ),
+        (
+            'lengths = [10000000]\nloss = false\ntasks = ["synthetic"]\n'
+            'synthetic = { task = "synthetic:copy" }\n',
+            ROWS,
+            ["row 'RoPE'", "of memory", "synthetic.examples"],
+        ),
     ],
     ids=[
         "lengths-empty",
@@ -119,6 +130,8 @@ def refused(sweep, tiny_data, scratch, cache, fragments, extra=()):
         "slug-punctuation",
         "eval-unknown-option",
         "eval-nan-option",
+        "passkey-memory",
+        "synthetic-memory",
     ],
 )
 def test_the_whole_sweep_is_checked_before_training(head, body, fragments, tiny_data, scratch, cache):

@@ -400,7 +400,7 @@ def check_candidates(mode: str, candidates: int, key_digits: int) -> None:
 
 
 def check_passkey_memory(
-    run_dir: Path,
+    source,
     lengths: Sequence[int],
     trials: int,
     mode: str,
@@ -408,13 +408,15 @@ def check_passkey_memory(
     base_length: int | None,
     device: str,
     batch_tokens: int = 16_384,
+    advice: str = "ask for shorter --lengths or fewer --trials",
 ) -> None:
     """Refuse before loading the model a request whose longest cell cannot fit in memory: the cell's
     ``trials`` prompts (a list of token ids each), rank mode's candidate rows and one forward over
-    them, generate mode's batch of prompts with its KV cache (``common.forward_bytes``)."""
+    them, generate mode's batch of prompts with its KV cache (``common.forward_bytes``). ``source``: a
+    run directory, or a model config (a sweep's row before it is trained)."""
     from extrapos.config import load_run_config
 
-    model = load_run_config(run_dir).model
+    model = source if hasattr(source, "d_model") else load_run_config(Path(source)).model
     T = max(lengths) * (base_length or model.train_length)
     need = trials * T * 8  # the cell's prompts, built before they are scored
     if mode in ("rank", "both"):
@@ -428,7 +430,7 @@ def check_passkey_memory(
         device,
         f"passkey prompts of {max(lengths)} x {base_length or model.train_length} = {T} tokens "
         f"({trials} per cell)",
-        "ask for shorter --lengths or fewer --trials",
+        advice,
     )
 
 

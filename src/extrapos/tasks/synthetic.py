@@ -177,19 +177,21 @@ def score_synthetic(
 
 
 def check_synthetic_memory(
-    run_dir: Path,
+    source,
     lengths: Sequence[int],
     examples: int,
     base_length: int | None,
     device: str,
     batch_tokens: int = 16_384,
+    advice: str = "ask for shorter --lengths or fewer --examples",
 ) -> None:
     """Refuse before loading the model a length whose examples cannot fit in memory: the ``examples``
     rows of ids (int64) and answer flags (each held twice while they are stacked), then one batch's
-    forward (``common.forward_bytes``)."""
+    forward (``common.forward_bytes``). ``source``: a run directory, or a model config (a sweep's row
+    before it is trained)."""
     from extrapos.config import load_run_config
 
-    model = load_run_config(run_dir).model
+    model = source if hasattr(source, "d_model") else load_run_config(Path(source)).model
     L = base_length or model.train_length
     T = max(lengths) * L + 1
     rows = min(examples, max(1, batch_tokens // T))
@@ -198,7 +200,7 @@ def check_synthetic_memory(
         need,
         device,
         f"{examples} synthetic examples of {max(lengths)} x {L} = {T - 1} tokens",
-        "ask for shorter --lengths or fewer --examples",
+        advice,
     )
 
 
