@@ -31,6 +31,7 @@ LAYERS = [
             "runs",
             "report",
             "stats",
+            "memory",
             "lock",
             "task_tables",
         },

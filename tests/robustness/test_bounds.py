@@ -161,3 +161,13 @@ def test_feasible_work_still_runs(trained, tmp_path, cache):
     )
     assert pk.returncode == 0, pk.stderr
     assert (copy / "eval" / "passkey-rank-filler.json").is_file()
+
+
+def test_eval_length_beyond_memory(trained, cache):
+    """`extrapos eval` estimates its longest window like passkey does, before the model is loaded."""
+    refused_quickly(
+        ["eval", trained, "--lengths", "1,100000000", "--no-progress"],
+        trained,
+        cache,
+        ["evaluation windows of 100000000 x 32 = 3200000000 tokens", "of memory", "--lengths"],
+    )

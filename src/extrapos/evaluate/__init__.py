@@ -572,6 +572,7 @@ def evaluate(
     if slot.previous is not None:
         return slot.previous  # the same evaluation of the same weights was done: reuse it
 
+    check_eval_memory(run_dir, req, device, batch_tokens)
     t0 = time.perf_counter()
     if req.protocol == "stream":
         from extrapos.evaluate.stream import score_stream
@@ -609,6 +610,26 @@ def evaluate(
         atomic_write(slot.out_path, json.dumps(result, indent=1))
     barrier()  # the result is on disk before any process looks for it again
     return result
+
+
+def check_eval_memory(run_dir: Path, req: EvalRequest, device: str, batch_tokens: int) -> None:
+    """Refuse, before the model is loaded, lengths whose windows cannot fit in memory: one batch of the
+    longest window (``memory.forward_bytes``) and its chunk of logits with their cross-entropy
+    (``token_losses`` forms them 1,024 positions at a time)."""
+    from extrapos.config import load_run_config
+    from extrapos.memory import check_memory, forward_bytes
+
+    model = load_run_config(run_dir).model
+    L = req.base_length or model.train_length
+    window = max(req.lengths) * L
+    rows = max(1, batch_tokens // window)
+    need = forward_bytes(model, window, rows) + 2 * rows * min(window, 1024) * model.vocab_size * 4
+    check_memory(
+        need,
+        device,
+        f"evaluation windows of {max(req.lengths)} x {L} = {window} tokens",
+        "ask for shorter --lengths",
+    )
 
 
 @dataclass

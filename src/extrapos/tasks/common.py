@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from extrapos.errors import UserError
 from extrapos.files import atomic_write, ensure_writable_dir
+from extrapos.memory import available_bytes, check_memory, forward_bytes  # noqa: F401 (re-exported)
 
 
 @torch.no_grad()
@@ -169,69 +170,6 @@ def refuse_encoder(run_dir: str | Path, command: str) -> None:
         raise UserError(
             f"{run_dir} is an encoder run (objective mlm) and {command} scores a decoder's next-token "
             "predictions, so score it with `extrapos eval` (its masked-LM loss) instead."
-        )
-
-
-def available_bytes(device: str | torch.device) -> int:
-    """Memory a task may use on ``device``: free GPU memory, or the host's available memory (within the
-    cgroup's limit when one is set)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
-    avail = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                avail = int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
-        if limit != "max":
-            avail = min(avail or 1 << 62, int(limit) - used)
-    except (OSError, ValueError):
-        pass
-    if avail is None:
-        import os
-
-        try:
-            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            avail = 1 << 62  # unknown: only the estimate's own sanity applies
-    return int(avail)
-
-
-def forward_bytes(model_cfg, tokens: int, rows: int = 1, cache: bool = False) -> int:
-    """Bytes one no-grad forward of ``rows`` x ``tokens`` holds at once, in fp32 (an estimate from above,
-    in Python integers so a huge request never overflows): the hidden states of one block (residual,
-    normed input, q, k, v, attention output, the MLP's hidden layer, twice for a gated MLP), the
-    attention path's keys and values of every layer when a KV cache is kept (tokens x layers x heads x
-    head_dim x 2 x 4 bytes), and the token and position ids (int64)."""
-    d = model_cfg.d_model
-    hidden = model_cfg.mlp_hidden or 4 * d
-    per_token = 4 * (6 * d + 2 * hidden) + 16
-    if cache:
-        per_token += model_cfg.n_layers * model_cfg.kv_heads * model_cfg.head_dim * 2 * 4
-    return rows * tokens * per_token
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("TB", 1 << 40), ("GB", 1 << 30), ("MB", 1 << 20)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n / 1024:.1f} KB"
-
-
-def check_memory(need: int, device: str | torch.device, what: str, advice: str) -> None:
-    """Refuse, in one sentence naming the limit, work whose estimate ``need`` exceeds the memory free on
-    ``device``."""
-    have = available_bytes(device)
-    if need > have:
-        raise UserError(
-            f"{what} needs about {_size(need)} of memory and {torch.device(device).type} has "
-            f"{_size(have)} available; {advice}."
         )
 
 
