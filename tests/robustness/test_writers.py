@@ -96,36 +96,18 @@ def test_every_result_name_is_checked(command, run_copy, cache):
 
 # ---- 2. lm-eval: the same request is reused, another one is refused -----------------------------
 
-CHOICE = [
-    {"question": "The people of the United States", "choices": ["are free", "is blue"], "label": 0},
-    {"question": "We must work", "choices": ["together", "the"], "label": 0},
-    {"question": "The Congress", "choices": ["shall", "and"], "label": 1},
-]
-CHOICE_YAML = """task: xw_choice
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {dir}/choice.jsonl
-output_type: multiple_choice
-test_split: test
-doc_to_text: "{{{{question}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: label
-metric_list:
-  - metric: acc
-metadata:
-  version: 1.0
-"""
-
 
 def test_lm_eval_reuses_the_same_request_and_refuses_another(run_copy, scratch, cache):
     pytest.importorskip("lm_eval")
     from extrapos.integrations.lm_eval import run_lm_eval
+    from tests.test_lm_eval import CHOICE_DOCS, YAML  # the adapter tests' local multiple-choice task
 
     tasks = scratch / "tasks"
     tasks.mkdir()
-    (tasks / "choice.jsonl").write_text("".join(json.dumps(d) + "\n" for d in CHOICE))
-    (tasks / "xw_choice.yaml").write_text(CHOICE_YAML.format(dir=tasks))
+    (tasks / "choice.jsonl").write_text("".join(json.dumps(d) + "\n" for d in CHOICE_DOCS))
+    (tasks / "xw_choice.yaml").write_text(
+        YAML["xp_choice"].replace("task: xp_choice", "task: xw_choice").format(dir=tasks)
+    )
     first = run_lm_eval(run_copy, ["xw_choice"], limit=3, include_path=tasks, include_defaults=False)
     saved = run_copy / "eval" / "lm-eval-xw_choice.json"
     assert json.loads(saved.read_text())["results"] == first["results"]
