@@ -18,7 +18,9 @@ from extrapos.tasks.passkey import (
     NEEDLE,
     QUESTION,
     PasskeyBuilder,
+    computed_metrics,
     first_number,
+    format_all,
     format_grid,
     passkey,
     plot_heatmap,
@@ -104,7 +106,9 @@ def test_prompt_has_the_exact_length_and_the_needle_at_the_asked_depth(tok, dept
     p = b.build(length, depth, np.random.default_rng(3))
     assert len(p.tokens) == length
     hay = length - p.needle_len - len(b.question)
-    assert p.needle_start == round(depth * hay)
+    # the needle goes between sentences: at the sentence boundary nearest to the asked depth
+    assert abs(p.needle_start - round(depth * hay)) <= len(b.filler)
+    assert p.needle_start in (0, hay) or tok.decode(p.tokens[: p.needle_start]).rstrip().endswith(".")
     assert p.tokens[p.needle_start : p.needle_start + p.needle_len] == b.needle(p.key)
     assert p.tokens[-len(b.question) :] == b.question
     assert len(p.key) == 5 and p.answer == tok.encode(" " + p.key)
@@ -143,6 +147,31 @@ def test_corpus_haystack_is_a_window_of_the_split(tok, tiny_data):
     starts = np.flatnonzero(hay[: len(hay) - len(joined)] == joined[0])
     assert any(np.array_equal(hay[s : s + len(joined)], joined) for s in starts)
     assert FILLER not in tok.decode(p.tokens)
+
+
+@pytest.mark.parametrize("depth", [0.1, 0.33, 0.5, 0.77, 0.9])
+def test_needle_never_cuts_a_word_of_the_filler(tok, depth):
+    """Issue 26: "...The sky is blue. T The pass key is 86556. ... he sun is yellow." never again."""
+    b = PasskeyBuilder(tok)
+    for length in range(90, 130, 7):
+        p = b.build(length, depth, np.random.default_rng(length))
+        before = tok.decode(p.tokens[: p.needle_start]).rstrip()
+        after = tok.decode(p.tokens[p.needle_start + p.needle_len : -len(b.question)]).lstrip()
+        assert before == "" or before.endswith("."), before[-30:]
+        assert after == "" or FILLER.startswith(after[:5]) or after.split()[0] in FILLER.split(), after[:30]
+        assert after == "" or after.split()[0] in {"The", "Here", "There"}
+
+
+def test_needle_and_window_of_a_corpus_haystack_start_at_words(tok, tiny_data):
+    hay = np.asarray(open_split(tiny_data, "test").tokens)
+    b = PasskeyBuilder(tok, haystack=hay)
+    for seed in range(12):
+        p = b.build(160, seed / 11, np.random.default_rng(seed))
+        end = p.needle_start + p.needle_len
+        assert p.needle_start == 0 or b.starts_word(p.tokens[0])  # the window starts at a word
+        if end < len(p.tokens) - len(b.question):
+            assert b.starts_word(p.tokens[end])  # the needle is followed by a whole word
+        assert tok.decode([p.tokens[p.needle_start]]).startswith(" The")
 
 
 def test_too_short_prompt_and_bad_depth_are_user_errors(tok):
@@ -236,6 +265,12 @@ def test_passkey_grid_on_a_trained_run(tiny_run, tmp_path):
         assert c["exact_match"] in (0.0, 0.5, 1.0)
     grid = format_grid(r)
     assert grid.count("\n| 4 | 128 |") == 1 and "depth 0.5" in grid
+    # --mode both: the console shows every metric computed, the run's description once
+    assert computed_metrics(r) == ["rank_accuracy", "mean_rank", "mrr", "exact_match"]
+    shown = format_all(r)
+    assert shown.count("passkey both (") == 1 and shown.count("\n| 8 | 256 |") == 4
+    for label in ("mean rank (the same cells)", "mrr (the same cells)", "exact match (the same cells)"):
+        assert label in shown
     assert plot_heatmap(r, tmp_path / "hm.png").stat().st_size > 1000
     # the same request is reused; a different one under the same name is refused, and the file is kept
     assert passkey(tiny_run, lengths=[4, 8], depths=[0, 0.5, 1], trials=2, mode="both", candidates=4) == r

@@ -132,7 +132,7 @@ def _options(args, lengths: list[int]):
 def run_passkey(args) -> int:
     from extrapos.cli.eval import parse_lengths
     from extrapos.runtime import init_distributed, resolve_device
-    from extrapos.tasks.passkey import check_plot_path, format_grid, passkey, plot_heatmap
+    from extrapos.tasks.passkey import check_plot_path, format_all, passkey, plot_heatmap
 
     lengths = parse_lengths(args.lengths)
     if args.plot:
@@ -159,7 +159,9 @@ def run_passkey(args) -> int:
     )
     if rank != 0:
         return 0
-    print(format_grid(result))
+    print(
+        format_all(result)
+    )  # every metric computed (--mode both: rank accuracy, mean rank, MRR, exact match)
     if args.plot:
         print(f"-> {plot_heatmap(result, args.plot)}")
     print(f"-> {Path(args.run) / 'eval' / (result['name'] + '.json')}")

@@ -8,9 +8,10 @@ A prompt is a haystack with one needle hidden at a chosen depth, then a question
 The haystack is the paper's filler ("The grass is green. The sky is blue. The sun is yellow. Here
 we go. There and back again." repeated) or held-out documents of a prepared corpus split (the
 "needle in a haystack" variant). Prompts are assembled from token pieces, so the prompt has exactly
-``length`` tokens of the run's tokenizer and the needle starts exactly at token
+``length`` tokens of the run's tokenizer. The needle goes between sentences of the filler (between
+words of a corpus haystack, whose window also starts at a word) at the boundary nearest to token
 ``round(depth * (length - needle - question))``: depth 0 puts it first, depth 1 right before the
-question.
+question, and no word is ever cut in two by it.
 
 Two scorers:
 
@@ -86,6 +87,37 @@ class PasskeyBuilder:
         self.haystack = haystack
         if haystack is not None and len(haystack) == 0:
             raise UserError("the haystack corpus split holds no tokens; choose another split or corpus.")
+        # where the needle may go in the tiled filler: after a sentence (offsets into one filler copy)
+        self.filler_starts = [
+            i
+            for i in range(len(self.filler))
+            if i == 0 or tokenizer.decode(self.filler[:i]).rstrip()[-1:] == "."
+        ]
+        self._word_start: dict[int, bool] = {}
+
+    def starts_word(self, token: int) -> bool:
+        """Whether ``token`` begins a new word (its text starts with whitespace): a corpus haystack is cut and
+        the needle inserted only before such tokens, so no word is split at a token boundary."""
+        flag = self._word_start.get(token)
+        if flag is None:
+            text = self.tok.decode([token])
+            flag = self._word_start[token] = bool(text) and text[0].isspace()
+        return flag
+
+    def _boundary(self, hay: list[int], target: int) -> int:
+        """The insertion point nearest to ``target`` that lies between sentences of the filler (between
+        words of a corpus haystack); 0 always qualifies, ``len(hay)`` only as the target itself."""
+        n = len(hay)
+        if self.haystack is None:
+            F = len(self.filler)
+            base = target - target % F
+            points = [b + s for b in (base - F, base, base + F) for s in self.filler_starts]
+        else:
+            window = range(max(0, target - 64), min(n, target + 65))
+            points = [i for i in window if self.starts_word(int(hay[i]))]
+        # the haystack's end is where it was cut to length: only depth 1 (target n) puts the needle there
+        points = [p for p in points if 0 <= p < n] + [0] + ([n] if target >= n else [])
+        return min(points, key=lambda p: (abs(p - target), p))
 
     def needle(self, key: str) -> list[int]:
         return self.tok.encode(" " + NEEDLE.format(key=key) + " ")
@@ -106,6 +138,11 @@ class PasskeyBuilder:
             return (self.filler * reps)[:n]
         total = len(self.haystack)
         start = int(rng.integers(0, total))
+        # start the window at a word, so its first token is never the tail of a cut word
+        for step in range(64):
+            if self.starts_word(int(self.haystack[(start + step) % total])):
+                start = (start + step) % total
+                break
         idx = (start + np.arange(n)) % total  # wrap around: a small split still fills a long haystack
         return np.asarray(self.haystack[idx], dtype=np.int64).tolist()
 
@@ -125,7 +162,7 @@ class PasskeyBuilder:
                 f"({len(needle) + len(self.question)} tokens); use longer lengths."
             )
         hay = self._hay(hay_len, rng)
-        at = int(round(depth * hay_len))
+        at = self._boundary(hay, int(round(depth * hay_len)))
         tokens = hay[:at] + needle + hay[at:] + self.question
         return PasskeyPrompt(tokens, at, len(needle), key, self.answer(key), depth)
 
@@ -498,6 +535,27 @@ def format_grid(result: dict[str, Any], metric: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def computed_metrics(result: dict[str, Any]) -> list[str]:
+    """Every metric the result's cells hold, the primary one first: rank mode's accuracy, mean rank and
+    mean reciprocal rank, generate mode's exact match (both: all four)."""
+    first = result["metric"]
+    cells = result["results"]
+    found = [m for m in ("rank_accuracy", "mean_rank", "mrr", "exact_match") if cells and m in cells[0]]
+    return [first] + [m for m in found if m != first]
+
+
+def format_all(result: dict[str, Any]) -> str:
+    """One grid per computed metric (``computed_metrics``): what the console shows after a passkey run. The
+    first grid carries the run's description; the others name only their metric."""
+    first, *others = computed_metrics(result)
+    parts = [format_grid(result, first)]
+    for metric in others:
+        lines = format_grid(result, metric).split("\n")
+        lines[0] = f"{metric.replace('_', ' ')} (the same cells):"
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
 def plot_heatmap(result: dict[str, Any], path: str | Path, metric: str | None = None) -> Path:
     """Save a length x depth heatmap of the accuracy (matplotlib) to ``path``."""
     try:
@@ -546,6 +604,8 @@ __all__ = [
     "PasskeyBuilder",
     "PasskeyPrompt",
     "passkey",
+    "computed_metrics",
+    "format_all",
     "format_grid",
     "plot_heatmap",
     "score_prompts",
