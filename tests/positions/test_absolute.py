@@ -96,3 +96,27 @@ def test_learned_table_gets_gradients_through_interpolation():
     enc = build_encoding("learned", CTX, {"interpolate_to": 16})
     enc.embed(torch.zeros(1, 16, 6), torch.arange(16)[None]).sum().backward()
     assert (enc.table.grad != 0).all()
+
+
+def test_sinusoidal_scales_embeddings_by_sqrt_d_model_by_default():
+    """Vaswani et al. 2017 §3.4: the embeddings are multiplied by sqrt(d_model) before the sines are added."""
+    torch.manual_seed(0)
+    enc = build_encoding("sinusoidal", CTX)
+    assert enc.options.scale_embeddings is True
+    h = torch.randn(2, 5, 6, dtype=torch.float64)
+    pos = torch.arange(5).expand(2, 5)
+    sines = enc.embed(torch.zeros_like(h), pos)  # zero embeddings: the table alone
+    torch.testing.assert_close(enc.embed(h, pos), h * math.sqrt(6) + sines, atol=1e-12, rtol=0)
+
+
+def test_sinusoidal_unscaled_option_keeps_the_plain_sum():
+    torch.manual_seed(0)
+    enc = build_encoding("sinusoidal", CTX, {"scale_embeddings": False})
+    h = torch.randn(2, 5, 6)
+    pos = torch.arange(5).expand(2, 5)
+    assert torch.equal(enc.embed(h, pos), h + enc.table(pos))
+
+
+def test_sinusoidal_scale_option_is_type_checked():
+    with pytest.raises(UserError, match="scale_embeddings"):
+        build_encoding("sinusoidal", CTX, {"scale_embeddings": "yes"})

@@ -1,7 +1,8 @@
 """Absolute encodings added once to the token embeddings: none, sinusoidal, learned (+ interpolation).
 
 * ``nope``: no positional information at all (causal attention still leaks some, Haviv et al. 2022).
-* ``sinusoidal`` (Vaswani et al. 2017): p[n, 2t] = sin(n / 10000^(2t/d)), p[n, 2t+1] = cos(...).
+* ``sinusoidal`` (Vaswani et al. 2017): p[n, 2t] = sin(n / 10000^(2t/d)), p[n, 2t+1] = cos(...),
+  added to the token embeddings multiplied by sqrt(d_model) (§3.4; option ``scale_embeddings``).
 * ``learned``: a trainable table of ``max_length`` vectors (default L_t). Longer inputs need the
   table extended by linear interpolation (segmented-sequences §3.2), either on the fly
   (option ``interpolate_to``, no retraining) or permanently (``extend_table``, for extension training).
@@ -10,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +32,14 @@ class NoPE(PositionalEncoding):
 
 
 class Sinusoidal(PositionalEncoding):
-    """Fixed sine/cosine table added once to the embeddings (Vaswani et al. 2017, §3.5)."""
+    """Fixed sine/cosine table added once to the embeddings (Vaswani et al. 2017, §3.5).
+
+    ``scale_embeddings`` (default True) multiplies the token embeddings by sqrt(d_model) before the
+    sines are added, as Vaswani et al. 2017 §3.4 do and as fairseq (``embed_scale``) and Hugging Face
+    (``scale_embedding``) sinusoidal models do: without it, unit-amplitude sines swamp embeddings drawn
+    with std 0.02 (about 35 times larger) and the baseline loses most of its token signal at the
+    input. False keeps the plain sum h + p of earlier extrapos versions, for runs trained with it.
+    """
 
     family = "absolute"
     paper = "Vaswani et al. 2017, Attention is all you need"
@@ -42,6 +51,7 @@ class Sinusoidal(PositionalEncoding):
     @dataclass
     class Options:
         base: float = 10000.0
+        scale_embeddings: bool = True  # h * sqrt(d_model) + p (§3.4); False: h + p
 
     def table(self, positions: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         """p[n, 2t] = sin(n / base^(2t/d)), p[n, 2t+1] = cos(n / base^(2t/d)); (B, T, d) in dtype."""
@@ -56,6 +66,8 @@ class Sinusoidal(PositionalEncoding):
     def embed(self, h: Tensor, positions: Tensor) -> Tensor:
         # fp32 at least: angles of long positions need the precision even under bf16 autocast
         p = self.table(positions, torch.float64 if h.dtype == torch.float64 else torch.float32)
+        if self.options.scale_embeddings:
+            h = h * math.sqrt(self.ctx.d_model)
         return h + p.to(h.dtype)
 
 
