@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -343,6 +344,10 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, self.q_out + 2 * self.kv_out, bias=cfg.use_qkv_bias)
         self.proj = nn.Linear(self.q_out, cfg.d_model, bias=cfg.use_bias)
         self.dropout = cfg.dropout
+        # an optional observer of what this layer attends with: called as capture(q, k, v, bias, documents)
+        # just before attention, after the encoding's transforms and the cache (attention_stats.py reads
+        # the attention weights from them); it must not modify them, so the forward stays bit-identical
+        self.capture: Callable[[Tensor, Tensor, Tensor, Any, Tensor | None], None] | None = None
 
     def forward(
         self,
@@ -372,6 +377,8 @@ class Attention(nn.Module):
         bias = pos.bias(x, positions, layer, cache.state if cache is not None else None)
         if cache is not None:
             k, v, bias = cache.update(k, v, bias)
+        if self.capture is not None:
+            self.capture(q, k, v, bias, documents)
         dropout = self.dropout if self.training else 0.0
         y = attention(q, k, v, bias, dropout, causal=self.causal, documents=documents)
         return self.proj(y.transpose(1, 2).reshape(B, T, self.q_out))

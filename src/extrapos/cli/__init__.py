@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "extrapos.cli.train",
     "extrapos.cli.extend",
     "extrapos.cli.eval",
+    "extrapos.cli.attention",
     "extrapos.cli.compare",
     "extrapos.cli.report",
     "extrapos.cli.tasks",

@@ -1,0 +1,467 @@
+"""`extrapos attention`: what each head attends to at every evaluation length (docs/attention-diagnostics.md).
+
+The segmented-sequences paper reads attention to explain extrapolation (its Figure 3: the median
+distance attended to); this module gives those readings per layer and head at each length k x L_t,
+on the held-out windows `extrapos eval` scores (its documents protocol, the same spans and windows).
+
+The attention probabilities are materialized from the model's own pieces, so they are the ones the
+model uses: each block's ``Attention.capture`` hook (model.py) hands over q and k after the
+encoding's transforms (RoPE rotations, ExPE's inputs) and the bias description (ALiBi, CABLE, T5,
+Kerple, FIRE, CoPE, DAPE, ...), which ``attention.bias_block`` expands (a ``LogitBias`` gets the
+block's logits as in ``attention.py``); the causal and document masks are applied as there. Queries
+run in blocks, so memory is O(block x T) at any length.
+
+Per query i, with p_ij its attention probabilities over the visible keys j (n_i of them):
+
+* entropy ``H_i = -sum_j p_ij log p_ij`` (nats), and ``H_i / log n_i`` (1 = uniform; queries that see
+  one key have no normalised entropy and are left out of its mean);
+* sink mass ``sum of p_ij over the first k visible keys`` (k = 1, 4): the window's first tokens, or
+  the first tokens of the query's own document under a document mask;
+* distance ``|i - j|`` in tokens: its mean ``sum_j p_ij |i - j|`` and its median, the lower weighted
+  median ``min {d : sum_{j: |i-j| <= d} p_ij >= 1/2}``.
+
+Each statistic is averaged over every query position of every window (each query counts once), per
+layer and head.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from extrapos.attention import bias_block, document_visible
+from extrapos.errors import UserError
+from extrapos.files import atomic_write, ensure_writable_dir
+from extrapos.positions.base import FoldedBias, LogitBias, PairwiseBias
+
+SINKS = (1, 4)
+#: the statistics of every (layer, head), in the order of the console table
+STATISTICS = ("entropy", "entropy_norm", *(f"sink{k}" for k in SINKS), "mean_distance", "median_distance")
+LABELS = {
+    "entropy": "entropy (nats)",
+    "entropy_norm": "entropy / log n",
+    **{f"sink{k}": f"mass on first {k}" for k in SINKS},
+    "mean_distance": "mean distance",
+    "median_distance": "median distance",
+}
+#: elements (B x H x queries x keys) of one block of probabilities; the statistics keep a few such
+#: blocks alive (16 MB each in fp32), whatever the length
+BLOCK_ELEMENTS = 1 << 22
+#: bump when a definition changes: saved results of an older definition are computed again
+VERSION = 1
+
+
+# ---- the attention probabilities ----------------------------------------------------------------
+
+
+def attention_probabilities(
+    q: Tensor,
+    k: Tensor,
+    bias: Any = None,
+    *,
+    causal: bool = True,
+    documents: Tensor | None = None,
+    queries: tuple[int, int] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """softmax(q k^T / sqrt(d_h) + bias) under the causal and document masks, for the queries
+    ``queries`` = [q0, q1) (default all), as ``attention.attention_reference`` forms it.
+
+    Shapes as in ``attention.py``: q (B, H, Tq, d_h), k (B, H_kv, Tk, d_h), queries aligned to the end
+    of the keys. Returns (probabilities (B, H, tq, tk), visible (B or 1, 1, tq, tk) bool), in fp32 (fp64
+    for fp64 inputs), over the keys [0, tk): causally, the keys after the last query are left out.
+    """
+    B, H, Tq, Dh = q.shape
+    Tk = k.shape[2]
+    past = Tk - Tq
+    q0, q1 = queries or (0, Tq)
+    kend = past + q1 if causal else Tk
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    keys = k[:, :, :kend]
+    if keys.shape[1] != H:  # grouped-query attention: each key head serves H / H_kv query heads
+        keys = keys.repeat_interleave(H // keys.shape[1], dim=1)
+    qb = q[:, :, q0:q1]
+    scores = (qb.to(dtype) @ keys.to(dtype).transpose(-1, -2)) / math.sqrt(Dh)
+    if documents is not None:
+        visible = document_visible(documents, past, (q0, q1), (0, kend), causal)
+    else:
+        i = torch.arange(q0, q1, device=q.device).unsqueeze(-1) + past
+        visible = torch.arange(kend, device=q.device) <= i if causal else torch.ones_like(scores[0, 0]).bool()
+        visible = visible[None, None]
+    if isinstance(bias, LogitBias):
+        qf, kf = bias.q_feat[:, :, q0:q1], bias.k_feat[:, :, :kend]
+        mask = visible if documents is not None else visible[0, 0]
+        scores = scores + bias.fn(scores, qb, qf, kf, mask).to(dtype)
+    elif isinstance(bias, FoldedBias):
+        # q_feat_i * k_feat_j is exact up to a row constant: shifting k_feat by the block's last query's
+        # own key (as attention.py does) keeps the products small, hence precise, at long lengths
+        kf = bias.k_feat[:, :, :kend].to(dtype)
+        ref = past + q1 - 1
+        shifted = FoldedBias(bias.q_feat[:, :, q0:q1].to(dtype), kf - kf[:, :, ref : ref + 1])
+        scores = scores + bias_block(shifted)
+    elif isinstance(bias, PairwiseBias):
+        scores = scores + bias_block(replace(bias, k_feat=bias.k_feat[:, :, :kend]), slice(q0, q1)).to(dtype)
+    elif bias is not None:
+        raise TypeError(f"unknown bias description {type(bias).__name__}")
+    scores = scores.masked_fill(~visible, float("-inf"))
+    return torch.softmax(scores, dim=-1), visible
+
+
+def block_statistics(probs: Tensor, visible: Tensor, first_query: int, past: int) -> dict[str, Tensor]:
+    """The statistics (module docstring) of every query of a block: each (B, H, tq), plus ``valid_norm``
+    (queries that see at least two keys) for the normalised entropy.
+
+    ``probs`` (B, H, tq, tk) over keys 0..tk-1 with ``visible`` (B or 1, 1, tq, tk); the block's queries
+    are at key indices ``past + first_query + t``."""
+    B, H, tq, tk = probs.shape
+    n_visible = visible.sum(-1).expand(B, H, tq)
+    entropy = -torch.special.xlogy(probs, probs).sum(-1)
+    valid = n_visible >= 2
+    entropy_norm = torch.where(valid, entropy / n_visible.clamp(min=2).log(), torch.zeros_like(entropy))
+    out = {"entropy": entropy, "entropy_norm": entropy_norm, "valid_norm": valid}
+    rank = visible.cumsum(-1)  # 1 for the first visible key of each row, 2 for the second, ...
+    for k in SINKS:
+        out[f"sink{k}"] = (probs * (visible & (rank <= k))).sum(-1)
+    i = torch.arange(tq, device=probs.device).unsqueeze(-1) + past + first_query
+    distance = (i - torch.arange(tk, device=probs.device)).abs()  # (tq, tk)
+    out["mean_distance"] = (probs * distance).sum(-1)
+    # the mass at each distance d (bidirectional rows put two keys at most d > 0), then its running sum
+    mass = torch.zeros_like(probs).scatter_add_(-1, distance.expand(B, H, tq, tk), probs)
+    below_half = (mass.cumsum(-1) < 0.5).sum(-1)
+    out["median_distance"] = below_half.clamp(max=tk - 1).to(probs.dtype)
+    return out
+
+
+class Accumulator:
+    """Sums of the statistics of one layer over queries (float64), per head."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, Tensor] = {}
+        self.queries = 0  # per head: every head sees the same queries
+        self.queries_norm: Tensor | None = None
+
+    def add(self, stats: dict[str, Tensor]) -> None:
+        valid = stats["valid_norm"]
+        for name in STATISTICS:
+            value = stats[name].double()
+            total = (value * valid if name == "entropy_norm" else value).sum((0, 2)).cpu()
+            self.sums[name] = self.sums.get(name, 0) + total
+        count = valid.sum((0, 2)).cpu()
+        self.queries_norm = count if self.queries_norm is None else self.queries_norm + count
+        self.queries += stats["entropy"].shape[0] * stats["entropy"].shape[2]
+
+    def means(self) -> dict[str, list[float]]:
+        out = {}
+        for name in STATISTICS:
+            count = self.queries_norm.double() if name == "entropy_norm" else float(self.queries)
+            mean = self.sums[name] / count
+            out[name] = [None if math.isnan(x) else float(x) for x in mean.tolist()]
+        return out
+
+
+def layer_statistics(
+    q: Tensor,
+    k: Tensor,
+    bias: Any = None,
+    *,
+    causal: bool = True,
+    documents: Tensor | None = None,
+    accumulator: Accumulator | None = None,
+    block_elements: int = BLOCK_ELEMENTS,
+) -> Accumulator:
+    """The statistics of one layer's attention (q, k, bias as the model's ``Attention.capture`` gets
+    them), query block by query block, added to ``accumulator`` (a new one by default)."""
+    acc = accumulator if accumulator is not None else Accumulator()
+    B, H, Tq, _ = q.shape
+    Tk = k.shape[2]
+    past = Tk - Tq
+    block = max(1, min(Tq, block_elements // max(1, B * H * Tk)))
+    for q0 in range(0, Tq, block):
+        q1 = min(q0 + block, Tq)
+        probs, visible = attention_probabilities(
+            q, k, bias, causal=causal, documents=documents, queries=(q0, q1)
+        )
+        acc.add(block_statistics(probs, visible, q0, past))
+    return acc
+
+
+@torch.no_grad()
+def model_statistics(
+    model, tokens: Tensor, positions: Tensor, accumulators: list[Accumulator], documents: Tensor | None = None
+) -> None:
+    """One no-grad forward of ``model`` on ``tokens`` (B, T), adding every layer's statistics to its
+    accumulator; the forward itself is unchanged (the hooks only read q, k and the bias)."""
+    causal = model.cfg.causal
+    attns = [block.attn for block in model.blocks]
+
+    def observer(acc: Accumulator) -> Callable:
+        def capture(q, k, v, bias, docs):
+            layer_statistics(q, k, bias, causal=causal, documents=docs, accumulator=acc)
+
+        return capture
+
+    try:
+        for attn, acc in zip(attns, accumulators):
+            attn.capture = observer(acc)
+        model.hidden_states(tokens, positions, documents=documents)
+    finally:
+        for attn in attns:
+            attn.capture = None
+
+
+# ---- the command ---------------------------------------------------------------------------------
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,119}")
+
+
+def check_name(name: str) -> str:
+    """A result name is one file name inside RUN/attention/: no path separators, no leading dot."""
+    if not _NAME.fullmatch(name) or ".." in name:
+        raise UserError(
+            f"result name {name!r} must be a plain file name (letters, digits, . _ + = -), with no path "
+            "separators; choose another --name."
+        )
+    return name
+
+
+def results_dir(run_dir: Path) -> Path:
+    """RUN/attention, refused when it is a symlink or a file (results must land inside the run)."""
+    out = Path(run_dir) / "attention"
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise UserError(f"{out} is a symlink or a file, not a directory of the run; remove it and run again.")
+    return out
+
+
+def _key(fields: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Slot:
+    out_path: Path
+    request_key: str
+    result_key: str
+    previous: dict[str, Any] | None
+    ckpt: Any
+    digest: str
+
+
+def result_slot(run_dir: Path, req, name: str, overwrite: bool) -> Slot:
+    """Where ``RUN/attention/<name>.json`` goes and whether the saved one is this very result (the same
+    request of the same weights under the same definitions: reused) or another one (refused unless
+    ``overwrite``); a damaged file is computed again."""
+    from extrapos import checkpoint as ckpt_io
+
+    ckpt = ckpt_io.checkpoint_at(run_dir, req.step)
+    digest = ckpt_io.weights_digest(ckpt)
+    request_key = _key({"request": req.key_fields(), "version": VERSION})
+    result_key = _key({"request": request_key, "step": ckpt.step, "weights": digest})
+    out_path = results_dir(run_dir) / f"{name}.json"
+    previous = None
+    if out_path.is_file() and not overwrite:
+        try:
+            previous = json.loads(out_path.read_text())
+        except (OSError, ValueError):
+            previous = None
+        if isinstance(previous, dict) and previous.get("result_key") == result_key:
+            return Slot(out_path, request_key, result_key, previous, ckpt, digest)
+        if isinstance(previous, dict) and previous.get("request_key") != request_key:
+            raise UserError(
+                f"{out_path} holds different attention diagnostics; pass --name to keep both or --overwrite "
+                "to replace it."
+            )
+        previous = None  # the same request of older weights, or a damaged file: computed again
+    ensure_writable_dir(out_path.parent, "attention diagnostics")
+    return Slot(out_path, request_key, result_key, previous, ckpt, digest)
+
+
+def default_name(req) -> str:
+    from extrapos.evaluate import default_name as eval_name
+
+    return eval_name(req)
+
+
+def diagnose(
+    run_dir: str | Path,
+    req=None,
+    name: str | None = None,
+    overwrite: bool = False,
+    device: str = "cpu",
+    batch_tokens: int = 16_384,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """The attention statistics of a run at every length of ``req`` (an ``evaluate.EvalRequest``, documents
+    protocol), on the windows `extrapos eval` scores; writes and returns ``RUN/attention/<name>.json``
+    (reused when it holds this request of these weights) and the plot beside it."""
+    from tqdm.auto import tqdm
+
+    from extrapos.evaluate import (
+        EvalRequest,
+        check_eval_memory,
+        check_request,
+        load_eval_inputs,
+        resolve_request,
+    )
+
+    req = resolve_request(req or EvalRequest())
+    check_request(req)
+    if req.protocol != "documents" or req.stride is not None:
+        raise UserError(
+            "attention diagnostics read the documents protocol's windows (no stream, no --stride); drop "
+            "those options."
+        )
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.toml").is_file():
+        raise UserError(
+            f"{run_dir} is not a run directory (no config.toml); pass the --out of `extrapos train`."
+        )
+    name = check_name(name or default_name(req))
+    slot = result_slot(run_dir, req, name, overwrite)
+    if slot.previous is not None:
+        return slot.previous
+    check_eval_memory(run_dir, req, device, batch_tokens)
+    t0 = time.perf_counter()
+    inputs = load_eval_inputs(run_dir, req, slot.ckpt, device, progress)
+    run, L = inputs.run, inputs.L
+    model = run.model
+    spans = torch.from_numpy(inputs.spans)
+    n_layers = len(model.blocks)
+    rows = []
+    total = spans.shape[0] * inputs.max_len * len(inputs.lengths)
+    bar = tqdm(total=total, unit="tok", disable=not progress, desc=f"attention {run_dir.name}")
+    for k in inputs.lengths:
+        window = k * L
+        if inputs.per_window:  # as the evaluator: e.g. a learned table interpolated to each window
+            model.pos.set_options(**{o: (window if window > L else None) for o in inputs.per_window})
+        # the evaluator's windows: each span cut into non-overlapping windows, each starting at position 0
+        windows = spans[:, :-1].reshape(-1, window)
+        accumulators = [Accumulator() for _ in range(n_layers)]
+        per_batch = max(1, batch_tokens // window)
+        dev = next(model.parameters()).device
+        positions = torch.arange(window, device=dev).unsqueeze(0)
+        for b in range(0, windows.shape[0], per_batch):
+            toks = windows[b : b + per_batch].to(dev)
+            model_statistics(model, toks, positions.expand(toks.shape[0], -1), accumulators)
+            bar.update(toks.numel())
+        rows.append(
+            {
+                "ev": k,
+                "window": window,
+                "windows": int(windows.shape[0]),
+                "queries": accumulators[0].queries,
+                "layers": [{"layer": i, **acc.means()} for i, acc in enumerate(accumulators)],
+            }
+        )
+    bar.close()
+    result = {
+        "name": name,
+        "kind": "attention",
+        "version": VERSION,
+        "run": str(run_dir),
+        "request": asdict(req),
+        "request_key": slot.request_key,
+        "result_key": slot.result_key,
+        "weights_sha256": slot.digest,
+        "encoding": run.cfg.model.positions["name"],
+        "applied": json.loads(json.dumps(req.position_options, default=str)),
+        "train_length": L,
+        "causal": bool(model.cfg.causal),
+        "n_layers": n_layers,
+        "n_heads": int(model.cfg.n_heads),
+        "checkpoint_step": run.step,
+        "data_dir": inputs.data_dir,
+        "documents_used": inputs.docs_used,
+        "documents_skipped": inputs.docs_skipped,
+        "spans": int(spans.shape[0]),
+        "statistics": list(STATISTICS),
+        "results": rows,
+        "wall_time": time.perf_counter() - t0,
+    }
+    atomic_write(slot.out_path, json.dumps(result, indent=1))
+    plot(result, slot.out_path.with_suffix(".png"))
+    return result
+
+
+# ---- console and plot ------------------------------------------------------------------------------
+
+
+def head_mean(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+def format_result(result: dict[str, Any]) -> str:
+    """Per length and layer, the mean over heads of every statistic (the heads are in the JSON)."""
+    lines = [
+        f"{result['run']}  encoding={result['encoding']}  L_t={result['train_length']}  "
+        f"applied={result['applied'] or 'nothing'}",
+        f"{result['spans']} spans from {result['documents_used']} held-out documents; per layer, the mean "
+        f"over its {result['n_heads']} heads (per head: the JSON)",
+        "| ev | layer | " + " | ".join(LABELS[s] for s in STATISTICS) + " |",
+        "|---:|---:|" + "---:|" * len(STATISTICS),
+    ]
+    for row in result["results"]:
+        for layer in row["layers"]:
+            cells = []
+            for s in STATISTICS:
+                v = head_mean(layer[s])
+                cells.append("-" if v is None else f"{v:.1f}" if "distance" in s else f"{v:.3f}")
+            lines.append(f"| {row['ev']} | {layer['layer']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: Path) -> Path | None:
+    """Median attended distance and normalised entropy vs length (one line per layer, mean over heads), and
+    both per head at the longest length as heat maps; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("attention: matplotlib is not installed, skipping the plot (pip install 'extrapos[plots]').")
+        return None
+    rows = result["results"]
+    evs = [r["ev"] for r in rows]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    for ax, stat in zip(axes[0], ("median_distance", "entropy_norm")):
+        for layer in range(result["n_layers"]):
+            values = [head_mean(r["layers"][layer][stat]) for r in rows]
+            ax.plot(evs, [math.nan if v is None else v for v in values], marker="o", label=f"layer {layer}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(evs, [str(e) for e in evs])
+        ax.set_xlabel("evaluation length / training length (ev)")
+        ax.set_ylabel(LABELS[stat] + " (mean over heads)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_title("Median distance attended to (tokens)", fontsize=10)
+    axes[0][1].set_title("Attention entropy / log(visible keys)", fontsize=10)
+    longest = rows[-1]
+    for ax, stat in zip(axes[1], ("median_distance", "entropy_norm")):
+        grid = [[math.nan if v is None else v for v in layer[stat]] for layer in longest["layers"]]
+        image = ax.imshow(grid, aspect="auto", cmap="viridis")
+        fig.colorbar(image, ax=ax)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_xticks(range(result["n_heads"]))
+        ax.set_yticks(range(result["n_layers"]))
+        ax.set_title(f"{LABELS[stat]} per head at ev={longest['ev']}", fontsize=10)
+    fig.suptitle(
+        f"{Path(result['run']).name}: {result['encoding']}, L_t={result['train_length']}", fontsize=10
+    )
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
+    return path

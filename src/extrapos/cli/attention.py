@@ -1,0 +1,79 @@
+"""`extrapos attention`: attention diagnostics of a run at k x L_t (docs/attention-diagnostics.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "attention",
+        help="attention entropy, sinks and attended distance per layer and head at each length",
+        description="Read a run's attention on the held-out windows `extrapos eval` scores: per layer and "
+        "head, at each length, the entropy, the mass on the first tokens and the mean and median distance "
+        "attended to (docs/attention-diagnostics.md). Writes RUN/attention/<name>.json and a plot beside it.",
+    )
+    p.add_argument("run", help="a run directory")
+    p.add_argument(
+        "--lengths", default="1,2,4,8,16", help="multiples of the training length (default 1,2,4,8,16)"
+    )
+    p.add_argument("--max-tokens", type=int, default=16_384, help="tokens read per length (default 16384)")
+    p.add_argument(
+        "--scale", type=float, default=None, help="ExPE/ExQPE inference-time scale (the paper's 0.5)"
+    )
+    p.add_argument(
+        "--rope-scaling",
+        default=None,
+        metavar="NAME",
+        help="a RoPE scaling applied at inference: linear, ntk, dynamic or yarn",
+    )
+    p.add_argument("--factor", type=float, default=None, help="RoPE scaling factor (default: max length)")
+    p.add_argument(
+        "--interpolate",
+        action="store_true",
+        help="interpolate a learned table to each evaluated window (none at ev=1)",
+    )
+    p.add_argument(
+        "--position-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set any option of the encoding for this reading (repeatable)",
+    )
+    p.add_argument("--split", default="test", help="split of the run's data (default test)")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    p.add_argument("--name", default=None, help="result name in RUN/attention/ (default: from the options)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing different result")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from extrapos.attention_stats import diagnose, format_result
+    from extrapos.cli.eval import check_position_options, parse_lengths, position_options
+    from extrapos.evaluate import EvalRequest
+    from extrapos.runtime import resolve_device
+
+    lengths = parse_lengths(args.lengths)
+    options = position_options(args, lengths)
+    check_position_options(args.run, options)
+    req = EvalRequest(
+        lengths=lengths,
+        split=args.split,
+        max_tokens=args.max_tokens,
+        position_options=options,
+        step=args.step,
+    )
+    result = diagnose(
+        args.run,
+        req,
+        name=args.name,
+        overwrite=args.overwrite,
+        device=str(resolve_device(args.device, "--device")),
+        progress=not args.no_progress,
+    )
+    print(format_result(result))
+    out = Path(args.run) / "attention" / (result["name"] + ".json")
+    print(f"-> {out} (plot: {out.with_suffix('.png')})")
+    return 0
