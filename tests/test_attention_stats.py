@@ -108,6 +108,7 @@ def direct_statistics(p: torch.Tensor, visible: torch.Tensor) -> dict[str, np.nd
                 order = np.argsort(dist, kind="stable")
                 cum = np.cumsum(w[order])
                 out["median_distance"][h] += dist[order][np.argmax(cum >= 0.5)]
+                out["median_weight"][h] += np.sort(w)[(len(w) - 1) // 2] * len(w)  # the lower median
     for s in STATISTICS:
         out[s] /= norm_count if s == "entropy_norm" else B * n
     return out
@@ -160,6 +161,7 @@ def test_uniform_attention_has_entropy_log_n():
     assert not stats["valid_norm"][0, 0, 0]  # one visible key: no normalised entropy
     assert torch.allclose(stats["sink1"][0, 0], 1 / n)
     assert torch.allclose(stats["mean_distance"][0, 0], (n - 1) / 2)
+    assert torch.allclose(stats["median_weight"][0, 0], torch.ones(9, dtype=torch.float64))
     bidirectional, visible = attention_probabilities(q, k, causal=False)
     entropy = block_statistics(bidirectional, visible, 0, 0)["entropy"]
     assert torch.allclose(entropy, torch.full_like(entropy, math.log(9)))
@@ -177,6 +179,8 @@ def test_distance_statistics_on_a_hand_built_matrix():
     assert stats["median_distance"][0, 0].tolist() == [0, 1, 0, 1]
     assert stats["sink1"][0, 0].tolist() == pytest.approx([1, 0.6, 0.2, 0.1])
     assert stats["sink4"][0, 0].tolist() == pytest.approx([1, 1, 1, 1])
+    # the lower median weight of each row's visible keys, times their number
+    assert stats["median_weight"][0, 0].tolist() == pytest.approx([1, 0.4 * 2, 0.2 * 3, 0.2 * 4])
     # bidirectional: query 1 sees keys 0..3 at distances 1, 0, 1, 2: mass 0.1 at 0, 0.5 at 1, 0.4 at 2
     row = torch.tensor([[[[0.3, 0.1, 0.2, 0.4]]]], dtype=torch.float64)
     stats = block_statistics(row, torch.ones(1, 1, 1, 4, dtype=torch.bool), 1, 0)

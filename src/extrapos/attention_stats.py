@@ -18,7 +18,10 @@ Per query i, with p_ij its attention probabilities over the visible keys j (n_i 
 * sink mass ``sum of p_ij over the first k visible keys`` (k = 1, 4): the window's first tokens, or
   the first tokens of the query's own document under a document mask;
 * distance ``|i - j|`` in tokens: its mean ``sum_j p_ij |i - j|`` and its median, the lower weighted
-  median ``min {d : sum_{j: |i-j| <= d} p_ij >= 1/2}``.
+  median ``min {d : sum_{j: |i-j| <= d} p_ij >= 1/2}``;
+* the median weight ``n_i x median_j p_ij`` (the lower median over the visible keys): 1 when the
+  weights are even, near 0 when a few keys hold the mass (the segmented-sequences paper's Figure 3
+  reads this median, "well below the mean", for positions past L_t).
 
 Each statistic is averaged over every query position of every window (each query counts once), per
 layer and head.
@@ -47,13 +50,21 @@ from extrapos.positions.base import FoldedBias, LogitBias, PairwiseBias
 
 SINKS = (1, 4)
 #: the statistics of every (layer, head), in the order of the console table
-STATISTICS = ("entropy", "entropy_norm", *(f"sink{k}" for k in SINKS), "mean_distance", "median_distance")
+STATISTICS = (
+    "entropy",
+    "entropy_norm",
+    *(f"sink{k}" for k in SINKS),
+    "mean_distance",
+    "median_distance",
+    "median_weight",
+)
 LABELS = {
     "entropy": "entropy (nats)",
     "entropy_norm": "entropy / log n",
     **{f"sink{k}": f"mass on first {k}" for k in SINKS},
     "mean_distance": "mean distance",
     "median_distance": "median distance",
+    "median_weight": "median weight x n",
 }
 #: elements (B x H x queries x keys) of one block of probabilities; the statistics keep a few such
 #: blocks alive (16 MB each in fp32), whatever the length
@@ -139,6 +150,8 @@ def block_statistics(probs: Tensor, visible: Tensor, first_query: int, past: int
     mass = torch.zeros_like(probs).scatter_add_(-1, distance.expand(B, H, tq, tk), probs)
     below_half = (mass.cumsum(-1) < 0.5).sum(-1)
     out["median_distance"] = below_half.clamp(max=tk - 1).to(probs.dtype)
+    weights = probs.masked_fill(~visible, float("nan"))  # the invisible keys are no weights at all
+    out["median_weight"] = weights.nanmedian(-1).values * n_visible
     return out
 
 
@@ -339,8 +352,9 @@ def diagnose(
     rows = []
     total = spans.shape[0] * inputs.max_len * len(inputs.lengths)
     bar = tqdm(total=total, unit="tok", disable=not progress, desc=f"attention {run_dir.name}")
-    for k in inputs.lengths:
-        window = k * L
+    # each length's window in tokens (the evaluator resolves them; older evaluators had only multiples)
+    windows = getattr(inputs, "windows", None) or [k * L for k in inputs.lengths]
+    for k, window in zip(inputs.lengths, windows):
         if inputs.per_window:  # as the evaluator: e.g. a learned table interpolated to each window
             model.pos.set_options(**{o: (window if window > L else None) for o in inputs.per_window})
         # the evaluator's windows: each span cut into non-overlapping windows, each starting at position 0
