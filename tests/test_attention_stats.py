@@ -236,7 +236,9 @@ def test_attention_cli_end_to_end(tiny_run, capsys):
         # causal windows of k x 16 tokens: a query at position i has a median distance of at most i
         assert all(0 <= d <= row["window"] - 1 for layer in row["layers"] for d in layer["median_distance"])
     before = path.stat().st_mtime_ns
+    path.with_suffix(".png").unlink()
     assert main(args) == 0 and path.stat().st_mtime_ns == before  # the same request: reused, not redone
+    assert path.with_suffix(".png").is_file()  # ... and its plot drawn again from the saved result
     capsys.readouterr()
     assert main([*args[:-2], "256", "--no-progress"]) == 2  # another request under the same name
     assert "holds different attention diagnostics" in capsys.readouterr().err

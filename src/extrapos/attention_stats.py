@@ -341,6 +341,8 @@ def diagnose(
     name = check_name(name or default_name(req))
     slot = result_slot(run_dir, req, name, overwrite)
     if slot.previous is not None:
+        if not slot.out_path.with_suffix(".png").is_file():  # the plot is derived: drawn again when missing
+            plot(slot.previous, slot.out_path.with_suffix(".png"))
         return slot.previous
     check_eval_memory(run_dir, req, device, batch_tokens)
     t0 = time.perf_counter()
