@@ -239,16 +239,18 @@ def test_keys_change_exactly_where_the_targets_changed():
     import hashlib
     from dataclasses import asdict, replace
 
-    from extrapos.evaluate import LEGACY_FIELDS, result_key
+    from extrapos.evaluate import LEGACY_FIELDS, UNSET_FIELDS, result_key
+
+    later = {*LEGACY_FIELDS, *UNSET_FIELDS}  # fields the requests of that time did not have
 
     def old_key(req):  # every request's key before protocols and selections existed
-        fields = {k: v for k, v in asdict(req).items() if k not in LEGACY_FIELDS}
+        fields = {k: v for k, v in asdict(req).items() if k not in later}
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
     new = EvalRequest(lengths=[1, 2], max_tokens=128)
     old = replace(new, selection="first")
     assert old.key() == old_key(new) and new.key() != old_key(new)  # the spread changed the targets
-    fields = {k: v for k, v in asdict(old).items() if k not in LEGACY_FIELDS}
+    fields = {k: v for k, v in asdict(old).items() if k not in later}
     text = json.dumps({"request": fields, "step": 3, "weights": "ab"}, sort_keys=True)
     assert (
         result_key(old, 3, "ab") == hashlib.sha256(text.encode()).hexdigest()[:16] != result_key(new, 3, "ab")

@@ -30,8 +30,10 @@ import torch
 from extrapos.data.mlm import encoder_special_tokens, mask_tokens, rng_for
 from extrapos.errors import UserError
 from extrapos.evaluate import (
+    INTERVAL_NOTE,
     EvalRequest,
     _jsonable,
+    check_lengths,
     check_request,
     check_result_name,
     default_name,
@@ -39,6 +41,7 @@ from extrapos.evaluate import (
     result_slot,
 )
 from extrapos.files import atomic_write
+from extrapos.stats import length_interval
 
 
 def mask_spans(spans: np.ndarray, specials, vocab_size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -126,6 +129,7 @@ def evaluate_mlm(
         raise UserError(f"{run_dir} is a decoder run (objective {objective}); score it with `extrapos eval`.")
     if req.stride is not None:
         raise UserError("the MLM evaluation scores non-overlapping windows only; drop --stride.")
+    check_lengths(run_dir, req)  # fractional and token lengths against L_t, before anything is loaded
     if not isinstance(seed, int) or seed < 0:
         raise UserError(f"the mask seed must be a non-negative integer, got {seed!r}.")
     name = check_result_name(name or f"mlm-{default_name(req)}" + (f"-mask{seed}" if seed else ""))
@@ -145,8 +149,7 @@ def evaluate_mlm(
     selected = torch.from_numpy(selected_np)
 
     rows, per_position = [], None
-    for k in lengths:
-        window = k * L
+    for k, window in zip(lengths, inputs.windows):
         if per_window:  # as evaluate: e.g. a learned table interpolated to each window (none at L_t)
             run.model.pos.set_options(**{o: (window if window > L else None) for o in per_window})
         losses, correct = score_masked(run.model, corrupted, text, window, batch_tokens, req.precision)
@@ -167,7 +170,7 @@ def evaluate_mlm(
                 **per_document_masked(losses, selected, owners),
             }
         )
-        if k == max(lengths):
+        if window == max_len:
             per_position = _bucketed_masked(losses, selected, window, req.buckets)
         if progress:
             print(f"extrapos eval (mlm): ev {k}: loss {mean:.4f}", flush=True)
@@ -175,7 +178,7 @@ def evaluate_mlm(
         "name": name,
         "run": str(run_dir),
         "objective": "mlm",
-        "request": asdict(req),
+        "request": req.written(),
         "request_key": slot.request_key,
         "result_key": slot.key,
         "weights_sha256": slot.digest,
@@ -248,14 +251,14 @@ def format_mlm_result(result: dict[str, Any]) -> str:
             if result.get("unigram_loss") is not None
             else ""
         ),
-        "| ev | window | MLM loss | ppl | accuracy | tail loss |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| ev | window | MLM loss | ppl | accuracy | tail loss | loss 95% interval |",
+        "|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in result["results"]:
         tail = r.get("tail_loss")
         lines.append(
             f"| {r['ev']} | {r['window']} | {r['loss']:.4f} | {r['ppl']:.2f} | {r['accuracy']:.3f} | "
             + ("–" if tail is None else f"{tail:.4f}")
-            + " |"
+            + f" | {length_interval(result, r['ev'])[1]} |"
         )
-    return "\n".join(lines)
+    return "\n".join([*lines, INTERVAL_NOTE])

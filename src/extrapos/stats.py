@@ -40,6 +40,10 @@ BOOTSTRAP_SEED = 14
 LEVEL = 0.95
 RESAMPLES = 2000
 _CHUNK = 500  # replicates drawn at a time: bounds memory at _CHUNK x documents floats
+# Fewest documents a console interval is printed for: resampling n documents gives at most
+# C(2n - 1, n) distinct means (1 for one document, 35 for four), so below five the 2.5 / 97.5
+# percentiles are a handful of values near the extremes, not a 95% interval.
+MIN_DOCUMENTS = 5
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,19 @@ def cell_samples(result: dict[str, Any], ev: int) -> Samples | None:
     if not docs:
         return None
     return Samples(docs, np.stack(sums), np.stack(counts))
+
+
+def length_interval(result: dict[str, Any], ev) -> tuple[Interval | None, str]:
+    """The 95% interval of one length's mean token loss (``loss_interval`` over the documents that
+    ``cell_samples`` reads), or None and the reason in words: too few documents, or none recorded."""
+    samples = cell_samples(result, ev)
+    if samples is None:
+        return None, "no per-document losses recorded (a result of an older extrapos)"
+    n = len(samples.doc_index)
+    if n < MIN_DOCUMENTS:
+        return None, f"too few documents for an interval ({n}; it needs {MIN_DOCUMENTS})"
+    interval = loss_interval(samples.sums, samples.counts)
+    return interval, f"[{interval.low:.4f}, {interval.high:.4f}]"
 
 
 def protocol_of(result: dict[str, Any]) -> tuple[str, str | None, str]:

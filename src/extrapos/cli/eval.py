@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,15 @@ def register(sub) -> None:
     )
     p.add_argument("run", help="a run directory")
     p.add_argument(
-        "--lengths", default="1,2,4,8,16", help="multiples of the training length (default 1,2,4,8,16)"
+        "--lengths",
+        default=None,
+        help="multiples of the training length, fractional where k x L_t is whole, e.g. 0.5,1,2 (default "
+        "1,2,4,8,16, or none with --tokens)",
+    )
+    p.add_argument(
+        "--tokens",
+        default=None,
+        help="window lengths in tokens, e.g. 15360 (the CABLE paper's 15 x 1024); alone or beside --lengths",
     )
     p.add_argument(
         "--scale", type=float, default=None, help="ExPE/ExQPE inference-time scale (the paper's 0.5)"
@@ -98,6 +107,66 @@ def parse_lengths(text: str) -> list[int]:
         ) from None
 
 
+def parse_eval_lengths(text: str) -> list[int | float]:
+    """--lengths of `extrapos eval`: multiples of L_t, whole (kept ints, as results record them) or
+    fractional (0.5); whether k x L_t is a whole number of tokens is checked once L_t is known."""
+    from extrapos.errors import UserError
+    from extrapos.evaluate.lengths import ev_value
+
+    values = []
+    for x in (x.strip() for x in text.split(",")):
+        if not x:
+            continue
+        try:
+            k = float(x)
+        except ValueError:
+            k = math.nan
+        if not math.isfinite(k) or k <= 0:
+            raise UserError(
+                f"--lengths must be positive numbers separated by commas (e.g. 0.5,1,2,4), got {text!r}."
+            )
+        values.append(ev_value(k))
+    return values
+
+
+def parse_tokens(text: str) -> list[int]:
+    """--tokens: window lengths in whole tokens."""
+    from extrapos.errors import UserError
+    from extrapos.evaluate.lengths import MIN_WINDOW
+
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or any(n < MIN_WINDOW for n in values):
+        raise UserError(
+            f"--tokens must be whole numbers of at least {MIN_WINDOW} tokens separated by commas (e.g. "
+            f"15360,4096), got {text!r}."
+        )
+    return values
+
+
+def eval_lengths(args) -> tuple[list[int | float], list[int] | None]:
+    """(multiples, tokens) of the request: --lengths defaults to 1,2,4,8,16 unless --tokens alone is given."""
+    tokens = parse_tokens(args.tokens) if args.tokens is not None else None
+    if args.lengths is None:
+        from extrapos.evaluate import DEFAULT_LENGTHS
+
+        return ([] if tokens else list(DEFAULT_LENGTHS)), tokens
+    return parse_eval_lengths(args.lengths), tokens
+
+
+def lengths_for_factor(run_dir: str, lengths: list, tokens: list[int] | None) -> list:
+    """The multiples of L_t that --rope-scaling's default factor (the longest) is read from: with --tokens,
+    each window over the run's L_t as well (none to read without a run: the evaluation then says so)."""
+    if not tokens or not (Path(run_dir) / "config.toml").is_file():
+        return lengths or [1]
+    from extrapos.config import load_run_config
+
+    L = load_run_config(Path(run_dir)).model.train_length
+    return [*lengths, *(n / L for n in tokens)]
+
+
 def parse_value(text: str) -> Any:
     """A command-line option value: int, float, true/false/none, else the string itself."""
     for cast in (int, float):
@@ -156,11 +225,12 @@ def run(args) -> int:
     from extrapos.evaluate import EvalRequest, evaluate, format_result
     from extrapos.runtime import init_distributed, resolve_device
 
-    lengths = parse_lengths(args.lengths)
-    options = position_options(args, lengths)
+    lengths, tokens = eval_lengths(args)
+    options = position_options(args, lengths_for_factor(args.run, lengths, tokens))
     check_position_options(args.run, options)
     req = EvalRequest(
         lengths=lengths,
+        tokens=tokens,
         corpus=args.corpus,
         data_dir=args.data,
         split=args.split,

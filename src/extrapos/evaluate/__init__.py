@@ -48,6 +48,14 @@ import torch
 import torch.nn.functional as F
 
 from extrapos.errors import UserError
+from extrapos.evaluate.lengths import (
+    MIN_WINDOW,
+    EvalLength,
+    check_windows_divide,
+    is_multiple,
+    is_token_count,
+    resolve_lengths,
+)
 from extrapos.files import atomic_write, ensure_writable_dir
 
 DEFAULT_LENGTHS = (1, 2, 4, 8, 16)
@@ -59,13 +67,18 @@ SELECTIONS = ("spread", "first")  # the documents protocol's spans: spread over 
 # (spans taken from the first documents). A field at its legacy value is left out of the keys, so a request
 # with all of them at these values has the key it had before they existed, and no other request does.
 LEGACY_FIELDS: dict[str, Any] = {"protocol": "documents", "boundary": None, "selection": "first"}
+# Fields added later that change nothing while unset: left out of the key and of the request a result
+# records at these values, so a request that does not use them has the key and the result file it had
+# before they existed.
+UNSET_FIELDS: dict[str, Any] = {"tokens": None}
 
 
 @dataclass
 class EvalRequest:
     """Everything that defines an evaluation (the result file records it; equal requests reuse it)."""
 
-    lengths: list[int] = field(default_factory=lambda: list(DEFAULT_LENGTHS))
+    lengths: list[int | float] = field(default_factory=lambda: list(DEFAULT_LENGTHS))  # multiples of L_t
+    tokens: list[int] | None = None  # windows given in tokens, beside (or instead of) the multiples
     base_length: int | None = None  # L_t; None -> the run's training length
     corpus: str | None = None  # None -> the run's own held-out split
     data_dir: str | None = None
@@ -80,12 +93,17 @@ class EvalRequest:
     boundary: str | None = None  # stream only: "cross" (None means cross) or "mask"
     selection: str = "spread"  # documents only: spans "spread" over documents, or the "first" documents'
 
+    def written(self) -> dict[str, Any]:
+        """The request as a result records it (fields added later left out at their unset value)."""
+        return {k: v for k, v in asdict(self).items() if k not in UNSET_FIELDS or v != UNSET_FIELDS[k]}
+
     def key(self) -> str:
         return hashlib.sha256(json.dumps(self.key_fields(), sort_keys=True).encode()).hexdigest()[:12]
 
     def key_fields(self) -> dict[str, Any]:
         """The fields a key hashes: all of them, less those added later that hold their legacy value."""
-        return {k: v for k, v in asdict(self).items() if k not in LEGACY_FIELDS or v != LEGACY_FIELDS[k]}
+        legacy = {**LEGACY_FIELDS, **UNSET_FIELDS}
+        return {k: v for k, v in asdict(self).items() if k not in legacy or v != legacy[k]}
 
     @classmethod
     def from_saved(cls, request: dict[str, Any]) -> EvalRequest:
@@ -110,11 +128,19 @@ def resolve_request(req: EvalRequest) -> EvalRequest:
 
 def check_request(req: EvalRequest) -> None:
     """Every field of an evaluation request checked before a model is loaded."""
-    if not req.lengths or any(not isinstance(k, int) or k < 1 for k in req.lengths):
+    if (not req.lengths and not req.tokens) or not all(is_multiple(k) for k in req.lengths):
         raise UserError(
-            "evaluation lengths must be positive multiples of the training length, e.g. 1,2,4,8,16."
+            "evaluation lengths must be positive multiples of the training length, e.g. 1,2,4,8,16 (or 0.5 "
+            "where 0.5 x L_t is a whole number of tokens), or windows in tokens with --tokens."
         )
-    if req.protocol == "documents" and any(max(req.lengths) % k for k in req.lengths):
+    if req.tokens is not None and (not req.tokens or not all(is_token_count(n) for n in req.tokens)):
+        raise UserError(
+            f"--tokens must be whole numbers of at least {MIN_WINDOW} tokens separated by commas (e.g. "
+            f"15360), got {req.tokens!r}."
+        )
+    integral = req.tokens is None and all(isinstance(k, int) for k in req.lengths)
+    # fractional and token lengths are checked in tokens once L_t is known (``resolve_lengths``)
+    if integral and req.protocol == "documents" and any(max(req.lengths) % k for k in req.lengths):
         raise UserError(
             f"every length must divide the longest ({max(req.lengths)}) so that each span splits into whole "
             f"windows, got {','.join(map(str, req.lengths))}; use e.g. 1,2,4,8,16, or --protocol stream."
@@ -350,12 +376,13 @@ class ScoredRun:
     held-out split to score."""
 
     run: Any
-    lengths: list[int]
+    lengths: list[int | float]  # each length's ev (window / L_t), in the order of ``windows``
     L: int
     max_len: int
     per_window: set[str]  # options set per evaluated window (value "window"), e.g. learned interpolate_to
     split: Any
     data_dir: str
+    windows: list[int] = field(default_factory=list)  # each length's window in tokens, ascending
 
 
 def load_scored_run(run_dir, req: EvalRequest, ckpt, device, progress: bool) -> ScoredRun:
@@ -363,15 +390,39 @@ def load_scored_run(run_dir, req: EvalRequest, ckpt, device, progress: bool) -> 
     from extrapos.runs import load_run
 
     run = load_run(run_dir, device=device, checkpoint=ckpt)
-    lengths = sorted(set(req.lengths))
     L = req.base_length or run.cfg.model.train_length
-    max_len = max(lengths) * L
+    resolved = request_lengths(req, L)
+    lengths, windows = [x.ev for x in resolved], [x.window for x in resolved]
+    max_len = max(windows)
     per_window = {k for k, v in req.position_options.items() if v == "window"}
     fixed = {k: v for k, v in _resolve_options(req.position_options, max_len).items() if k not in per_window}
     if fixed:
         run.model.pos.set_options(**fixed)
     split, data_dir = _eval_split(run, req, progress)
-    return ScoredRun(run, lengths, L, max_len, per_window, split, data_dir)
+    return ScoredRun(run, lengths, L, max_len, per_window, split, data_dir, windows)
+
+
+def check_lengths(run_dir: Path, req: EvalRequest) -> list[EvalLength]:
+    """The request's lengths checked against the run's L_t (``request_lengths``) before anything is read or
+    written."""
+    from extrapos.config import load_run_config
+
+    return request_lengths(req, req.base_length or load_run_config(run_dir).model.train_length)
+
+
+def request_lengths(req: EvalRequest, L: int) -> list[EvalLength]:
+    """The request's lengths at training length ``L`` in windows of tokens, checked (whole windows of at
+    least MIN_WINDOW tokens; under the documents protocol each dividing the longest)."""
+    resolved = resolve_lengths(req.lengths, req.tokens, L)
+    if req.protocol == "documents":
+        check_windows_divide([x.window for x in resolved])
+    elif resolved[0].window < L:  # the stream scores blocks of L_t targets, each inside every window
+        raise UserError(
+            f"the stream protocol scores blocks of L_t = {L} targets, so its windows must be at least {L} "
+            f"tokens, and {resolved[0].ev:g} x L_t is {resolved[0].window}; drop it or use the documents "
+            "protocol."
+        )
+    return resolved
 
 
 @dataclass
@@ -380,7 +431,7 @@ class EvalInputs:
     lengths, and the held-out spans of max(lengths) x L_t (+1) tokens with their documents."""
 
     run: Any
-    lengths: list[int]
+    lengths: list[int | float]  # each length's ev (window / L_t), in the order of ``windows``
     L: int
     max_len: int
     per_window: set[str]  # options set per evaluated window (value "window"), e.g. learned interpolate_to
@@ -389,6 +440,7 @@ class EvalInputs:
     owners: np.ndarray
     docs_used: int
     docs_skipped: int
+    windows: list[int] = field(default_factory=list)  # each length's window in tokens, ascending
 
 
 def load_eval_inputs(run_dir, req: EvalRequest, ckpt, device, progress: bool) -> EvalInputs:
@@ -404,7 +456,17 @@ def load_eval_inputs(run_dir, req: EvalRequest, ckpt, device, progress: bool) ->
         r.split, r.max_len, req.max_tokens, with_documents=True, selection=req.selection
     )
     return EvalInputs(
-        r.run, r.lengths, r.L, r.max_len, r.per_window, r.data_dir, spans, owners, docs_used, docs_skipped
+        r.run,
+        r.lengths,
+        r.L,
+        r.max_len,
+        r.per_window,
+        r.data_dir,
+        spans,
+        owners,
+        docs_used,
+        docs_skipped,
+        r.windows,
     )
 
 
@@ -567,6 +629,7 @@ def evaluate(
         raise UserError(
             f"{run_dir} is not a run directory (no config.toml); pass the --out of `extrapos train`."
         )
+    check_lengths(run_dir, req)
     name = check_result_name(name or default_name(req))
     slot = result_slot(run_dir, req, name, overwrite, progress)
     if slot.previous is not None:
@@ -584,7 +647,7 @@ def evaluate(
     result = {
         "name": name,
         "run": str(run_dir),
-        "request": asdict(req),
+        "request": req.written(),
         "request_key": slot.request_key,
         "result_key": slot.key,
         "weights_sha256": slot.digest,
@@ -621,13 +684,14 @@ def check_eval_memory(run_dir: Path, req: EvalRequest, device: str, batch_tokens
 
     model = load_run_config(run_dir).model
     L = req.base_length or model.train_length
-    window = max(req.lengths) * L
+    longest = request_lengths(req, L)[-1]  # fractional and token lengths refused here, before any loading
+    window = longest.window
     rows = max(1, batch_tokens // window)
     need = forward_bytes(model, window, rows) + 2 * rows * min(window, 1024) * model.vocab_size * 4
     check_memory(
         need,
         device,
-        f"evaluation windows of {max(req.lengths)} x {L} = {window} tokens",
+        f"evaluation windows of {longest.ev} x {L} = {window} tokens",
         "ask for shorter --lengths",
     )
 
@@ -662,8 +726,7 @@ def _score_documents(
 
     rows, per_position = [], None
     bar = tqdm(total=n_targets * len(lengths), unit="tok", disable=not progress, desc=f"eval {run_dir.name}")
-    for k in lengths:
-        window = k * L
+    for k, window in zip(lengths, inputs.windows):
         if per_window:  # e.g. a learned table interpolated to each evaluated window, as §3.2 does per L_e
             run.model.pos.set_options(**{name: (window if window > L else None) for name in per_window})
         losses = score_windows(run.model, spans, window, batch_tokens, req.precision, req.stride, bar)
@@ -689,7 +752,7 @@ def _score_documents(
                 **per_document(losses, owners),
             }
         )
-        if k == max(lengths):
+        if window == max_len:
             per_position = _bucketed(losses.mean(0), req.buckets)
     bar.close()
     facts = {
@@ -727,7 +790,7 @@ def _jsonable(d: Any) -> Any:
 
 
 def format_result(result: dict[str, Any]) -> str:
-    from extrapos.stats import protocol_name
+    from extrapos.stats import length_interval, protocol_name
 
     if result.get("protocol") == "stream":
         scored = (
@@ -746,12 +809,19 @@ def format_result(result: dict[str, Any]) -> str:
         f"applied={result['applied'] or 'nothing'}",
         f"protocol: {protocol_name(result)}",
         scored,
-        "| ev | window | loss | ppl | bits/byte | tail loss |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| ev | window | loss | ppl | bits/byte | tail loss | loss 95% interval |",
+        "|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in result["results"]:
         lines.append(
             f"| {r['ev']} | {r['window']} | {r['loss']:.4f} | {r['ppl']:.2f} | {r['bpb']:.4f} | "
-            f"{r['tail_loss']:.4f} |"
+            f"{r['tail_loss']:.4f} | {length_interval(result, r['ev'])[1]} |"
         )
-    return "\n".join(lines)
+    return "\n".join([*lines, INTERVAL_NOTE])
+
+
+# printed under every console table of `extrapos eval` (and its masked-LM form)
+INTERVAL_NOTE = (
+    "loss 95% interval: percentile bootstrap over the held-out documents, as compare reports compute it "
+    "(docs/evaluation.md)."
+)

@@ -247,8 +247,7 @@ def score_stream(
     rows, per_position = [], None
     total = len(ends) * block * len(lengths)
     bar = tqdm(total=total, unit="tok", disable=not progress, desc=f"eval {Path(run_dir).name} (stream)")
-    for k in lengths:
-        window = k * L
+    for k, window in zip(lengths, scored.windows):
         if per_window:  # as the documents protocol: e.g. a learned table interpolated to each window
             run.model.pos.set_options(**{name: (window if window > L else None) for name in per_window})
         losses = score_blocks(run.model, stream, ends, block, window, batch_tokens, req.precision, mask, bar)
@@ -268,7 +267,7 @@ def score_stream(
                 **per_document(losses, owners),
             }
         )
-        if k == max(lengths):
+        if window == scored.max_len:
             per_position = _bucketed(losses.mean(0), req.buckets, window)
     bar.close()
     facts = {
