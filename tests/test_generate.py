@@ -70,3 +70,19 @@ def test_generate_cli_streams_a_continuation(tiny_data, tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("Fellow citizens, ") and len(out) > len("Fellow citizens, " * 20)
     assert main(["generate", str(tmp_path / "run")]) == 2
+
+
+def test_a_long_prefill_shows_progress_unless_told_not_to(capsys):
+    """A prompt of several prefill chunks shows a bar over its tokens on stderr (the time before the first
+    new token); progress=False, a short prompt, and the tokens themselves are unchanged by it."""
+    torch.manual_seed(0)
+    cfg = model_config("cpu-tiny", vocab_size=50, train_length=8, positions={"name": "rope"})
+    model = Decoder(cfg).eval()
+    prompt = torch.randint(0, 50, (40,)).tolist()
+    shown = list(generate_tokens(model, prompt, 4, temperature=0, prefill_chunk=16, progress=True, label="r"))
+    err = capsys.readouterr().err
+    assert "prefill r" in err and "40/40" in err
+    quiet = list(generate_tokens(model, prompt, 4, temperature=0, prefill_chunk=16, progress=False))
+    short = list(generate_tokens(model, prompt[:10], 4, temperature=0, prefill_chunk=16, progress=True))
+    assert capsys.readouterr().err == ""
+    assert shown == quiet and len(short) == 4

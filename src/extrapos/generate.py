@@ -44,8 +44,14 @@ def generate_tokens(
     eot_id: int | None = None,
     use_cache: bool = True,
     prefill_chunk: int = 1024,
+    progress: bool = False,
+    label: str = "generate",
 ) -> Iterator[int]:
-    """Yield new token ids one at a time (greedy when temperature == 0)."""
+    """Yield new token ids one at a time (greedy when temperature == 0).
+
+    ``progress`` shows a bar over the prompt's tokens while a prompt of more than one chunk is prefilled
+    (a long prompt is where the time goes before the first new token; a short one needs no bar).
+    """
     if not prompt:
         raise UserError("the prompt is empty after tokenization; give at least one character of prompt.")
     device = next(model.parameters()).device
@@ -55,10 +61,18 @@ def generate_tokens(
     cache = model.new_cache() if use_cache else None
     logits = None
     if use_cache:
-        for s in range(0, tokens.shape[1], prefill_chunk):
+        from tqdm import tqdm
+
+        total = tokens.shape[1]
+        bar = tqdm(
+            total=total, unit="tok", desc=f"prefill {label}", disable=not progress or total <= prefill_chunk
+        )
+        for s in range(0, total, prefill_chunk):
             chunk = tokens[:, s : s + prefill_chunk]
             pos = torch.arange(s, s + chunk.shape[1], device=device).unsqueeze(0)
             h = model.hidden_states(chunk, pos, cache)
+            bar.update(chunk.shape[1])
+        bar.close()
         logits = model.logits(h[:, -1])[0]
     for _ in range(max_new_tokens):
         if not use_cache:
@@ -124,8 +138,10 @@ def generate_text(
     position_options: dict | None = None,
     device: str = "cpu",
     on_text: Callable[[str], None] | None = None,
+    progress: bool = False,
 ) -> str:
-    """Generate a continuation of ``prompt``; ``on_text`` receives each new piece of text as it appears."""
+    """Generate a continuation of ``prompt``; ``on_text`` receives each new piece of text as it appears;
+    ``progress`` shows the prefill of a long prompt on stderr."""
     from extrapos.runs import load_run
 
     check_sampling(max_new_tokens, temperature, top_k, top_p)
@@ -146,6 +162,8 @@ def generate_text(
         seed,
         eot_id=run.tokenizer.eot_id,
         use_cache=use_cache,
+        progress=progress,
+        label=Path(run_dir).name,
     ):
         if tok == run.tokenizer.eot_id:
             break

@@ -19,6 +19,7 @@ def register(sub) -> None:
     p.add_argument("--scale", type=float, default=None, help="ExPE/ExQPE inference-time scale")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole prefix every token (slow)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
+    p.add_argument("--no-progress", action="store_true", help="no bar while a long prompt is prefilled")
     p.set_defaults(func=run)
 
 
@@ -89,6 +90,7 @@ def run(args) -> int:
         position_options=options,
         device=str(device),
         on_text=show,
+        progress=not args.no_progress,
     )
     sys.stdout.write("\n")
     return 0
