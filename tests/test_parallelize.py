@@ -1,5 +1,6 @@
 """parallelize.py in one process: the option's checks, activation checkpointing, tied-weight names,
-and configs that stay byte-identical for runs saved before the options existed."""
+the plan's answers on one process, and configs that stay byte-identical for runs saved before the
+options existed."""
 
 import pytest
 import torch
@@ -52,9 +53,8 @@ def test_activation_checkpointing_changes_no_loss_and_no_parameter_name(tiny_dat
 
     model = Decoder(load_config("cpu/tiny", tiny_overrides(tiny_data)).model)
     names = list(model.state_dict())
-    parallelize.parallelize(
-        model, load_config("cpu/tiny", ["train.activation_checkpointing=true"]), torch.device("cpu"), world=1
-    )
+    cfg = load_config("cpu/tiny", ["train.activation_checkpointing=true"])
+    parallelize.Parallel.of(cfg, torch.device("cpu"), world=1).wrap(model)
     assert list(model.state_dict()) == names
     assert all(b.forward.func is torch.utils.checkpoint.checkpoint for b in model.blocks)  # recomputed
 
@@ -64,3 +64,18 @@ def test_tied_names_follow_safetensors_choice():
     assert parallelize.tied_names(tied) == {"tok_emb.weight": "lm_head.weight"}
     untied = Decoder(load_config("cpu/tiny", ["model.tie_embeddings=false"]).model)
     assert parallelize.tied_names(untied) == {}
+
+
+def test_one_process_plan_steps_the_model_itself_and_saves_it_as_it_is():
+    cpu = torch.device("cpu")
+    with pytest.raises(UserError, match="torchrun --nproc_per_node=N"):
+        parallelize.Parallel.of(load_config("cpu/tiny", ["train.parallel=fsdp"]), cpu, world=1)
+    plan = parallelize.Parallel.of(load_config("cpu/tiny", ["model.tie_embeddings=true"]), cpu, world=1)
+    assert not plan.sharded
+    assert parallelize.Parallel.of(load_config("cpu/tiny", ["train.parallel=fsdp"]), cpu, world=2).sharded
+    model = Decoder(load_config("cpu/tiny", ["model.tie_embeddings=true"]).model)
+    wrapped = plan.wrap(model)
+    assert wrapped.stepped is model and wrapped.fsdp is None and wrapped.ddp is None
+    assert wrapped.ties == {"tok_emb.weight": "lm_head.weight"}
+    optimizer = torch.optim.AdamW(model.parameters())
+    assert wrapped.gather_state(optimizer) is None  # one process saves the model and optimizer directly

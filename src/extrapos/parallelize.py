@@ -24,58 +24,87 @@ from __future__ import annotations
 
 import functools
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 
 from extrapos import checkpoint as ckpt_io
-from extrapos.config import RunConfig
+from extrapos.config import RunConfig, TrainConfig
 from extrapos.errors import UserError
 
-__all__ = [
-    "check_parallel",
-    "gather_state",
-    "gradient_sync",
-    "is_sharded",
-    "load_state",
-    "parallelize",
-    "tied_names",
-]
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+
+    from extrapos.model import Decoder
+
+__all__ = ["Parallel", "ParallelModel", "tied_names"]
 
 
-def check_parallel(cfg: RunConfig, world: int) -> None:
-    """A setting that cannot work in this launch is one sentence, before anything is written."""
-    if cfg.train.parallel == "fsdp" and world < 2:
-        raise UserError(
-            'train.parallel = "fsdp" shards the model over several processes, but this is one '
-            "process; launch with torchrun --nproc_per_node=N (N >= 2) or set train.parallel=ddp."
-        )
+@dataclass(frozen=True)
+class Parallel:
+    """How this launch spreads a model over torchrun's processes, decided once from the run's
+    ``train`` settings and the world size (``Parallel.of`` checks them before anything is written).
+    ``wrap`` applies it to a model; the trainer then asks the ``ParallelModel`` for the rest."""
+
+    train: TrainConfig
+    device: torch.device
+    world: int
+
+    @classmethod
+    def of(cls, cfg: RunConfig, device: torch.device, world: int) -> Parallel:
+        """The plan for ``cfg`` on ``world`` processes; a setting that cannot work is one sentence."""
+        if cfg.train.parallel == "fsdp" and world < 2:
+            raise UserError(
+                'train.parallel = "fsdp" shards the model over several processes, but this is one '
+                "process; launch with torchrun --nproc_per_node=N (N >= 2) or set train.parallel=ddp."
+            )
+        return cls(cfg.train, device, world)
+
+    @property
+    def sharded(self) -> bool:
+        return self.train.parallel == "fsdp" and self.world > 1
+
+    def wrap(self, model: Decoder) -> ParallelModel:
+        """Apply activation checkpointing, then FSDP2 or DDP across processes, then torch.compile if
+        asked.
+
+        FSDP2 shards ``model`` in place (its parameters become DTensors), so an optimizer must be
+        built from ``model`` after this call. Tied weights are read first: sharding hides them.
+        """
+        ties = tied_names(model)
+        if self.train.activation_checkpointing:
+            _checkpoint_blocks(model)
+        stepped: nn.Module = model
+        fsdp, ddp = None, None
+        if self.sharded:
+            fsdp = self._fully_shard(model)
+        elif self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            stepped = ddp = DistributedDataParallel(model, device_ids=device_ids)
+        if self.train.compile:
+            stepped = cast(nn.Module, torch.compile(stepped))  # an OptimizedModule, an nn.Module
+        return ParallelModel(self, model, stepped, ties, fsdp=fsdp, ddp=ddp)
+
+    def _fully_shard(self, model: Decoder) -> FSDPModule:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(self.device.type, (self.world,))
+        if self.train.precision == "bf16":
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        else:
+            policy = MixedPrecisionPolicy()
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        return fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
-def is_sharded(cfg: RunConfig, world: int) -> bool:
-    return cfg.train.parallel == "fsdp" and world > 1
-
-
-def parallelize(model: nn.Module, cfg: RunConfig, device: torch.device, world: int) -> nn.Module:
-    """Apply activation checkpointing, then FSDP2 or DDP across processes, then torch.compile if asked.
-
-    Returns the module the training steps run through. FSDP2 shards ``model`` in place (its
-    parameters become DTensors), so an optimizer must be built from ``model`` after this call.
-    """
-    check_parallel(cfg, world)
-    if cfg.train.activation_checkpointing:
-        _checkpoint_blocks(model)
-    if is_sharded(cfg, world):
-        _fully_shard(model, cfg, device, world)
-    elif world > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        device_ids = [device.index] if device.type == "cuda" else None
-        model = DistributedDataParallel(model, device_ids=device_ids)
-    return torch.compile(model) if cfg.train.compile else model
-
-
-def _checkpoint_blocks(model: nn.Module) -> None:
+def _checkpoint_blocks(model: Decoder) -> None:
     from torch.utils.checkpoint import checkpoint
 
     # the block's forward is wrapped in place rather than the block in a wrapper module, so parameter
@@ -84,31 +113,43 @@ def _checkpoint_blocks(model: nn.Module) -> None:
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 
-def _fully_shard(model: nn.Module, cfg: RunConfig, device: torch.device, world: int) -> None:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+@dataclass
+class ParallelModel:
+    """A model spread by a ``Parallel``: the module the training steps run through, the gradient
+    sync of each micro-batch, and its state gathered into (or loaded from) a single-process
+    checkpoint."""
 
-    mesh = init_device_mesh(device.type, (world,))
-    if cfg.train.precision == "bf16":
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    else:
-        policy = MixedPrecisionPolicy()
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    parallel: Parallel
+    model: nn.Module  # the model as built: FSDP2 sharded it in place, DDP and compile wrap it
+    stepped: nn.Module  # what the forward and backward run through
+    ties: dict[str, str] = field(default_factory=dict)  # tied_names, read before sharding
+    fsdp: FSDPModule | None = None  # ``model`` itself, when sharded
+    ddp: DistributedDataParallel | None = None  # the wrapper, when data parallel
 
-
-def gradient_sync(
-    train_model: nn.Module, model: nn.Module, cfg: RunConfig, world: int, enabled: bool
-) -> AbstractContextManager:
-    """Whether this micro-batch's backward reduces gradients across processes: only the last of a
-    step does, the others accumulate locally (DDP ``no_sync``, FSDP2 ``set_requires_gradient_sync``)."""
-    if world == 1:
+    def gradient_sync(self, enabled: bool) -> AbstractContextManager[Any]:
+        """Whether this micro-batch's backward reduces gradients across processes: only the last of a
+        step does, the others accumulate locally (DDP ``no_sync``, FSDP2 ``set_requires_gradient_sync``)."""
+        if self.fsdp is not None:
+            self.fsdp.set_requires_gradient_sync(enabled)
+            return nullcontext()
+        if self.ddp is not None and not enabled:
+            return self.ddp.no_sync()
         return nullcontext()
-    if is_sharded(cfg, world):
-        model.set_requires_gradient_sync(enabled)
-        return nullcontext()
-    return nullcontext() if enabled else train_model.no_sync()
+
+    def gather_state(self, optimizer: torch.optim.Optimizer) -> ckpt_io.TensorState | None:
+        """Sharded: the full model and optimizer state on rank 0 (None elsewhere), in the
+        single-process layout; a collective every process must call. Not sharded: None (the model
+        and optimizer are saved as they are)."""
+        return _gather_state(self.model, optimizer, self.ties) if self.parallel.sharded else None
+
+    def load_state(self, optimizer: torch.optim.Optimizer, ckpt: ckpt_io.Checkpoint) -> None:
+        """Load a checkpoint of any world size into the model and its optimizer (a collective when
+        sharded: rank 0 reads the files, the others receive their shards from it)."""
+        if self.parallel.sharded:
+            _load_state(self.model, optimizer, ckpt, self.ties)
+        else:
+            ckpt_io.load_weights(self.model, ckpt)
+            ckpt_io.load_optimizer(optimizer, ckpt)
 
 
 # ---- checkpoints -------------------------------------------------------------------------------
@@ -135,13 +176,13 @@ def tied_names(model: nn.Module) -> dict[str, str]:
 
 def _param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[list[str]]:
     """The parameter names of each optimizer group, in the optimizer's order (= checkpoint indices)."""
-    name_of = {}
+    name_of: dict[int, str] = {}
     for name, p in model.named_parameters():
         name_of.setdefault(id(p), name)
     return [[name_of[id(p)] for p in group["params"]] for group in optimizer.param_groups]
 
 
-def gather_state(
+def _gather_state(
     model: nn.Module, optimizer: torch.optim.Optimizer, ties: dict[str, str]
 ) -> ckpt_io.TensorState | None:
     """The full model and optimizer state on rank 0 (None elsewhere), in the single-process layout.
@@ -156,25 +197,28 @@ def gather_state(
     )
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    weights = get_model_state_dict(model, options=options)
+    # a full state dict holds plain tensors (no DTensor shards) and the optimizer's usual two keys
+    weights = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
     optim = get_optimizer_state_dict(model, optimizer, options=options)
     if dist.get_rank() != 0:
-        return None
+        return None  # the full state exists on rank 0 alone
+    state = cast(dict[str, dict[str, Any]], optim["state"])
+    param_groups = cast(list[dict[str, Any]], optim["param_groups"])
     index = {name: i for i, name in enumerate(n for group in _param_names(model, optimizer) for n in group)}
-    tensors = {}
-    for name, state in optim["state"].items():
-        for key, value in state.items():
+    tensors: dict[str, torch.Tensor] = {}
+    for name, param_state in state.items():
+        for key, value in param_state.items():
             t = value if torch.is_tensor(value) else torch.tensor(value)
             tensors[f"{index[name]}.{key}"] = t.detach().cpu().contiguous()
     groups = [
         {**{k: v for k, v in g.items() if k != "params"}, "params": [index[n] for n in g["params"]]}
-        for g in optim["param_groups"]
+        for g in param_groups
     ]
     kept = {k: v.contiguous() for k, v in weights.items() if k not in ties}
     return ckpt_io.TensorState(kept, dict(ties), tensors, groups)
 
 
-def load_state(
+def _load_state(
     model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: ckpt_io.Checkpoint, ties: dict[str, str]
 ) -> None:
     """Load a checkpoint of any world size into a sharded model and its optimizer.
@@ -188,8 +232,8 @@ def load_state(
         set_optimizer_state_dict,
     )
 
-    weights: dict[str, torch.Tensor] = {}
-    optim: dict = {}
+    weights: dict[str, Any] = {}
+    optim: dict[str, Any] = {}
     names = _param_names(model, optimizer)
     if dist.get_rank() == 0:
         stored = ckpt_io.read_state(ckpt)

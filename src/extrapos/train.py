@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from extrapos import checkpoint as ckpt_io
-from extrapos import parallelize
 from extrapos.config import RunConfig, load_run_config
 from extrapos.data.batch import Batch
 from extrapos.data.mlm import objective_sampler
@@ -35,6 +34,7 @@ from extrapos.lock import RunLock
 from extrapos.losses import model_loss_sum
 from extrapos.metrics import MetricsLog, read_metrics
 from extrapos.model import Decoder, count_parameters, flops_per_token
+from extrapos.parallelize import Parallel
 from extrapos.perf import matmul_peak_flops
 from extrapos.runtime import (
     autocast,
@@ -272,7 +272,7 @@ def train(
     # decided before anything is written (a larger budget, ``changes``, continues a finished run)
     complete = resume and not changes and run_is_complete(run_dir)
     rank, world, device = init_distributed(resolve_device(cfg.train.device))
-    parallelize.check_parallel(cfg, world)
+    parallel = Parallel.of(cfg, device, world)  # checked here, before anything is written
     is_main = rank == 0
     barrier()  # under torchrun: every process has looked at run_dir before rank 0 writes into it
     if is_main:
@@ -301,6 +301,7 @@ def train(
                 progress=progress,
                 init_from=init_from,
                 restore_from=restore_from,
+                parallel=parallel,
             )
             result = trainer.run()
     barrier()  # every process returns once the run is complete on disk (compare reads it next)
@@ -322,13 +323,14 @@ class Trainer:
         progress: bool = True,
         init_from: str | Path | None = None,
         restore_from: ckpt_io.Checkpoint | None = None,
+        parallel: Parallel | None = None,
     ):
+        """``parallel``: the launch's plan, when the caller has checked it already (``train``)."""
         self.cfg, self.run_dir, self.device, self.rank, self.world = cfg, run_dir, device, rank, world
         self.is_main = rank == 0
         self.progress = progress and self.is_main
         t = cfg.train
-        parallelize.check_parallel(cfg, world)
-        self.sharded = parallelize.is_sharded(cfg, world)
+        parallel = parallel or Parallel.of(cfg, device, world)
         if t.threads and device.type == "cpu":
             torch.set_num_threads(t.threads)
         warn_slow_bf16(device, t.precision)
@@ -366,9 +368,8 @@ class Trainer:
         self.model = Decoder(cfg.model).to(device)
         if init_from is not None:
             ckpt_io.load_weights(self.model, Path(init_from))
-        self.ties = parallelize.tied_names(self.model)  # seen before sharding hides them
         # FSDP2 replaces the parameters by shards, so the optimizer is built after it, and restored after both
-        self.train_model = parallelize.parallelize(self.model, cfg, device, world)
+        self.parallel = parallel.wrap(self.model)
         self.optimizer = build_optimizer(self.model, cfg)
         self.metrics = MetricsLog(run_dir, cfg, enabled=self.is_main)
         self.start_step, self.elapsed_before, self.tokens_seen = 0, 0.0, 0
@@ -424,11 +425,7 @@ class Trainer:
                 (self.run_dir / "summary.json").unlink(missing_ok=True)
             return None
         state = last.state
-        if self.sharded:
-            parallelize.load_state(self.model, self.optimizer, last, self.ties)
-        else:
-            ckpt_io.load_weights(self.model, last)
-            ckpt_io.load_optimizer(self.optimizer, last)
+        self.parallel.load_state(self.optimizer, last)
         ckpt_io.restore_rng(last)
         self.sampler.load_state_dict(state["sampler"])
         saved_world = state["sampler"].get("world_size", 1)
@@ -465,12 +462,13 @@ class Trainer:
         step_loss = torch.zeros((), device=device)
         for i, b in enumerate(batches):
             # gradients are reduced across processes once per step, on the last micro-batch
-            sync = parallelize.gradient_sync(self.train_model, self.model, cfg, world, enabled=i == accum - 1)
-            with sync, autocast(device, cfg.train.precision):
+            with self.parallel.gradient_sync(enabled=i == accum - 1), autocast(device, cfg.train.precision):
                 # the forward computes the loss (fused with the head, losses.py), wrapped or not
                 masked = {} if b.documents is None else {"documents": b.documents}  # a document mask
                 loss = (
-                    model_loss_sum(self.train_model, b.tokens, b.positions, b.targets, b.loss_mask, **masked)
+                    model_loss_sum(
+                        self.parallel.stepped, b.tokens, b.positions, b.targets, b.loss_mask, **masked
+                    )
                     / n_tokens
                 )
             loss.backward()
@@ -527,7 +525,7 @@ class Trainer:
 
     def save(self, step: int, loss: float, val_loss: float | None = None) -> None:
         # shards are gathered by every process (a collective) into one full state on rank 0
-        gathered = parallelize.gather_state(self.model, self.optimizer, self.ties) if self.sharded else None
+        gathered = self.parallel.gather_state(self.optimizer)
         if self.is_main:
             extra = {"val_loss": val_loss} if step == self.plan.total_steps else {}
             path = ckpt_io.save_checkpoint(
