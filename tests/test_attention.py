@@ -153,6 +153,69 @@ def test_folded_head_dims_are_padded_to_multiple_of_8():
     assert seen == [(24, 24, 24, 1 / math.sqrt(16))]
 
 
+def _check_no_grad(fast, bias_kind, shape, **kwargs):
+    B, H, Hkv, Tq, Tk, Dh = SHAPES[shape]
+    q, k, v = _qkv(B, H, Hkv, Tq, Tk, Dh)
+    bias = _folded(B, H, Tq, Tk) if bias_kind == "folded" else _pairwise(B, H, Tq, Tk)[0]
+    if bias_kind == "pairwise-per-head":
+        bias = _pairwise_per_head(B, H, Tq, Tk)[0]
+    ref = attention_reference(q, k, v, bias)
+    with torch.no_grad():
+        out = fast(q, k, v, bias, **kwargs)
+    assert out.shape == ref.shape and out.dtype == q.dtype
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("block", [None, 1, 4, 16])
+def test_folded_inference_equals_reference(shape, block):
+    """Without autograd the fold builds q', k', v' once and rewrites k''s feature column per block of
+    queries (its own shift), under views of one float mask; a few queries (decoding) pass the bias rows
+    as SDPA's float mask instead: each equals the reference."""
+    _check_no_grad(folded_attention, "folded", shape, block=block)
+    _check_no_grad(attention, "folded", shape)
+
+
+@pytest.mark.parametrize("shape", ["decode", "decode1", "gqa-decode"])
+@pytest.mark.parametrize("bias_kind", ["pairwise", "pairwise-per-head"])
+def test_pairwise_decoding_rows_equal_reference(bias_kind, shape):
+    """At most DECODE_QUERIES queries without autograd: the bias on their rows, the fused kernel's mask."""
+    _check_no_grad(attention, bias_kind, shape)
+    _check_no_grad(chunked_attention, bias_kind, shape, chunk_size=2)  # the chunked path, for contrast
+
+
+def _sdpa_calls(fn) -> list[tuple]:
+    """(q, k, v head dims, mask dtype or None) of every SDPA call ``fn`` makes."""
+    seen = []
+    real = attn_mod.F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        mask = kw.get("attn_mask")
+        seen.append((q.shape[-1], k.shape[-1], v.shape[-1], None if mask is None else mask.dtype))
+        return real(q, k, v, **kw)
+
+    try:
+        attn_mod.F.scaled_dot_product_attention = spy
+        fn()
+    finally:
+        attn_mod.F.scaled_dot_product_attention = real
+    return seen
+
+
+def test_folded_inference_on_cpu_folds_into_one_dim_and_decodes_with_bias_rows():
+    """The CPU flash kernel is fastest on d_h + 1 (no padding to 8), and a decoding step copies no keys."""
+    B, H, T, Dh = 1, 2, 40, 16
+    q, k, v = _qkv(B, H, H, T, T, Dh, dtype=torch.float32)
+    bias = FoldedBias(torch.rand(B, H, T), torch.arange(T, dtype=torch.float32).expand(B, H, T))
+    with torch.no_grad():
+        whole = _sdpa_calls(lambda: folded_attention(q, k, v, bias, block=16))
+        step = _sdpa_calls(
+            lambda: attention(q[:, :, -1:], k, v, FoldedBias(bias.q_feat[:, :, -1:], bias.k_feat))
+        )
+    assert whole == [(Dh + 1, Dh + 1, Dh + 1, torch.float32)] * 3  # 3 blocks, float-mask views
+    assert step == [(Dh, Dh, Dh, torch.float32)]
+
+
 def test_folded_bf16_inputs_are_folded_in_fp32():
     """bf16 q, k, v (as under autocast): the extra dimension stays fp32, so a 4k-position ALiBi-like
     bias is exact to bf16 output rounding; folding in bf16 itself is off by whole logits."""

@@ -46,6 +46,9 @@ MIN_BLOCK_ELEMENTS = 1 << 18
 TOEPLITZ_CHUNK = 256
 #: queries sharing one k_feat shift in the folded path; longer forwards fold block by block (precision)
 FOLD_BLOCK = 256
+#: no-grad forwards of at most this many queries (decoding steps) evaluate a pairwise bias's rows
+#: directly: a row holds as many values as the distance table, and skips its layout checks
+DECODE_QUERIES = 4
 #: FlexAttention (CUDA) only for no-grad forwards with at least this many queries, see ``flex_wanted``
 FLEX_MIN_QUERIES = 128
 #: queries per block of a document-masked forward on the fused paths: a block sees the keys from the
@@ -292,6 +295,12 @@ def folded_attention(
     dtype = fold_dtype or _fold_dtype(q.dtype)
     qf = bias.q_feat.to(dtype).expand(B, H, Tq)
     kf = bias.k_feat.to(dtype)
+    if not torch.is_grad_enabled() and causal and documents is None and subtract_reference:
+        if fold_dtype is None and block is None and not dropout_p and H * Tq <= Hkv * Dh:
+            # decoding: the bias rows (B, H, Tq, Tk) are smaller than a folded copy of the keys
+            return _bias_rows_attention(q, k, v, qf, kf, dtype).to(q.dtype)
+        if not dropout_p:
+            return _folded_inference(q, k, v, qf, kf, dtype, block or max(FOLD_BLOCK, H * Dh)).to(q.dtype)
     if kf.shape[1] not in (1, Hkv):  # per-query-head key features: k and v need all H heads
         k, v, Hkv = _expand_kv(k, H), _expand_kv(v, H), H
     kf = kf.expand(B, Hkv, Tk)
@@ -352,6 +361,83 @@ def _fold_call(
     with torch.autocast(q.device.type, enabled=False):
         out = _sdpa(q2, k2, v2, dropout_p, scale=1.0 / math.sqrt(Dh), causal=causal, mask=mask)
     return out[..., :Dh]
+
+
+def _fold_width(Dh: int, device: torch.device) -> int:
+    """Head dim of the fold at inference: d_h + 1 on the CPU, whose flash kernel is fastest on the
+    unpadded size (padding 32 + 1 to 40 costs ~25% more time there); the next multiple of 8 elsewhere
+    (CUDA's fused kernels want multiples of 8)."""
+    return Dh + 1 if device.type == "cpu" else Dh + 8 - Dh % 8
+
+
+def _bias_rows_attention(
+    q: Tensor, k: Tensor, v: Tensor, qf: Tensor, kf: Tensor, dtype: torch.dtype
+) -> Tensor:
+    """A few queries (decoding): the folded bias's rows qf_i * (kf_j - kf_last), the causal mask in
+    them, as SDPA's float mask on the keys as they are (no folded copy of the cache each step).
+    Same shift as the fold's single block, so the same precision."""
+    B, H, Tq, _ = q.shape
+    Tk = k.shape[2]
+    kf = kf - kf[..., -1:]
+    if kf.shape[1] not in (1, H):  # key features per key head: one row per query head
+        kf = kf.repeat_interleave(H // kf.shape[1], dim=1)
+    rows = qf.unsqueeze(-1) * kf.unsqueeze(-2)  # (B, H, Tq, Tk)
+    if Tq > 1:
+        rows = rows.masked_fill_(~_causal_mask(Tq, Tk, q.device), float("-inf"))
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    with torch.autocast(q.device.type, enabled=False):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=rows, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def _folded_inference(
+    q: Tensor, k: Tensor, v: Tensor, qf: Tensor, kf: Tensor, dtype: torch.dtype, block: int
+) -> Tensor:
+    """The causal fold without autograd, the training fold's numbers up to rounding: q', k', v' built
+    once (not per block), each block of queries rewriting only k''s feature column with its own
+    shift, and every block's bottom-right causal mask a view of one (block, Tk) float mask (the CPU
+    kernel would convert a boolean mask to float per call)."""
+    B, H, Tq, Dh = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    if kf.shape[1] not in (1, Hkv):  # per-query-head key features: k and v need all H heads
+        k, v, Hkv = _expand_kv(k, H), _expand_kv(v, H), H
+    width = _fold_width(Dh, q.device)
+    q2 = q.new_zeros(B, H, Tq, width, dtype=dtype)
+    q2[..., :Dh] = q
+    q2[..., Dh] = qf * math.sqrt(Dh)
+    k2 = k.new_zeros(B, Hkv, Tk, width, dtype=dtype)
+    k2[..., :Dh] = k
+    v2 = v.new_zeros(B, Hkv, Tk, width, dtype=dtype)
+    v2[..., :Dh] = v
+    kf = kf.expand(B, Hkv, Tk)
+    past, scale, gqa = Tk - Tq, 1.0 / math.sqrt(Dh), H != Hkv
+    with torch.autocast(q.device.type, enabled=False):
+        if Tq <= block:
+            k2[..., Dh] = kf - kf[..., -1:]
+            if Tq == Tk:
+                out = F.scaled_dot_product_attention(q2, k2, v2, is_causal=True, scale=scale, enable_gqa=gqa)
+            else:
+                mask = None if Tq == 1 else _causal_mask(Tq, Tk, q.device)
+                out = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, scale=scale, enable_gqa=gqa)
+            return out[..., :Dh]
+        mask = torch.zeros(block, Tk, dtype=dtype, device=q.device)
+        mask.masked_fill_(~_causal_mask(block, Tk, q.device), float("-inf"))  # bottom-right: the last block's
+        outs = []
+        for s in reversed(range(0, Tq, block)):  # largest first, as in chunked_attention
+            e = min(s + block, Tq)
+            kend = past + e
+            # the block's last query's own key: shifting by it is exact (a row constant), and it is near
+            # every query of the block; SDPA has returned, so the column can be rewritten in place
+            k2[:, :, :kend, Dh] = kf[:, :, :kend] - kf[:, :, kend - 1 : kend]
+            out = F.scaled_dot_product_attention(
+                q2[:, :, s:e],
+                k2[:, :, :kend],
+                v2[:, :, :kend],
+                attn_mask=mask[block - (e - s) :, Tk - kend :],
+                scale=scale,
+                enable_gqa=gqa,
+            )
+            outs.append(out[..., :Dh])
+        return torch.cat(outs[::-1], dim=2)
 
 
 # ---- pairwise bias: query chunks -------------------------------------------------------------
@@ -549,6 +635,15 @@ def chunked_attention(
     chunk = chunk_size or default_chunk_size(B, H, Tq, Tk, Dh)
     if documents is not None:
         return _document_chunks(q, k, v, bias, dropout_p, chunk, causal, documents)
+    if (
+        chunk_size is None
+        and Tq <= DECODE_QUERIES
+        and not torch.is_grad_enabled()
+        and isinstance(bias, PairwiseBias)
+    ):
+        # decoding: the bias on a few query rows costs what the distance table would (O(Tk) values
+        # per row), without the table's layout checks and Toeplitz views
+        return _chunk(q, k, v, bias.q_feat, bias.k_feat, bias.fn, past, dropout_p, causal)
     if (
         chunk_size is None
         and causal
