@@ -234,3 +234,38 @@ def test_requests_without_the_evaluator(tiny_run):
             list(generate_tokens(run.model, ids, 5, temperature=0, eot_id=run.tokenizer.eot_id))
         )
         assert text == ref.split(".")[0]
+
+
+REMOTE_YAML = """task: xp_remote
+dataset_path: extrapos-test/no-such-dataset
+output_type: multiple_choice
+test_split: test
+doc_to_text: "{{question}}"
+doc_to_target: 0
+doc_to_choice: ["a", "b"]
+metric_list:
+  - metric: acc
+"""
+
+
+def test_an_unreachable_dataset_is_named_with_how_to_provide_it_offline(tiny_run, tmp_path, monkeypatch):
+    """A task whose dataset is on the Hub, with the Hub unreachable (offline mode, an empty cache: what a
+    machine without a network sees, without touching one): one sentence that says the dataset could not
+    be fetched and how to provide it, not a file-system or free-space error; nothing written."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    for module in (datasets.config, huggingface_hub.constants):
+        monkeypatch.setattr(module, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "xp_remote.yaml").write_text(REMOTE_YAML)
+    before = sorted((tiny_run / "eval").glob("*")) if (tiny_run / "eval").exists() else []
+    with pytest.raises(UserError) as refused:
+        run_lm_eval(tiny_run, ["xp_remote"], limit=2, include_path=tmp_path / "tasks", include_defaults=False)
+    sentence = str(refused.value)
+    assert "could not fetch the dataset of xp_remote" in sentence and "no-such-dataset" in sentence
+    assert "HF_DATASETS_OFFLINE=1" in sentence and "--include-path" in sentence
+    assert "free space" not in sentence and sentence.count(". ") == 0
+    assert (sorted((tiny_run / "eval").glob("*")) if (tiny_run / "eval").exists() else []) == before

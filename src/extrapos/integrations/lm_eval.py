@@ -372,6 +372,18 @@ def run_lm_eval(
             fewshot_random_seed=seed,
             metadata=metadata,
         )
+    except OSError as e:
+        if not _unreachable(e):
+            raise
+        # datasets / huggingface_hub say "Couldn't reach ..." with a ConnectionError (an OSError): left to
+        # the command line's file-system sentence it read as a path or free-space problem
+        reason = str(e).strip().splitlines()[0].rstrip(".").replace(". ", "; ") if str(e).strip() else ""
+        raise UserError(
+            f"lm-eval could not fetch the dataset of {', '.join(tasks)} ({reason or type(e).__name__}): "
+            "without a network it must already be in the Hugging Face datasets cache, so fetch it once where "
+            "there is one (then copy ~/.cache/huggingface, or point HF_HOME at the copy, and set "
+            "HF_DATASETS_OFFLINE=1) or give a local task with --include-path DIR."
+        ) from None
     except ValueError as e:
         # the harness draws the few-shot examples with random.sample from the task's own split
         if num_fewshot and "larger than population" in str(e):
@@ -405,6 +417,19 @@ def run_lm_eval(
     result = json.loads(json.dumps(result, default=str))
     write_result(out_path, result)
     return result
+
+
+def _unreachable(error: OSError) -> bool:
+    """A dataset that could not be fetched (no network, offline mode, not in the cache), as opposed to a
+    file-system error: a ConnectionError (datasets, huggingface_hub's OfflineModeIsEnabled) or one of
+    requests' connection errors (OSErrors too)."""
+    if isinstance(error, ConnectionError):
+        return True
+    try:
+        import requests
+    except ImportError:  # pragma: no cover - the harness depends on it
+        return False
+    return isinstance(error, (requests.ConnectionError, requests.Timeout))
 
 
 # the request keys an lm-eval result recorded before it recorded its checkpoint and options
