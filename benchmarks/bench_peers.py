@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -115,23 +116,27 @@ def main(argv: list[str] | None = None) -> int:
         def progress(message: str) -> None:
             print(f"[{time.perf_counter() - t0:6.0f} s] {message}", file=sys.stderr, flush=True)
 
-        result = run_peers(shape, pairs, rounds=args.rounds, memory=not args.no_memory, progress=progress)
+        def write(result: dict) -> None:
+            """The JSON and README so far (after every measurement: a run stopped early keeps them)."""
+            if args.out is None:
+                return
+            result["skipped"] = skipped
+            atomic_write(args.out / "results.json", json.dumps(result, indent=1) + "\n")
+            command = shlex.join(["python", "benchmarks/bench_peers.py", *(argv or sys.argv[1:])])
+            atomic_write(
+                args.out / "README.md",
+                f"# extrapos against its peers (`{command}`)\n\n"
+                + (f"{args.note}\n\n" if args.note else "")
+                + f"{format_peers(result, skipped)}\n\nEvery round: [results.json](results.json).\n",
+            )
+
+        result = run_peers(
+            shape, pairs, rounds=args.rounds, memory=not args.no_memory, progress=progress, after_phase=write
+        )
     except UserError as e:
         print(e, file=sys.stderr)
         return 2
-    result["skipped"] = skipped
-    text = format_peers(result, skipped)
-    print(text)
-    if args.out is not None:
-        atomic_write(args.out / "results.json", json.dumps(result, indent=1) + "\n")
-        command = "python benchmarks/bench_peers.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        atomic_write(
-            args.out / "README.md",
-            f"# extrapos against its peers (`{command.strip()}`)\n\n"
-            + (f"{args.note}\n\n" if args.note else "")
-            + f"{text}\n\nEvery round: [results.json]"
-            "(results.json).\n",
-        )
+    print(format_peers(result, skipped))
     return 0
 
 

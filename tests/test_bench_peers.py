@@ -142,6 +142,16 @@ def test_tiny_run_end_to_end(tmp_path, capsys):
     assert f"CPU capability {torch.backends.cpu.get_cpu_capability()}, 1 torch thread(s)" in readme
     assert "| transformers/llama/rope |" in readme and "### Cached decoding" in readme
     assert "CPU capability" in capsys.readouterr().out
+    assert result["complete"] and "Partial run" not in readme
+
+    # a run stopped after its first measurement renders what it has, and says so
+    for model in result["models"].values():
+        del model["eval_s"], model["decode_s"]
+    for row in result["pairs"]:
+        del row["eval"], row["decode"]
+    partial = peers.format_peers({**result, "complete": False})
+    assert "**Partial run**" in partial and "### Training step" in partial
+    assert "### Evaluation forward" not in partial and "### Cached decoding" not in partial
 
 
 def test_memory_child_measures_every_length():

@@ -686,14 +686,45 @@ def library_versions() -> dict[str, str]:
     return out
 
 
+PHASES = ("train_s", "decode_s", "eval_s", "eval_peak_mb")  # in the order they run: memory last
+
+
+def pair_rows(result: dict[str, Any], pairs: list[Pair]) -> list[dict[str, Any]]:
+    """Each pair's ratios, for the measurements ``result`` holds so far."""
+    models, mults = result["models"], [str(m) for m in result["shape"]["multiples"]]
+    rows = []
+    for p in pairs:
+        a, b = models[p.extrapos_key], models[p.name]
+        row: dict[str, Any] = {
+            "pair": p.name,
+            "peer": p.peer,
+            "encoding": p.encoding,
+            "extrapos": p.extrapos_key,
+        }
+        if "train_s" in a:
+            row["train"] = pair_ratio(a["train_s"], b["train_s"])
+        if "decode_s" in a:
+            row["decode"] = pair_ratio(a["decode_s"], b["decode_s"])
+        if "eval_s" in a:
+            row["eval"] = {k: pair_ratio(a["eval_s"][k], b["eval_s"][k]) for k in mults}
+        if "eval_peak_mb" in a:
+            ours, theirs = a["eval_peak_mb"], b["eval_peak_mb"]
+            row["eval_peak_ratio"] = {k: ours[k] / theirs[k] if theirs[k] > 0 else None for k in mults}
+        rows.append(row)
+    return rows
+
+
 def run_peers(
     shape: PeerShape,
     pairs: list[Pair],
     rounds: int = 7,
     memory: bool = True,
     progress: Callable[[str], None] = lambda message: None,
+    after_phase: Callable[[dict[str, Any]], None] = lambda result: None,
 ) -> dict[str, Any]:
-    """Every measurement of every pair; the JSON the script writes (``format_peers`` renders it)."""
+    """Every measurement of every pair; the JSON the script writes (``format_peers`` renders it).
+    ``after_phase(result)`` gets the result so far after each measurement (``complete`` False until
+    the last), so a run stopped early keeps what it measured."""
     shape.validate()
     if rounds < 2:
         raise UserError(f"--rounds must be at least 2 (7 or more for a result), got {rounds}.")
@@ -708,24 +739,6 @@ def run_peers(
     keys = side_keys(pairs)
     progress(f"building {len(keys)} models")
     sides = {k: build_side(k, shape) for k in keys}
-    done = [0]
-
-    def tick() -> None:
-        done[0] += 1
-
-    progress("training steps")
-    train = measure_training(sides, shape, rounds, tick)
-    progress("evaluation forwards")
-    evaluation = measure_eval(sides, shape, rounds, tick)
-    progress("cached decoding")
-    decode = measure_decode(sides, shape, rounds, tick)
-    params = {k: s.parameters() for k, s in sides.items()}
-    labels = {k: s.label for k, s in sides.items()}
-    del sides
-    mem = None
-    if memory:
-        progress("peak memory, one fresh process per model")
-        mem = measure_memory(keys, shape, torch.get_num_threads(), tick)
     result: dict[str, Any] = {
         "shape": dataclasses.asdict(shape),
         "rounds": rounds,
@@ -736,42 +749,36 @@ def run_peers(
             "platform": platform.platform(),
         },
         "versions": library_versions(),
-        "memory_method": "VmHWM growth over VmRSS (reset via /proc/self/clear_refs), fresh process per model"
-        if memory
-        else None,
-        "models": {
-            k: {
-                "label": labels[k],
-                "parameters": params[k],
-                "train_s": train[k],
-                "eval_s": {str(m): evaluation[m][k] for m in shape.multiples},
-                "decode_s": decode[k],
-                "eval_peak_mb": mem[k] if mem else None,
-            }
-            for k in keys
-        },
+        "memory_method": None,
+        "models": {k: {"label": s.label, "parameters": s.parameters()} for k, s in sides.items()},
         "pairs": [],
+        "complete": False,
     }
-    for p in pairs:
-        a, b = result["models"][p.extrapos_key], result["models"][p.name]
-        row: dict[str, Any] = {
-            "pair": p.name,
-            "peer": p.peer,
-            "encoding": p.encoding,
-            "extrapos": p.extrapos_key,
-            "train": pair_ratio(a["train_s"], b["train_s"]),
-            "eval": {str(m): pair_ratio(a["eval_s"][str(m)], b["eval_s"][str(m)]) for m in shape.multiples},
-            "decode": pair_ratio(a["decode_s"], b["decode_s"]),
-        }
-        if mem:
-            row["eval_peak_ratio"] = {
-                str(m): a["eval_peak_mb"][str(m)] / b["eval_peak_mb"][str(m)]
-                if b["eval_peak_mb"][str(m)] > 0
-                else None
-                for m in shape.multiples
-            }
-        result["pairs"].append(row)
-    result["wall_time_s"] = time.perf_counter() - t0
+
+    def done(field_name: str, values: dict[str, Any]) -> None:
+        for k in keys:
+            result["models"][k][field_name] = values[k]
+        result["pairs"] = pair_rows(result, pairs)
+        result["wall_time_s"] = time.perf_counter() - t0
+        after_phase(result)
+
+    tick = lambda: None  # noqa: E731
+    progress("training steps")
+    done("train_s", measure_training(sides, shape, rounds, tick))
+    progress("cached decoding")
+    done("decode_s", measure_decode(sides, shape, rounds, tick))
+    progress("evaluation forwards")
+    evaluation = measure_eval(sides, shape, rounds, tick)
+    done("eval_s", {k: {str(m): evaluation[m][k] for m in shape.multiples} for k in keys})
+    del sides
+    if memory:
+        progress("peak memory, one fresh process per model")
+        result["memory_method"] = (
+            "VmHWM growth over VmRSS (reset via /proc/self/clear_refs), fresh process per model"
+        )
+        done("eval_peak_mb", measure_memory(keys, shape, torch.get_num_threads(), tick))
+    result["complete"] = True
+    after_phase(result)
     return result
 
 
@@ -808,60 +815,64 @@ def format_peers(result: dict[str, Any], skipped: list[str] = ()) -> str:
         lines.append(
             f"| {p['pair']} | {models[p['extrapos']]['parameters']:,} | {models[p['pair']]['parameters']:,} |"
         )
-    lines += [
-        "",
-        f"### Training step (forward + backward + fused AdamW, batch {s['batch']} x {s['train_length']}), s",
-        "",
-        "| pair | extrapos | peer | ratio |",
-        "|---|---:|---:|---:|",
-    ]
-    for p in result["pairs"]:
-        a, b = models[p["extrapos"]], models[p["pair"]]
-        lines.append(
-            f"| {p['pair']} | {_t(a['train_s'], 1, 3)} | {_t(b['train_s'], 1, 3)} | {_r(p['train'])} |"
-        )
+    first = models[result["pairs"][0]["extrapos"]] if result["pairs"] else {}
+    if not result.get("complete", True):
+        lines += ["", "**Partial run**: only the measurements below were completed."]
     mults = [str(k) for k in s["multiples"]]
-    lines += [
-        "",
-        "### Evaluation forward (no grad, batch 1, to the final-normed hidden states), ms",
-        "",
-        "| pair | " + " | ".join(f"{k}x extrapos | {k}x peer | {k}x ratio" for k in mults) + " |",
-        "|---|" + "---:|" * (3 * len(mults)),
-    ]
-    for p in result["pairs"]:
-        a, b = models[p["extrapos"]], models[p["pair"]]
-        cells = []
-        for k in mults:
-            cells += [_t(a["eval_s"][k], 1e3), _t(b["eval_s"][k], 1e3), _r(p["eval"][k])]
-        lines.append(f"| {p['pair']} | " + " | ".join(cells) + " |")
-    if result.get("memory_method"):
+    per_length = " | ".join(f"{k}x extrapos | {k}x peer | {k}x ratio" for k in mults)
+    if "train_s" in first:
+        lines += [
+            "",
+            "### Training step (forward + backward + fused AdamW, batch "
+            f"{s['batch']} x {s['train_length']}), s",
+            "",
+            "| pair | extrapos | peer | ratio |",
+            "|---|---:|---:|---:|",
+        ]
+        for p in result["pairs"]:
+            a, b = models[p["extrapos"]]["train_s"], models[p["pair"]]["train_s"]
+            lines.append(f"| {p['pair']} | {_t(a, 1, 3)} | {_t(b, 1, 3)} | {_r(p['train'])} |")
+    if "eval_s" in first:
+        lines += [
+            "",
+            "### Evaluation forward (no grad, batch 1, to the final-normed hidden states), ms",
+            "",
+            f"| pair | {per_length} |",
+            "|---|" + "---:|" * (3 * len(mults)),
+        ]
+        for p in result["pairs"]:
+            a, b = models[p["extrapos"]]["eval_s"], models[p["pair"]]["eval_s"]
+            cells = [c for k in mults for c in (_t(a[k], 1e3), _t(b[k], 1e3), _r(p["eval"][k]))]
+            lines.append(f"| {p['pair']} | " + " | ".join(cells) + " |")
+    if "eval_peak_mb" in first:
         lines += [
             "",
             f"### Evaluation peak memory, MiB ({result['memory_method']})",
             "",
-            "| pair | " + " | ".join(f"{k}x extrapos | {k}x peer | {k}x ratio" for k in mults) + " |",
+            f"| pair | {per_length} |",
             "|---|" + "---:|" * (3 * len(mults)),
         ]
         for p in result["pairs"]:
             a, b = models[p["extrapos"]]["eval_peak_mb"], models[p["pair"]]["eval_peak_mb"]
-            cells = []
-            for k in mults:
-                ratio = p["eval_peak_ratio"][k]
-                cells += [f"{a[k]:.1f}", f"{b[k]:.1f}", f"{ratio:.2f}" if ratio is not None else "–"]
+            ratios = p["eval_peak_ratio"]
+            cells = [
+                c
+                for k in mults
+                for c in (f"{a[k]:.1f}", f"{b[k]:.1f}", f"{ratios[k]:.2f}" if ratios[k] is not None else "–")
+            ]
             lines.append(f"| {p['pair']} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        f"### Cached decoding after a {s['context']}-token prompt, ms per token "
-        f"({s['new_tokens']} timed steps)",
-        "",
-        "| pair | extrapos | peer | ratio |",
-        "|---|---:|---:|---:|",
-    ]
-    for p in result["pairs"]:
-        a, b = models[p["extrapos"]], models[p["pair"]]
-        lines.append(
-            f"| {p['pair']} | {_t(a['decode_s'], 1e3, 2)} | {_t(b['decode_s'], 1e3, 2)} | {_r(p['decode'])} |"
-        )
+    if "decode_s" in first:
+        lines += [
+            "",
+            f"### Cached decoding after a {s['context']}-token prompt, ms per token "
+            f"({s['new_tokens']} timed steps)",
+            "",
+            "| pair | extrapos | peer | ratio |",
+            "|---|---:|---:|---:|",
+        ]
+        for p in result["pairs"]:
+            a, b = models[p["extrapos"]]["decode_s"], models[p["pair"]]["decode_s"]
+            lines.append(f"| {p['pair']} | {_t(a, 1e3, 2)} | {_t(b, 1e3, 2)} | {_r(p['decode'])} |")
     lines += ["", "Not measured: " + "; ".join(UNMATCHED.values()) + "."]
     lines += ["", f"Wall time {result['wall_time_s']:.0f} s."]
     return "\n".join(lines)
