@@ -109,7 +109,7 @@ def test_task_keys_are_checked(tmp_path):
     bad = tmp_path / "bad.toml"
     base = 'train = "cpu/tiny"\n[[rows]]\nname = "R"\npositions = { name = "rope" }\n'
     for head, message in [
-        ('tasks = ["ruler"]\n', "tasks must be distinct names"),
+        ('tasks = ["sorting"]\n', "tasks must be distinct names"),  # ruler is a task now (issue 26)
         ("passkey = { trials = 3 }\n", 'tasks does not list "passkey"'),
         ('tasks = ["passkey"]\npasskey = { tirals = 3 }\n', "passkey has no option 'tirals'"),
         ('tasks = ["passkey"]\npasskey = { mode = "guess" }\n', "passkey.mode must be"),

@@ -1,11 +1,13 @@
-"""Task columns of a comparison sweep: passkey retrieval, synthetic-task accuracy and lm-eval scores per row.
+"""Task columns of a comparison sweep: passkey retrieval, RULER tasks, synthetic-task accuracy and lm-eval
+scores per row.
 
 Perplexity can stay flat past L_t while a model ignores the far context, so a sweep may score its rows
 on tasks beside (or, with ``loss = false``, instead of) the loss columns::
 
-    tasks = ["synthetic", "passkey", "lm-eval"]
+    tasks = ["synthetic", "passkey", "ruler", "lm-eval"]
     synthetic = { examples = 64 }                               # extrapos.tasks.synthetic.score_synthetic
     passkey = { depths = [0, 0.5, 1], trials = 10, mode = "rank" }  # extrapos.tasks.passkey.passkey
+    ruler = { trials = 20 }                                     # extrapos.tasks.ruler.ruler
     lm_eval = { tasks = ["arc_easy"], limit = 200 }             # extrapos.integrations.lm_eval.run_lm_eval
 
 Every row is scored at the sweep's ``lengths`` (multiples of L_t) with the row's ``eval`` options
@@ -29,7 +31,7 @@ from extrapos import schema
 from extrapos.errors import UserError
 from extrapos.files import atomic_write
 
-TASKS = ("synthetic", "passkey", "lm-eval")
+TASKS = ("synthetic", "passkey", "ruler", "lm-eval")
 
 
 @dataclass
@@ -55,6 +57,32 @@ class PasskeyColumns:
 
 
 @dataclass
+class RulerColumns:
+    """RULER tasks (Hsieh et al. 2024): accuracy per length, the mean over the tasks (RULER's average); the
+    per-task grid is in each row's JSON and the report's per-task table."""
+
+    tasks: list[str] = field(
+        default_factory=lambda: [
+            "niah_single",
+            "niah_multikey",
+            "niah_multivalue",
+            "niah_multiquery",
+            "vt",
+            "cwe",
+            "fwe",
+        ]
+    )
+    trials: int = 20
+    mode: str = "rank"
+    candidates: int = 10
+    haystack: str = "filler"
+    pairs: int = 4
+    queries: int = 2
+    digits: int = 4
+    seed: int = 0
+
+
+@dataclass
 class LmEvalColumns:
     """lm-evaluation-harness tasks, scored once per row (at the run's L_t unless ``max_length``)."""
 
@@ -72,6 +100,7 @@ class LmEvalColumns:
 class TaskSpecs:
     synthetic: SyntheticColumns | None = None
     passkey: PasskeyColumns | None = None
+    ruler: RulerColumns | None = None
     lm_eval: LmEvalColumns | None = None
 
     def enabled(self) -> list[str]:
@@ -88,6 +117,7 @@ def parse_task_specs(path: Path, tasks: list[str], options: dict[str, dict[str, 
     for task, cls in (
         ("synthetic", SyntheticColumns),
         ("passkey", PasskeyColumns),
+        ("ruler", RulerColumns),
         ("lm-eval", LmEvalColumns),
     ):
         key = task.replace("-", "_")
@@ -137,6 +167,14 @@ def _check_values(path: Path, specs: TaskSpecs) -> None:
             check_seed(p.seed, "seed")
         except UserError as e:
             fail("passkey", str(e))
+    if specs.ruler is not None:
+        from extrapos.tasks.ruler import check_request
+
+        r = specs.ruler
+        try:
+            check_request(r.tasks, [1], r.trials, r.mode, r.candidates, r.seed, r.pairs, r.queries, r.digits)
+        except UserError as e:
+            fail("ruler", str(e))
     if specs.synthetic is not None:
         from extrapos.data.synthetic import SyntheticTask
 
@@ -205,6 +243,28 @@ def score(
             position_options=position_options,
             base_length=base_length,
             name=_name(f"passkey-{p.mode}", lengths, position_options, base_length, p),
+            progress=progress,
+            device=device,
+        )
+    if task == "ruler":
+        from extrapos.tasks.ruler import ruler
+
+        r = specs.ruler
+        return ruler(
+            run_dir,
+            r.tasks,
+            lengths,
+            trials=r.trials,
+            mode=r.mode,
+            haystack=r.haystack,
+            candidates=r.candidates,
+            pairs=r.pairs,
+            queries=r.queries,
+            digits=r.digits,
+            seed=r.seed,
+            position_options=position_options,
+            base_length=base_length,
+            name=_name(f"ruler-{r.mode}", lengths, position_options, base_length, r),
             progress=progress,
             device=device,
         )

@@ -3,7 +3,8 @@
 Reads the rows' task results (``extrapos.compare_tasks``), never a model, and needs no torch, so
 `extrapos report` re-renders them byte for byte. Accuracy is the metric the papers report for these
 tasks: per-token accuracy and exact match on synthetic tasks (Kazemnejad et al. 2023, §4), passkey
-retrieval accuracy per length, averaged over needle depths (Mohtashami & Jaggi 2023, §4.2), and the
+retrieval accuracy per length, averaged over needle depths (Mohtashami & Jaggi 2023, §4.2), RULER accuracy
+per length, averaged over its tasks as RULER averages them (Hsieh et al. 2024, §4), and the
 harness's own metric for lm-eval tasks (Gao et al. 2021, lm-evaluation-harness).
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 # the task order of the report, whatever order the rows list them in
-ORDER = ("synthetic", "passkey", "lm-eval")
+ORDER = ("synthetic", "passkey", "ruler", "lm-eval")
 
 
 def task_names(rows) -> list[str]:
@@ -25,7 +26,7 @@ def task_names(rows) -> list[str]:
 
 
 def _by_length(result: dict[str, Any], metric: str) -> dict[int, float]:
-    """ev -> the metric; passkey cells are averaged over their depths."""
+    """ev -> the metric; passkey cells are averaged over their depths, RULER cells over their tasks."""
     values: dict[int, list[float]] = {}
     for c in result["results"]:
         if c.get(metric) is not None:
@@ -203,7 +204,33 @@ def _describe(task: str, rows) -> str:
             f"cell{chance}); "
             "the per-depth grid is in each row's JSON under tasks/passkey/."
         )
+    if task == "ruler":
+        req = first["request"]
+        chance = f"; chance {1 / req['candidates']:.2f}" if first.get("metric") == "rank_accuracy" else ""
+        return (
+            f"RULER tasks ({req['mode']}, haystack {req['haystack']}): accuracy per length, the mean over "
+            f"the tasks {', '.join(req['tasks'])} ({req['trials']} examples per task and length{chance}); "
+            "the per-task table follows."
+        )
     return f"lm-evaluation-harness: {', '.join(first.get('tasks', []))}."
+
+
+def ruler_task_table(rows, metric: str) -> str:
+    """Rows x RULER tasks x ev: each task's accuracy per length (the column table averages them)."""
+    scored = [row for row in rows if "ruler" in row.tasks]
+    cells = [c for row in scored for c in row.tasks["ruler"]["results"]]
+    evs = sorted({c["ev"] for c in cells})
+    lines = [
+        "| model | task | " + " | ".join(f"ev={ev}" for ev in evs) + " |",
+        "|---|---|" + "---:|" * len(evs),
+    ]
+    for row in scored:
+        mine = row.tasks["ruler"]["results"]
+        for task in dict.fromkeys(c["task"] for c in mine):
+            values = {c["ev"]: c.get(metric) for c in mine if c["task"] == task}
+            texts = ["–" if values.get(ev) is None else f"{values[ev]:.3f}" for ev in evs]
+            lines.append(f"| {row.name} | {task} | " + " | ".join(texts) + " |")
+    return "\n".join(lines)
 
 
 def task_sections(rows, plots: dict[str, Path], baseline: str | None = None) -> list[str]:
@@ -238,6 +265,8 @@ def task_sections(rows, plots: dict[str, Path], baseline: str | None = None) -> 
                     difference_table(task, rows, metric, cells, base),
                     "",
                 ]
+            if task == "ruler":
+                parts += [f"{label.capitalize()} per RULER task:", "", ruler_task_table(rows, metric), ""]
         if task in plots:
             parts += [f"![{plots[task].stem}](plots/{plots[task].name})", ""]
     return parts
@@ -271,7 +300,7 @@ def tasks_csv(rows) -> str:
                         w.writerow(
                             [
                                 row.name,
-                                task,
+                                f"{task}:{c['task']}" if task == "ruler" else task,
                                 c["ev"],
                                 c.get("length", ""),
                                 c.get("depth", ""),

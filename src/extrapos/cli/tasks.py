@@ -1,4 +1,5 @@
-"""`extrapos passkey`, `extrapos synthetic-eval` and `extrapos lm-eval`: measures beyond perplexity."""
+"""`extrapos passkey`, `extrapos ruler`, `extrapos synthetic-eval` and `extrapos lm-eval`: measures beyond
+perplexity."""
 
 from __future__ import annotations
 
@@ -70,6 +71,40 @@ def register(sub) -> None:
     p.add_argument("--plot", default=None, help="write the length x depth heatmap here (PNG)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_passkey)
+
+    r = sub.add_parser(
+        "ruler",
+        help="RULER-style tasks (needles, variable tracking, word aggregation) at 1x..16x",
+        description="Generate the RULER tasks of Hsieh et al. 2024 (single / multi-key / multi-value / "
+        "multi-query needles, variable tracking, common- and frequent-words extraction) in a haystack of "
+        "each length and score each task: the rank of the true answer among candidates and/or greedy "
+        "exact match, with 95%% intervals.",
+    )
+    r.add_argument("run", help="a run directory")
+    r.add_argument(
+        "--tasks",
+        default="niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,cwe,fwe",
+        help="comma-separated RULER tasks",
+    )
+    r.add_argument("--lengths", default="1,2,4", help="multiples of the training length")
+    r.add_argument("--trials", type=int, default=20, help="examples per (task, length) cell")
+    r.add_argument("--mode", default="rank", help="rank (among --candidates), generate, or both")
+    r.add_argument("--candidates", type=int, default=10, help="answers ranked (the true one included)")
+    r.add_argument(
+        "--haystack", default="filler", help="filler, corpus (the run's held-out split) or a data dir"
+    )
+    r.add_argument("--split", default="test")
+    r.add_argument(
+        "--pairs", type=int, default=4, help="needles of multi-key / multi-query, values of multi-value"
+    )
+    r.add_argument("--queries", type=int, default=2, help="keys asked by multi-query")
+    r.add_argument("--digits", type=int, default=4, help="digits per value")
+    r.add_argument("--seed", type=int, default=0)
+    _add_position_flags(r)
+    _add_result_flags(r)
+    r.add_argument("--plot", default=None, help="write the task x length heatmap here (PNG)")
+    r.add_argument("--no-progress", action="store_true")
+    r.set_defaults(func=run_ruler)
 
     s = sub.add_parser(
         "synthetic-eval",
@@ -164,6 +199,54 @@ def run_passkey(args) -> int:
     )  # every metric computed (--mode both: rank accuracy, mean rank, MRR, exact match)
     if args.plot:
         print(f"-> {plot_heatmap(result, args.plot)}")
+    print(f"-> {Path(args.run) / 'eval' / (result['name'] + '.json')}")
+    return 0
+
+
+def run_ruler(args) -> int:
+    from extrapos.cli.eval import parse_lengths
+    from extrapos.runtime import resolve_device
+    from extrapos.tasks.passkey import check_plot_path
+    from extrapos.tasks.ruler import check_request, format_all, plot_grid, ruler
+
+    lengths = parse_lengths(args.lengths)
+    # before the run is loaded: a bad flag is one sentence
+    tasks = check_request(
+        args.tasks.split(","),
+        lengths,
+        args.trials,
+        args.mode,
+        args.candidates,
+        args.seed,
+        args.pairs,
+        args.queries,
+        args.digits,
+    )
+    if args.plot:
+        check_plot_path(args.run, args.plot)
+    result = ruler(
+        args.run,
+        tasks=tasks,
+        lengths=lengths,
+        trials=args.trials,
+        mode=args.mode,
+        haystack=args.haystack,
+        split=args.split,
+        candidates=args.candidates,
+        pairs=args.pairs,
+        queries=args.queries,
+        digits=args.digits,
+        seed=args.seed,
+        position_options=_options(args, lengths),
+        name=_name(args),
+        overwrite=args.overwrite,
+        device=str(resolve_device(args.device, "--device")),
+        step=args.step,
+        progress=not args.no_progress,
+    )
+    print(format_all(result))
+    if args.plot:
+        print(f"-> {plot_grid(result, args.plot)}")
     print(f"-> {Path(args.run) / 'eval' / (result['name'] + '.json')}")
     return 0
 

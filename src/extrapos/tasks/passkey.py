@@ -104,7 +104,7 @@ class PasskeyBuilder:
             flag = self._word_start[token] = bool(text) and text[0].isspace()
         return flag
 
-    def _boundary(self, hay: list[int], target: int) -> int:
+    def boundary(self, hay: list[int], target: int) -> int:
         """The insertion point nearest to ``target`` that lies between sentences of the filler (between
         words of a corpus haystack); 0 always qualifies, ``len(hay)`` only as the target itself."""
         n = len(hay)
@@ -132,7 +132,7 @@ class PasskeyBuilder:
         """The shortest prompt that holds a needle and the question (the longest needle of this key size)."""
         return len(self.needle("9" * self.key_digits)) + len(self.question) + 8
 
-    def _hay(self, n: int, rng: np.random.Generator) -> list[int]:
+    def hay_tokens(self, n: int, rng: np.random.Generator) -> list[int]:
         if self.haystack is None:
             reps = n // len(self.filler) + 1
             return (self.filler * reps)[:n]
@@ -161,8 +161,8 @@ class PasskeyBuilder:
                 f"a passkey prompt of {length} tokens cannot hold the needle and the question "
                 f"({len(needle) + len(self.question)} tokens); use longer lengths."
             )
-        hay = self._hay(hay_len, rng)
-        at = self._boundary(hay, int(round(depth * hay_len)))
+        hay = self.hay_tokens(hay_len, rng)
+        at = self.boundary(hay, int(round(depth * hay_len)))
         tokens = hay[:at] + needle + hay[at:] + self.question
         return PasskeyPrompt(tokens, at, len(needle), key, self.answer(key), depth)
 

@@ -126,7 +126,7 @@ def score_synthetic(
                 f"{run_dir} was not trained on a synthetic corpus (or its data moved); pass "
                 "task='synthetic:TASK[:options]' (--task) to say which task to score."
             )
-    if run.tokenizer.hash != build_tokenizer().hash:
+    if run.tokenizer.hash != build_tokenizer(t.task).hash:
         raise UserError(
             f"{run_dir} does not use the synthetic vocabulary; train it on a synthetic: corpus with "
             'data.tokenizer = "synthetic" first.'

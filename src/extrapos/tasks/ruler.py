@@ -1,0 +1,530 @@
+"""RULER-style long-context tasks (Hsieh et al. 2024, "RULER: What's the Real Context Size of Your
+Long-Context Language Models?", §3): seven generated tasks scored per task and length.
+
+* retrieval: ``niah_single`` (one needle, one key), ``niah_multikey`` (several needles with distinct keys,
+  one asked: the other keys' values are the distractors), ``niah_multivalue`` (one key, several values:
+  all of them, in order), ``niah_multiquery`` (several keys asked at once);
+* multi-hop tracing: ``vt`` (variable tracking: which variables a chain of assignments gives a value,
+  beside a second chain);
+* aggregation: ``cwe`` (the most common words of a list) and ``fwe`` (the most frequent words of a list
+  whose counts follow Zipf's law).
+
+The tasks' words come from ``extrapos.data.synthetic.ruler_content``, the generator that also makes the
+``synthetic:ruler`` training corpus; here they are joined by spaces into the run's own tokens and hidden in a
+haystack of filler sentences or held-out corpus text (``extrapos.tasks.passkey.PasskeyBuilder``: the needles
+go between sentences / words). An example of length n is n + 1 tokens, the prompt then the answer: the model
+reads n of them, so at 1x the answer's last token is predicted at position L_t - 1, as in training.
+
+Scoring follows ``extrapos passkey``: ``rank`` (default) compares the log-likelihood of the answer tokens
+with ``candidates - 1`` wrong answers of the same token length (the distractors found in the context first,
+then random answers of the same shape; chance 1 / candidates), ``generate`` checks the greedy continuation
+token for token, ``both`` does both. Tiny base models cannot follow RULER's instructions, so the question
+is phrased to be continued by the answer ("... The magic number for apple is").
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from extrapos.data.synthetic import RULER_TASKS, RULER_WORDS, RulerContent, assemble_ruler
+from extrapos.errors import UserError
+from extrapos.tasks.common import (
+    check_existing,
+    check_seed,
+    continuation_logprobs,
+    examples_digest,
+    greedy_batch,
+    refuse_encoder,
+    resolve_position_options,
+    result_path,
+    scored_checkpoint,
+    slug,
+    write_result,
+)
+from extrapos.tasks.passkey import MODES, PasskeyBuilder, check_passkey_memory, primary_metric
+
+#: draws of random wrong answers per candidate before a request is refused
+_DRAWS = 200
+
+
+def check_shape(pairs: int, queries: int, digits: int) -> None:
+    """The needles' counts and the values' digits: every key distinct (half the word pool at most, as the
+    variable-tracking chains take six), every asked key a stored one, values of at least one digit."""
+    if not 1 <= queries <= pairs <= len(RULER_WORDS) // 2:
+        raise UserError(
+            f"--pairs and --queries need 1 <= queries <= pairs <= {len(RULER_WORDS) // 2}, got pairs "
+            f"{pairs} and queries {queries}."
+        )
+    if not 1 <= digits <= 18:
+        raise UserError(f"--digits must be between 1 and 18, got {digits}.")
+
+
+@dataclass
+class RulerPrompt:
+    """One example: ``tokens`` (the prompt), ``answer`` (its tokens), the words behind it and its needles'
+    token offsets."""
+
+    task: str
+    tokens: list[int]
+    answer: list[int]
+    content: RulerContent
+    needle_starts: list[int]
+
+
+class RulerBuilder:
+    """Builds RULER prompts for one tokenizer and one haystack (None: the filler; else corpus tokens)."""
+
+    def __init__(
+        self, tokenizer, haystack: np.ndarray | None = None, pairs: int = 4, queries: int = 2, digits: int = 4
+    ):
+        check_shape(pairs, queries, digits)
+        self.tok, self.pairs, self.queries, self.digits = tokenizer, pairs, queries, digits
+        self.hay = PasskeyBuilder(tokenizer, haystack)
+        self._words: dict[str, list[int]] = {}
+        self.word_tokens = max(len(self.word(w)) for w in RULER_WORDS)
+
+    def word(self, w: str) -> list[int]:
+        ids = self._words.get(w)
+        if ids is None:
+            ids = self._words[w] = self.tok.encode(" " + w)
+        return ids
+
+    def encode(self, words: Sequence[str]) -> list[int]:
+        """Words joined by spaces, as the run's tokens (each word as the tokenizer splits it after a
+        space)."""
+        return [i for w in words for i in self.word(w)]
+
+    def build(self, task: str, length: int, rng: np.random.Generator) -> RulerPrompt:
+        """An example of ``length``: a prompt of ``length + 1 - len(answer)`` tokens, then the answer. A
+        needle task's values never occur in the haystack (a corpus may hold the same digits): such a draw is
+        replaced by the next one."""
+        for _ in range(20):
+            p = self._build(task, length, rng)
+            if not self._value_in_haystack(p):
+                return p
+        raise UserError(
+            f"the haystack keeps holding the {task} values; use another haystack or more --digits."
+        )
+
+    def _value_in_haystack(self, p: RulerPrompt) -> bool:
+        if p.content.kind != "values":
+            return False
+        hay = list(p.tokens)
+        for start, needle in zip(p.needle_starts, p.content.needles):
+            hay[start : start + len(self.encode(needle))] = [-1] * len(self.encode(needle))
+        values = [p.content.answer[i : i + self.digits] for i in range(0, len(p.content.answer), self.digits)]
+        values += p.content.distractors
+        text = " " + " ".join(map(str, hay)) + " "
+        return any(" " + " ".join(map(str, self.encode(v))) + " " in text for v in values)
+
+    def _build(self, task: str, length: int, rng: np.random.Generator) -> RulerPrompt:
+        # the answer's token length depends only on its shape, except for words split into several tokens:
+        # the prompt is built for the longest and padded on the left with haystack when the answer is shorter
+        content, tokens, answer, starts = assemble_ruler(
+            task,
+            length + 1 - self._longest_answer(task),
+            rng,
+            self.encode,
+            self.hay.hay_tokens,
+            self.hay.boundary,
+            self.word_tokens,
+            self.pairs,
+            self.queries,
+            self.digits,
+        )
+        pad = self._longest_answer(task) - len(answer)
+        if pad:
+            tokens = self.hay.hay_tokens(pad, rng) + tokens
+            starts = [s + pad for s in starts]
+        return RulerPrompt(task, tokens, answer, content, starts)
+
+    def _longest_answer(self, task: str) -> int:
+        from extrapos.data.synthetic import ruler_content
+
+        c = ruler_content(task, np.random.default_rng(0), 64, self.pairs, self.queries, self.digits)
+        per = max(len(self.word(d)) for d in "0123456789") if c.kind == "values" else self.word_tokens
+        return per * len(c.answer)
+
+    def min_length(self, task: str) -> int:
+        """The shortest example of ``task`` this tokenizer can fill."""
+        from extrapos.data.synthetic import ruler_content, ruler_min_listing
+
+        c = ruler_content(task, np.random.default_rng(0), 64, self.pairs, self.queries, self.digits)
+        if task in ("cwe", "fwe"):
+            body = ruler_min_listing(task) * self.word_tokens
+        else:
+            body = sum(len(self.encode(n)) for n in c.needles) + 2 * self.digits
+        return body + len(self.encode(c.question)) + self._longest_answer(task)
+
+    def candidates(self, prompt: RulerPrompt, n: int, rng: np.random.Generator) -> list[list[int]]:
+        """``n`` distinct answers' tokens, the true one first: the distractors of the context, then random
+        answers of the same shape, each of the true answer's token length and never the true answer's words
+        in another order."""
+        want, content = len(prompt.answer), prompt.content
+        out = [prompt.answer]
+        seen = {tuple(prompt.answer)}
+        truth = sorted(content.answer)
+
+        def offer(words: list[str]) -> None:
+            ids = self.encode(words)
+            if len(out) < n and len(ids) == want and tuple(ids) not in seen and sorted(words) != truth:
+                seen.add(tuple(ids))
+                out.append(ids)
+
+        for d in content.distractors:
+            offer(d)
+        for _ in range(_DRAWS * n):
+            if len(out) == n:
+                return out
+            offer(content.alternative(rng))
+        if len(out) < n:
+            raise UserError(
+                f"could not draw {n - 1} wrong answers for {prompt.task} of the answer's token length; use "
+                "fewer --candidates."
+            )
+        return out
+
+
+# ---- scoring -----------------------------------------------------------------------------------------
+
+
+def score_prompts(
+    model,
+    builder: RulerBuilder,
+    prompts: Sequence[RulerPrompt],
+    mode: str,
+    candidates: int,
+    rng: np.random.Generator,
+    batch_tokens: int = 16_384,
+) -> dict[str, Any]:
+    """Score prompts of one task and length: the rank of the true answer among ``candidates`` and/or the
+    greedy continuation's exact match, with the per-example outcomes the intervals resample."""
+    out: dict[str, Any] = {"n": len(prompts)}
+    per_example: dict[str, list[list[int]]] = {}
+    device = next(model.parameters()).device
+    if mode in ("rank", "both"):
+        ranks = np.zeros(len(prompts), dtype=np.int64)
+        for i, p in enumerate(prompts):
+            scores = continuation_logprobs(
+                model, p.tokens, builder.candidates(p, candidates, rng), batch_tokens
+            )
+            ranks[i] = 1 + int((scores[1:] >= scores[0]).sum())  # ties count against the true answer
+        out.update(
+            {
+                "rank_accuracy": float((ranks == 1).mean()),
+                "mean_rank": float(ranks.mean()),
+                "mrr": float((1.0 / ranks).mean()),
+                "chance": 1.0 / candidates,
+            }
+        )
+        per_example["rank_accuracy"] = [(ranks == 1).astype(int).tolist(), [1] * len(ranks)]
+    if mode in ("generate", "both"):
+        hits = np.zeros(len(prompts), dtype=np.int64)
+        by_shape: dict[tuple[int, int], list[int]] = {}
+        for i, p in enumerate(prompts):  # greedy_batch decodes equal-length prompts together
+            by_shape.setdefault((len(p.tokens), len(p.answer)), []).append(i)
+        for (T, a), idx in by_shape.items():
+            per_batch = max(1, batch_tokens // (T + a))
+            for s in range(0, len(idx), per_batch):
+                group = idx[s : s + per_batch]
+                x = torch.tensor([prompts[i].tokens for i in group], dtype=torch.long, device=device)
+                gen = greedy_batch(model, x, a).cpu().tolist()
+                for i, g in zip(group, gen):
+                    hits[i] = int(g == prompts[i].answer)
+        out["exact_match"] = float(hits.mean())
+        per_example["exact_match"] = [hits.tolist(), [1] * len(prompts)]
+    out["per_example"] = per_example
+    out["examples_digest"] = examples_digest(*(np.asarray(p.tokens + p.answer) for p in prompts))
+    return out
+
+
+def check_tasks(tasks: Sequence[str], flag: str = "--tasks") -> list[str]:
+    """RULER task names, checked: distinct names of ``RULER_TASKS``, at least one."""
+    tasks = [t.strip() for t in tasks if t.strip()]
+    unknown = [t for t in tasks if t not in RULER_TASKS]
+    if not tasks or unknown or len(set(tasks)) != len(tasks):
+        raise UserError(
+            f"{flag} must list distinct RULER tasks from {', '.join(RULER_TASKS)}, got "
+            f"{', '.join(tasks) or 'none'}."
+        )
+    return tasks
+
+
+def check_request(
+    tasks: Sequence[str],
+    lengths: Sequence[int],
+    trials: int,
+    mode: str,
+    candidates: int,
+    seed: int,
+    pairs: int = 4,
+    queries: int = 2,
+    digits: int = 4,
+) -> list[str]:
+    """Everything a RULER request asks for, checked before any work (the CLI's flags, a sweep's keys)."""
+    tasks = check_tasks(tasks)
+    check_shape(pairs, queries, digits)
+    if mode not in MODES:
+        raise UserError(f"unknown RULER mode {mode!r}; choose rank, generate or both.")
+    if not lengths or any(int(k) != k or k < 1 for k in lengths):
+        raise UserError(
+            "RULER lengths must be positive integers (multiples of the training length), e.g. 1,2,4."
+        )
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise UserError(f"trials must be a positive integer, got {trials!r}.")
+    if mode != "generate" and not 2 <= candidates <= 1000:
+        raise UserError(f"--candidates must be between 2 and 1000, got {candidates}.")
+    check_seed(seed)
+    return tasks
+
+
+def ruler(
+    run_dir: str | Path,
+    tasks: Sequence[str] = RULER_TASKS,
+    lengths: Sequence[int] = (1, 2, 4),
+    trials: int = 20,
+    mode: str = "rank",
+    haystack: str = "filler",
+    split: str = "test",
+    candidates: int = 10,
+    pairs: int = 4,
+    queries: int = 2,
+    digits: int = 4,
+    seed: int = 0,
+    position_options: dict[str, Any] | None = None,
+    base_length: int | None = None,
+    name: str | None = None,
+    overwrite: bool = False,
+    device: str = "cpu",
+    batch_tokens: int = 16_384,
+    step: int | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Score a run on RULER ``tasks`` at ``lengths`` (multiples of L_t), ``trials`` examples per cell; write
+    RUN/eval/NAME.json and return it. ``haystack``: "filler", "corpus" (the run's held-out split ``split``) or
+    a prepared data directory in the run's tokenizer. The same request is reused; a different one under the
+    same name is a UserError unless ``overwrite``."""
+    from tqdm.auto import tqdm
+
+    from extrapos.runs import load_run
+    from extrapos.tasks.passkey import _corpus_haystack
+
+    tasks = check_request(tasks, lengths, trials, mode, candidates, seed, pairs, queries, digits)
+    lengths = sorted({int(k) for k in lengths})
+    request = {
+        "tasks": tasks,
+        "lengths": lengths,
+        "trials": trials,
+        "mode": mode,
+        "haystack": haystack,
+        "split": split,
+        "candidates": candidates,
+        "pairs": pairs,
+        "queries": queries,
+        "digits": digits,
+        "seed": seed,
+        "position_options": position_options or {},
+        "base_length": base_length,
+        "step": step,
+    }
+    run_dir = Path(run_dir)
+    name = name or default_name(mode, haystack, position_options)
+    out_path = result_path(run_dir, name)
+    scored = scored_checkpoint(run_dir, step)
+    refuse_encoder(run_dir, "ruler")
+    previous = check_existing(out_path, request, overwrite, scored)
+    if previous is not None:
+        return previous
+    check_passkey_memory(
+        run_dir, lengths, trials, mode, candidates, base_length, device, batch_tokens,
+        advice="ask for shorter --lengths or fewer --trials",
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    run = load_run(run_dir, device=device, step=scored["step"])
+    L = base_length or run.cfg.model.train_length
+    options = resolve_position_options(position_options, max(lengths) * L)
+    if options:
+        run.model.pos.set_options(**options)
+    hay_tokens, hay_source = (
+        (None, "filler") if haystack == "filler" else _corpus_haystack(run, haystack, split)
+    )
+    builder = RulerBuilder(run.tokenizer, hay_tokens, pairs, queries, digits)
+    short = {t: builder.min_length(t) for t in tasks if builder.min_length(t) > min(lengths) * L}
+    if short:
+        need = ", ".join(f"{t} {n}" for t, n in short.items())
+        raise UserError(
+            f"the shortest RULER examples ({min(lengths)} x {L} tokens) cannot hold every task (tokens "
+            f"needed: {need}); drop the shortest lengths or those tasks."
+        )
+    cells = []
+    bar = tqdm(total=len(lengths) * len(tasks), disable=not progress, desc=f"ruler {run_dir.name}")
+    for k in lengths:
+        for task in tasks:
+            t_cell = time.perf_counter()
+            rng = np.random.default_rng([seed, k, RULER_TASKS.index(task)])
+            prompts = [builder.build(task, k * L, rng) for _ in range(trials)]
+            scores = score_prompts(run.model, builder, prompts, mode, candidates, rng, batch_tokens)
+            cells.append(
+                {
+                    "task": task,
+                    "ev": k,
+                    "length": k * L,
+                    **scores,
+                    "seconds": round(time.perf_counter() - t_cell, 3),
+                }
+            )
+            bar.update(1)
+    bar.close()
+    metric = primary_metric(mode)
+    result = {
+        "name": name,
+        "task": "ruler",
+        "run": str(run_dir),
+        "request": request,
+        "encoding": run.cfg.model.positions["name"],
+        "applied": options,
+        "train_length": L,
+        "checkpoint_step": run.step,
+        "checkpoint": scored,
+        "haystack_source": hay_source,
+        "metric": metric,
+        "examples": {t: _example(run.tokenizer, builder, t, min(lengths) * L) for t in tasks},
+        "results": cells,
+        "by_length": [
+            {"ev": k, "length": k * L, metric: float(np.mean([c[metric] for c in cells if c["ev"] == k]))}
+            for k in lengths
+        ],
+        "wall_time": time.perf_counter() - t0,
+    }
+    write_result(out_path, result)
+    return result
+
+
+def default_name(mode: str, haystack: str, position_options: dict[str, Any] | None = None) -> str:
+    hay = haystack if haystack in ("filler", "corpus") else slug(Path(haystack).name)
+    parts = ["ruler", mode, hay] + [f"{k}{v}" for k, v in sorted((position_options or {}).items())]
+    return "-".join(slug(str(p)) for p in parts)
+
+
+def _example(tokenizer, builder: RulerBuilder, task: str, length: int) -> dict[str, str]:
+    p = builder.build(task, length, np.random.default_rng(0))
+    return {"prompt": tokenizer.decode(p.tokens), "answer": tokenizer.decode(p.answer)}
+
+
+# ---- reports -------------------------------------------------------------------------------------------
+
+
+def cell_interval(cell: dict[str, Any], metric: str):
+    """The 95% bootstrap interval of one cell's accuracy over its examples (``stats.loss_interval`` with the
+    example as unit: the resampling the report's task tables use); None when the cell lacks the metric."""
+    from extrapos import stats
+
+    pair = cell.get("per_example", {}).get(metric)
+    return None if pair is None else stats.loss_interval(pair[0], pair[1])
+
+
+def computed_metrics(result: dict[str, Any]) -> list[str]:
+    from extrapos.tasks.passkey import computed_metrics as passkey_metrics
+
+    return passkey_metrics(result)
+
+
+def format_ruler(result: dict[str, Any], metric: str | None = None) -> str:
+    """A markdown grid: one row per task, one column per length, the accuracy and its 95% interval in each
+    cell, and the mean over tasks per length (RULER's average)."""
+    metric = metric or result["metric"]
+    cells = result["results"]
+    lengths = sorted({(c["ev"], c["length"]) for c in cells})
+    tasks = list(dict.fromkeys(c["task"] for c in cells))
+    req = result["request"]
+    bounded = metric in ("rank_accuracy", "exact_match")
+    lines = [
+        f"ruler {req['mode']} ({metric.replace('_', ' ')}; {req['trials']} examples per cell, haystack "
+        f"{req['haystack']}, encoding {result['encoding']}, L_t={result['train_length']}"
+        + ("; [a, b] = 95% bootstrap interval over the examples" if bounded else "")
+        + ")",
+        "| task | " + " | ".join(f"{ev}x ({n})" for ev, n in lengths) + " |",
+        "|---|" + "---:|" * len(lengths),
+    ]
+    for task in tasks:
+        texts = []
+        for ev, _ in lengths:
+            c = next(c for c in cells if c["task"] == task and c["ev"] == ev)
+            iv = cell_interval(c, metric) if bounded else None
+            texts.append(f"{c[metric]:.2f}" + (f" [{iv.low:.2f}, {iv.high:.2f}]" if iv else ""))
+        lines.append(f"| {task} | " + " | ".join(texts) + " |")
+    means = [np.mean([c[metric] for c in cells if c["ev"] == ev]) for ev, _ in lengths]
+    lines.append("| **mean** | " + " | ".join(f"{m:.2f}" for m in means) + " |")
+    if metric == "rank_accuracy":
+        lines.append(f"(chance: {1 / req['candidates']:.2f})")
+    return "\n".join(lines)
+
+
+def format_all(result: dict[str, Any]) -> str:
+    """One grid per computed metric: what the console shows after `extrapos ruler`."""
+    first, *others = computed_metrics(result)
+    parts = [format_ruler(result, first)]
+    for metric in others:
+        lines = format_ruler(result, metric).split("\n")
+        lines[0] = f"{metric.replace('_', ' ')} (the same cells):"
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def plot_grid(result: dict[str, Any], path: str | Path, metric: str | None = None) -> Path:
+    """Save a task x length heatmap of the accuracy (matplotlib) to ``path``."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("plots need matplotlib; run `pip install 'extrapos[plots]'`.") from None
+    metric = metric or result["metric"]
+    cells = result["results"]
+    tasks = list(dict.fromkeys(c["task"] for c in cells))
+    lengths = sorted({c["length"] for c in cells})
+    grid = np.full((len(tasks), len(lengths)), math.nan)
+    for c in cells:
+        grid[tasks.index(c["task"]), lengths.index(c["length"])] = c[metric]
+    fig, ax = plt.subplots(figsize=(1.1 * len(lengths) + 3, 0.5 * len(tasks) + 1.8))
+    im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+    ax.set_yticks(range(len(tasks)), tasks)
+    ax.set_xlabel("example length (tokens)")
+    for i in range(len(tasks)):
+        for j in range(len(lengths)):
+            ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8)
+    beyond = next((j - 0.5 for j, n in enumerate(lengths) if n > result["train_length"]), None)
+    if beyond is not None:
+        ax.axvline(beyond, color="k", lw=1, ls="--")
+    ax.set_title(f"RULER {metric.replace('_', ' ')}: {result['encoding']} (L_t={result['train_length']})")
+    fig.colorbar(im, ax=ax, fraction=0.04)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+__all__ = [
+    "RulerBuilder",
+    "RulerPrompt",
+    "check_request",
+    "check_tasks",
+    "computed_metrics",
+    "format_all",
+    "format_ruler",
+    "plot_grid",
+    "ruler",
+    "score_prompts",
+]
