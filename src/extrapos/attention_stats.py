@@ -454,6 +454,11 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
         for layer in range(result["n_layers"]):
             values = [head_mean(r["layers"][layer][stat]) for r in rows]
             ax.plot(evs, [math.nan if v is None else v for v in values], marker="o", label=f"layer {layer}")
+        if stat == "median_distance":
+            if result["causal"]:  # uniform attention over the i + 1 visible keys: median floor(i / 2)
+                uniform = [sum(i // 2 for i in range(r["window"])) / r["window"] for r in rows]
+                ax.plot(evs, uniform, color="grey", linestyle="--", linewidth=1, label="uniform attention")
+            ax.set_yscale("symlog", base=2, linthresh=1)  # distances grow with the window: ratios read
         ax.set_xscale("log", base=2)
         ax.set_xticks(evs, [str(e) for e in evs])
         ax.set_xlabel("evaluation length / training length (ev)")
