@@ -796,6 +796,28 @@ def _r(r: dict[str, Any]) -> str:
     return f"{r['ratio']:.2f} ({r['round_min']:.2f}-{r['round_max']:.2f}){mark}"
 
 
+def format_summary(result: dict[str, Any]) -> str:
+    """One row per pair, the ratios alone (extrapos / peer; `~`: within noise): training step, evaluation
+    time and peak memory at the longest length, decoding per token. The README's cost section."""
+    longest = str(max(result["shape"]["multiples"]))
+    k = f"{longest}x L_t = {int(longest) * result['shape']['train_length']} tokens"
+    lines = [
+        f"| pair (peer / block / encoding) | training step | eval time, {k} | eval peak memory, {k} "
+        "| decode ms/token |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for p in result["pairs"]:
+        memory = p.get("eval_peak_ratio", {}).get(longest)
+        cells = [
+            _r(p["train"]) if "train" in p else "–",
+            _r(p["eval"][longest]) if "eval" in p else "–",
+            f"{memory:.2f}" if memory is not None else "–",
+            _r(p["decode"]) if "decode" in p else "–",
+        ]
+        lines.append(f"| {p['pair']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def format_peers(result: dict[str, Any], skipped: list[str] = ()) -> str:
     """The Markdown report: the settings line, one table per measurement, a row per pair."""
     s, m, models = result["shape"], result["machine"], result["models"]
@@ -810,6 +832,7 @@ def format_peers(result: dict[str, Any], skipped: list[str] = ()) -> str:
         "",
     ]
     lines += [f"Skipped: {line}" for line in skipped]
+    lines += ["", "### Ratios, extrapos / peer", "", format_summary(result)]
     lines += ["", "### Parameters", "", "| pair | extrapos | peer |", "|---|---:|---:|"]
     for p in result["pairs"]:
         lines.append(
