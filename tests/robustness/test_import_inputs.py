@@ -177,6 +177,22 @@ BAD_CONFIGS = [
     ("model_type a list", _llama(model_type=["llama"]), ["model_type"]),
     ("tie_word_embeddings a string", _llama(tie_word_embeddings="false"), ["tie_word_embeddings"]),
     ("no_rope_layers not flags", _llama(model_type="smollm3", no_rope_layers="1010"), ["no_rope_layers"]),
+    # a context no model has: refused by key, before any RoPE table or memory estimate is sized for it
+    ("max_position_embeddings 10^12", _llama(max_position_embeddings=10**12), ["max_position_embeddings"]),
+    ("max_position_embeddings 1e30", _llama(max_position_embeddings=1e30), ["max_position_embeddings"]),
+    (
+        "original_max_position_embeddings 10^13",
+        _llama(rope_scaling={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 10**13}),
+        ["rope_scaling.original_max_position_embeddings"],
+    ),
+    # extrapos has only full attention: a window shorter than the context is refused, naming the fix
+    ("mistral window 16 < 32", _llama(model_type="mistral", sliding_window=16), ["--context-length 16"]),
+    (
+        "qwen2 window in use",
+        _llama(model_type="qwen2", use_sliding_window=True, sliding_window=8),
+        ["sliding window of 8"],
+    ),
+    ("sliding_window 0", _llama(model_type="mistral", sliding_window=0), ["sliding_window", "positive"]),
 ]
 
 
@@ -196,6 +212,24 @@ def test_config_that_is_not_utf8(model, scratch, capsys):
 def test_context_length_must_be_positive(model, scratch, capsys, length):
     """Not silently replaced by the model's own limit."""
     _refused(model, scratch, capsys, "context length", extra=["--context-length", length])
+
+
+@pytest.mark.parametrize("length", ["100000000000", str(2**24 + 1)])
+def test_context_length_must_be_bounded(model, scratch, capsys, length):
+    """A typo of a few zeros is refused in one sentence, not accepted as a context nothing can hold."""
+    _refused(model, scratch, capsys, "context length", "--context-length", extra=["--context-length", length])
+
+
+@pytest.mark.parametrize(
+    "window,extra", [(32, []), (None, []), (16, ["--context-length", "16"])], ids=["= context", "none", "cut"]
+)
+def test_mistral_window_covering_the_context_imports(model, scratch, capsys, window, extra):
+    """A window at least as long as the run's context is full attention: the import goes through."""
+    (model / "config.json").write_text(json.dumps(_llama(model_type="mistral", sliding_window=window)))
+    result = _import(model, scratch / "run", *extra, capsys=capsys)
+    assert result.returncode == 0, result.stderr
+    record = json.loads((scratch / "run" / "source.json").read_text())
+    assert record["train_length"] == (int(extra[1]) if extra else CONFIG["max_position_embeddings"])
 
 
 # ---- the shard index ----------------------------------------------------------------------------------
@@ -310,11 +344,14 @@ def _gpt2(path, n_positions=32):
 
 
 def test_gpt2_position_table_larger_than_its_weights(model, scratch, capsys):
-    """n_positions 10^10 would allocate a 640 GB table: refused from the headers."""
+    """n_positions 10^7 would allocate a 640 MB table the shards do not hold: refused from the headers;
+    10^10 (a 640 GB table) is past any context length and refused by key before that."""
     _gpt2(model)
     assert _import(model, scratch / "ok", capsys=capsys).returncode == 0  # the directory itself is valid
-    _gpt2(model, n_positions=10**10)
+    _gpt2(model, n_positions=10**7)
     _refused(model, scratch, capsys, "config.json describes a model of", "weights disagree")
+    _gpt2(model, n_positions=10**10)
+    _refused(model, scratch, capsys, "config.json's n_positions", "16,777,216")
 
 
 def test_untied_config_for_tied_weights_is_refused(model, scratch, capsys):

@@ -69,7 +69,25 @@ def run_import(args) -> int:
         data=data,
     )
     print(f"imported {args.source} -> {out}")
+    print(f"  {context_line(out)}")
     return 0
+
+
+def context_line(run) -> str:
+    """The training length L_t an import recorded and where it comes from, read from its source.json."""
+    import json
+    from pathlib import Path
+
+    record = json.loads((Path(run) / "source.json").read_text())
+    keys = ("architecture", "train_length", "context_length", "context_key")
+    arch, L_t, limit, key = (record[k] for k in keys)
+    if L_t != limit:
+        why = f"--context-length; the checkpoint's {key} is {limit}"
+    elif key in record.get("hf_config", {}):
+        why = f"config.json's {key}"
+    else:  # Bloom without seq_length: the length it was trained at (the import's note says which)
+        why = "; ".join(record.get("notes") or [f"config.json has no {key}"])
+    return f"{arch}: L_t = {L_t} ({why})"
 
 
 def run_export(args) -> int:

@@ -1,0 +1,1 @@
+"""One module per Hugging Face architecture family; each registers its adapters (see ../registry.py)."""

@@ -1,0 +1,226 @@
+"""The Llama family: Llama (Touvron et al. 2023), Mistral (Jiang et al. 2023), Qwen2 (Yang et al. 2024)
+and SmolLM3. Flavour llama, RoPE with the config's ``rope_theta`` and ``rope_scaling`` (linear,
+dynamic, yarn, llama3, longrope), grouped-query attention, QKV bias (Qwen2), tied or untied.
+SmolLM3's ``no_rope_layers`` (0: no RoPE) become a layer schedule (``model.positions.layers``: the
+RoPE layers, NoPE on the others). Export writes Llama, or Qwen2 when only Q/K/V have biases."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from extrapos.errors import UserError
+from extrapos.integrations.hf.adapter import Adapter, attention_bias
+from extrapos.integrations.hf.architectures.gpt_neox import SIZES
+from extrapos.integrations.hf.config_checks import activation, first
+from extrapos.integrations.hf.registry import register
+from extrapos.integrations.hf.rope import rope_export, rope_export_blocker, rope_options_from_hf
+from extrapos.integrations.hf.weight_map import QKVRows, Weight, WeightMap, pair
+
+
+def _mlp_bias(cfg) -> bool:
+    return bool(cfg.use_bias)
+
+
+def _never(cfg) -> bool:
+    return False
+
+
+def llama_weights(output_bias) -> WeightMap:
+    """The Llama layout; ``output_bias``: when o_proj has a bias (Llama's attention_bias; never in
+    Qwen2, whose Q/K/V biases stand alone)."""
+    attn, mlp = "layers.{i}.self_attn", "layers.{i}.mlp"
+    return WeightMap(
+        "model.",
+        [
+            Weight("embed_tokens.weight", "tok_emb.weight"),
+            *pair(f"{attn}.q_proj", "blocks.{i}.attn.qkv", QKVRows("q"), bias_when=attention_bias),
+            *pair(f"{attn}.k_proj", "blocks.{i}.attn.qkv", QKVRows("k"), bias_when=attention_bias),
+            *pair(f"{attn}.v_proj", "blocks.{i}.attn.qkv", QKVRows("v"), bias_when=attention_bias),
+            *pair(f"{attn}.o_proj", "blocks.{i}.attn.proj", bias_when=output_bias),
+            *pair(f"{mlp}.gate_proj", "blocks.{i}.mlp.gate", bias_when=_mlp_bias),
+            *pair(f"{mlp}.up_proj", "blocks.{i}.mlp.up", bias_when=_mlp_bias),
+            *pair(f"{mlp}.down_proj", "blocks.{i}.mlp.down", bias_when=_mlp_bias),
+            Weight("layers.{i}.input_layernorm.weight", "blocks.{i}.norm1.weight"),
+            Weight("layers.{i}.post_attention_layernorm.weight", "blocks.{i}.norm2.weight"),
+            Weight("norm.weight", "norm.weight"),
+            Weight("lm_head.weight", "lm_head.weight", head=True),
+        ],
+        ignored=[r"layers\.(\d+)\.self_attn\.rotary_emb\.inv_freq"],
+    )
+
+
+class Llama(Adapter):
+    model_type = "llama"
+    label = "Llama"
+    required = SIZES
+    exports = "rope"
+    weights = llama_weights(attention_bias)
+
+    def biases(self, hf: dict) -> tuple[bool, bool | None]:
+        """(model bias, qkv_bias) from config.json."""
+        attn_bias, mlp_bias = bool(hf.get("attention_bias", False)), bool(hf.get("mlp_bias", False))
+        if attn_bias != mlp_bias:
+            raise UserError("checkpoints with attention_bias different from mlp_bias are not supported.")
+        return attn_bias, None
+
+    def check_window(self, hf: dict, context: int) -> None:
+        """extrapos has no sliding-window attention: a window shorter than the run's context is refused."""
+        window = hf.get("sliding_window")
+        if window is None or not (self.model_type == "mistral" or hf.get("use_sliding_window")):
+            return
+        # a window at least as long as the context covers every earlier token: it is full attention
+        if int(window) < context:
+            raise UserError(
+                f"this {self.model_type} checkpoint attends over a sliding window of {int(window)} tokens, "
+                f"shorter than the context length {context}, and extrapos has only full attention; import "
+                f"it with --context-length {int(window)} (or less)."
+            )
+
+    def rope_layers(self, hf: dict, positions: dict[str, Any], n_layers: int) -> dict[str, Any]:
+        """The positions option of the whole stack (SmolLM3 overrides it)."""
+        return positions
+
+    def options_from_hf(self, hf, context_length, notes) -> tuple[dict[str, Any], int, str]:
+        d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+        head_dim = int(hf.get("head_dim") or d // heads)
+        if head_dim * heads != d:
+            raise UserError(
+                f"head_dim={head_dim} differs from hidden_size / num_attention_heads = {d // heads}; "
+                "extrapos models need head_dim = d_model / n_heads."
+            )
+        bias, qkv_bias = self.biases(hf)
+        ctx = int(hf["max_position_embeddings"])
+        self.check_window(hf, int(context_length or ctx))
+        model = dict(
+            flavour="llama",
+            n_layers=int(hf["num_hidden_layers"]),
+            d_model=d,
+            n_heads=heads,
+            n_kv_heads=int(hf.get("num_key_value_heads") or heads),
+            vocab_size=int(hf["vocab_size"]),
+            mlp_hidden=int(hf["intermediate_size"]),
+            bias=bias,
+            qkv_bias=qkv_bias,
+            norm_eps=float(first(hf, "rms_norm_eps", default=1e-6)),
+            activation=activation(hf, "hidden_act", "silu"),
+            positions=rope_options_from_hf(hf, head_dim),
+        )
+        if model["activation"] != "silu":
+            raise UserError(
+                f"{self.model_type} checkpoints with hidden_act {hf.get('hidden_act')!r} are not supported "
+                "(SwiGLU only)."
+            )
+        model["positions"] = self.rope_layers(hf, model["positions"], model["n_layers"])
+        return model, ctx, "max_position_embeddings"
+
+    def claims(self, cfg) -> bool:
+        # Q/K/V biases alone are Qwen2's block; Llama's attention_bias also covers the output projection
+        return (
+            cfg.positions["name"] == "rope"
+            and cfg.flavour == "llama"
+            and not (cfg.use_qkv_bias and not cfg.use_bias)
+        )
+
+    def export_blocker(self, cfg) -> str | None:
+        if cfg.act != "silu":
+            return "Llama's MLP is SwiGLU, the run uses another activation"
+        if cfg.parallel_residual:
+            return f"{self.model_type} has sequential residual blocks"
+        if cfg.embed_norm:
+            return f"{self.model_type} has no embedding LayerNorm"
+        return rope_export_blocker(cfg, whole_heads=True)
+
+    def config_for(self, cfg, common, context) -> dict[str, Any]:
+        theta, scaling, max_pos = rope_export(cfg, context)
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            **common,
+            **self.layer_sizes(cfg),
+            "max_position_embeddings": max_pos,
+            "attention_bias": cfg.use_bias or cfg.use_qkv_bias,
+            "mlp_bias": cfg.use_bias,
+            "rope_theta": theta,
+            "rope_scaling": scaling,
+            "attention_dropout": cfg.dropout,
+        }
+
+    @staticmethod
+    def layer_sizes(cfg) -> dict[str, Any]:
+        return {
+            "hidden_size": cfg.d_model,
+            "num_hidden_layers": cfg.n_layers,
+            "num_attention_heads": cfg.n_heads,
+            "num_key_value_heads": cfg.kv_heads,
+            "head_dim": cfg.head_dim,
+            "intermediate_size": cfg.hidden,
+            "hidden_act": "silu",
+            "rms_norm_eps": cfg.norm_eps,
+        }
+
+
+class Mistral(Llama):
+    """Llama's block with a sliding window (used when it is at least the context length)."""
+
+    model_type = "mistral"
+    label = "Mistral"
+    exports = None
+
+    def claims(self, cfg) -> bool:
+        return False
+
+
+class Qwen2(Llama):
+    """Llama's block with Q/K/V biases and no other bias."""
+
+    model_type = "qwen2"
+    label = "Qwen2"
+    weights = llama_weights(_never)
+
+    def biases(self, hf: dict) -> tuple[bool, bool | None]:
+        return False, True
+
+    def claims(self, cfg) -> bool:
+        rope_llama = cfg.positions["name"] == "rope" and cfg.flavour == "llama"
+        return rope_llama and bool(cfg.use_qkv_bias and not cfg.use_bias)
+
+    def config_for(self, cfg, common, context) -> dict[str, Any]:
+        theta, scaling, max_pos = rope_export(cfg, context)
+        return {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            **common,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            **self.layer_sizes(cfg),
+            "max_position_embeddings": max_pos,
+            "rope_theta": theta,
+            "rope_scaling": scaling,
+            "attention_dropout": cfg.dropout,
+        }
+
+
+class SmolLM3(Llama):
+    """Llama's block where ``no_rope_layers`` turns RoPE off on some layers (NoPE)."""
+
+    model_type = "smollm3"
+    label = "SmolLM3"
+    exports = None
+
+    def claims(self, cfg) -> bool:
+        return False
+
+    def rope_layers(self, hf: dict, positions: dict[str, Any], n_layers: int) -> dict[str, Any]:
+        flags = hf.get("no_rope_layers")
+        if flags is None or all(flags):  # 1: the layer rotates, 0: a NoPE layer
+            return positions
+        if len(flags) != n_layers:
+            raise UserError(
+                f"no_rope_layers has {len(flags)} entries for {n_layers} layers; config.json is inconsistent."
+            )
+        rope_layers = [i for i, flag in enumerate(flags) if flag]
+        return {**positions, "layers": rope_layers} if rope_layers else {"name": "nope"}
+
+
+for adapter in (Llama(), Mistral(), Qwen2(), SmolLM3()):
+    register(adapter)
