@@ -120,3 +120,27 @@ def test_sinusoidal_unscaled_option_keeps_the_plain_sum():
 def test_sinusoidal_scale_option_is_type_checked():
     with pytest.raises(UserError, match="scale_embeddings"):
         build_encoding("sinusoidal", CTX, {"scale_embeddings": "yes"})
+
+
+def test_a_checkpoint_saved_before_the_scale_option_loads_unscaled(tmp_path):
+    """Runs trained before the option existed (no marker in their weights) evaluate as they were trained."""
+    from safetensors.torch import load_file, load_model, save_file, save_model
+
+    from extrapos.model import Decoder, ModelConfig
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layers=1, d_model=8, n_heads=2, vocab_size=16, train_length=8)
+    cfg.positions = {"name": "sinusoidal"}
+    save_model(Decoder(cfg), str(tmp_path / "new.safetensors"))
+    weights = load_file(str(tmp_path / "new.safetensors"))
+    marker = [k for k in weights if k.endswith(Decoder(cfg).pos.MARKER)]
+    assert len(marker) == 1
+    save_file({k: v for k, v in weights.items() if k not in marker}, str(tmp_path / "old.safetensors"))
+    fresh, older = Decoder(cfg), Decoder(cfg)
+    for model, file in ((fresh, "new"), (older, "old")):
+        missing, unexpected = load_model(model, str(tmp_path / f"{file}.safetensors"))  # strict
+        assert not missing and not unexpected
+    assert fresh.pos.options.scale_embeddings is True and older.pos.options.scale_embeddings is False
+    h, pos = torch.randn(1, 8, 8), torch.arange(8)[None]
+    assert torch.equal(older.pos.embed(h, pos), h + older.pos.table(pos))
+    assert torch.equal(fresh.pos.embed(h, pos), h * math.sqrt(8) + fresh.pos.table(pos))

@@ -53,6 +53,23 @@ class Sinusoidal(PositionalEncoding):
         base: float = 10000.0
         scale_embeddings: bool = True  # h * sqrt(d_model) + p (§3.4); False: h + p
 
+    # A checkpoint saved since the option existed holds this marker; one without it was trained with the
+    # plain sum h + p, so loading it switches the scale off (an older run evaluates as it was trained).
+    MARKER = "scale_option_marker"
+
+    def __init__(self, ctx: EncodingContext, options=None):
+        super().__init__(ctx, options)
+        self.register_buffer(self.MARKER, torch.ones(()))
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, *args) -> None:
+        key = prefix + self.MARKER
+        older = key not in state_dict
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, *args)
+        if older:
+            if key in missing_keys:
+                missing_keys.remove(key)
+            self.options = dataclasses.replace(self.options, scale_embeddings=False)
+
     def table(self, positions: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         """p[n, 2t] = sin(n / base^(2t/d)), p[n, 2t+1] = cos(n / base^(2t/d)); (B, T, d) in dtype."""
         d = self.ctx.d_model
