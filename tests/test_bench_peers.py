@@ -54,6 +54,9 @@ def test_pairs_have_matched_parameter_counts_and_decode_like_their_forward(pair)
             for i in range(8, 12):
                 step = side.step(cache, tokens[:, i : i + 1], i)
                 torch.testing.assert_close(step[0, -1], full[0, i], atol=1e-4, rtol=1e-4)
+            side.end_decoding()  # the model forwards past the decoding's length again (litgpt)
+            longest = torch.randint(0, TINY.vocab, (1, TINY.max_length))
+            assert side.hidden(longest).shape == (1, TINY.max_length, TINY.d_model)
 
 
 def test_pair_ratio_arithmetic():

@@ -149,6 +149,9 @@ class Side:
         """The logits (1, 1, V) of one new token at ``position``, appended to ``cache``."""
         raise NotImplementedError
 
+    def end_decoding(self) -> None:
+        """Undo what decoding set on the model (litgpt keeps its cache and length limit on it)."""
+
 
 class ExtraposSide(Side):
     library = "extrapos"
@@ -238,6 +241,10 @@ class LitGPTSide(Side):
 
     def step(self, cache: Any, token: Tensor, position: int) -> Tensor:
         return self.module(token, input_pos=torch.tensor([position]))
+
+    def end_decoding(self) -> None:
+        self.module.clear_kv_cache()
+        self.module.max_seq_length = self.module.config.block_size
 
 
 # ---- the models of each pair ------------------------------------------------------------------------
@@ -589,7 +596,9 @@ def decode_seconds(side: Side, prompt: Tensor, shape: PeerShape) -> float:
         if i == shape.warm_tokens:
             t0 = time.perf_counter()
         token = side.step(cache, token, n + i)[:, -1:].argmax(-1)
-    return (time.perf_counter() - t0) / shape.new_tokens
+    sec = (time.perf_counter() - t0) / shape.new_tokens
+    side.end_decoding()
+    return sec
 
 
 def measure_decode(sides: dict[str, Side], shape: PeerShape, rounds: int, tick) -> dict[str, list[float]]:
