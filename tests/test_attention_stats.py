@@ -85,15 +85,16 @@ def pair_bias(name: str, bias):
     return lambda b, h, i, j: qf[b, h, i] * (kf[b, h, j] - kf[b, h, i])
 
 
-def direct_statistics(p: torch.Tensor, visible: torch.Tensor) -> dict[str, np.ndarray]:
-    """Every statistic's mean over queries, per head, from the weights by the definitions, in numpy."""
+def direct_statistics(p: torch.Tensor, visible: torch.Tensor, first: int = 0) -> dict[str, np.ndarray]:
+    """Every statistic's mean over the queries from ``first`` on, per head, from the weights by the
+    definitions, in numpy."""
     p, visible = p.numpy(), visible.numpy()
     B, H, n, _ = p.shape
     out = {s: np.zeros(H) for s in STATISTICS}
     norm_count = np.zeros(H)
     for b in range(B):
         for h in range(H):
-            for i in range(n):
+            for i in range(first, n):
                 keys = np.flatnonzero(visible[b, i])
                 w = p[b, h, i, keys]
                 entropy = -sum(x * math.log(x) for x in w if x > 0)
@@ -110,7 +111,7 @@ def direct_statistics(p: torch.Tensor, visible: torch.Tensor) -> dict[str, np.nd
                 out["median_distance"][h] += dist[order][np.argmax(cum >= 0.5)]
                 out["median_weight"][h] += np.sort(w)[(len(w) - 1) // 2] * len(w)  # the lower median
     for s in STATISTICS:
-        out[s] /= norm_count if s == "entropy_norm" else B * n
+        out[s] /= norm_count if s == "entropy_norm" else B * (n - first)
     return out
 
 
@@ -131,10 +132,21 @@ def test_diagnostics_equal_a_direct_computation_from_the_weights(name, masked):
         assert torch.allclose(weights @ v, model_out, atol=1e-10)
         probs, visible = attention_probabilities(q, k, bias, causal=True, documents=docs)
         assert torch.allclose(probs, weights, atol=1e-12)
-        got = means(layer_statistics(q, k, bias, causal=True, documents=docs, block_elements=2 * 4 * T * 3))
-        want = direct_statistics(weights, visible.expand(2, 1, T, T)[:, 0])
-        for s in STATISTICS:
-            assert np.allclose(got[s], want[s], atol=1e-9), (layer, s, got[s], want[s])
+        # blocks of three queries; the second accumulator takes the queries past L_t = 8 only
+        every, beyond = layer_statistics(
+            q,
+            k,
+            bias,
+            causal=True,
+            documents=docs,
+            accumulators=[Accumulator(), Accumulator(first_query=8)],
+            block_elements=2 * 4 * T * 3,
+        )
+        visible = visible.expand(2, 1, T, T)[:, 0]
+        for acc, first in ((every, 0), (beyond, 8)):
+            got, want = means(acc), direct_statistics(weights, visible, first)
+            for s in STATISTICS:
+                assert np.allclose(got[s], want[s], atol=1e-9), (layer, first, s, got[s], want[s])
         if masked:  # the mask is applied: the first token of the second document attends to itself only
             assert torch.allclose(probs[0, :, 6, 6], torch.ones(4, dtype=torch.float64))
 
@@ -197,9 +209,9 @@ def test_the_forward_is_unchanged_by_the_capture():
     tokens, positions = torch.randint(0, 64, (2, T)), torch.arange(T).expand(2, T)
     with torch.no_grad():
         plain = model(tokens, positions)
-        accumulators = [Accumulator() for _ in model.blocks]
+        accumulators = [[Accumulator(), Accumulator(first_query=T - 4)] for _ in model.blocks]
         model_statistics(model, tokens, positions, accumulators)
-        assert all(a.queries == 2 * T for a in accumulators)
+        assert all(every.queries == 2 * T and beyond.queries == 2 * 4 for every, beyond in accumulators)
         assert all(b.attn.capture is None for b in model.blocks)  # the hooks are removed afterwards
         assert torch.equal(model(tokens, positions), plain)
 
@@ -231,6 +243,9 @@ def test_attention_cli_end_to_end(tiny_run, capsys):
     scored = evaluate(tiny_run, EvalRequest(lengths=[1, 2, 4], max_tokens=128), progress=False)
     for row, ev in zip(result["results"], scored["results"]):
         assert row["windows"] == ev["windows"] and row["queries"] == ev["tokens"]
+        # past L_t = 16: none at ev = 1, the rest of every window beyond
+        assert row["queries_beyond"] == row["windows"] * (row["window"] - 16)
+        assert all((layer["beyond"] is None) == (row["ev"] == 1) for layer in row["layers"])
         assert len(row["layers"]) == result["n_layers"]
         assert all(len(layer[s]) == result["n_heads"] for layer in row["layers"] for s in STATISTICS)
         # causal windows of k x 16 tokens: a query at position i has a median distance of at most i

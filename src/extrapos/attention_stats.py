@@ -24,7 +24,8 @@ Per query i, with p_ij its attention probabilities over the visible keys j (n_i 
   reads this median, "well below the mean", for positions past L_t).
 
 Each statistic is averaged over every query position of every window (each query counts once), per
-layer and head.
+layer and head; and again over the queries past L_t only (``beyond``: those with more context than
+training gave any, where extrapolation happens; none at ev = 1).
 """
 
 from __future__ import annotations
@@ -66,11 +67,13 @@ LABELS = {
     "median_distance": "median distance",
     "median_weight": "median weight x n",
 }
+#: the statistics the console shows for the queries past L_t
+BEYOND_COLUMNS = ("entropy_norm", "sink1", "median_distance", "median_weight")
 #: elements (B x H x queries x keys) of one block of probabilities; the statistics keep a few such
 #: blocks alive (16 MB each in fp32), whatever the length
 BLOCK_ELEMENTS = 1 << 22
 #: bump when a definition changes: saved results of an older definition are computed again
-VERSION = 1
+VERSION = 2
 
 
 # ---- the attention probabilities ----------------------------------------------------------------
@@ -156,14 +159,24 @@ def block_statistics(probs: Tensor, visible: Tensor, first_query: int, past: int
 
 
 class Accumulator:
-    """Sums of the statistics of one layer over queries (float64), per head."""
+    """Sums of the statistics of one layer over queries (float64), per head: every query, or with
+    ``first_query`` only those at that window position or later (e.g. L_t: the queries that have more
+    context than training gave any)."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_query: int = 0) -> None:
+        self.first_query = first_query
         self.sums: dict[str, Tensor] = {}
         self.queries = 0  # per head: every head sees the same queries
         self.queries_norm: Tensor | None = None
 
-    def add(self, stats: dict[str, Tensor]) -> None:
+    def add(self, stats: dict[str, Tensor], position: int = 0) -> None:
+        """Add a block's statistics (``block_statistics``) whose first query is at window position
+        ``position``."""
+        skip = max(0, self.first_query - position)
+        if skip >= stats["entropy"].shape[2]:
+            return
+        if skip:
+            stats = {name: value[:, :, skip:] for name, value in stats.items()}
         valid = stats["valid_norm"]
         for name in STATISTICS:
             value = stats[name].double()
@@ -173,7 +186,10 @@ class Accumulator:
         self.queries_norm = count if self.queries_norm is None else self.queries_norm + count
         self.queries += stats["entropy"].shape[0] * stats["entropy"].shape[2]
 
-    def means(self) -> dict[str, list[float]]:
+    def means(self) -> dict[str, list[float | None]] | None:
+        """Per statistic, the per-head means; None when no query was added."""
+        if not self.queries:
+            return None
         out = {}
         for name in STATISTICS:
             count = self.queries_norm.double() if name == "entropy_norm" else float(self.queries)
@@ -189,12 +205,12 @@ def layer_statistics(
     *,
     causal: bool = True,
     documents: Tensor | None = None,
-    accumulator: Accumulator | None = None,
+    accumulators: list[Accumulator] | None = None,
     block_elements: int = BLOCK_ELEMENTS,
-) -> Accumulator:
+) -> list[Accumulator]:
     """The statistics of one layer's attention (q, k, bias as the model's ``Attention.capture`` gets
-    them), query block by query block, added to ``accumulator`` (a new one by default)."""
-    acc = accumulator if accumulator is not None else Accumulator()
+    them), query block by query block, added to each of ``accumulators`` (one new by default)."""
+    accumulators = accumulators if accumulators is not None else [Accumulator()]
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
     past = Tk - Tq
@@ -204,28 +220,35 @@ def layer_statistics(
         probs, visible = attention_probabilities(
             q, k, bias, causal=causal, documents=documents, queries=(q0, q1)
         )
-        acc.add(block_statistics(probs, visible, q0, past))
-    return acc
+        stats = block_statistics(probs, visible, q0, past)
+        for acc in accumulators:
+            acc.add(stats, past + q0)
+    return accumulators
 
 
 @torch.no_grad()
 def model_statistics(
-    model, tokens: Tensor, positions: Tensor, accumulators: list[Accumulator], documents: Tensor | None = None
+    model,
+    tokens: Tensor,
+    positions: Tensor,
+    accumulators: list[list[Accumulator]],
+    documents: Tensor | None = None,
 ) -> None:
     """One no-grad forward of ``model`` on ``tokens`` (B, T), adding every layer's statistics to its
-    accumulator; the forward itself is unchanged (the hooks only read q, k and the bias)."""
+    accumulators (``accumulators[layer]``); the forward itself is unchanged (the hooks only read q, k
+    and the bias)."""
     causal = model.cfg.causal
     attns = [block.attn for block in model.blocks]
 
-    def observer(acc: Accumulator) -> Callable:
+    def observer(accs: list[Accumulator]) -> Callable:
         def capture(q, k, v, bias, docs):
-            layer_statistics(q, k, bias, causal=causal, documents=docs, accumulator=acc)
+            layer_statistics(q, k, bias, causal=causal, documents=docs, accumulators=accs)
 
         return capture
 
     try:
-        for attn, acc in zip(attns, accumulators):
-            attn.capture = observer(acc)
+        for attn, accs in zip(attns, accumulators):
+            attn.capture = observer(accs)
         model.hidden_states(tokens, positions, documents=documents)
     finally:
         for attn in attns:
@@ -361,7 +384,8 @@ def diagnose(
             model.pos.set_options(**{o: (window if window > L else None) for o in inputs.per_window})
         # the evaluator's windows: each span cut into non-overlapping windows, each starting at position 0
         windows = spans[:, :-1].reshape(-1, window)
-        accumulators = [Accumulator() for _ in range(n_layers)]
+        # every query, and the queries past L_t (more context than training gave; none at ev <= 1)
+        accumulators = [[Accumulator(), Accumulator(first_query=L)] for _ in range(n_layers)]
         per_batch = max(1, batch_tokens // window)
         dev = next(model.parameters()).device
         positions = torch.arange(window, device=dev).unsqueeze(0)
@@ -374,8 +398,12 @@ def diagnose(
                 "ev": k,
                 "window": window,
                 "windows": int(windows.shape[0]),
-                "queries": accumulators[0].queries,
-                "layers": [{"layer": i, **acc.means()} for i, acc in enumerate(accumulators)],
+                "queries": accumulators[0][0].queries,
+                "queries_beyond": accumulators[0][1].queries,
+                "layers": [
+                    {"layer": i, **every.means(), "beyond": beyond.means()}
+                    for i, (every, beyond) in enumerate(accumulators)
+                ],
             }
         )
     bar.close()
@@ -428,12 +456,24 @@ def format_result(result: dict[str, Any]) -> str:
     ]
     for row in result["results"]:
         for layer in row["layers"]:
-            cells = []
-            for s in STATISTICS:
-                v = head_mean(layer[s])
-                cells.append("-" if v is None else f"{v:.1f}" if "distance" in s else f"{v:.3f}")
+            cells = [_cell(s, head_mean(layer[s])) for s in STATISTICS]
+            lines.append(f"| {row['ev']} | {layer['layer']} | " + " | ".join(cells) + " |")
+    beyond = [(row, layer) for row in result["results"] for layer in row["layers"] if layer.get("beyond")]
+    if beyond:
+        lines += [
+            "",
+            f"queries past L_t = {result['train_length']} only (more context than training gave any):",
+            "| ev | layer | " + " | ".join(LABELS[s] for s in BEYOND_COLUMNS) + " |",
+            "|---:|---:|" + "---:|" * len(BEYOND_COLUMNS),
+        ]
+        for row, layer in beyond:
+            cells = [_cell(s, head_mean(layer["beyond"][s])) for s in BEYOND_COLUMNS]
             lines.append(f"| {row['ev']} | {layer['layer']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _cell(stat: str, value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}" if "distance" in stat else f"{value:.3f}"
 
 
 def plot(result: dict[str, Any], path: Path) -> Path | None:
