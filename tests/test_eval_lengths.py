@@ -114,6 +114,14 @@ def test_integer_lengths_keep_their_request_and_key(run):
     assert [r["loss"] for r in by_tokens["results"]] == [r["loss"] for r in result["results"]]
 
 
+def test_the_stream_protocol_takes_token_lengths_of_at_least_L_t(run):
+    req = EvalRequest(lengths=[1], tokens=[24], protocol="stream", max_tokens=64)
+    result = evaluate(run, req, name="stream-tokens", progress=False)
+    rows = result["results"]
+    assert [(r["ev"], r["window"]) for r in rows] == [(1, 16), (1.5, 24)]
+    assert rows[0]["targets"] == rows[1]["targets"] and result["per_position"]["window"] == 24
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
