@@ -26,13 +26,15 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -m ""
 
+# ruff, then the type checker over the modules [tool.mypy] lists in pyproject.toml
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_data.py
 	$(BIN)/python benchmarks/bench_forward.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from extrapos.errors import UserError
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: no advisory locks, runs are not protected
+if sys.platform == "win32":  # pragma: no cover - no advisory locks, runs are not protected
     fcntl = None
+else:
+    import fcntl
 
 
 class RunLock:

@@ -53,15 +53,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
             lse = torch.logsumexp(logits, dim=-1)
             r = rows[: e - s]
             total += ((lse - logits[r, y]) * m).sum()
-            if need_h or need_w:
+            if grad_h is not None or grad_w is not None:
                 # d loss / d logits = mask * (softmax - onehot), computed in place on the block
                 grad = logits.sub_(lse.unsqueeze(-1)).exp_()
                 grad[r, y] -= 1
                 grad.mul_(m.unsqueeze(-1))
                 grad = grad.to(h.dtype)
-                if need_h:
+                if grad_h is not None:
                     torch.mm(grad, weight, out=grad_h[s:e])
-                if need_w:
+                if grad_w is not None:
                     grad_w.addmm_(grad.t(), hc)
         ctx.save_for_backward(grad_h, grad_w)
         return total

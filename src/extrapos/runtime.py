@@ -162,7 +162,7 @@ def prepare_run_data(cfg: RunConfig, progress: bool = True, run_dir: str | Path 
             progress=progress,
             **split,
         )
-    if own is not None:
+    if own is not None and run_dir is not None:  # (own is only found in a run_dir)
         from extrapos.data import load_tokenizer
 
         check_data_tokenizer(path, load_tokenizer(own).hash, run_dir, "set data.dir = DIR")

@@ -261,14 +261,13 @@ def train(
         raise UserError(
             f"{run_dir} already holds a run; pass --resume to continue it or choose another --out."
         )
-    if not existing:
-        if cfg is None:
-            raise UserError(f"{run_dir} holds no run to resume; start it with --config FILE_OR_PRESET.")
-        resume, changes = False, []
-    elif restart:  # resumed from no checkpoint: the Trainer truncates metrics.jsonl and starts at step 0
-        resume, changes = True, []
-    else:
+    changes: list[str] = []
+    if existing and not restart:  # --resume of a saved run
         cfg, changes = resume_config(run_dir, cfg)
+    elif cfg is None:  # a restart always has a config, so this is a new run without one
+        raise UserError(f"{run_dir} holds no run to resume; start it with --config FILE_OR_PRESET.")
+    else:  # a new run, or a restart: resumed from no checkpoint (the Trainer truncates metrics.jsonl)
+        resume = restart
     # decided before anything is written (a larger budget, ``changes``, continues a finished run)
     complete = resume and not changes and run_is_complete(run_dir)
     rank, world, device = init_distributed(resolve_device(cfg.train.device))
