@@ -18,7 +18,16 @@ from extrapos.errors import UserError
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "bench_peers.py"
 TINY = peers.PeerShape(
-    d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, vocab=128, batch=2, train_length=8, multiples=(1, 2)
+    d_model=32,
+    n_layers=2,
+    n_heads=2,
+    mlp_hidden=64,
+    vocab=128,
+    batch=2,
+    train_length=8,
+    multiples=(1, 2),
+    context=16,
+    new_tokens=4,
 )
 
 
