@@ -122,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
                 return
             result["skipped"] = skipped
             atomic_write(args.out / "results.json", json.dumps(result, indent=1) + "\n")
-            command = shlex.join(["python", "benchmarks/bench_peers.py", *(argv or sys.argv[1:])])
+            given = list(argv if argv is not None else sys.argv[1:])
+            if "--note" in given:  # the note is printed below the command, not inside it
+                del given[given.index("--note") : given.index("--note") + 2]
+            command = shlex.join(["python", "benchmarks/bench_peers.py", *given])
             atomic_write(
                 args.out / "README.md",
                 f"# extrapos against its peers (`{command}`)\n\n"
