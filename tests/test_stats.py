@@ -120,3 +120,26 @@ def test_length_change_is_paired_over_the_same_targets_and_says_when_it_is_noise
     assert ev4.startswith("+0.050 [+0.050, +0.050]") and "within noise" not in ev4
     assert lines["other"].split(" | ")[2].startswith("–")
     assert length_change_table([Row("one", {"results": [cell(1, sums)]})]) is None
+
+
+def test_length_interval_is_the_document_bootstrap_or_says_why_not():
+    from extrapos.stats import MIN_DOCUMENTS, length_interval
+
+    rng = np.random.default_rng(3)
+    sums, counts = _documents(rng, MIN_DOCUMENTS)
+
+    def result(n):
+        row = {"ev": 0.5, "doc_index": list(range(n)), "doc_loss_sums": list(sums[:n])}
+        return {"results": [{**row, "doc_tokens": list(counts[:n])}]}
+
+    interval, text = length_interval(result(MIN_DOCUMENTS), 0.5)
+    expected = loss_interval(sums, counts)
+    assert (interval.low, interval.high) == (expected.low, expected.high)
+    assert text == f"[{expected.low:.4f}, {expected.high:.4f}]"
+    few = MIN_DOCUMENTS - 1
+    assert length_interval(result(few), 0.5) == (
+        None,
+        f"too few documents for an interval ({few}; it needs {MIN_DOCUMENTS})",
+    )
+    interval, text = length_interval({"results": [{"ev": 0.5, "loss": 5.0}]}, 0.5)
+    assert interval is None and "no per-document losses" in text
