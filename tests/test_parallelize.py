@@ -79,3 +79,20 @@ def test_one_process_plan_steps_the_model_itself_and_saves_it_as_it_is():
     assert wrapped.ties == {"tok_emb.weight": "lm_head.weight"}
     optimizer = torch.optim.AdamW(model.parameters())
     assert wrapped.gather_state(optimizer) is None  # one process saves the model and optimizer directly
+
+
+def test_train_checks_the_parallel_setting_once(tiny_data, tmp_path, monkeypatch):
+    built = []
+    of = parallelize.Parallel.of.__func__
+
+    def counted(cls, cfg, device, world):
+        built.append(world)
+        return of(cls, cfg, device, world)
+
+    monkeypatch.setattr(parallelize.Parallel, "of", classmethod(counted))
+    train(
+        load_config("cpu/tiny", tiny_overrides(tiny_data, **{"train.steps": 1})),
+        tmp_path / "r",
+        progress=False,
+    )
+    assert built == [1]  # train() builds the plan before writing; the Trainer asks it, never rebuilds it
