@@ -263,8 +263,10 @@ def test_attention_cli_end_to_end(tiny_run, capsys):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--lengths", "1,x"], "--lengths must be integers"),
-        (["--lengths", "0"], "positive multiples"),
+        (["--lengths", "1,x"], "--lengths must be positive numbers"),
+        (["--lengths", "0"], "--lengths must be positive numbers"),
+        (["--lengths", "0.3"], "0.3"),
+        (["--tokens", "1"], "--tokens must be whole numbers"),
         (["--name", "../elsewhere"], "plain file name"),
     ],
 )
@@ -274,6 +276,16 @@ def test_bad_input_is_one_sentence(tiny_run, capsys, extra, message):
     assert main(["attention", str(tiny_run), "--no-progress", *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_fractional_and_token_lengths_as_in_eval(tiny_run, capsys):
+    from extrapos.cli import main
+
+    args = ["attention", str(tiny_run), "--lengths", "0.5,1", "--tokens", "32", "--max-tokens", "64"]
+    assert main([*args, "--name", "fractional", "--no-progress"]) == 0
+    result = json.loads((tiny_run / "attention" / "fractional.json").read_text())
+    assert [(r["ev"], r["window"]) for r in result["results"]] == [(0.5, 8), (1, 16), (2, 32)]
+    assert "| 0.5 | 0 |" in capsys.readouterr().out
 
 
 def test_a_missing_run_is_one_sentence(tmp_path, capsys):

@@ -341,11 +341,13 @@ def diagnose(
     (reused when it holds this request of these weights) and the plot beside it."""
     from tqdm.auto import tqdm
 
+    from extrapos.config import load_run_config
     from extrapos.evaluate import (
         EvalRequest,
         check_eval_memory,
         check_request,
         load_eval_inputs,
+        request_lengths,
         resolve_request,
     )
 
@@ -362,6 +364,8 @@ def diagnose(
             f"{run_dir} is not a run directory (no config.toml); pass the --out of `extrapos train`."
         )
     name = check_name(name or default_name(req))
+    # fractional and token lengths are checked against L_t before any result is looked at
+    request_lengths(req, req.base_length or load_run_config(run_dir).model.train_length)
     slot = result_slot(run_dir, req, name, overwrite)
     if slot.previous is not None:
         if not slot.out_path.with_suffix(".png").is_file():  # the plot is derived: drawn again when missing
@@ -412,7 +416,7 @@ def diagnose(
         "kind": "attention",
         "version": VERSION,
         "run": str(run_dir),
-        "request": asdict(req),
+        "request": req.written() if hasattr(req, "written") else asdict(req),
         "request_key": slot.request_key,
         "result_key": slot.result_key,
         "weights_sha256": slot.digest,

@@ -15,7 +15,15 @@ def register(sub) -> None:
     )
     p.add_argument("run", help="a run directory")
     p.add_argument(
-        "--lengths", default="1,2,4,8,16", help="multiples of the training length (default 1,2,4,8,16)"
+        "--lengths",
+        default=None,
+        help="multiples of the training length, fractional where k x L_t is whole, e.g. 0.5,1,2 (default "
+        "1,2,4,8,16, or none with --tokens)",
+    )
+    p.add_argument(
+        "--tokens",
+        default=None,
+        help="window lengths in tokens, e.g. 15360; alone or beside --lengths (as in `extrapos eval`)",
     )
     p.add_argument("--max-tokens", type=int, default=16_384, help="tokens read per length (default 16384)")
     p.add_argument(
@@ -51,15 +59,21 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from extrapos.attention_stats import diagnose, format_result
-    from extrapos.cli.eval import check_position_options, parse_lengths, position_options
+    from extrapos.cli.eval import (
+        check_position_options,
+        eval_lengths,
+        lengths_for_factor,
+        position_options,
+    )
     from extrapos.evaluate import EvalRequest
     from extrapos.runtime import resolve_device
 
-    lengths = parse_lengths(args.lengths)
-    options = position_options(args, lengths)
+    lengths, tokens = eval_lengths(args)  # the lengths `extrapos eval` takes, parsed as it parses them
+    options = position_options(args, lengths_for_factor(args.run, lengths, tokens))
     check_position_options(args.run, options)
     req = EvalRequest(
         lengths=lengths,
+        tokens=tokens,
         split=args.split,
         max_tokens=args.max_tokens,
         position_options=options,
