@@ -243,6 +243,12 @@ def test_attention_cli_end_to_end(tiny_run, capsys):
     scored = evaluate(tiny_run, EvalRequest(lengths=[1, 2, 4], max_tokens=128), progress=False)
     for row, ev in zip(result["results"], scored["results"]):
         assert row["windows"] == ev["windows"] and row["queries"] == ev["tokens"]
+        # per document: the evaluator's documents, and sums that make the means
+        assert row["doc_index"] == ev["doc_index"]
+        for layer, docs in zip(row["layers"], row["per_document"]):
+            sums, counts = np.array(docs["every"]["median_distance"]), np.array(docs["every"]["queries"])
+            assert counts.tolist() == ev["doc_tokens"]
+            assert np.allclose(sums.sum(0) / counts.sum(), layer["median_distance"])
         # past L_t = 16: none at ev = 1, the rest of every window beyond
         assert row["queries_beyond"] == row["windows"] * (row["window"] - 16)
         assert all((layer["beyond"] is None) == (row["ev"] == 1) for layer in row["layers"])

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -73,7 +74,7 @@ BEYOND_COLUMNS = ("entropy_norm", "sink1", "median_distance", "median_weight")
 #: blocks alive (16 MB each in fp32), whatever the length
 BLOCK_ELEMENTS = 1 << 22
 #: bump when a definition changes: saved results of an older definition are computed again
-VERSION = 2
+VERSION = 3
 
 
 # ---- the attention probabilities ----------------------------------------------------------------
@@ -161,41 +162,67 @@ def block_statistics(probs: Tensor, visible: Tensor, first_query: int, past: int
 class Accumulator:
     """Sums of the statistics of one layer over queries (float64), per head: every query, or with
     ``first_query`` only those at that window position or later (e.g. L_t: the queries that have more
-    context than training gave any)."""
+    context than training gave any).
 
-    def __init__(self, first_query: int = 0) -> None:
+    The sums are kept per group of rows (``groups`` of them; ``row_groups`` gives the group of each row
+    of the batch being read, e.g. the held-out document a window comes from), so that intervals can
+    resample documents as ``stats.py`` does for the loss; without ``row_groups`` every row is group 0."""
+
+    def __init__(self, first_query: int = 0, groups: int = 1) -> None:
         self.first_query = first_query
-        self.sums: dict[str, Tensor] = {}
-        self.queries = 0  # per head: every head sees the same queries
-        self.queries_norm: Tensor | None = None
+        self.groups = groups
+        self.row_groups: Tensor | None = None  # (B,) int64: the group of each row of the current batch
+        self.sums: dict[str, Tensor] = {}  # statistic -> (groups, H)
+        self.group_queries = torch.zeros(groups, dtype=torch.float64)  # per head: the same queries
+        self.group_queries_norm: Tensor | None = None  # (groups, H): queries that see two keys or more
+
+    @property
+    def queries(self) -> int:
+        return int(self.group_queries.sum())
 
     def add(self, stats: dict[str, Tensor], position: int = 0) -> None:
         """Add a block's statistics (``block_statistics``) whose first query is at window position
         ``position``."""
         skip = max(0, self.first_query - position)
-        if skip >= stats["entropy"].shape[2]:
+        B, H, tq = stats["entropy"].shape
+        if skip >= tq:
             return
         if skip:
             stats = {name: value[:, :, skip:] for name, value in stats.items()}
+            tq -= skip
+        groups = self.row_groups if self.row_groups is not None else torch.zeros(B, dtype=torch.long)
         valid = stats["valid_norm"]
         for name in STATISTICS:
             value = stats[name].double()
-            total = (value * valid if name == "entropy_norm" else value).sum((0, 2)).cpu()
-            self.sums[name] = self.sums.get(name, 0) + total
-        count = valid.sum((0, 2)).cpu()
-        self.queries_norm = count if self.queries_norm is None else self.queries_norm + count
-        self.queries += stats["entropy"].shape[0] * stats["entropy"].shape[2]
+            total = (value * valid if name == "entropy_norm" else value).sum(2).cpu()
+            self.sums[name] = self.sums.get(name, torch.zeros(self.groups, H, dtype=torch.float64))
+            self.sums[name].index_add_(0, groups, total)
+        if self.group_queries_norm is None:
+            self.group_queries_norm = torch.zeros(self.groups, H, dtype=torch.float64)
+        self.group_queries_norm.index_add_(0, groups, valid.sum(2).cpu().double())
+        self.group_queries.index_add_(0, groups, torch.full((B,), float(tq), dtype=torch.float64))
 
     def means(self) -> dict[str, list[float | None]] | None:
-        """Per statistic, the per-head means; None when no query was added."""
+        """Per statistic, the per-head means over every group; None when no query was added."""
         if not self.queries:
             return None
         out = {}
         for name in STATISTICS:
-            count = self.queries_norm.double() if name == "entropy_norm" else float(self.queries)
-            mean = self.sums[name] / count
+            count = self.group_queries_norm.sum(0) if name == "entropy_norm" else self.group_queries.sum()
+            mean = self.sums[name].sum(0) / count
             out[name] = [None if math.isnan(x) else float(x) for x in mean.tolist()]
         return out
+
+    def per_group(self) -> dict[str, list] | None:
+        """The sums per group and head and the numbers of queries they are over (a mean over any set of
+        groups is the sum of their sums over the sum of their counts); None when no query was added."""
+        if not self.queries:
+            return None
+        return {
+            "queries": self.group_queries.tolist(),
+            "queries_norm": self.group_queries_norm.tolist(),
+            **{name: self.sums[name].tolist() for name in STATISTICS},
+        }
 
 
 def layer_statistics(
@@ -383,18 +410,26 @@ def diagnose(
     bar = tqdm(total=total, unit="tok", disable=not progress, desc=f"attention {run_dir.name}")
     # each length's window in tokens (the evaluator resolves them; older evaluators had only multiples)
     windows = getattr(inputs, "windows", None) or [k * L for k in inputs.lengths]
+    documents, span_group = np.unique(inputs.owners, return_inverse=True)  # each span's document, 0..n-1
     for k, window in zip(inputs.lengths, windows):
         if inputs.per_window:  # as the evaluator: e.g. a learned table interpolated to each window
             model.pos.set_options(**{o: (window if window > L else None) for o in inputs.per_window})
         # the evaluator's windows: each span cut into non-overlapping windows, each starting at position 0
         windows = spans[:, :-1].reshape(-1, window)
+        per_span = windows.shape[0] // spans.shape[0]
+        window_group = torch.from_numpy(span_group).repeat_interleave(per_span)  # each window's document
         # every query, and the queries past L_t (more context than training gave; none at ev <= 1)
-        accumulators = [[Accumulator(), Accumulator(first_query=L)] for _ in range(n_layers)]
+        accumulators = [
+            [Accumulator(groups=len(documents)), Accumulator(first_query=L, groups=len(documents))]
+            for _ in range(n_layers)
+        ]
         per_batch = max(1, batch_tokens // window)
         dev = next(model.parameters()).device
         positions = torch.arange(window, device=dev).unsqueeze(0)
         for b in range(0, windows.shape[0], per_batch):
             toks = windows[b : b + per_batch].to(dev)
+            for acc in (a for pair in accumulators for a in pair):
+                acc.row_groups = window_group[b : b + per_batch]
             model_statistics(model, toks, positions.expand(toks.shape[0], -1), accumulators)
             bar.update(toks.numel())
         rows.append(
@@ -406,6 +441,13 @@ def diagnose(
                 "queries_beyond": accumulators[0][1].queries,
                 "layers": [
                     {"layer": i, **every.means(), "beyond": beyond.means()}
+                    for i, (every, beyond) in enumerate(accumulators)
+                ],
+                # per held-out document (``doc_index`` in the split), the sums the means are made of,
+                # for intervals that resample documents (stats.py) and rows paired on them
+                "doc_index": documents.tolist(),
+                "per_document": [
+                    {"layer": i, "every": every.per_group(), "beyond": beyond.per_group()}
                     for i, (every, beyond) in enumerate(accumulators)
                 ],
             }
