@@ -84,3 +84,45 @@ def test_import_prints_bloom_training_length(tmp_path, capsys):
     assert "bloom: L_t = 2048 (" in out and "no seq_length" in out
     assert main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "c"), "--context-length", "64"]) == 0
     assert "bloom: L_t = 64 (--context-length" in capsys.readouterr().out
+
+
+TOY = """
+from extrapos.integrations.hf.architectures.gpt2 import GPT2
+from extrapos.integrations.hf.registry import register
+
+
+class Toy(GPT2):
+    model_type = "toy_gpt2"
+    label = "Toy GPT-2"
+    exports = None
+
+    def claims(self, cfg):
+        return False
+
+
+register(Toy())
+"""
+
+
+def test_a_new_architecture_is_one_file(tmp_path, monkeypatch):
+    """A module dropped into architectures/ is found by the registry and imports checkpoints."""
+    import sys
+
+    import extrapos.integrations.hf.architectures as package
+    from extrapos.integrations.hf import registry
+
+    (tmp_path / "arch").mkdir()
+    (tmp_path / "arch" / "toy_gpt2.py").write_text(TOY)
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path / "arch")])
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_loaded", False)
+    monkeypatch.delitem(sys.modules, f"{package.__name__}.toy_gpt2", raising=False)
+    try:
+        save_hf("gpt2", tmp_path / "hf")
+        config = json.loads((tmp_path / "hf" / "config.json").read_text())
+        (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "model_type": "toy_gpt2"}))
+        run = import_pretrained(tmp_path / "hf", tmp_path / "run")
+        assert json.loads((run / "source.json").read_text())["architecture"] == "toy_gpt2"
+        assert load_run(run).cfg.model.positions["name"] == "learned"
+    finally:
+        sys.modules.pop(f"{package.__name__}.toy_gpt2", None)

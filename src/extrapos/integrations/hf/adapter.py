@@ -3,6 +3,7 @@ blocks an export. Each architecture family is one module of ``architectures/`` (
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from extrapos.errors import UserError
@@ -19,7 +20,7 @@ class Adapter:
 
     model_type: ClassVar[str]  # config.json's model_type, read on import and written on export
     label: ClassVar[str]  # the name people know it by, in messages ("GPT-2")
-    required: ClassVar[list[tuple[str, ...]]]  # config.json keys it needs (alternatives in one tuple)
+    required: ClassVar[Sequence[tuple[str, ...]]]  # config.json keys it needs (alternatives in one tuple)
     weights: ClassVar[WeightMap]
     tied_by_default: ClassVar[bool] = False  # tie_word_embeddings when config.json leaves it out
     exports: ClassVar[str | None] = None  # the extrapos encoding it exports; None: import only

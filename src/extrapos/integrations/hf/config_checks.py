@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from extrapos.errors import UserError
@@ -96,7 +97,7 @@ def activation(hf: dict, key: str, default: str) -> str:
     return _ACT_IN[act]
 
 
-def check_hf_config(hf: dict, arch: str, required: list[tuple[str, ...]]) -> None:
+def check_hf_config(hf: dict, arch: str, required: Sequence[tuple[str, ...]]) -> None:
     """Check every config.json field the adapters read (UserError naming the key); ``required``: each
     entry a key, or alternative keys of one setting, that the ``arch`` config must have."""
     for keys in required:

@@ -93,7 +93,8 @@ def export_pretrained(run_dir: str | Path, out: str | Path, *, step: int | None 
     run = load_run(run_dir, step=step)
     tmp = fresh_output_dir(out, "export")
     try:
-        eot = getattr(run.tokenizer, "eot_id", None)
+        tokenizer: Any = run.tokenizer  # any of data/tokenizer.py's kinds: all decode
+        eot = getattr(tokenizer, "eot_id", None)
         context = export_context(run.cfg)
         config = hf_config_for(run.cfg.model, eot, context)
         (tmp / "config.json").write_text(json.dumps(config, indent=1))
@@ -102,7 +103,7 @@ def export_pretrained(run_dir: str | Path, out: str | Path, *, step: int | None 
             if (run.path / name).is_file():
                 shutil.copyfile(run.path / name, tmp / name)
         if (run.path / "tokenizer.json").is_file():
-            eot_token = run.tokenizer.decode([eot]) if eot is not None else None
+            eot_token = tokenizer.decode([eot]) if eot is not None else None
             (tmp / "tokenizer_config.json").write_text(
                 json.dumps(
                     {

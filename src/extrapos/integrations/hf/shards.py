@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 from torch import Tensor
@@ -83,4 +84,4 @@ def iter_hf_tensors(files: list[Path]) -> Iterator[tuple[str, Callable[[], Tenso
 
     for file in files:
         for key in shard_header(file):
-            yield key, (lambda file=file, key=key: load(file, key))
+            yield key, partial(load, file, key)

@@ -6,7 +6,7 @@ RoPE layers, NoPE on the others). Export writes Llama, or Qwen2 when only Q/K/V 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from extrapos.errors import UserError
 from extrapos.integrations.hf.adapter import Adapter, attention_bias
@@ -53,7 +53,7 @@ class Llama(Adapter):
     model_type = "llama"
     label = "Llama"
     required = SIZES
-    exports = "rope"
+    exports: ClassVar[str | None] = "rope"
     weights = llama_weights(attention_bias)
 
     def biases(self, hf: dict) -> tuple[bool, bool | None]:
@@ -91,7 +91,7 @@ class Llama(Adapter):
         bias, qkv_bias = self.biases(hf)
         ctx = int(hf["max_position_embeddings"])
         self.check_window(hf, int(context_length or ctx))
-        model = dict(
+        model: dict[str, Any] = dict(
             flavour="llama",
             n_layers=int(hf["num_hidden_layers"]),
             d_model=d,
