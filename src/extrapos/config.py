@@ -167,7 +167,7 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
     if unknown:
         raise UserError(f"unknown config section '{unknown[0]}'; sections are [model], [data] and [train].")
     model_raw = dict(raw.get("model", {}))
-    size = model_raw.pop("size", None)
+    size = schema.check(str | None, model_raw.pop("size", None), "config key 'model.size'")
     positions = model_raw.pop("positions", None)
     base = dataclasses.asdict(model_config(size)) if size else {}
     if positions is not None:
@@ -189,6 +189,8 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
 
 def validate(cfg: RunConfig) -> None:
     """Every value checked before anything is written: a bad one is one sentence naming the key."""
+    _validate_text(dataclasses.asdict(cfg), "")
+    _validate_model_sizes(cfg.model)
     cfg.model.validate()
     _validate_model(cfg.model)
     _validate_train(cfg.train)
@@ -214,6 +216,33 @@ def validate(cfg: RunConfig) -> None:
 def _require(ok: bool, key: str, rule: str, value: Any) -> None:
     if not ok:
         raise UserError(f"{key} must be {rule}, got {value!r}.")
+
+
+def _validate_text(value: Any, key: str) -> None:
+    """Every string of the config, nested ones too (an encoding's options are a free table), is UTF-8 text:
+    the config is written to config.toml, which holds UTF-8 only."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _validate_text(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _validate_text(v, f"{key}[{i}]")
+    elif isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8 arrive as lone surrogates
+            raise UserError(
+                f"{key} must be UTF-8 text (it holds bytes that are not), got {value!r}."
+            ) from None
+
+
+def _validate_model_sizes(m: ModelConfig) -> None:
+    """The optional sizes and the initial scale, before the model's own checks divide by them."""
+    for key in ("n_kv_heads", "mlp_hidden"):
+        value = getattr(m, key)
+        _require(value is None or value >= 1, f"model.{key}", "a positive integer (or left unset)", value)
+    # the weights are drawn from N(0, init_std^2): a negative deviation is refused by torch mid-build
+    _require(m.init_std >= 0, "model.init_std", "a non-negative standard deviation (e.g. 0.02)", m.init_std)
 
 
 def _validate_model(m: ModelConfig) -> None:
@@ -246,6 +275,8 @@ def _validate_train(t: TrainConfig) -> None:
         value = getattr(t, key)
         _require(value is None or value > 0, f"train.{key}", "positive", value)
     _require(t.batch_size >= 1, "train.batch_size", "a positive integer", t.batch_size)
+    # numpy's generators (data order, masks) refuse a negative seed
+    _require(t.seed >= 0, "train.seed", "a non-negative integer", t.seed)
     _require(t.precision in ("fp32", "bf16"), "train.precision", "'fp32' or 'bf16'", t.precision)
     _require(t.parallel in ("ddp", "fsdp"), "train.parallel", "'ddp' or 'fsdp'", t.parallel)
     _require(
@@ -286,6 +317,11 @@ def _validate_train(t: TrainConfig) -> None:
 
 def _validate_data(d: DataConfig) -> None:
     from extrapos.data.segmented import SEGMENTED
+
+    # an empty spec would be read as "none given" (data.dir = "" prepares the default corpus instead)
+    for key in ("corpus", "tokenizer", "dir", "text_field"):
+        value = getattr(d, key)
+        _require(value is None or value.strip() != "", f"data.{key}", "a non-empty name or path", value)
 
     samplers = ("contiguous", "synthetic", *SEGMENTED)
     _require(d.sampler in samplers, "data.sampler", "one of " + ", ".join(samplers), d.sampler)

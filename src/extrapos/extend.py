@@ -168,6 +168,17 @@ def extended_train(train: TrainConfig, method: str, L_t: int, L_e: int) -> tuple
     return new, changes
 
 
+def _budget_tokens(value: Any, where: str) -> int:
+    """A token budget: a positive integer of at most 64 bits (``schema.check`` bounds it), never a float
+    or a word cut to an int."""
+    from extrapos import schema
+
+    tokens = schema.check(int, value, where)
+    if tokens < 1:
+        raise UserError(f"{where} must be a positive number of tokens, got {tokens}.")
+    return tokens
+
+
 def _split_budget(overrides: list[str], tokens: int | None) -> tuple[list[str], int | None, str | None]:
     """(other overrides, token budget, literal steps/epochs override) from ``--set`` and ``--tokens``.
 
@@ -178,12 +189,26 @@ def _split_budget(overrides: list[str], tokens: int | None) -> tuple[list[str], 
     for text in overrides:
         keys, value = parse_override(text)
         if keys == ["train", "tokens"]:
-            tokens = int(value)
+            tokens = _budget_tokens(value, "config key 'train.tokens'")
             continue
         if keys in (["train", "steps"], ["train", "epochs"]):
             literal = text
         rest.append(text)
     return rest, tokens, literal
+
+
+def _check_window_memory(pcfg: RunConfig, L_e: int, factor: int) -> None:
+    """Refuse, before anything is built, an extended window that one forward of one row cannot hold
+    (``memory.forward_bytes``, a lower bound of a training step): ``--factor 10**30`` is one sentence,
+    never an overflow deep in the sampler."""
+    from extrapos.memory import check_memory, forward_bytes
+
+    check_memory(
+        forward_bytes(pcfg.model, L_e),
+        "cpu",
+        f"a training window of L_e = {factor} x {pcfg.seq_len} tokens",
+        "give a smaller --factor",
+    )
 
 
 def extension_config(
@@ -211,6 +236,9 @@ def extension_config(
     elif alpha is not None:
         raise UserError(f"--alpha applies to chunk and prefix only, not {method}.")
     L_t, L_e = pcfg.seq_len, factor * pcfg.seq_len
+    _check_window_memory(pcfg, L_e, factor)
+    if tokens is not None:
+        tokens = _budget_tokens(tokens, "--tokens")
     overrides, tokens, literal_budget = _split_budget(list(overrides or []), tokens)
 
     positions, changes = extended_positions(pcfg, L_e, factor, rope_interpolation, parent)

@@ -11,12 +11,42 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from extrapos.errors import UserError
+
+
+def check_text(value: str | Path | None, flag: str) -> None:
+    """Refuse a command-line value that is not UTF-8 text (its bytes arrive as lone surrogates) before any
+    work: a path or a title is written into JSON, TOML and Markdown files, which hold UTF-8 only."""
+    if value is None:
+        return
+    try:
+        str(value).encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError(
+            f"{flag} holds bytes that are not UTF-8 ({str(value)!r}); give it as UTF-8 text."
+        ) from None
+
+
+def finite_json(result: Any, options: dict[str, Any] | None, what: str = "result") -> str:
+    """``result`` as JSON text, refused in one sentence naming ``options`` when it holds a NaN or infinite
+    number: ``json.dumps`` would write the bare ``NaN`` token and the file would read as a valid result
+    (option values that pass validation can still overflow the attention, e.g. YaRN's attention_factor
+    1e30). The writer of every result calls it before anything is written."""
+    try:
+        return json.dumps(result, indent=1, allow_nan=False, default=str)
+    except ValueError:
+        given = ", ".join(f"{k}={v}" for k, v in (options or {}).items()) or "the run's own settings"
+        raise UserError(
+            f"the {what} with {given} holds a NaN or infinite loss, so nothing was written; "
+            "score it without these options or with smaller values."
+        ) from None
 
 
 def atomic_write(path: str | Path, data: bytes | str, skip_unchanged: bool = True) -> bool:

@@ -93,7 +93,9 @@ def generate_tokens(
         tokens = torch.cat([tokens, new], dim=1)
 
 
-def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
+def check_sampling(
+    max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None, seed: int = 0
+) -> None:
     """Sampling settings checked before a model is loaded (a wrong one is never silently ignored)."""
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
@@ -103,6 +105,8 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, t
         raise UserError(f"--top-k must be at least 1 (or omitted), got {top_k}.")
     if top_p is not None and not 0 < top_p <= 1:
         raise UserError(f"--top-p must be in (0, 1], got {top_p}.")
+    if not 0 <= seed < 2**63:  # torch's generator takes a non-negative 64-bit seed
+        raise UserError(f"--seed must be a non-negative integer below 2^63, got {seed}.")
 
 
 def check_prompt_memory(model_cfg, tokens: int, use_cache: bool, device: str) -> None:
@@ -144,7 +148,7 @@ def generate_text(
     ``progress`` shows the prefill of a long prompt on stderr."""
     from extrapos.runs import load_run
 
-    check_sampling(max_new_tokens, temperature, top_k, top_p)
+    check_sampling(max_new_tokens, temperature, top_k, top_p, seed)
     run = load_run(run_dir, device=device)
     if position_options:
         run.model.pos.set_options(**position_options)

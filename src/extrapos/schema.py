@@ -4,16 +4,25 @@ Run configs (``[model]``, ``[data]``, ``[train]``), encoding options and compari
 dataclasses; ``build`` checks each value against its annotation and refuses unknown keys, so every
 file a user writes is checked the same way. TOML gives ints where floats are meant: an int is
 accepted for a float field and converted.
+
+Every number is bounded here, once for all keys: an int must fit in 64 bits (torch, numpy and the
+checkpoint's JSON hold counts, lengths and seeds as int64; ``10**30`` would overflow deep inside a
+command), a float must be finite (NaN or infinity in any option turns a loss into NaN or a loop into one
+that never ends), a string must be UTF-8 text (it is written into config.toml and results).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any
 
 from extrapos.errors import UserError
+
+# The largest magnitude of an int value: what an int64 holds.
+INT_LIMIT = 2**63
 
 
 def _type_name(hint: Any) -> str:
@@ -40,19 +49,34 @@ def check(hint: Any, value: Any, where: str) -> Any:
                 return check(t, value, where)
             except UserError:
                 continue
-    elif hint is Any:
+    elif hint is Any:  # a free value (an encoding's factor list): its numbers and strings bounded too
+        _check_free(value, where)
         return value
     elif hint is bool:
         if isinstance(value, bool):
             return value
     elif hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) >= INT_LIMIT:
+                raise UserError(f"{where} must be an integer of at most 64 bits (below 2^63), got {value}.")
             return value
     elif hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                number = float(value)
+            except OverflowError:  # an int beyond the float range (10**400)
+                number = math.inf
+            if not math.isfinite(number):
+                raise UserError(f"{where} must be a finite number, got {value!r}.")
+            return number
     elif hint is str:
         if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:  # bytes that are not UTF-8 arrive as lone surrogates
+                raise UserError(
+                    f"{where} must be UTF-8 text (it holds bytes that are not), got {value!r}."
+                ) from None
             return value
     elif origin is list:
         if isinstance(value, (list, tuple)):
@@ -64,6 +88,24 @@ def check(hint: Any, value: Any, where: str) -> Any:
     else:  # a field type this validator does not know: accepted as it is
         return value
     raise UserError(f"{where} must be {_type_name(hint)}, got {value!r}.")
+
+
+def _check_free(value: Any, where: str) -> None:
+    """The bounds of ``check`` applied to every number and string inside a value of any type."""
+    if isinstance(value, bool) or value is None:
+        return
+    if isinstance(value, int):
+        check(int, value, where)
+    elif isinstance(value, float):
+        check(float, value, where)
+    elif isinstance(value, str):
+        check(str, value, where)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_free(item, f"{where}[{i}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_free(item, f"{where}.{key}")
 
 
 def build(cls: type, values: dict[str, Any], where: str, unknown: str | None = None) -> Any:

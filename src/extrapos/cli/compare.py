@@ -29,8 +29,11 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from extrapos.compare import compare, load_sweep, slug
+    from extrapos.files import check_text
     from extrapos.presets import sweep_names
 
+    check_text(args.out, "--out")
+    check_text(args.preset, "PRESET")
     if args.list:
         for name in sweep_names():
             print(f"{name:28s} {load_sweep(name).title}")

@@ -121,6 +121,10 @@ def file_system_errors_as_sentences(run):
 
 @file_system_errors_as_sentences
 def run_prepare(args) -> int:
+    from extrapos.files import check_text
+
+    for flag in ("corpus", "tokenizer", "out", "text_field"):
+        check_text(getattr(args, flag), f"--{flag.replace('_', '-')}")
     from extrapos.data.prepare import prepare
     from extrapos.data.shards import read_manifest
 

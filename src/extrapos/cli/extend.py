@@ -46,6 +46,9 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from extrapos.extend import extend
+    from extrapos.files import check_text
+
+    check_text(args.out, "--out")
 
     result = extend(
         args.run,

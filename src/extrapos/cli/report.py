@@ -53,6 +53,10 @@ def check_result_files(paths: list[str]) -> None:
 
 
 def run(args) -> int:
+    from extrapos.files import check_text
+
+    for flag in ("out", "title", "baseline"):
+        check_text(getattr(args, flag), f"--{flag}")
     from extrapos.report import collect_rows, loss_rows, markdown_table, write_report
 
     check_result_files(args.paths)
