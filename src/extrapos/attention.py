@@ -629,6 +629,7 @@ def chunked_attention(
     """Pairwise- or logit-bias attention in blocks of queries: memory O(chunk * Tk) (see module doc)."""
     B, H, Tq, Dh = q.shape
     Tk = k.shape[2]
+    k_in, v_in = k, v
     k, v = _expand_kv(k, H), _expand_kv(v, H)  # O(T * d) copies at most; the scores dominate
     past = Tk - Tq
     table = getattr(bias, "table", None)  # a DistanceBias (positions/bias.py): O(T) distinct values
@@ -639,11 +640,13 @@ def chunked_attention(
         chunk_size is None
         and Tq <= DECODE_QUERIES
         and not torch.is_grad_enabled()
+        and not dropout_p
         and isinstance(bias, PairwiseBias)
+        and q.dtype in (torch.float32, torch.float64)
     ):
         # decoding: the bias on a few query rows costs what the distance table would (O(Tk) values
-        # per row), without the table's layout checks and Toeplitz views
-        return _chunk(q, k, v, bias.q_feat, bias.k_feat, bias.fn, past, dropout_p, causal)
+        # per row), without the table's layout checks and Toeplitz views; fused SDPA takes the rows
+        return _pairwise_rows_attention(q, k_in, v_in, bias, causal)
     if (
         chunk_size is None
         and causal
@@ -678,6 +681,16 @@ def chunked_attention(
             out = run(*args, bias.fn, past + s, dropout_p, causal)
         outs.append(out)
     return torch.cat(outs[::-1], dim=2)
+
+
+def _pairwise_rows_attention(q: Tensor, k: Tensor, v: Tensor, bias: PairwiseBias, causal: bool) -> Tensor:
+    """A few queries without autograd (decoding): ``fn`` on their rows, the causal mask in them (a single
+    causal query sees every key, nothing to mask), as fused SDPA's float mask; GQA without copies."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    rows = bias.fn(bias.q_feat, bias.k_feat).to(q.dtype)
+    if causal and Tq > 1:
+        rows = rows.masked_fill(~_causal_mask(Tq, Tk, q.device), float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=rows, enable_gqa=q.shape[1] != k.shape[1])
 
 
 def _document_chunks(
