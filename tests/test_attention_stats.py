@@ -294,6 +294,28 @@ def test_fractional_and_token_lengths_as_in_eval(tiny_run, capsys):
     assert "| 0.5 | 0 |" in capsys.readouterr().out
 
 
+def test_a_result_of_older_definitions_is_read_again(tiny_run, monkeypatch, capsys):
+    import extrapos.attention_stats as attention_stats
+    from extrapos.cli import main
+
+    args = [
+        "attention",
+        str(tiny_run),
+        "--lengths",
+        "1",
+        "--max-tokens",
+        "32",
+        "--name",
+        "older",
+        "--no-progress",
+    ]
+    assert main(args) == 0
+    path = tiny_run / "attention" / "older.json"
+    monkeypatch.setattr(attention_stats, "VERSION", attention_stats.VERSION + 1)
+    assert main(args) == 0  # the same request: neither refused nor reused, but read again
+    assert json.loads(path.read_text())["version"] == attention_stats.VERSION
+
+
 def test_a_missing_run_is_one_sentence(tmp_path, capsys):
     from extrapos.cli import main
 

@@ -321,14 +321,16 @@ class Slot:
 
 def result_slot(run_dir: Path, req, name: str, overwrite: bool) -> Slot:
     """Where ``RUN/attention/<name>.json`` goes and whether the saved one is this very result (the same
-    request of the same weights under the same definitions: reused) or another one (refused unless
-    ``overwrite``); a damaged file is computed again."""
+    request of the same weights under the same definitions: reused) or another request (refused unless
+    ``overwrite``); the same request of other weights or older definitions, or a damaged file, is
+    computed again."""
     from extrapos import checkpoint as ckpt_io
 
     ckpt = ckpt_io.checkpoint_at(run_dir, req.step)
     digest = ckpt_io.weights_digest(ckpt)
-    request_key = _key({"request": req.key_fields(), "version": VERSION})
-    result_key = _key({"request": request_key, "step": ckpt.step, "weights": digest})
+    # a result of older definitions (VERSION) is the same request, read again like older weights
+    request_key = _key({"request": req.key_fields()})
+    result_key = _key({"request": request_key, "step": ckpt.step, "weights": digest, "version": VERSION})
     out_path = results_dir(run_dir) / f"{name}.json"
     previous = None
     if out_path.is_file() and not overwrite:
