@@ -316,6 +316,36 @@ def test_a_result_of_older_definitions_is_read_again(tiny_run, monkeypatch, caps
     assert json.loads(path.read_text())["version"] == attention_stats.VERSION
 
 
+def test_intervals_resample_the_documents_sums():
+    from extrapos.attention_stats import statistic_interval
+
+    rng = np.random.default_rng(0)
+    layers = []
+    for _ in range(2):  # two layers, two heads, six documents
+        queries = rng.integers(10, 50, size=6).astype(float)
+        sums = {s: (rng.random((6, 2)) * queries[:, None]).tolist() for s in STATISTICS}
+        layers.append(
+            {"every": {"queries": queries.tolist(), "queries_norm": [[q, q] for q in queries], **sums}}
+        )
+    row = {"doc_index": list(range(6)), "per_document": layers}
+    interval, text = statistic_interval(row, "median_distance")
+    total = sum(np.sum(layer["every"]["median_distance"]) for layer in layers)
+    queries = sum(2 * np.sum(layer["every"]["queries"]) for layer in layers)
+    assert (
+        interval.estimate == pytest.approx(total / queries)
+        and interval.low <= interval.estimate <= interval.high
+    )
+    assert interval.documents == 6 and f"{interval.estimate:.3f} [" in text
+    few = {
+        "doc_index": [0, 1],
+        "per_document": [{"every": {k: v[:2] for k, v in layers[0]["every"].items()}}],
+    }
+    assert statistic_interval(few, "median_distance") == (
+        None,
+        "too few documents for an interval (2; it needs 5)",
+    )
+
+
 def test_a_missing_run_is_one_sentence(tmp_path, capsys):
     from extrapos.cli import main
 

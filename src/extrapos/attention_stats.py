@@ -506,6 +506,17 @@ def format_result(result: dict[str, Any]) -> str:
         for layer in row["layers"]:
             cells = [_cell(s, head_mean(layer[s])) for s in STATISTICS]
             lines.append(f"| {row['ev']} | {layer['layer']} | " + " | ".join(cells) + " |")
+    if any(row.get("per_document") for row in result["results"]):
+        lines += [
+            "",
+            "over every layer and head, with 95% intervals from resampling the documents (docs/"
+            "attention-diagnostics.md):",
+            "| ev | " + " | ".join(LABELS[s] for s in INTERVAL_COLUMNS) + " |",
+            "|---:|" + "---|" * len(INTERVAL_COLUMNS),
+        ]
+        for row in result["results"]:
+            cells = [statistic_interval(row, s)[1] for s in INTERVAL_COLUMNS]
+            lines.append(f"| {row['ev']} | " + " | ".join(cells) + " |")
     beyond = [(row, layer) for row in result["results"] for layer in row["layers"] if layer.get("beyond")]
     if beyond:
         lines += [
@@ -518,6 +529,31 @@ def format_result(result: dict[str, Any]) -> str:
             cells = [_cell(s, head_mean(layer["beyond"][s])) for s in BEYOND_COLUMNS]
             lines.append(f"| {row['ev']} | {layer['layer']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+#: the statistics the console gives intervals for (mean over every layer and head)
+INTERVAL_COLUMNS = ("entropy_norm", "median_distance", "median_weight")
+
+
+def statistic_interval(row: dict[str, Any], stat: str, which: str = "every") -> tuple[Any, str]:
+    """The 95% interval of one length's ``stat``, averaged over every layer and head (``which``: "every"
+    query or those "beyond" L_t), by resampling the held-out documents as ``stats.loss_interval`` does for
+    the loss; or None and the reason in words (too few documents, none recorded)."""
+    from extrapos import stats
+
+    parts = [layer[which] for layer in row.get("per_document") or []]
+    if not parts or any(part is None for part in parts):
+        return None, "no per-document sums recorded" if not parts else "no queries"
+    n = len(row["doc_index"])
+    if n < stats.MIN_DOCUMENTS:
+        return None, f"too few documents for an interval ({n}; it needs {stats.MIN_DOCUMENTS})"
+    sums = sum(np.asarray(part[stat]).sum(1) for part in parts)  # (documents,): over layers and heads
+    if stat == "entropy_norm":
+        counts = sum(np.asarray(part["queries_norm"]).sum(1) for part in parts)
+    else:  # every head of every layer reads the same queries
+        counts = sum(np.asarray(part["queries"]) * np.asarray(part[stat]).shape[1] for part in parts)
+    interval = stats.loss_interval(sums, counts)
+    return interval, f"{interval.estimate:.3f} [{interval.low:.3f}, {interval.high:.3f}]"
 
 
 def _cell(stat: str, value: float | None) -> str:
