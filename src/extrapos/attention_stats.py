@@ -1,7 +1,8 @@
 """`extrapos attention`: what each head attends to at every evaluation length (docs/attention-diagnostics.md).
 
 The segmented-sequences paper reads attention to explain extrapolation (its Figure 3: the median
-distance attended to); this module gives those readings per layer and head at each length k x L_t,
+attention weight of positions past L_t); this module gives such readings per layer and head at each
+length k x L_t,
 on the held-out windows `extrapos eval` scores (its documents protocol, the same spans and windows).
 
 The attention probabilities are materialized from the model's own pieces, so they are the ones the
@@ -25,7 +26,8 @@ Per query i, with p_ij its attention probabilities over the visible keys j (n_i 
 
 Each statistic is averaged over every query position of every window (each query counts once), per
 layer and head; and again over the queries past L_t only (``beyond``: those with more context than
-training gave any, where extrapolation happens; none at ev = 1).
+training gave any, where extrapolation happens; none at ev = 1). The sums behind every mean are kept
+per held-out document, so intervals resample documents as they do for the loss (``stats.py``).
 """
 
 from __future__ import annotations
