@@ -63,10 +63,14 @@ class Llama(Adapter):
             raise UserError("checkpoints with attention_bias different from mlp_bias are not supported.")
         return attn_bias, None
 
+    def window_in_use(self, hf: dict) -> bool:
+        """Whether config.json's sliding_window applies (Qwen2 and Llama: only with use_sliding_window)."""
+        return bool(hf.get("use_sliding_window"))
+
     def check_window(self, hf: dict, context: int) -> None:
         """extrapos has no sliding-window attention: a window shorter than the run's context is refused."""
         window = hf.get("sliding_window")
-        if window is None or not (self.model_type == "mistral" or hf.get("use_sliding_window")):
+        if window is None or not self.window_in_use(hf):
             return
         # a window at least as long as the context covers every earlier token: it is full attention
         if int(window) < context:
@@ -165,6 +169,9 @@ class Mistral(Llama):
     model_type = "mistral"
     label = "Mistral"
     exports = None
+
+    def window_in_use(self, hf: dict) -> bool:
+        return True  # Mistral has no use_sliding_window switch: a sliding_window set is in use
 
     def claims(self, cfg) -> bool:
         return False
