@@ -59,3 +59,12 @@ def test_every_stage_runs_for_the_new_encodings(monkeypatch):
     table = bench.format_bench(r)
     for n in NEW:
         assert f"\n| {n} | " in table
+    # issue 28's figures: decoding per token and the folded biases' evaluation, as ratios to NoPE
+    rows = {label: shown for label, shown, _, _ in bench.target_rows(r)}
+    gen, et = r["generation"], r["eval_time"]
+    assert rows["decode ms/token vs NoPE, bias encodings (issue 28)"] == (
+        f"fox {gen['fox']['decode_ms'] / gen['nope']['decode_ms']:.2f}"
+    )
+    assert rows["evaluation time at 16 x L_t vs NoPE, folded biases (issue 28)"] == (
+        f"fox {et['fox']['time_ms_4x'] / et['nope']['time_ms_4x']:.2f}"
+    )

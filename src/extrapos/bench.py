@@ -422,7 +422,7 @@ def format_peer(r: dict[str, Any]) -> str:
     )
 
 
-#: the figures of issue 15 and their targets: (label, what, encodings, target, higher is better)
+#: the figures of issues 15 and 28 and their targets: (label, what, encodings, target, higher is better)
 TARGETS = [
     ("training step vs NoPE: Kerple log / power", "train", ("kerple-log", "kerple-power"), 1.10, False),
     ("training step vs NoPE: T5 bias", "train", ("t5",), 1.10, False),
@@ -433,6 +433,20 @@ TARGETS = [
         "eval16",
         ("kerple-log", "kerple-power", "fire", "t5", "k-cable"),
         1.5,
+        False,
+    ),
+    (
+        "evaluation time at 16 x L_t vs NoPE, folded biases (issue 28)",
+        "eval16",
+        ("alibi", "cable", "cable-nw", "cable-official", "fox"),
+        1.10,
+        False,
+    ),
+    (
+        "decode ms/token vs NoPE, bias encodings (issue 28)",
+        "decode",
+        ("alibi", "cable", "cable-nw", "cable-official", "fox", "kerple-log", "kerple-power", "t5"),
+        1.25,
         False,
     ),
     ("training MFU, fp32 (vs the matmul peak measured in this run)", "mfu", ("nope",), 0.65, True),
@@ -457,6 +471,9 @@ def target_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             }
         elif what == "train":
             vals = {n: r["train_fp32"][n]["ratio"] for n in names if n in r["train_fp32"]}
+        elif what == "decode":
+            gen = r["generation"]
+            vals = {n: gen[n]["decode_ms"] / gen["nope"]["decode_ms"] for n in names if n in gen}
         else:
             et = r["eval_time"]
             vals = {n: et[n][f"time_ms_{k}x"] / et["nope"][f"time_ms_{k}x"] for n in names if n in et}
@@ -471,7 +488,7 @@ def target_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
 
 
 def format_targets(r: dict[str, Any]) -> str:
-    lines = ["| figure (issue 15) | measured | target | met |", "|---|---|---|---|"]
+    lines = ["| figure (issues 15, 28) | measured | target | met |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in target_rows(r)]
     return "\n".join(lines)
 
