@@ -11,7 +11,7 @@ Three flavours share one code path:
   (dense d -> d, GELU, LayerNorm, then the tied embedding matrix plus an output bias). Pre-norm by
   default, as modern encoders (ModernBERT, Warner et al. 2024, §2.1); ``post_norm`` gives BERT's.
 
-Options that pretrained checkpoints need (``integrations/hf.py``), all off by default:
+Options that pretrained checkpoints need (``integrations/hf/``), all off by default:
 
 * ``activation``: the MLP non-linearity; ``None`` keeps the flavour's (GELU tanh approximation for gpt2,
   SiLU gate for llama); ``"gelu"`` is the exact erf GELU of GPT-NeoX / Pythia (Biderman et al. 2023).
