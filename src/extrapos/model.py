@@ -63,7 +63,7 @@ from extrapos.errors import UserError
 from extrapos.losses import linear_cross_entropy_sum, masked_loss_sum
 from extrapos.positions.base import EncodingContext, PositionalEncoding
 from extrapos.positions.registry import spec
-from extrapos.positions.schedule import build_positions, plan_positions
+from extrapos.positions.schedule import Plan, build_positions, plan_positions
 
 FLAVOURS = ("gpt2", "llama", "encoder")
 ACTIVATIONS = ("gelu_tanh", "gelu", "silu", "relu")
@@ -127,6 +127,17 @@ class ModelConfig:
             return 4 * self.d_model
         return 256 * math.ceil(int(8 * self.d_model / 3) / 256)  # Llama's multiple_of = 256
 
+    def positions_plan(self) -> Plan:
+        """``model.positions`` resolved once (options checked, the layer schedule parsed): validation,
+        the model and the importer all take this plan rather than re-reading the raw table. Kept until
+        the table or the layer count changes (a config is a plain, mutable dataclass)."""
+        key = (repr(self.positions), self.n_layers)
+        cached = self.__dict__.get("_positions_plan")
+        if cached is None or cached[0] != key:
+            cached = (key, plan_positions(self.positions, self.n_layers))
+            self.__dict__["_positions_plan"] = cached
+        return cached[1]
+
     def validate(self) -> ModelConfig:
         if self.flavour not in FLAVOURS:
             raise UserError(f"unknown model flavour {self.flavour!r}; choose gpt2, llama or encoder.")
@@ -147,7 +158,7 @@ class ModelConfig:
             )
         if not isinstance(self.positions, dict) or "name" not in self.positions:
             raise UserError('model.positions must be a table with a "name" (e.g. {name = "rope"}).')
-        plan = plan_positions(self.positions, self.n_layers)  # options and the layer schedule, if any
+        plan = self.positions_plan()  # options and the layer schedule, if any
         for name in plan.names if not self.causal else ():
             reason = spec(name).cls.causal_only
             if reason:
@@ -460,15 +471,7 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg.validate()
-        ctx = EncodingContext(
-            d_model=cfg.d_model,
-            n_heads=cfg.n_heads,
-            head_dim=cfg.head_dim,
-            n_layers=cfg.n_layers,
-            train_length=cfg.train_length,
-            causal=cfg.causal,
-        )
-        self.pos: PositionalEncoding = build_positions(cfg.positions, ctx)
+        self.pos: PositionalEncoding = build_positions(cfg.positions_plan(), EncodingContext.of(cfg))
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         if cfg.embed_norm:  # created only when asked: default models keep their parameters and RNG stream
             self.emb_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.use_bias)

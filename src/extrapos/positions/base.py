@@ -47,6 +47,21 @@ class EncodingContext:
     # (their bidirectional forms: docs/encoder.md); True (decoders) keeps the causal definitions
     causal: bool = True
 
+    @classmethod
+    def of(cls, model: Any) -> EncodingContext:
+        """The context of a model config: anything with ``d_model``, ``n_heads``, ``head_dim``,
+        ``n_layers``, ``train_length`` and ``causal`` (``model.ModelConfig``; positions/ sits below the
+        model, so it reads the fields rather than importing the class). The one way to build a
+        context, so no copy can forget a field (``causal`` once was)."""
+        return cls(
+            d_model=model.d_model,
+            n_heads=model.n_heads,
+            head_dim=model.head_dim,
+            n_layers=model.n_layers,
+            train_length=model.train_length,
+            causal=model.causal,
+        )
+
 
 @dataclass
 class FoldedBias:

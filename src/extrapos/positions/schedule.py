@@ -29,6 +29,7 @@ sinusoidal, learned, ExPE ``once``) has no per-layer form and is refused on eith
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -201,20 +202,14 @@ class LayerSchedule(PositionalEncoding):
 
 
 def _sub_context(ctx: EncodingContext, n_layers: int) -> EncodingContext:
-    return EncodingContext(
-        d_model=ctx.d_model,
-        n_heads=ctx.n_heads,
-        head_dim=ctx.head_dim,
-        n_layers=n_layers,
-        train_length=ctx.train_length,
-        causal=ctx.causal,
-    )
+    return dataclasses.replace(ctx, n_layers=n_layers)
 
 
-def build_positions(positions: dict[str, Any], ctx: EncodingContext) -> PositionalEncoding:
-    """The model's encoding from its ``model.positions`` table: the registered encoding itself, or a
-    ``LayerSchedule`` when the table has ``layers``."""
-    plan = plan_positions(positions, ctx.n_layers)
+def build_positions(positions: dict[str, Any] | Plan, ctx: EncodingContext) -> PositionalEncoding:
+    """The model's encoding from its ``model.positions`` table (or the table's ``Plan``, when the caller
+    has planned it already): the registered encoding itself, or a ``LayerSchedule`` when the table has
+    ``layers``."""
+    plan = positions if isinstance(positions, Plan) else plan_positions(positions, ctx.n_layers)
     if plan.layers is None:
         return build_encoding(plan.name, ctx, plan.options)
     return LayerSchedule(ctx, plan)

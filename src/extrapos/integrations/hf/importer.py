@@ -74,14 +74,7 @@ def _empty_decoder(cfg):
         model = Decoder(cfg)
     model = model.to_empty(device="cpu")
     # the encoding's derived tensors (RoPE frequencies, ALiBi slopes) must be real: rebuild it on the CPU
-    ctx = EncodingContext(
-        d_model=cfg.d_model,
-        n_heads=cfg.n_heads,
-        head_dim=cfg.head_dim,
-        n_layers=cfg.n_layers,
-        train_length=cfg.train_length,
-    )
-    model.pos = build_positions(cfg.positions, ctx)
+    model.pos = build_positions(cfg.positions_plan(), EncodingContext.of(cfg))
     if cfg.tie_embeddings:
         model.lm_head.weight = model.tok_emb.weight
     return model
