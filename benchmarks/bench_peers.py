@@ -48,6 +48,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=None, help="write results.json and README.md into this folder"
     )
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
+    ap.add_argument(
+        "--measure",
+        nargs="+",
+        choices=["train", "decode", "eval", "memory"],
+        default=["train", "decode", "eval", "memory"],
+        help="which measurements to run (default all)",
+    )
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        default=None,
+        help="render results.json files of one shape (runs of different --measure) as one report",
+    )
     shape = ap.add_argument_group("shape (defaults: issue 28's, d 256 x 4 layers, batch 8 x 256)")
     shape.add_argument("--d-model", type=int, default=256)
     shape.add_argument("--layers", type=int, default=4)
@@ -133,9 +147,28 @@ def main(argv: list[str] | None = None) -> int:
                 + f"{format_peers(result, skipped)}\n\nEvery round: [results.json](results.json).\n",
             )
 
-        result = run_peers(
-            shape, pairs, rounds=args.rounds, memory=not args.no_memory, progress=progress, after_phase=write
-        )
+        if args.merge:
+            from extrapos.peers import merge_results
+
+            try:
+                runs = [json.loads(path.read_text()) for path in args.merge]
+            except (OSError, ValueError) as e:
+                raise UserError(
+                    f"--merge could not read a results.json ({e}); pass the files a run wrote."
+                ) from None
+            skipped = sorted({line for r in runs for line in r.get("skipped", [])})
+            result = merge_results(runs)
+            write(result)
+        else:
+            result = run_peers(
+                shape,
+                pairs,
+                rounds=args.rounds,
+                memory=not args.no_memory,
+                progress=progress,
+                measurements=tuple(args.measure),
+                after_phase=write,
+            )
     except UserError as e:
         print(e, file=sys.stderr)
         return 2

@@ -172,3 +172,27 @@ def test_memory_child_measures_every_length():
     shape = peers.PeerShape(**{**TINY.__dict__, "multiples": (1, 64)})
     mb = peers.memory_child("extrapos/llama/alibi", shape, threads=1)
     assert set(mb) == {"1", "64"} and all(isinstance(v, float) for v in mb.values())
+
+
+def test_runs_of_different_measurements_merge_into_one_report(tmp_path):
+    """--measure splits a run (training here, decoding there); --merge renders them as one report with
+    the ratios of each, and refuses runs of another shape."""
+    if not peers.peer_available("transformers"):
+        pytest.skip(peers.skip_line("transformers"))
+    script = _script()
+    base = ["--tiny", "--rounds", "2", "--peers", "transformers", "--encodings", "rope", "--no-memory"]
+    assert script.main([*base, "--measure", "train", "--out", str(tmp_path / "a")]) == 0
+    assert script.main([*base, "--measure", "decode", "--out", str(tmp_path / "b")]) == 0
+    a = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert "decode" not in a["pairs"][0] and "train" in a["pairs"][0]
+    files = [str(tmp_path / d / "results.json") for d in ("a", "b")]
+    assert script.main(["--merge", *files, "--out", str(tmp_path / "m")]) == 0
+    merged = json.loads((tmp_path / "m" / "results.json").read_text())
+    row = merged["pairs"][0]
+    assert row["train"] == a["pairs"][0]["train"] and "decode" in row and "eval" not in row
+    readme = (tmp_path / "m" / "README.md").read_text()
+    assert "### Training step" in readme and "### Cached decoding" in readme
+    assert "### Evaluation forward" not in readme
+    other = {**a, "shape": {**a["shape"], "d_model": 64}}
+    with pytest.raises(UserError, match="one shape only"):
+        peers.merge_results([a, other])

@@ -700,7 +700,7 @@ PHASES = ("train_s", "decode_s", "eval_s", "eval_peak_mb")  # in the order they 
 
 def pair_rows(result: dict[str, Any], pairs: list[Pair]) -> list[dict[str, Any]]:
     """Each pair's ratios, for the measurements ``result`` holds so far."""
-    models, mults = result["models"], [str(m) for m in result["shape"]["multiples"]]
+    models = result["models"]
     rows = []
     for p in pairs:
         a, b = models[p.extrapos_key], models[p.name]
@@ -710,15 +710,15 @@ def pair_rows(result: dict[str, Any], pairs: list[Pair]) -> list[dict[str, Any]]
             "encoding": p.encoding,
             "extrapos": p.extrapos_key,
         }
-        if "train_s" in a:
+        if "train_s" in a and "train_s" in b:
             row["train"] = pair_ratio(a["train_s"], b["train_s"])
-        if "decode_s" in a:
+        if "decode_s" in a and "decode_s" in b:
             row["decode"] = pair_ratio(a["decode_s"], b["decode_s"])
-        if "eval_s" in a:
-            row["eval"] = {k: pair_ratio(a["eval_s"][k], b["eval_s"][k]) for k in mults}
-        if "eval_peak_mb" in a:
+        if "eval_s" in a and "eval_s" in b:
+            row["eval"] = {k: pair_ratio(a["eval_s"][k], b["eval_s"][k]) for k in a["eval_s"]}
+        if "eval_peak_mb" in a and "eval_peak_mb" in b:
             ours, theirs = a["eval_peak_mb"], b["eval_peak_mb"]
-            row["eval_peak_ratio"] = {k: ours[k] / theirs[k] if theirs[k] > 0 else None for k in mults}
+            row["eval_peak_ratio"] = {k: ours[k] / theirs[k] if theirs[k] > 0 else None for k in ours}
         rows.append(row)
     return rows
 
@@ -729,6 +729,7 @@ def run_peers(
     rounds: int = 7,
     memory: bool = True,
     progress: Callable[[str], None] = lambda message: None,
+    measurements: tuple[str, ...] = ("train", "decode", "eval", "memory"),
     after_phase: Callable[[dict[str, Any]], None] = lambda result: None,
 ) -> dict[str, Any]:
     """Every measurement of every pair; the JSON the script writes (``format_peers`` renders it).
@@ -772,15 +773,18 @@ def run_peers(
         after_phase(result)
 
     tick = lambda: None  # noqa: E731
-    progress("training steps")
-    done("train_s", measure_training(sides, shape, rounds, tick))
-    progress("cached decoding")
-    done("decode_s", measure_decode(sides, shape, rounds, tick))
-    progress("evaluation forwards")
-    evaluation = measure_eval(sides, shape, rounds, tick)
-    done("eval_s", {k: {str(m): evaluation[m][k] for m in shape.multiples} for k in keys})
+    if "train" in measurements:
+        progress("training steps")
+        done("train_s", measure_training(sides, shape, rounds, tick))
+    if "decode" in measurements:
+        progress("cached decoding")
+        done("decode_s", measure_decode(sides, shape, rounds, tick))
+    if "eval" in measurements:
+        progress("evaluation forwards")
+        evaluation = measure_eval(sides, shape, rounds, tick)
+        done("eval_s", {k: {str(m): evaluation[m][k] for m in shape.multiples} for k in keys})
     del sides
-    if memory:
+    if memory and "memory" in measurements:
         progress("peak memory, one fresh process per model")
         result["memory_method"] = (
             "VmHWM growth over VmRSS (reset via /proc/self/clear_refs), fresh process per model"
@@ -789,6 +793,28 @@ def run_peers(
     result["complete"] = True
     after_phase(result)
     return result
+
+
+def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Runs of the same shape measuring different things (``--measure``) as one result: each model's
+    measurements from the run that made them (a later run's win), the ratios recomputed."""
+    if not results:
+        raise UserError("--merge needs at least one results.json.")
+    keep = ("d_model", "n_layers", "n_heads", "mlp_hidden", "vocab", "batch", "train_length", "context")
+    base = json.loads(json.dumps(results[0]))
+    for r in results[1:]:
+        if any(r["shape"][k] != base["shape"][k] for k in keep):
+            raise UserError("--merge takes runs of one shape only; these results.json files differ in shape.")
+        for key, model in r["models"].items():
+            base["models"].setdefault(key, {}).update(model)
+        base["memory_method"] = base.get("memory_method") or r.get("memory_method")
+        base["rounds"] = min(base["rounds"], r["rounds"])
+        base["wall_time_s"] = base.get("wall_time_s", 0) + r.get("wall_time_s", 0)
+    names = list(dict.fromkeys(p["pair"] for r in results for p in r["pairs"]))
+    base["pairs"] = pair_rows(base, [next(p for p in PAIRS if p.name == n) for n in names])
+    base["complete"] = all(r.get("complete", True) for r in results)
+    base["merged_from"] = len(results)
+    return base
 
 
 # ---- rendering ------------------------------------------------------------------------------------------
@@ -807,22 +833,26 @@ def _r(r: dict[str, Any]) -> str:
 
 def format_summary(result: dict[str, Any]) -> str:
     """One row per pair, the ratios alone (extrapos / peer; `~`: within noise): training step, evaluation
-    time and peak memory at the longest length, decoding per token. The README's cost section."""
-    longest = str(max(result["shape"]["multiples"]))
-    k = f"{longest}x L_t = {int(longest) * result['shape']['train_length']} tokens"
+    time and peak memory at the longest length measured, decoding per token. The README's cost section."""
+    L = result["shape"]["train_length"]
     lines = [
-        f"| pair (peer / block / encoding) | training step | eval time, {k} | eval peak memory, {k} "
+        "| pair (peer / block / encoding) | training step | eval time, longest | eval peak memory, longest "
         "| decode ms/token |",
         "|---|---:|---:|---:|---:|",
     ]
     for p in result["pairs"]:
-        memory = p.get("eval_peak_ratio", {}).get(longest)
-        cells = [
-            _r(p["train"]) if "train" in p else "–",
-            _r(p["eval"][longest]) if "eval" in p else "–",
-            f"{memory:.2f}" if memory is not None else "–",
-            _r(p["decode"]) if "decode" in p else "–",
-        ]
+        cells = ["–"] * 4
+        if "train" in p:
+            cells[0] = _r(p["train"])
+        if "eval" in p:
+            k = max(p["eval"], key=int)
+            cells[1] = f"{_r(p['eval'][k])} at {int(k) * L}"
+        memory = p.get("eval_peak_ratio")
+        if memory:
+            k = max(memory, key=int)
+            cells[2] = f"{memory[k]:.2f} at {int(k) * L}" if memory[k] is not None else "–"
+        if "decode" in p:
+            cells[3] = _r(p["decode"])
         lines.append(f"| {p['pair']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -847,12 +877,13 @@ def format_peers(result: dict[str, Any], skipped: list[str] = ()) -> str:
         lines.append(
             f"| {p['pair']} | {models[p['extrapos']]['parameters']:,} | {models[p['pair']]['parameters']:,} |"
         )
-    first = models[result["pairs"][0]["extrapos"]] if result["pairs"] else {}
     if not result.get("complete", True):
         lines += ["", "**Partial run**: only the measurements below were completed."]
-    mults = [str(k) for k in s["multiples"]]
-    per_length = " | ".join(f"{k}x extrapos | {k}x peer | {k}x ratio" for k in mults)
-    if "train_s" in first:
+
+    def per_length(mults: list[str]) -> str:
+        return " | ".join(f"{k}x extrapos | {k}x peer | {k}x ratio" for k in mults)
+
+    if any("train" in p for p in result["pairs"]):
         lines += [
             "",
             "### Training step (forward + backward + fused AdamW, batch "
@@ -861,30 +892,34 @@ def format_peers(result: dict[str, Any], skipped: list[str] = ()) -> str:
             "| pair | extrapos | peer | ratio |",
             "|---|---:|---:|---:|",
         ]
-        for p in result["pairs"]:
+        for p in (p for p in result["pairs"] if "train" in p):
             a, b = models[p["extrapos"]]["train_s"], models[p["pair"]]["train_s"]
             lines.append(f"| {p['pair']} | {_t(a, 1, 3)} | {_t(b, 1, 3)} | {_r(p['train'])} |")
-    if "eval_s" in first:
+    eval_rows = [p for p in result["pairs"] if "eval" in p]
+    if eval_rows:
+        mults = list(eval_rows[0]["eval"])
         lines += [
             "",
             "### Evaluation forward (no grad, batch 1, to the final-normed hidden states), ms",
             "",
-            f"| pair | {per_length} |",
+            f"| pair | {per_length(mults)} |",
             "|---|" + "---:|" * (3 * len(mults)),
         ]
-        for p in result["pairs"]:
+        for p in eval_rows:
             a, b = models[p["extrapos"]]["eval_s"], models[p["pair"]]["eval_s"]
             cells = [c for k in mults for c in (_t(a[k], 1e3), _t(b[k], 1e3), _r(p["eval"][k]))]
             lines.append(f"| {p['pair']} | " + " | ".join(cells) + " |")
-    if "eval_peak_mb" in first:
+    memory_rows = [p for p in result["pairs"] if "eval_peak_ratio" in p]
+    if memory_rows:
+        mults = list(memory_rows[0]["eval_peak_ratio"])
         lines += [
             "",
             f"### Evaluation peak memory, MiB ({result['memory_method']})",
             "",
-            f"| pair | {per_length} |",
+            f"| pair | {per_length(mults)} |",
             "|---|" + "---:|" * (3 * len(mults)),
         ]
-        for p in result["pairs"]:
+        for p in memory_rows:
             a, b = models[p["extrapos"]]["eval_peak_mb"], models[p["pair"]]["eval_peak_mb"]
             ratios = p["eval_peak_ratio"]
             cells = [
@@ -893,7 +928,7 @@ def format_peers(result: dict[str, Any], skipped: list[str] = ()) -> str:
                 for c in (f"{a[k]:.1f}", f"{b[k]:.1f}", f"{ratios[k]:.2f}" if ratios[k] is not None else "–")
             ]
             lines.append(f"| {p['pair']} | " + " | ".join(cells) + " |")
-    if "decode_s" in first:
+    if any("decode" in p for p in result["pairs"]):
         lines += [
             "",
             f"### Cached decoding after a {s['context']}-token prompt, ms per token "
@@ -902,7 +937,7 @@ def format_peers(result: dict[str, Any], skipped: list[str] = ()) -> str:
             "| pair | extrapos | peer | ratio |",
             "|---|---:|---:|---:|",
         ]
-        for p in result["pairs"]:
+        for p in (p for p in result["pairs"] if "decode" in p):
             a, b = models[p["extrapos"]]["decode_s"], models[p["pair"]]["decode_s"]
             lines.append(f"| {p['pair']} | {_t(a, 1e3, 2)} | {_t(b, 1e3, 2)} | {_r(p['decode'])} |")
     lines += ["", "Not measured: " + "; ".join(UNMATCHED.values()) + "."]
