@@ -431,6 +431,10 @@ _EPOCHS = (
     "more (steps x tokens per step) in one sentence naming train.epochs, before config.toml is written"
 )
 XFAIL: dict[str, str] = {
+    "eval|argv|--corpus|empty": (
+        "eval --corpus '' is read as a path of None (TypeError, exit 70), owner: src/extrapos/cli/eval.py: "
+        "refuse an empty --corpus (and --data) in one sentence before use (`if args.corpus == ''`)"
+    ),
     **{
         f"{command}|--set|train.epochs|{kind}": _EPOCHS
         for command in ("train", "extend")

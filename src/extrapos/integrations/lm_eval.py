@@ -305,6 +305,10 @@ def run_lm_eval(
     if not tasks:
         raise UserError("give at least one lm-eval task, e.g. tasks=['arc_easy'] (--tasks arc_easy).")
     check_lm_eval_request(limit, batch_size, num_fewshot, metadata, max_length)
+    if limit is not None and limit >= 2**63:  # the harness slices its documents with islice (a C ssize_t)
+        raise UserError(
+            f"--limit must be below 2^63 examples per task, got {limit:g}; give a smaller --limit."
+        )
     if limit is not None and limit >= 1:  # a count of examples; below 1 it is lm-eval's fraction of each task
         limit = int(limit)
     run_dir = Path(run_dir)
