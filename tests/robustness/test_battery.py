@@ -451,7 +451,7 @@ XFAIL: dict[str, str] = {
             "exit 70), owner: src/extrapos/cli/hf.py: call files.check_text(args.out, '--out') (and "
             "args.corpus, args.tokenizer) first"
         )
-        for command, flag in (("import", "--out"), ("import", "--corpus"), ("export", "--out"))
+        for command, flag in (("import", "--out"), ("export", "--out"))
     },
 }
 
