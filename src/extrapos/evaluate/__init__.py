@@ -395,7 +395,9 @@ def load_scored_run(run_dir, req: EvalRequest, ckpt, device, progress: bool) -> 
     lengths, windows = [x.ev for x in resolved], [x.window for x in resolved]
     max_len = max(windows)
     per_window = {k for k, v in req.position_options.items() if v == "window"}
-    fixed = {k: v for k, v in _resolve_options(req.position_options, max_len).items() if k not in per_window}
+    fixed = {
+        k: v for k, v in _resolve_options(req.position_options, max_len, L).items() if k not in per_window
+    }
     if fixed:
         run.model.pos.set_options(**fixed)
     split, data_dir = _eval_split(run, req, progress)
@@ -765,9 +767,12 @@ def _score_documents(
     return Scored(run, L, inputs.data_dir, rows, per_position, facts)
 
 
-def _resolve_options(options: dict[str, Any], max_len: int) -> dict[str, Any]:
-    # "max": stretch to the longest evaluated window; "window" (the CLI's --interpolate): to each window
-    return {k: (max_len if v == "max" else v) for k, v in options.items()}
+def _resolve_options(options: dict[str, Any], max_len: int, L: int) -> dict[str, Any]:
+    # "max": stretch to the longest evaluated window (in tokens); "ev": the longest window over L_t (a RoPE
+    # scaling's factor, so each column of an eval_each_length sweep scales by its own k); "window" (the
+    # CLI's --interpolate): to each window, set per window by the caller
+    named = {"max": max_len, "ev": max_len / L}
+    return {k: (named[v] if isinstance(v, str) and v in named else v) for k, v in options.items()}
 
 
 def _bucketed(curve: torch.Tensor, buckets: int, window: int | None = None) -> dict[str, Any]:

@@ -216,7 +216,7 @@ def check_lm_eval_request(
 
 
 #: option values an evaluation resolves itself: the longest length, each evaluated window's length
-PLACEHOLDERS = ("max", "window")
+PLACEHOLDERS = ("max", "ev", "window")
 
 
 def check_encoding_options(cfg, options: dict[str, Any], given_as: str = "the encoding options") -> None:
@@ -224,7 +224,7 @@ def check_encoding_options(cfg, options: dict[str, Any], given_as: str = "the en
     training config goes through (``config.validate``): an unknown option, a value of the wrong type
     (``base=abc``) or one that makes every loss NaN (``base=0``: RoPE's frequencies base^(-2i/d), Su et
     al. 2021) is one sentence naming ``given_as``. The values resolved at evaluation time ("max": the
-    longest length, "window": each window's length) stand in as 2. A config an older extrapos wrote under
+    longest length, "ev": its multiple of L_t, "window": each window's length) stand in as 2. A config an older extrapos wrote under
     other rules is left to the encoding's own checks."""
     import dataclasses
 
