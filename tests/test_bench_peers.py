@@ -190,6 +190,7 @@ def test_runs_of_different_measurements_merge_into_one_report(tmp_path):
     merged = json.loads((tmp_path / "m" / "results.json").read_text())
     row = merged["pairs"][0]
     assert row["train"] == a["pairs"][0]["train"] and "decode" in row and "eval" not in row
+    assert row["values"]["extrapos"]["train_s"] == a["models"]["extrapos/llama/rope"]["train_s"]
     readme = (tmp_path / "m" / "README.md").read_text()
     assert "### Training step" in readme and "### Cached decoding" in readme
     assert "### Evaluation forward" not in readme

@@ -698,8 +698,13 @@ def library_versions() -> dict[str, str]:
 PHASES = ("train_s", "decode_s", "eval_s", "eval_peak_mb")  # in the order they run: memory last
 
 
+#: a pair row's ratio entry -> the model field it is computed from
+RATIO_FIELDS = {"train": "train_s", "decode": "decode_s", "eval": "eval_s", "eval_peak_ratio": "eval_peak_mb"}
+
+
 def pair_rows(result: dict[str, Any], pairs: list[Pair]) -> list[dict[str, Any]]:
-    """Each pair's ratios, for the measurements ``result`` holds so far."""
+    """Each pair's ratios for the measurements ``result`` holds so far, with the rounds they come from
+    (``values``: both sides' measurements, from the same run)."""
     models = result["models"]
     rows = []
     for p in pairs:
@@ -709,16 +714,19 @@ def pair_rows(result: dict[str, Any], pairs: list[Pair]) -> list[dict[str, Any]]
             "peer": p.peer,
             "encoding": p.encoding,
             "extrapos": p.extrapos_key,
+            "values": {"extrapos": {}, "peer": {}},
         }
-        if "train_s" in a and "train_s" in b:
-            row["train"] = pair_ratio(a["train_s"], b["train_s"])
-        if "decode_s" in a and "decode_s" in b:
-            row["decode"] = pair_ratio(a["decode_s"], b["decode_s"])
-        if "eval_s" in a and "eval_s" in b:
-            row["eval"] = {k: pair_ratio(a["eval_s"][k], b["eval_s"][k]) for k in a["eval_s"]}
-        if "eval_peak_mb" in a and "eval_peak_mb" in b:
-            ours, theirs = a["eval_peak_mb"], b["eval_peak_mb"]
-            row["eval_peak_ratio"] = {k: ours[k] / theirs[k] if theirs[k] > 0 else None for k in ours}
+        for ratio, field_name in RATIO_FIELDS.items():
+            if field_name not in a or field_name not in b:
+                continue
+            ours, theirs = a[field_name], b[field_name]
+            if ratio == "eval":
+                row[ratio] = {k: pair_ratio(ours[k], theirs[k]) for k in ours}
+            elif ratio == "eval_peak_ratio":
+                row[ratio] = {k: ours[k] / theirs[k] if theirs[k] > 0 else None for k in ours}
+            else:
+                row[ratio] = pair_ratio(ours, theirs)
+            row["values"]["extrapos"][field_name], row["values"]["peer"][field_name] = ours, theirs
         rows.append(row)
     return rows
 
@@ -796,8 +804,9 @@ def run_peers(
 
 
 def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Runs of the same shape measuring different things (``--measure``) as one result: each model's
-    measurements from the run that made them (a later run's win), the ratios recomputed."""
+    """Runs of the same shape measuring different things (``--measure``) as one result. A pair's ratio
+    always comes from one run (both sides measured in the same rounds): each measurement, and each
+    length of the evaluation, is taken from the last run that measured it for that pair."""
     if not results:
         raise UserError("--merge needs at least one results.json.")
     keep = ("d_model", "n_layers", "n_heads", "mlp_hidden", "vocab", "batch", "train_length", "context")
@@ -805,13 +814,29 @@ def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
     for r in results[1:]:
         if any(r["shape"][k] != base["shape"][k] for k in keep):
             raise UserError("--merge takes runs of one shape only; these results.json files differ in shape.")
-        for key, model in r["models"].items():
-            base["models"].setdefault(key, {}).update(model)
-        base["memory_method"] = base.get("memory_method") or r.get("memory_method")
-        base["rounds"] = min(base["rounds"], r["rounds"])
-        base["wall_time_s"] = base.get("wall_time_s", 0) + r.get("wall_time_s", 0)
-    names = list(dict.fromkeys(p["pair"] for r in results for p in r["pairs"]))
-    base["pairs"] = pair_rows(base, [next(p for p in PAIRS if p.name == n) for n in names])
+    base["models"] = {
+        k: {"label": m["label"], "parameters": m["parameters"]}
+        for r in results
+        for k, m in r["models"].items()
+    }
+    merged: dict[str, dict[str, Any]] = {}
+    for r in results:
+        names = [p["pair"] for p in r["pairs"]]
+        for row in pair_rows(r, [next(p for p in PAIRS if p.name == n) for n in names]):
+            into = merged.setdefault(row["pair"], {**row, "values": {"extrapos": {}, "peer": {}}})
+            for ratio, field_name in RATIO_FIELDS.items():
+                if ratio not in row:
+                    continue
+                per_length = ratio in ("eval", "eval_peak_ratio")
+                into[ratio] = {**into.get(ratio, {}), **row[ratio]} if per_length else row[ratio]
+                for side in ("extrapos", "peer"):
+                    new = row["values"][side][field_name]
+                    old = into["values"][side].get(field_name, {})
+                    into["values"][side][field_name] = {**old, **new} if per_length else new
+    base["pairs"] = list(merged.values())
+    base["memory_method"] = next((r["memory_method"] for r in results if r.get("memory_method")), None)
+    base["rounds"] = min(r["rounds"] for r in results)
+    base["wall_time_s"] = sum(r.get("wall_time_s", 0) for r in results)
     base["complete"] = all(r.get("complete", True) for r in results)
     base["merged_from"] = len(results)
     return base
@@ -893,7 +918,7 @@ def format_peers(result: dict[str, Any], skipped: list[str] = ()) -> str:
             "|---|---:|---:|---:|",
         ]
         for p in (p for p in result["pairs"] if "train" in p):
-            a, b = models[p["extrapos"]]["train_s"], models[p["pair"]]["train_s"]
+            a, b = p["values"]["extrapos"]["train_s"], p["values"]["peer"]["train_s"]
             lines.append(f"| {p['pair']} | {_t(a, 1, 3)} | {_t(b, 1, 3)} | {_r(p['train'])} |")
     eval_rows = [p for p in result["pairs"] if "eval" in p]
     if eval_rows:
@@ -906,7 +931,7 @@ def format_peers(result: dict[str, Any], skipped: list[str] = ()) -> str:
             "|---|" + "---:|" * (3 * len(mults)),
         ]
         for p in eval_rows:
-            a, b = models[p["extrapos"]]["eval_s"], models[p["pair"]]["eval_s"]
+            a, b = p["values"]["extrapos"]["eval_s"], p["values"]["peer"]["eval_s"]
             cells = [c for k in mults for c in (_t(a[k], 1e3), _t(b[k], 1e3), _r(p["eval"][k]))]
             lines.append(f"| {p['pair']} | " + " | ".join(cells) + " |")
     memory_rows = [p for p in result["pairs"] if "eval_peak_ratio" in p]
@@ -920,7 +945,7 @@ def format_peers(result: dict[str, Any], skipped: list[str] = ()) -> str:
             "|---|" + "---:|" * (3 * len(mults)),
         ]
         for p in memory_rows:
-            a, b = models[p["extrapos"]]["eval_peak_mb"], models[p["pair"]]["eval_peak_mb"]
+            a, b = p["values"]["extrapos"]["eval_peak_mb"], p["values"]["peer"]["eval_peak_mb"]
             ratios = p["eval_peak_ratio"]
             cells = [
                 c
@@ -938,10 +963,12 @@ def format_peers(result: dict[str, Any], skipped: list[str] = ()) -> str:
             "|---|---:|---:|---:|",
         ]
         for p in (p for p in result["pairs"] if "decode" in p):
-            a, b = models[p["extrapos"]]["decode_s"], models[p["pair"]]["decode_s"]
+            a, b = p["values"]["extrapos"]["decode_s"], p["values"]["peer"]["decode_s"]
             lines.append(f"| {p['pair']} | {_t(a, 1e3, 2)} | {_t(b, 1e3, 2)} | {_r(p['decode'])} |")
     lines += ["", "Not measured: " + "; ".join(UNMATCHED.values()) + "."]
-    lines += ["", f"Wall time {result['wall_time_s']:.0f} s."]
+    runs = result.get("merged_from")
+    total = f"Wall time {result['wall_time_s']:.0f} s"
+    lines += ["", f"{total}, summed over the {runs} runs (some ran side by side)." if runs else f"{total}."]
     return "\n".join(lines)
 
 
