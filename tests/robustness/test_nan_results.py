@@ -2,7 +2,7 @@
 were valid (issue 24, the last note's leftover): one sentence naming the options, nothing written.
 
 ``files.finite_json`` is the check; the writers of results call it (``evaluate`` and ``tasks.common``
-write their JSON with it once their owner applies the one-line change named in the xfail below).
+write their JSON through it).
 """
 
 from __future__ import annotations
@@ -44,13 +44,6 @@ def run(tmp_path_factory, tiny_data):
     return out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="eval saves a NaN result (YaRN attention_factor 1e30 passes validation), owner: "
-    "src/extrapos/evaluate/__init__.py: write atomic_write(slot.out_path, finite_json(result, "
-    "req.position_options, 'evaluation')) instead of json.dumps(result, indent=1); the same in "
-    "tasks/common.py's write_result",
-)
 def test_eval_refuses_to_save_a_nan_loss(run, capsys):
     args = ["eval", str(run), "--lengths", "1", "--max-tokens", "64", "--no-progress", "--name", "overflow"]
     code = main([*args, "--rope-scaling", "yarn", "--position-option", "attention_factor=1e30"])

@@ -56,7 +56,7 @@ from extrapos.evaluate.lengths import (
     is_token_count,
     resolve_lengths,
 )
-from extrapos.files import atomic_write, ensure_writable_dir
+from extrapos.files import atomic_write, ensure_writable_dir, finite_json
 
 DEFAULT_LENGTHS = (1, 2, 4, 8, 16)
 PROTOCOLS = ("documents", "stream")
@@ -671,8 +671,10 @@ def evaluate(
     }
     from extrapos.runtime import barrier, process_group
 
+    # refused on every process alike (each holds the whole result), so no rank waits at the barrier alone
+    text = finite_json(result, req.position_options, "evaluation")
     if process_group()[0] == 0:  # under torchrun every process holds the whole result; rank 0 writes it
-        atomic_write(slot.out_path, json.dumps(result, indent=1))
+        atomic_write(slot.out_path, text)
     barrier()  # the result is on disk before any process looks for it again
     return result
 

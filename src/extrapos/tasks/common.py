@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from extrapos.errors import UserError
-from extrapos.files import atomic_write, ensure_writable_dir
+from extrapos.files import atomic_write, ensure_writable_dir, finite_json
 from extrapos.memory import available_bytes, check_memory, forward_bytes  # noqa: F401 (re-exported)
 
 
@@ -82,9 +82,11 @@ def resolve_position_options(options: dict[str, Any] | None, max_len: int) -> di
 
 
 def write_result(path: Path, result: dict[str, Any]) -> None:
-    """Write ``result`` as JSON atomically (a temporary file renamed into place)."""
+    """Write ``result`` as JSON atomically (a temporary file renamed into place); one holding a NaN or an
+    infinity is refused in one sentence and nothing is written (``files.finite_json``)."""
+    text = finite_json(result, result.get("position_options"), "result")
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps(result, indent=1, default=str))
+    atomic_write(path, text)
 
 
 def result_path(run_dir: Path, name: str) -> Path:
@@ -224,8 +226,8 @@ def check_encoding_options(cfg, options: dict[str, Any], given_as: str = "the en
     training config goes through (``config.validate``): an unknown option, a value of the wrong type
     (``base=abc``) or one that makes every loss NaN (``base=0``: RoPE's frequencies base^(-2i/d), Su et
     al. 2021) is one sentence naming ``given_as``. The values resolved at evaluation time ("max": the
-    longest length, "ev": its multiple of L_t, "window": each window's length) stand in as 2. A config an older extrapos wrote under
-    other rules is left to the encoding's own checks."""
+    longest length, "ev": its multiple of L_t, "window": each window's length) stand in as 2. A config
+    an older extrapos wrote under other rules is left to the encoding's own checks."""
     import dataclasses
 
     from extrapos.config import validate
