@@ -342,6 +342,12 @@ def step_plan(cfg: RunConfig, windows_per_epoch: int, world: int = 1) -> StepPla
         total = math.ceil(t.epochs * windows_per_epoch / (t.batch_size * accum * world))
     else:
         total = t.steps if t.steps is not None else 200
+    if total * per_step >= 2**63:  # a token count no counter holds (and no machine trains): refused up front
+        key = "epochs" if t.epochs is not None else "tokens" if t.tokens is not None else "steps"
+        raise UserError(
+            f"train.{key} = {getattr(t, key)} means {total:,} steps of {per_step:,} tokens, past 2^63 "
+            f"tokens; give a budget of fewer tokens."
+        )
     return StepPlan(accum, per_step, max(1, total))
 
 

@@ -424,36 +424,9 @@ def build_cases() -> list[Case]:
 
 CASES = build_cases()
 
-# Defects in files this battery's owner does not own: marked, with the fix, until their owners mend them.
-_EPOCHS = (
-    "train.epochs 1e18 or 10**30 is trained on (the steps it means are worked out only once the data is "
-    "open), owner: src/extrapos/train.py: where epochs become steps, refuse a step count of 2^63 tokens or "
-    "more (steps x tokens per step) in one sentence naming train.epochs, before config.toml is written"
-)
-XFAIL: dict[str, str] = {
-    "eval|argv|--corpus|empty": (
-        "eval --corpus '' is read as a path of None (TypeError, exit 70), owner: src/extrapos/cli/eval.py: "
-        "refuse an empty --corpus (and --data) in one sentence before use (`if args.corpus == ''`)"
-    ),
-    **{
-        f"{command}|--set|train.epochs|{kind}": _EPOCHS
-        for command in ("train", "extend")
-        for kind in ("huge-float", "huge-int")
-    },
-    "eval|--position-option|base|huge-int": (
-        "--position-option base=10**30 passes the validator (a float option, 1e30 is finite) but the "
-        "raw int reaches torch (OverflowError, exit 70), owner: src/extrapos/cli/eval.py: pass the options "
-        "as validated (registry.build_options(...) values, floats) to the evaluation, not the parsed ints"
-    ),
-    **{
-        f"{command}|argv|{flag}|non-utf8": (
-            f"{command} {flag} with non-UTF-8 bytes fails writing the path into a file (UnicodeEncodeError, "
-            "exit 70), owner: src/extrapos/cli/hf.py: call files.check_text(args.out, '--out') (and "
-            "args.corpus, args.tokenizer) first"
-        )
-        for command, flag in (("import", "--out"), ("export", "--out"))
-    },
-}
+# Defects in files this battery's owner did not own were marked here as strict xfails, with the fix, until
+# their owners mended them; none is left. A new one goes here the same way: "<case id>": "<defect and fix>".
+XFAIL: dict[str, str] = {}
 
 
 def params():

@@ -168,10 +168,12 @@ def lengths_for_factor(run_dir: str, lengths: list, tokens: list[int] | None) ->
 
 
 def parse_value(text: str) -> Any:
-    """A command-line option value: int, float, true/false/none, else the string itself."""
+    """A command-line option value: int, float, true/false/none, else the string itself. An integer past
+    64 bits is read as a float: no integer option holds it, and torch takes no such int."""
     for cast in (int, float):
         try:
-            return cast(text)
+            value = cast(text)
+            return float(value) if isinstance(value, int) and not -(2**63) <= value < 2**63 else value
         except ValueError:
             pass
     return {"true": True, "false": False, "none": None}.get(text.lower(), text)
@@ -225,6 +227,11 @@ def run(args) -> int:
     from extrapos.evaluate import EvalRequest, evaluate, format_result
     from extrapos.runtime import init_distributed, resolve_device
 
+    for flag, value in (("--corpus", args.corpus), ("--data", args.data)):
+        if value is not None and not str(value).strip():
+            raise UserError(
+                f"{flag} is empty; name a corpus spec or a prepared data directory, or drop {flag}."
+            )
     lengths, tokens = eval_lengths(args)
     options = position_options(args, lengths_for_factor(args.run, lengths, tokens))
     check_position_options(args.run, options)

@@ -57,7 +57,12 @@ def register(sub) -> None:
 
 
 def run_import(args) -> int:
+    from extrapos.files import check_text
     from extrapos.integrations.hf import import_pretrained
+
+    # every one of these is written into JSON or TOML, which hold UTF-8 only
+    for flag, value in (("--out", args.out), ("--corpus", args.corpus), ("--tokenizer", args.tokenizer)):
+        check_text(value, flag)
 
     data = {"corpus": args.corpus} if args.corpus else None
     out = import_pretrained(
@@ -92,6 +97,9 @@ def context_line(run) -> str:
 
 def run_export(args) -> int:
     from extrapos.errors import UserError
+    from extrapos.files import check_text
+
+    check_text(args.out, "--out")
 
     if args.format == "sentence-transformers":
         import importlib.util
