@@ -23,7 +23,7 @@ _EXPORTS = {
     "TokenSplit": "extrapos.data.shards",
     "open_split": "extrapos.data.shards",
     "prepare_data": "extrapos.data.prepare",
-    "cache_root": "extrapos.data.prepare",
+    "cache_root": "extrapos.data.cache",
     "check_heldout": "extrapos.data.splitting",
     "Sampler": "extrapos.data.sampling",
     "ContiguousSampler": "extrapos.data.sampling",

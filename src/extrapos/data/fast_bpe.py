@@ -64,7 +64,7 @@ def tiktoken_mirror(backend):
         import tiktoken
     except ImportError:
         return None, "tiktoken is not installed"
-    from extrapos.data.tokenizer import GPT2_PATTERN
+    from extrapos.data.patterns import GPT2_PATTERN
 
     spec = json.loads(backend.to_str())
     reason = _unsupported(spec)

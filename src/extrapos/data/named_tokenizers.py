@@ -54,7 +54,7 @@ NAMED_TOKENIZERS = {
 
 def local_path(entry: NamedTokenizer) -> Path:
     """Where a named tokenizer's file is looked for first, and kept once fetched."""
-    from extrapos.data.prepare import cache_root
+    from extrapos.data.cache import cache_root
 
     return cache_root() / "tokenizers" / entry.file
 
@@ -67,10 +67,10 @@ def fetch(entry: NamedTokenizer) -> bytes:
     return read_file_cached(entry.url, entry.sha256)
 
 
-def load_named(name: str):
-    """The ``TiktokenTokenizer`` of a named tokenizer (see the module docstring)."""
-    from extrapos.data.tokenizer import TiktokenTokenizer
-
+def named_file(name: str) -> tuple[bytes, str, str]:
+    """A named tokenizer's rank file, checked: ``(its bytes, its file name, where it was read)``, from
+    which ``tokenizer.load_tokenizer`` builds the ``TiktokenTokenizer`` (see the module docstring).
+    Bytes, not the tokenizer, so this module needs nothing of ``tokenizer.py``, which imports it."""
     entry = NAMED_TOKENIZERS[name]
     path = local_path(entry)
     if path.is_file():
@@ -98,7 +98,7 @@ def load_named(name: str):
                 "--tokenizer) to the path of such a file."
             ) from None
         _keep(path, data)
-    return TiktokenTokenizer.from_bytes(data, entry.file, source=str(path))
+    return data, entry.file, str(path)
 
 
 def _short_reason(error: Exception) -> str:

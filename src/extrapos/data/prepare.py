@@ -31,7 +31,6 @@ import glob
 import hashlib
 import itertools
 import json
-import os
 import re
 import sys
 import tempfile
@@ -41,13 +40,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from extrapos import __version__
+from extrapos.data.cache import cache_root
+from extrapos.data.cache import publish as _publish  # by name here: a fault test patches prepare:_publish
+from extrapos.data.cache import reusable as _reusable
 from extrapos.data.corpora import BUILTIN_CORPORA, Corpus, open_corpus
 from extrapos.data.shards import (
     FORMAT,
-    MANIFEST,
     SPLITS,
     SplitWriter,
-    read_manifest,
     rewrite_splits,
     write_manifest,
 )
@@ -80,11 +80,6 @@ BPE_RECIPE = "byte-level-bpe/2"
 ENCODE_BATCH_DOCS = 1024
 ENCODE_BATCH_CHARS = 2 * 2**20
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def cache_root() -> Path:
-    """``$EXTRAPOS_CACHE``, else ``~/.cache/extrapos``."""
-    return Path(os.environ.get("EXTRAPOS_CACHE") or Path.home() / ".cache" / "extrapos").expanduser()
 
 
 def parse_split_fractions(value: str | Sequence[float]) -> tuple[float, float, float]:
@@ -282,47 +277,6 @@ def _ordered(manifest: dict) -> dict:
         **{k: manifest[k] for k in first if k in manifest},
         **{k: v for k, v in manifest.items() if k not in first},
     }
-
-
-def _reusable(target: Path, key: str) -> bool:
-    """True when ``target`` holds data prepared from the same inputs; UserError when it holds
-    anything else (we never overwrite a directory we did not write for these inputs)."""
-    if target.is_symlink():  # we write only where the path says, never through a link
-        raise UserError(f"The output path '{target}' is a symbolic link; give --out a real directory path.")
-    if not target.exists():
-        return False
-    if not target.is_dir():
-        raise UserError(f"The output path '{target}' is a file; choose a directory for --out.")
-    if (target / MANIFEST).exists():
-        try:
-            manifest = read_manifest(target)
-        except UserError:
-            manifest = {}
-        if manifest.get("key") == key:
-            return True
-        raise UserError(
-            f"'{target}' already holds data prepared from other inputs "
-            f"(corpus {manifest.get('corpus', '?')}); choose another --out or delete it."
-        )
-    if any(target.iterdir()):
-        raise UserError(
-            f"The output directory '{target}' is not empty and is not prepared data; choose another --out."
-        )
-    return False  # an empty directory: we may fill it
-
-
-def _publish(tmp: Path, target: Path, key: str) -> bool:
-    """Rename the finished temporary directory onto the target (atomic on one filesystem).
-
-    Returns True when another process published the same data first (then ours is dropped).
-    """
-    try:
-        os.rename(tmp, target)  # replaces an empty directory, fails on a non-empty one
-    except OSError:
-        if _reusable(target, key):
-            return True
-        raise
-    return False
 
 
 def _train_tokenizer(

@@ -288,7 +288,7 @@ def prepare_synthetic(
 ) -> tuple[Path, bool]:
     """Write (or reuse) the prepared data directory of a ``synthetic:`` spec; returns ``(directory,
     reused)``."""
-    from extrapos.data.prepare import _publish, _reusable, cache_root
+    from extrapos.data.cache import cache_root, publish, reusable
 
     if tokenizer.strip() != "synthetic":
         raise UserError(
@@ -301,7 +301,7 @@ def prepare_synthetic(
     target = (
         Path(out).expanduser() if out is not None else cache_root() / "data" / f"synthetic-{task.task}-{key}"
     )
-    if _reusable(target, key):
+    if reusable(target, key):
         return target, True
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
@@ -340,7 +340,7 @@ def prepare_synthetic(
             "seconds": round(time.perf_counter() - started, 2),
         }
         write_manifest(tmp, manifest)  # last: a directory without a manifest is never trusted
-        return target, _publish(tmp, target, key)
+        return target, publish(tmp, target, key)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

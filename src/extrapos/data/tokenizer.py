@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from extrapos.data.patterns import CL100K_PATTERN, GPT2_PATTERN, O200K_PATTERN
 from extrapos.errors import UserError
 
 EOT_TOKEN, PAD_TOKEN, MASK_TOKEN = "<|endoftext|>", "<|pad|>", "<|mask|>"
@@ -51,23 +52,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer.tiktoken")
 # took 30 s, 400k over two minutes. Training sees runs of (non-)whitespace cut to at most this
 # many characters; no word of ordinary text is that long, so the tokenizer trained on it is the same.
 MAX_TRAINING_RUN = 256
-
-GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-CL100K_PATTERN = (
-    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|"""
-    r"""\s*[\r\n]|\s+(?!\S)|\s+"""
-)
-O200K_PATTERN = "|".join(
-    [
-        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-        r"""\p{N}{1,3}""",
-        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
-        r"""\s*[\r\n]+""",
-        r"""\s+(?!\S)""",
-        r"""\s+""",
-    ]
-)
 
 
 def _threads() -> int:
@@ -488,10 +472,11 @@ def load_tokenizer(path_or_dir: str | Path) -> Tokenizer:
     """Reload a tokenizer from a file, or from a data / run directory that holds one; a name of
     ``NAMED_TOKENIZERS`` (``gpt2``, given as a string) loads that tokenizer wherever it is found
     (``named_tokenizers``)."""
-    from extrapos.data.named_tokenizers import NAMED_TOKENIZERS, load_named
+    from extrapos.data.named_tokenizers import NAMED_TOKENIZERS, named_file
 
     if isinstance(path_or_dir, str) and path_or_dir.strip() in NAMED_TOKENIZERS:
-        return load_named(path_or_dir.strip())
+        data, file, source = named_file(path_or_dir.strip())
+        return TiktokenTokenizer.from_bytes(data, file, source=source)
     path = Path(path_or_dir).expanduser()
     if str(path_or_dir).strip() == "" or not path.exists():
         hint = (
