@@ -269,3 +269,24 @@ def test_an_unreachable_dataset_is_named_with_how_to_provide_it_offline(tiny_run
     assert "HF_DATASETS_OFFLINE=1" in sentence and "--include-path" in sentence
     assert "free space" not in sentence and sentence.count(". ") == 0
     assert (sorted((tiny_run / "eval").glob("*")) if (tiny_run / "eval").exists() else []) == before
+
+
+@pytest.mark.slow  # lm-eval's own CLI: task loading and the evaluator, about 5 s on top of the fixtures
+def test_lm_eval_own_cli_runs_the_extrapos_model(tiny_run, task_dir, tmp_path, monkeypatch, capsys):
+    """``extrapos-lm-eval`` is lm-eval's command line with ``--model extrapos`` known to it."""
+    from extrapos.integrations.lm_eval import cli
+
+    argv = ["extrapos-lm-eval", "run", "--model", "extrapos", "--model_args", f"run={tiny_run}"]
+    argv += ["--tasks", "xp_choice", "--include_path", str(task_dir), "--limit", "2", "--device", "cpu"]
+    monkeypatch.setattr("sys.argv", argv)
+    cli()
+    out = capsys.readouterr().out
+    assert "xp_choice" in out and "acc" in out
+
+
+def test_the_cli_entry_point_registers_the_model():
+    """What ``extrapos-lm-eval`` imports before lm-eval's CLI: the model is then in lm-eval's registry."""
+    import extrapos.integrations.lm_eval as adapter
+    from lm_eval.api.registry import get_model
+
+    assert get_model("extrapos") is adapter.ExtraposLM

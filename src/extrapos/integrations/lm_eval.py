@@ -456,3 +456,16 @@ def _saved(
             if previous.get("request") == json.loads(json.dumps(older, default=str)):
                 return None
     return check_existing(out_path, request, overwrite, scored)
+
+
+def cli() -> None:
+    """``extrapos-lm-eval``: lm-eval's own command line with ``--model extrapos`` registered.
+
+    lm-eval 0.4 reads no entry points, so an installed package cannot announce a model to its
+    ``lm_eval`` command (docs/huggingface.md); this module registers ``extrapos`` on import, and the
+    built-in models are imported too, since a registry that already holds a model no longer loads
+    them itself."""
+    import lm_eval.models  # noqa: F401
+    from lm_eval.__main__ import cli_evaluate
+
+    cli_evaluate()
