@@ -286,7 +286,8 @@ def test_lm_eval_own_cli_runs_the_extrapos_model(tiny_run, task_dir, tmp_path, m
 
 def test_the_cli_entry_point_registers_the_model():
     """What ``extrapos-lm-eval`` imports before lm-eval's CLI: the model is then in lm-eval's registry."""
-    import extrapos.integrations.lm_eval as adapter
     from lm_eval.api.registry import get_model
+
+    import extrapos.integrations.lm_eval as adapter
 
     assert get_model("extrapos") is adapter.ExtraposLM
