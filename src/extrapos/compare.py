@@ -118,6 +118,7 @@ class ExtensionSpec:
     factor: int | list[int] = 2
     tokens: int | None = None
     rope_interpolation: bool = False
+    rope_scaling: str | None = None  # train with this RoPE scaling at L_e / L_t (extend --rope-scaling)
 
 
 @dataclass
@@ -247,21 +248,27 @@ def _check_protocol(path: Path, sweep: Sweep) -> None:
 
 
 def _extension_spec(path: Path, row: str, raw: Any) -> ExtensionSpec:
-    from extrapos.extend import METHODS
+    from extrapos.extend import METHODS, TRAINABLE_SCALINGS
 
     usage = (
         f"{path}: row '{row}' needs extend = {{ from = <a trained row>, method = {' | '.join(METHODS)}, "
-        "alpha?, factor = K or [K, ...], tokens?, rope_interpolation? }"
+        "alpha?, factor = K or [K, ...], tokens?, rope_interpolation?, rope_scaling? }"
     )
     if not isinstance(raw, dict) or "from" not in raw or raw.get("method") not in METHODS:
         raise UserError(usage + ".")
     values = {("parent" if k == "from" else k): v for k, v in raw.items()}
-    return schema.build(
+    spec = schema.build(
         ExtensionSpec,
         values,
         where=f"{path}: row '{row}' extend.{{key}}",
         unknown=usage + " (unknown {key}).",
     )
+    if spec.rope_scaling is not None and spec.rope_scaling not in TRAINABLE_SCALINGS:
+        raise UserError(
+            f"{path}: row '{row}' extend.rope_scaling must be one of {', '.join(TRAINABLE_SCALINGS)}, "
+            f"got {spec.rope_scaling!r}."
+        )
+    return spec
 
 
 def _check_values(path: Path, sweep: Sweep) -> None:
@@ -871,6 +878,7 @@ def _run_extensions(
             overrides=list(row.set) + extra,
             resume=started,
             progress=progress,
+            rope_scaling=e.rope_scaling,
         )
     return dirs
 

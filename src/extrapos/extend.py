@@ -83,10 +83,21 @@ def parent_tokenizer(parent: Path, data: DataConfig) -> DataConfig:
 # ---- the derived config, one part at a time: each returns the new part and what it changed ----------
 
 
+#: the RoPE scalings a fine-tune at L_e can train with (factor s = L_e / L_t); LongRoPE's per-frequency
+#: factors come from a search this does not run, so it is not among them
+TRAINABLE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")
+
+
 def extended_positions(
-    pcfg: RunConfig, L_e: int, factor: int, rope_interpolation: bool, parent: Path
+    pcfg: RunConfig,
+    L_e: int,
+    factor: int,
+    rope_interpolation: bool,
+    parent: Path,
+    rope_scaling: str | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
-    """The encoding at L_e: a learned table resized to L_e rows; RoPE with position interpolation if asked."""
+    """The encoding at L_e: a learned table resized to L_e rows; RoPE with position interpolation, or
+    another RoPE scaling at factor L_e / L_t (the YaRN paper's fine-tune with the scaling on), if asked."""
     pos, changes = dict(pcfg.model.positions), []
     name = pos["name"]
     if name == "learned":
@@ -97,11 +108,25 @@ def extended_positions(
             changes.append(
                 f"learned table interpolated {rows} -> {L_e} rows (model.positions.max_length = {L_e})"
             )
+    if rope_interpolation and rope_scaling not in (None, "linear"):
+        raise UserError(
+            f"--rope-interpolation is --rope-scaling linear; give one of them, not it and {rope_scaling!r}."
+        )
     if rope_interpolation:
         if name != "rope":
             raise UserError(f"--rope-interpolation applies to RoPE models; {parent} uses {name!r}.")
         pos.update(scaling="linear", factor=float(factor))
         changes.append(f"RoPE position interpolation: scaling = linear, factor = {factor}")
+    elif rope_scaling is not None:
+        if rope_scaling not in TRAINABLE_SCALINGS:
+            raise UserError(
+                f"--rope-scaling must be one of {', '.join(TRAINABLE_SCALINGS)}, got {rope_scaling!r} "
+                "(longrope needs per-frequency factors from its own search)."
+            )
+        if name != "rope":
+            raise UserError(f"--rope-scaling applies to RoPE models; {parent} uses {name!r}.")
+        pos.update(scaling=rope_scaling, factor=float(factor))
+        changes.append(f"RoPE scaling: scaling = {rope_scaling}, factor = {factor}")
     return pos, changes
 
 
@@ -219,6 +244,7 @@ def extension_config(
     tokens: int | None = None,
     rope_interpolation: bool = False,
     overrides: list[str] | None = None,
+    rope_scaling: str | None = None,
 ) -> tuple[RunConfig, dict[str, Any]]:
     """The extension run's config and its ``parent.json`` record (nothing is written)."""
     from extrapos.data.segmented import compute_equivalent_tokens, segment_length
@@ -241,7 +267,7 @@ def extension_config(
         tokens = _budget_tokens(tokens, "--tokens")
     overrides, tokens, literal_budget = _split_budget(list(overrides or []), tokens)
 
-    positions, changes = extended_positions(pcfg, L_e, factor, rope_interpolation, parent)
+    positions, changes = extended_positions(pcfg, L_e, factor, rope_interpolation, parent, rope_scaling)
     data, data_changes = extended_data(parent_tokenizer(parent, pcfg.data), method, alpha, L_e)
     train, train_changes = extended_train(pcfg.train, method, L_t, L_e)
     changes += data_changes + train_changes
@@ -278,6 +304,8 @@ def extension_config(
         "tokens": cfg.train.tokens,
         "compute_equivalent": budget_kind != "override" and not literal_budget,
         "rope_interpolation": rope_interpolation,
+        # only when set, so the records of runs without it stay as they were
+        **({"rope_scaling": rope_scaling} if rope_scaling is not None else {}),
         "encoding": positions["name"],
         "changes": changes,
     }
@@ -295,6 +323,7 @@ def extend(
     overrides: list[str] | None = None,
     resume: bool = False,
     progress: bool = True,
+    rope_scaling: str | None = None,
 ):
     """Create (or with ``resume`` continue) the extension run ``out``; returns train's TrainResult."""
     import torch
@@ -305,7 +334,9 @@ def extend(
 
     parent = Path(parent)
     out = Path(out) if out is not None else default_out(parent, method, factor, alpha)
-    cfg, record = extension_config(parent, method, factor, alpha, tokens, rope_interpolation, overrides)
+    cfg, record = extension_config(
+        parent, method, factor, alpha, tokens, rope_interpolation, overrides, rope_scaling=rope_scaling
+    )
     init = out / "init" / "model.safetensors"
     # under torchrun (a sweep's extension rows): every process looks at ``out`` before rank 0 writes
     is_main = init_distributed(resolve_device(cfg.train.device))[0] == 0

@@ -32,6 +32,12 @@ def register(sub) -> None:
         "--rope-interpolation", action="store_true", help="RoPE: add linear position interpolation"
     )
     p.add_argument(
+        "--rope-scaling",
+        default=None,
+        metavar="NAME",
+        help="RoPE: train with this scaling at factor L_e / L_t: linear, ntk, dynamic, yarn or llama3",
+    )
+    p.add_argument(
         "--set",
         dest="overrides",
         action="append",
@@ -61,6 +67,7 @@ def run(args) -> int:
         args.overrides,
         resume=args.resume,
         progress=not args.no_progress,
+        rope_scaling=args.rope_scaling,
     )
     print(
         f"done: {result.steps} steps, {result.tokens:,} tokens in {result.wall_time:.1f}s -> {result.run_dir}"
