@@ -401,7 +401,8 @@ def check_out_dir(out: Path) -> None:
         )
 
 
-def compare(
+# noqa below: the sweep's phases in order (validate, train, extend, evaluate, tasks, report), read top to bottom
+def compare(  # noqa: C901
     spec: str,
     out: str | Path,
     extra: list[str] | None = None,

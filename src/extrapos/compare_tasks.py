@@ -146,7 +146,7 @@ def parse_task_specs(path: Path, tasks: list[str], options: dict[str, dict[str, 
     return specs
 
 
-def _check_values(path: Path, specs: TaskSpecs) -> None:
+def _check_values(path: Path, specs: TaskSpecs) -> None:  # noqa: C901 (one check per task option)
     """Every task option checked by the task's own validators before the sweep trains its first row (a
     value refused only after training would cost every row's training first), named by its sweep key."""
     from extrapos.tasks.common import MAX_KEY_DIGITS, check_lm_eval_request, check_seed

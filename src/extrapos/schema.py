@@ -34,7 +34,7 @@ def _type_name(hint: Any) -> str:
     return getattr(hint, "__name__", str(hint))
 
 
-def check(hint: Any, value: Any, where: str) -> Any:
+def check(hint: Any, value: Any, where: str) -> Any:  # noqa: C901 (one branch per annotation kind, in one place)
     """``value`` checked against the annotation ``hint`` (ints widened to floats); a UserError names
     ``where``."""
     origin = typing.get_origin(hint)
