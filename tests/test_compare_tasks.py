@@ -113,12 +113,26 @@ def test_task_keys_are_checked(tmp_path):
         ("passkey = { trials = 3 }\n", 'tasks does not list "passkey"'),
         ('tasks = ["passkey"]\npasskey = { tirals = 3 }\n', "passkey has no option 'tirals'"),
         ('tasks = ["passkey"]\npasskey = { mode = "guess" }\n', "passkey.mode must be"),
+        ("ruler = { trials = 3 }\n", 'tasks does not list "ruler"'),
+        ('tasks = ["ruler"]\nruler = { tirals = 3 }\n', "ruler has no option 'tirals'"),
         ('tasks = ["lm-eval"]\n', "lm_eval = { tasks"),
         ("loss = false\n", "leaves nothing to report"),
     ]:
         bad.write_text(head + base)
         with pytest.raises(UserError, match=message):
             load_sweep(str(bad))
+
+
+def test_a_sweep_sets_the_ruler_columns_options(tmp_path):
+    from extrapos.compare import task_specs
+
+    spec = tmp_path / "ruler.toml"
+    spec.write_text(
+        'tasks = ["ruler"]\nruler = { trials = 3, tasks = ["vt"] }\ntrain = "cpu/tiny"\n'
+        '[[rows]]\nname = "R"\npositions = { name = "rope" }\n'
+    )
+    specs = task_specs(load_sweep(str(spec)), spec)
+    assert specs.ruler is not None and specs.ruler.trials == 3 and specs.ruler.tasks == ["vt"]
 
 
 def test_passkey_columns_beside_the_loss_columns(tmp_path, tiny_data):

@@ -49,10 +49,11 @@ held-out split's documents, which no seed touches). A row's result is then the m
 seeds (``OUT/merged/<row>.json``, the per-seed results inside it under ``seeds``), and its
 intervals combine documents and seeds.
 
-Task columns (``extrapos.compare_tasks``): ``tasks = ["synthetic" | "passkey" | "lm-eval", ...]`` with
-option tables ``synthetic = {...}``, ``passkey = {...}``, ``lm_eval = { tasks = [...] }`` score every
-row beside the loss columns; ``loss = false`` drops the loss columns (a synthetic corpus's test split
-holds single L_t examples, which a k x L_t window would only concatenate)::
+Task columns (``extrapos.compare_tasks``): ``tasks = ["synthetic" | "passkey" | "ruler" | "lm-eval", ...]``
+with option tables ``synthetic = {...}``, ``passkey = {...}``, ``ruler = {...}``,
+``lm_eval = { tasks = [...] }`` score every row beside the loss columns; ``loss = false`` drops the
+loss columns (a synthetic corpus's test split holds single L_t examples, which a k x L_t window would
+only concatenate)::
 
     tasks = ["synthetic"]
     loss = false
@@ -156,6 +157,7 @@ class Sweep:
     tasks: list[str] = field(default_factory=list)  # task columns: synthetic, passkey, lm-eval
     synthetic: dict[str, Any] | None = None  # options of each task column (extrapos.compare_tasks)
     passkey: dict[str, Any] | None = None
+    ruler: dict[str, Any] | None = None  # RULER column options (extrapos.compare_tasks.RulerColumns)
     lm_eval: dict[str, Any] | None = None
     protocol: str = "documents"  # the evaluation protocol of the loss columns: documents or stream
     boundary: str | None = None  # stream: context crossing documents ("cross", the default) or "mask"
@@ -228,7 +230,12 @@ def task_specs(sweep: Sweep, path: Path | str) -> TaskSpecs:
     return parse_task_specs(
         Path(path),
         sweep.tasks,
-        {"synthetic": sweep.synthetic, "passkey": sweep.passkey, "lm_eval": sweep.lm_eval},
+        {
+            "synthetic": sweep.synthetic,
+            "passkey": sweep.passkey,
+            "ruler": sweep.ruler,
+            "lm_eval": sweep.lm_eval,
+        },
     )
 
 
