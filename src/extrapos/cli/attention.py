@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from extrapos.cli.eval import add_position_flags
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -26,28 +28,7 @@ def register(sub) -> None:
         help="window lengths in tokens, e.g. 15360; alone or beside --lengths (as in `extrapos eval`)",
     )
     p.add_argument("--max-tokens", type=int, default=16_384, help="tokens read per length (default 16384)")
-    p.add_argument(
-        "--scale", type=float, default=None, help="ExPE/ExQPE inference-time scale (the paper's 0.5)"
-    )
-    p.add_argument(
-        "--rope-scaling",
-        default=None,
-        metavar="NAME",
-        help="a RoPE scaling applied at inference: linear, ntk, dynamic or yarn",
-    )
-    p.add_argument("--factor", type=float, default=None, help="RoPE scaling factor (default: max length)")
-    p.add_argument(
-        "--interpolate",
-        action="store_true",
-        help="interpolate a learned table to each evaluated window (none at ev=1)",
-    )
-    p.add_argument(
-        "--position-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="set any option of the encoding for this reading (repeatable)",
-    )
+    add_position_flags(p)
     p.add_argument("--split", default="test", help="split of the run's data (default test)")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     p.add_argument("--name", default=None, help="result name in RUN/attention/ (default: from the options)")

@@ -7,6 +7,35 @@ from pathlib import Path
 from typing import Any
 
 
+def add_position_flags(p) -> None:
+    """The inference-time encoding changes, the same flags on every command that scores a run (eval,
+    attention, passkey, ruler, synthetic-eval, lm-eval); ``position_options`` reads them."""
+    p.add_argument(
+        "--scale", type=float, default=None, help="ExPE/ExQPE inference-time scale (the paper's 0.5)"
+    )
+    p.add_argument(
+        "--rope-scaling",
+        default=None,
+        metavar="NAME",
+        help="a RoPE scaling applied at inference: linear, ntk, dynamic, yarn, llama3 or longrope",
+    )
+    p.add_argument(
+        "--factor", type=float, default=None, help="RoPE scaling factor (default: the longest length)"
+    )
+    p.add_argument(
+        "--interpolate",
+        action="store_true",
+        help="interpolate a learned table to each evaluated window (none at ev=1)",
+    )
+    p.add_argument(
+        "--position-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set any option of the encoding for this evaluation (repeatable)",
+    )
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "eval",
@@ -26,28 +55,7 @@ def register(sub) -> None:
         default=None,
         help="window lengths in tokens, e.g. 15360 (the CABLE paper's 15 x 1024); alone or beside --lengths",
     )
-    p.add_argument(
-        "--scale", type=float, default=None, help="ExPE/ExQPE inference-time scale (the paper's 0.5)"
-    )
-    p.add_argument(
-        "--rope-scaling",
-        default=None,
-        metavar="NAME",
-        help="a RoPE scaling applied at inference: linear, ntk, dynamic or yarn",
-    )
-    p.add_argument("--factor", type=float, default=None, help="RoPE scaling factor (default: max length)")
-    p.add_argument(
-        "--interpolate",
-        action="store_true",
-        help="interpolate a learned table to each evaluated window (none at ev=1)",
-    )
-    p.add_argument(
-        "--position-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="set any option of the encoding for this evaluation (repeatable)",
-    )
+    add_position_flags(p)
     p.add_argument("--corpus", default=None, help="another corpus spec, tokenized with the run's tokenizer")
     p.add_argument("--data", default=None, help="a prepared data directory to score instead")
     p.add_argument("--split", default="test", help="split of the run's data (default test)")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from extrapos.cli.eval import add_position_flags
+
 
 def _floats(text: str) -> list[float]:
     from extrapos.errors import UserError
@@ -14,24 +16,6 @@ def _floats(text: str) -> list[float]:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UserError(f"expected numbers separated by commas (e.g. 0,0.5,1), got {text!r}.") from None
-
-
-def _add_position_flags(p) -> None:
-    p.add_argument("--scale", type=float, default=None, help="ExPE/ExQPE inference-time scale")
-    p.add_argument(
-        "--rope-scaling", default=None, metavar="NAME", help="linear, ntk, dynamic, yarn, llama3, longrope"
-    )
-    p.add_argument(
-        "--factor", type=float, default=None, help="RoPE scaling factor (default: the longest length)"
-    )
-    p.add_argument("--interpolate", action="store_true", help="interpolate a learned table to each window")
-    p.add_argument(
-        "--position-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="set any option of the encoding for this evaluation (repeatable)",
-    )
 
 
 def _add_result_flags(p) -> None:
@@ -66,7 +50,7 @@ def register(sub) -> None:
     p.add_argument("--split", default="test")
     p.add_argument("--key-digits", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
-    _add_position_flags(p)
+    add_position_flags(p)
     _add_result_flags(p)
     p.add_argument("--plot", default=None, help="write the length x depth heatmap here (PNG)")
     p.add_argument("--no-progress", action="store_true")
@@ -100,7 +84,7 @@ def register(sub) -> None:
     r.add_argument("--queries", type=int, default=2, help="keys asked by multi-query")
     r.add_argument("--digits", type=int, default=4, help="digits per value")
     r.add_argument("--seed", type=int, default=0)
-    _add_position_flags(r)
+    add_position_flags(r)
     _add_result_flags(r)
     r.add_argument("--plot", default=None, help="write the task x length heatmap here (PNG)")
     r.add_argument("--no-progress", action="store_true")
@@ -117,7 +101,7 @@ def register(sub) -> None:
     s.add_argument("--examples", type=int, default=64, help="examples per length")
     s.add_argument("--task", default=None, help="a synthetic: spec (default: the run's own task)")
     s.add_argument("--seed", type=int, default=None)
-    _add_position_flags(s)
+    add_position_flags(s)
     _add_result_flags(s)
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=run_synthetic)
