@@ -36,7 +36,6 @@ import hashlib
 import io
 import json
 import math
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -49,6 +48,7 @@ from torch import Tensor
 
 from extrapos.attention import bias_block, document_visible
 from extrapos.errors import UserError
+from extrapos.evaluate import check_result_name, results_dir
 from extrapos.files import atomic_write, ensure_writable_dir
 from extrapos.positions.base import FoldedBias, LogitBias, PairwiseBias
 
@@ -286,26 +286,6 @@ def model_statistics(
 
 # ---- the command ---------------------------------------------------------------------------------
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,119}")
-
-
-def check_name(name: str) -> str:
-    """A result name is one file name inside RUN/attention/: no path separators, no leading dot."""
-    if not _NAME.fullmatch(name) or ".." in name:
-        raise UserError(
-            f"result name {name!r} must be a plain file name (letters, digits, . _ + = -), with no path "
-            "separators; choose another --name."
-        )
-    return name
-
-
-def results_dir(run_dir: Path) -> Path:
-    """RUN/attention, refused when it is a symlink or a file (results must land inside the run)."""
-    out = Path(run_dir) / "attention"
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise UserError(f"{out} is a symlink or a file, not a directory of the run; remove it and run again.")
-    return out
-
 
 def _key(fields: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
@@ -333,7 +313,7 @@ def result_slot(run_dir: Path, req, name: str, overwrite: bool) -> Slot:
     # a result of older definitions (VERSION) is the same request, read again like older weights
     request_key = _key({"request": req.key_fields()})
     result_key = _key({"request": request_key, "step": ckpt.step, "weights": digest, "version": VERSION})
-    out_path = results_dir(run_dir) / f"{name}.json"
+    out_path = results_dir(run_dir, "attention") / f"{name}.json"
     previous = None
     if out_path.is_file() and not overwrite:
         try:
@@ -394,7 +374,7 @@ def diagnose(
         raise UserError(
             f"{run_dir} is not a run directory (no config.toml); pass the --out of `extrapos train`."
         )
-    name = check_name(name or default_name(req))
+    name = check_result_name(name or default_name(req))
     # fractional and token lengths are checked against L_t before any result is looked at
     request_lengths(req, req.base_length or load_run_config(run_dir).model.train_length)
     slot = result_slot(run_dir, req, name, overwrite)

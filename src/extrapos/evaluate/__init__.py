@@ -191,14 +191,15 @@ def check_result_name(name: str) -> str:
     return name
 
 
-def results_dir(run_dir: Path) -> Path:
-    """RUN/eval, refused when it is a symlink (results must land inside the run)."""
-    eval_dir = Path(run_dir) / "eval"
-    if eval_dir.is_symlink() or (eval_dir.exists() and not eval_dir.is_dir()):
+def results_dir(run_dir: Path, folder: str = "eval") -> Path:
+    """RUN/<folder> (``eval``; ``attention`` for the diagnostics), refused when it is a symlink or a file
+    (results must land inside the run)."""
+    out = Path(run_dir) / folder
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise UserError(
-            f"{eval_dir} is a symlink or a file, not a directory of the run; remove it and evaluate again."
+            f"{out} is a symlink or a file, not a directory of the run; remove it and evaluate again."
         )
-    return eval_dir
+    return out
 
 
 def _read_result(path: Path) -> dict[str, Any] | None:
