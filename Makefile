@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.extrapos-installed
 
-.PHONY: setup demo test test-all lint bench clean
+.PHONY: setup demo test test-all lint bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,11 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_data.py
 	$(BIN)/python benchmarks/bench_forward.py
+
+# Everything a GPU can prove in minutes (doctor, short bf16 runs per family) -> gpu-check/summary.{json,md};
+# without CUDA a clearly labelled stand-in on the CPU paths (benchmarks/gpu_check.py says what is not in it yet)
+gpu-check: $(STAMP)
+	$(BIN)/python benchmarks/gpu_check.py --out gpu-check
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -46,6 +46,7 @@ LAYERS = [
             "embeddings",
             "generate",
             "diagnostics",
+            "doctor",
             "attention_stats",
             "bench",
             "peers",

@@ -249,6 +249,8 @@ def _bases(w: dict, case: Path) -> dict[str, list[str]]:
         "generate": ["generate", run, "--prompt", "The", "--max-new-tokens", "3", "--device", "cpu"],
         # --resolution-only: the timed benchmark itself takes minutes (tests/test_bench.py covers it)
         "bench": ["bench", "--quick", "--resolution-only", "--no-progress", "--device", "cpu"],
+        # one encoding, no timed step: the whole check is tests/test_doctor.py's
+        "doctor": ["doctor", "--encodings", "nope", "--no-speed", "--no-progress", "--device", "cpu"],
     }  # fmt: skip
 
 

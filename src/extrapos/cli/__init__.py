@@ -34,6 +34,7 @@ COMMAND_MODULES = [
     "extrapos.cli.hf",
     "extrapos.cli.generate",
     "extrapos.cli.bench",
+    "extrapos.cli.doctor",
 ]
 
 

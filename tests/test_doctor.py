@@ -1,0 +1,50 @@
+"""`extrapos doctor` on CPU (issue 27): every registered encoding's training step and cached decode agree
+with the float64 reference on the fastest path here, and the check fails when a path does not."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from extrapos.cli import main
+from extrapos.doctor import TOLERANCE, check_encoding, doctor, format_report
+from extrapos.positions.registry import names
+
+
+@pytest.fixture(scope="module")
+def report():
+    return doctor("cpu", speed=False, progress=False)
+
+
+def test_every_encoding_agrees_with_the_reference(report):
+    assert [c.name for c in report.checks] == names()
+    assert report.precision == "fp32" and report.machine["cpu_capability"]
+    for c in report.checks:
+        assert c.error is None, (c.name, c.error)
+        assert max(c.loss, c.logits, c.grads, c.decode) <= TOLERANCE["fp32"], c
+    assert report.ok
+    table = format_report(report)
+    assert "every encoding agrees with the reference" in table and table.count("| yes |") == len(names())
+
+
+def test_a_path_that_disagrees_is_reported(monkeypatch):
+    import torch
+
+    import extrapos.doctor as doc
+
+    real = doc._decode
+    monkeypatch.setattr(doc, "_decode", lambda *a: real(*a) + 1e-3 * torch.randn(1))
+    check = check_encoding("rope", torch.device("cpu"), "fp32")
+    assert check.decode > TOLERANCE["fp32"] and not check.ok
+
+
+def test_cli_writes_the_table_and_json(tmp_path, capsys):
+    path = tmp_path / "doctor.json"
+    code = main(["doctor", "--encodings", "alibi,rope", "--no-speed", "--no-progress", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert code == 0 and "| alibi |" in out and "| rope |" in out
+    saved = json.loads(path.read_text())
+    assert saved["ok"] and [c["name"] for c in saved["checks"]] == ["alibi", "rope"]
+    assert main(["doctor", "--encodings", "nosuch", "--no-speed"]) == 2
+    assert "unknown positional encoding" in capsys.readouterr().err
