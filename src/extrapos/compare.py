@@ -933,7 +933,7 @@ def _existing_run_facts(
         m = cfg.model
         line = (
             f"{row.name}: existing run {row.run} ({m.flavour}, {m.n_layers} layers, d={m.d_model}, "
-            f"{m.n_heads} heads, encoding {m.positions['name']}, L_t={cfg.seq_len}"
+            f"{m.n_heads} heads, encoding {m.positions_plan().name}, L_t={cfg.seq_len}"
         )
         source = path / "source.json"
         if source.is_file():

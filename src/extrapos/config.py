@@ -248,7 +248,6 @@ def _validate_model_sizes(m: ModelConfig) -> None:
 def _validate_model(m: ModelConfig) -> None:
     """Values the model accepts but that make the first step's loss NaN (checked before anything runs)."""
     from extrapos.positions.registry import build_options
-    from extrapos.positions.schedule import plan_positions
 
     _require(
         math.isfinite(m.norm_eps) and 0 < m.norm_eps < 1,
@@ -256,7 +255,7 @@ def _validate_model(m: ModelConfig) -> None:
         "a small positive number (e.g. 1e-5)",
         m.norm_eps,
     )
-    plan = plan_positions(m.positions, m.n_layers)
+    plan = m.positions_plan()  # the model's own checks planned it already (cached)
     pairs = [(plan.name, plan.options, "model.positions")]
     if plan.layers is not None:
         pairs.append((plan.others_name, plan.others_options or {}, "model.positions.others"))

@@ -98,10 +98,11 @@ def extended_positions(
 ) -> tuple[dict[str, Any], list[str]]:
     """The encoding at L_e: a learned table resized to L_e rows; RoPE with position interpolation, or
     another RoPE scaling at factor L_e / L_t (the YaRN paper's fine-tune with the scaling on), if asked."""
-    pos, changes = dict(pcfg.model.positions), []
-    name = pos["name"]
+    plan = pcfg.model.positions_plan()
+    pos, changes = dict(pcfg.model.positions), []  # the stored table, rewritten for L_e
+    name = plan.name
     if name == "learned":
-        rows = pos.get("max_length") or pcfg.model.train_length
+        rows = plan.options.get("max_length") or pcfg.model.train_length
         pos.pop("interpolate_to", None)
         if L_e > rows:
             pos["max_length"] = L_e
@@ -306,7 +307,7 @@ def extension_config(
         "rope_interpolation": rope_interpolation,
         # only when set, so the records of runs without it stay as they were
         **({"rope_scaling": rope_scaling} if rope_scaling is not None else {}),
-        "encoding": positions["name"],
+        "encoding": pcfg.model.positions_plan().name,  # the parent's: extended_positions keeps the name
         "changes": changes,
     }
     return cfg, record
@@ -366,15 +367,16 @@ def extend(
         )
     out.mkdir(parents=True, exist_ok=True)
     init_from: Path = Path(record["checkpoint"])
-    if cfg.model.positions["name"] == "learned" and cfg.model.positions.get("max_length"):
+    plan = cfg.model.positions_plan()
+    if plan.name == "learned" and plan.options.get("max_length"):
         # resize the learned table: load the parent as it was, interpolate, save the initial weights
         from safetensors.torch import save_model
 
         pcfg = load_run_config(parent)
         model = Decoder(pcfg.model)
         ckpt_io.load_weights(model, init_from)
-        if cfg.model.positions["max_length"] > model.pos.length:
-            model.pos.extend_table(cfg.model.positions["max_length"])
+        if plan.options["max_length"] > model.pos.length:
+            model.pos.extend_table(plan.options["max_length"])
         check = Decoder(cfg.model)
         if check.pos.table.shape != model.pos.table.shape:  # pragma: no cover - a config/table mismatch
             raise UserError("the resized learned table does not match the extension config.")

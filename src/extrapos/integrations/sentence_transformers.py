@@ -111,7 +111,7 @@ class ExtraposEncoder(InputModule):
     def __repr__(self) -> str:
         m = self.model.cfg
         return (
-            f"ExtraposEncoder(encoding={m.positions['name']}, layers={m.n_layers}, d_model={m.d_model}, "
+            f"ExtraposEncoder(encoding={m.positions_plan().name}, layers={m.n_layers}, d_model={m.d_model}, "
             f"L_t={m.train_length}, max_seq_length={self.max_seq_length}, wrap={self.wrap})"
         )
 

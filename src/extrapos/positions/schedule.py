@@ -205,11 +205,9 @@ def _sub_context(ctx: EncodingContext, n_layers: int) -> EncodingContext:
     return dataclasses.replace(ctx, n_layers=n_layers)
 
 
-def build_positions(positions: dict[str, Any] | Plan, ctx: EncodingContext) -> PositionalEncoding:
-    """The model's encoding from its ``model.positions`` table (or the table's ``Plan``, when the caller
-    has planned it already): the registered encoding itself, or a ``LayerSchedule`` when the table has
-    ``layers``."""
-    plan = positions if isinstance(positions, Plan) else plan_positions(positions, ctx.n_layers)
+def build_positions(plan: Plan, ctx: EncodingContext) -> PositionalEncoding:
+    """The model's encoding from its planned ``model.positions`` table (``ModelConfig.positions_plan``):
+    the registered encoding itself, or a ``LayerSchedule`` when the table has ``layers``."""
     if plan.layers is None:
         return build_encoding(plan.name, ctx, plan.options)
     return LayerSchedule(ctx, plan)

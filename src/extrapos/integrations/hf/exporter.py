@@ -23,15 +23,14 @@ from extrapos.integrations.hf.registry import adapter_for, adapters, exporting_a
 
 def export_architecture(cfg) -> str:
     """The Hugging Face model_type a run's ModelConfig exports to, or a UserError saying why none fits."""
-    from extrapos.positions.schedule import SCHEDULE_KEYS
-
     if cfg.flavour == "encoder":
         raise UserError(
             "an encoder run has no Hugging Face causal-LM architecture; export it with --format "
             "sentence-transformers."
         )
-    name = cfg.positions["name"]
-    if set(SCHEDULE_KEYS) & {k for k in cfg.positions if k != "name"}:
+    plan = cfg.positions_plan()
+    name = plan.name
+    if plan.layers is not None:
         raise UserError(
             "a layer schedule (model.positions.layers) has no Hugging Face architecture export "
             "covers; export runs with one encoding on every layer."

@@ -174,7 +174,7 @@ def rope_export(cfg, context: int) -> tuple[float, dict | None, int]:
     context length is ``context`` (L_t, or L_e for an extended run)."""
     from extrapos.positions.registry import build_options
 
-    o = build_options("rope", {k: v for k, v in cfg.positions.items() if k != "name"})
+    o = build_options("rope", cfg.positions_plan().options)
     L = o.original_length or cfg.train_length
     dim = int(cfg.head_dim * o.rotary_fraction) // 2 * 2
     longer = max(context, int(L * o.factor))
@@ -236,7 +236,7 @@ def rope_export_blocker(cfg, whole_heads: bool) -> str | None:
     every dim of a head, as Llama does), or None."""
     from extrapos.positions.registry import build_options
 
-    o = build_options("rope", {k: v for k, v in cfg.positions.items() if k != "name"})
+    o = build_options("rope", cfg.positions_plan().options)
     rot = int(cfg.head_dim * o.rotary_fraction)
     if whole_heads and rot != cfg.head_dim:
         return "Llama rotates whole heads, the run has rotary_fraction < 1"
@@ -250,4 +250,4 @@ def rope_export_blocker(cfg, whole_heads: bool) -> str | None:
 def rotary_fraction(cfg) -> float:
     from extrapos.positions.registry import build_options
 
-    return build_options("rope", {k: v for k, v in cfg.positions.items() if k != "name"}).rotary_fraction
+    return build_options("rope", cfg.positions_plan().options).rotary_fraction

@@ -58,8 +58,9 @@ def check_shards(files: list[Path], adapter, cfg) -> None:
     # the embedding, an untied head, Q and the output projection, and the MLP's up and down matrices
     d, vocab = cfg.d_model, cfg.vocab_size
     needed = vocab * d * (1 if cfg.tie_embeddings else 2) + cfg.n_layers * (2 * d * d + 2 * d * cfg.hidden)
-    if cfg.positions.get("name") == "learned":  # GPT-2's position table: n_positions rows
-        needed += int(cfg.positions.get("max_length") or cfg.train_length) * d
+    plan = cfg.positions_plan()
+    if plan.name == "learned":  # GPT-2's position table: n_positions rows
+        needed += int(plan.options.get("max_length") or cfg.train_length) * d
     if needed > held:
         raise UserError(
             f"config.json describes a model of at least {needed:,} weights but the safetensors files "

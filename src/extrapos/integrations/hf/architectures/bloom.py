@@ -65,7 +65,7 @@ class Bloom(Adapter):
         return model, int(hf.get("seq_length") or BLOOM_CONTEXT), "seq_length"
 
     def claims(self, cfg) -> bool:
-        return cfg.positions["name"] == "alibi"
+        return cfg.positions_plan().name == "alibi"
 
     def export_blocker(self, cfg) -> str | None:
         if cfg.flavour != "gpt2":

@@ -67,10 +67,10 @@ class GPT2(Adapter):
         return model, n_pos, "n_positions"
 
     def claims(self, cfg) -> bool:
-        return cfg.positions["name"] == "learned"
+        return cfg.positions_plan().name == "learned"
 
     def check_export(self, cfg) -> None:
-        if cfg.positions.get("interpolate_to"):
+        if cfg.positions_plan().options.get("interpolate_to"):
             raise UserError(
                 "GPT-2 reads its position table without interpolation; extend the table first "
                 "(extrapos extend, or LearnedAbsolute.extend_table) and export that run."
@@ -90,7 +90,7 @@ class GPT2(Adapter):
 
     def config_for(self, cfg, common, context) -> dict[str, Any]:
         # the position table's rows are the context (an extended run's table was resized to L_e)
-        rows = cfg.positions.get("max_length") or cfg.train_length
+        rows = cfg.positions_plan().options.get("max_length") or cfg.train_length
         return {
             "architectures": ["GPT2LMHeadModel"],
             "model_type": "gpt2",

@@ -93,7 +93,7 @@ class GPTNeoX(Adapter):
         return model, int(hf["max_position_embeddings"]), "max_position_embeddings"
 
     def claims(self, cfg) -> bool:
-        return cfg.positions["name"] == "rope" and cfg.flavour != "llama"
+        return cfg.positions_plan().name == "rope" and cfg.flavour != "llama"
 
     def export_blocker(self, cfg) -> str | None:
         if cfg.flavour != "gpt2":

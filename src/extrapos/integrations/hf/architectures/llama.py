@@ -120,7 +120,7 @@ class Llama(Adapter):
     def claims(self, cfg) -> bool:
         # Q/K/V biases alone are Qwen2's block; Llama's attention_bias also covers the output projection
         return (
-            cfg.positions["name"] == "rope"
+            cfg.positions_plan().name == "rope"
             and cfg.flavour == "llama"
             and not (cfg.use_qkv_bias and not cfg.use_bias)
         )
@@ -188,7 +188,7 @@ class Qwen2(Llama):
         return False, True
 
     def claims(self, cfg) -> bool:
-        rope_llama = cfg.positions["name"] == "rope" and cfg.flavour == "llama"
+        rope_llama = cfg.positions_plan().name == "rope" and cfg.flavour == "llama"
         return rope_llama and bool(cfg.use_qkv_bias and not cfg.use_bias)
 
     def config_for(self, cfg, common, context) -> dict[str, Any]:
