@@ -98,6 +98,20 @@ def test_encodings_table_counts_parameters():
     assert set(rows) == set(registry.names())
 
 
+def test_encodings_table_of_an_encoder_size_has_no_count_for_causal_only_encodings(capsys):
+    # the catalog's context is the preset's own (EncodingContext.of): an encoder's is bidirectional
+    rows = {r["name"]: r for r in encodings_table("cpu-encoder")}
+    causal_only = [n for n in registry.names() if registry.spec(n).cls.causal_only]  # the table's order
+    assert {"xpos", "cope"} <= set(causal_only)
+    assert {n for n, r in rows.items() if r["parameters"] is None} == set(causal_only)
+    assert rows["learned"]["parameters"] == 64 * 128 and rows["alibi"]["parameters"] == 0
+    assert main(["encodings", "--size", "cpu-encoder"]) == 0
+    out = capsys.readouterr().out
+    assert f"{', '.join(causal_only)} are causal only: the bidirectional cpu-encoder model" in out
+    assert main(["encodings", "--size", "cpu-tiny"]) == 0
+    assert "causal only" not in capsys.readouterr().out
+
+
 def test_cli_encodings(capsys):
     assert main(["encodings", "--size", "cpu-tiny"]) == 0
     out = capsys.readouterr().out

@@ -22,24 +22,19 @@ def encodings_table(size: str = DEFAULT_SIZE) -> list[dict[str, Any]]:
     from extrapos.positions.base import EncodingContext
     from extrapos.positions.registry import build_encoding, build_options, default_options, names, spec
 
-    cfg = model_config(size)
-    ctx = EncodingContext(
-        d_model=cfg.d_model,
-        n_heads=cfg.n_heads,
-        head_dim=cfg.head_dim,
-        n_layers=cfg.n_layers,
-        train_length=cfg.train_length,
-    )
+    ctx = EncodingContext.of(model_config(size))  # an encoder preset's context is bidirectional
     rows = []
     for name in names():
         s = spec(name)
-        with torch.device("meta"):  # shapes only: no memory, no init cost
-            enc = build_encoding(name, ctx)
+        parameters = None  # an encoding the preset's model cannot use (a causal one in an encoder)
+        if ctx.causal or not s.cls.causal_only:
+            with torch.device("meta"):  # shapes only: no memory, no init cost
+                parameters = sum(p.numel() for p in build_encoding(name, ctx).parameters())
         rows.append(
             {
                 "name": name,
                 "family": s.cls.family,
-                "parameters": sum(p.numel() for p in enc.parameters()),
+                "parameters": parameters,
                 "options": default_options(name),
                 # false for the encodings of the embeddings, which a layer schedule refuses (schedule.py)
                 "schedulable": not s.cls.acts_on_embeddings(build_options(name)),
@@ -63,7 +58,7 @@ def format_table(rows: list[dict[str, Any]], options_width: int = 56) -> str:
         [
             r["name"],
             r["family"],
-            f"{r['parameters']:,}",
+            "-" if r["parameters"] is None else f"{r['parameters']:,}",
             textwrap.wrap(_format_options(r["options"]), options_width) or ["-"],
             r["paper"],
         ]
@@ -86,7 +81,7 @@ def encodings_text(size: str = DEFAULT_SIZE, as_json: bool = False) -> str:
     if as_json:
         return json.dumps({"size": size, "encodings": rows}, indent=2)
     fixed = ", ".join(r["name"] for r in rows if not r["schedulable"])
-    return (
+    text = (
         f"positional encodings (learnable parameters for a {size} model)\n\n"
         + format_table(rows)
         + "\n\n"
@@ -97,3 +92,7 @@ def encodings_text(size: str = DEFAULT_SIZE, as_json: bool = False) -> str:
             100,
         )
     )
+    causal = ", ".join(r["name"] for r in rows if r["parameters"] is None)
+    if causal:  # an encoder preset: its bidirectional model has no place for them (params -)
+        text += f"\n{causal} are causal only: the bidirectional {size} model cannot use them."
+    return text
