@@ -143,7 +143,7 @@ def extended_data(
         sampler="contiguous" if method == "continue" else method,
         extended_length=L_e,
         packed=data.packed if method == "continue" else False,
-        alpha=alpha if segmented else data.alpha,
+        alpha=alpha if segmented and alpha is not None else data.alpha,
         pose_chunks=data.pose_chunks if method == "pose" else POSE_CHUNKS,  # a pose parent's, for pose only
     )
     change = (
@@ -372,9 +372,12 @@ def extend(
         # resize the learned table: load the parent as it was, interpolate, save the initial weights
         from safetensors.torch import save_model
 
+        from extrapos.positions.absolute import LearnedAbsolute
+
         pcfg = load_run_config(parent)
         model = Decoder(pcfg.model)
         ckpt_io.load_weights(model, init_from)
+        assert isinstance(model.pos, LearnedAbsolute)  # the parent's encoding: extension keeps the name
         if plan.options["max_length"] > model.pos.length:
             model.pos.extend_table(plan.options["max_length"])
         check = Decoder(cfg.model)

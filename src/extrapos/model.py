@@ -318,6 +318,7 @@ class KVCache:
         if new is None:
             if not held:
                 return None
+            assert self._documents.buf is not None  # held > 0
             last = self._documents.buf[:, :, held - 1 : held]
             new = last.expand(batch, 1, n_new, 1)
         else:
@@ -500,12 +501,12 @@ class Decoder(nn.Module):
                 nn.init.normal_(
                     module.weight, 0.0, std / math.sqrt(2 * self.cfg.n_layers) if residual else std
                 )
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+                if (bias := getattr(module, "bias", None)) is not None:
+                    nn.init.zeros_(bias)
             elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
                 nn.init.ones_(module.weight)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+                if (bias := getattr(module, "bias", None)) is not None:
+                    nn.init.zeros_(bias)
 
     def new_cache(self) -> KVCache:
         return KVCache(self.cfg.n_layers)

@@ -139,6 +139,8 @@ class PositionalEncoding(nn.Module):
     paper: ClassVar[str] = ""
     #: None when the encoding has a bidirectional form; else the one-sentence reason it has none
     causal_only: ClassVar[str | None] = None
+    #: the name it is registered under, set by ``registry.build_encoding``
+    registry_name: str
 
     @dataclass
     class Options:

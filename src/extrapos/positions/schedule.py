@@ -167,7 +167,7 @@ class LayerSchedule(PositionalEncoding):
         self._route.update({i: (False, k) for k, i in enumerate(rest)})
 
     @property
-    def options(self) -> Any:
+    def options(self) -> Any:  # type: ignore[override]  # read-only: the options are main's, not its own
         return self.main.options
 
     def set_options(self, **changes: Any) -> None:
@@ -175,7 +175,10 @@ class LayerSchedule(PositionalEncoding):
 
     def at_layer(self, layer: int) -> tuple[PositionalEncoding, int]:
         runs_main, local = self._route[layer]
-        return (self.main if runs_main else self.others), local
+        if runs_main:
+            return self.main, local
+        assert self.others is not None  # a layer off the schedule exists, so others was built
+        return self.others, local
 
     # ---- hooks: embed reaches both parts (they reset per-forward memos there); the rest go by layer ----
     def embed(self, h: Tensor, positions: Tensor) -> Tensor:
