@@ -36,7 +36,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_data.py
 	$(BIN)/python benchmarks/bench_forward.py
 
-# Everything a GPU can prove in minutes (doctor, short bf16 runs per family) -> gpu-check/summary.{json,md};
+# Everything a GPU can prove in minutes (doctor, bf16 runs per family, kill/resume, DDP/FSDP2, eval 1..16x, MFU)
+# -> gpu-check/summary.{json,md};
 # without CUDA a clearly labelled stand-in on the CPU paths (benchmarks/gpu_check.py says what is not in it yet)
 gpu-check: $(STAMP)
 	$(BIN)/python benchmarks/gpu_check.py --out gpu-check
