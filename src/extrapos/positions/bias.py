@@ -212,6 +212,21 @@ class FIRE(PositionalEncoding):
     farthest key the query sees, max(i - first, last - i) over the keys' positions, as i is in the
     causal case (positions from 0), so u = psi(|i - j|) / psi(max(L, reach_i)) stays in [0, 1] at
     every length; the bias is mirror-symmetric (reversing the positions maps it onto itself).
+
+    Option ``grid`` (default 0: the exact MLP): evaluate f once per layer and forward on the G = grid
+    nodes u_k = k / (G - 1) of [0, 1] (the range of u on the visible pairs) and interpolate linearly
+    between them: per pair one truncation to the cell and two gathers instead of the MLP (or the
+    piecewise form's bucketize over its breakpoints). It changes the numbers: f is piecewise linear
+    in u, so the interpolant is exact in every cell without a ReLU breakpoint and off by at most
+    (1 / (G - 1)) / 4 * sum_m |w1_m W2[h, m]| in one that has them (O(1 / G) at worst, O(1 / G^2) on
+    average over u); gradients reach the MLP through the nodes and c, L through u. Measured error and
+    cost: docs/attention.md.
+
+    Option ``piecewise`` (default false; exact form only): under autograd too, blocks past L evaluate
+    f as the piecewise-linear function it is (``_mlp_piecewise``, what inference always runs) instead
+    of the MLP's (pairs x width) hidden layer: the same function and, almost everywhere in u, the same
+    gradients (those of the units active on u's interval), equal up to rounding, so off by default
+    (the default training numbers stay bit-identical).
     """
 
     family = "bias"
@@ -226,9 +241,12 @@ class FIRE(PositionalEncoding):
         init_c: float = 0.1
         init_L: float | None = None  # None: the training length L_t
         eps: float = 1e-6
+        grid: int = 0  # 0: the exact MLP; G >= 2: f on G nodes of [0, 1], linearly interpolated
+        piecewise: bool = False  # the exact MLP as its piecewise-linear form under autograd too
 
     def __init__(self, ctx: EncodingContext, options=None):
         super().__init__(ctx, options)
+        self.options_changed()
         o, n = self.options, ctx.n_layers
         self.mlps = nn.ModuleList(
             nn.Sequential(nn.Linear(1, o.mlp_width), nn.ReLU(), nn.Linear(o.mlp_width, ctx.n_heads))
@@ -238,17 +256,37 @@ class FIRE(PositionalEncoding):
         self.l_scale = nn.Parameter(torch.ones(n))
         self.register_buffer("init_L", torch.tensor(float(o.init_L or ctx.train_length)), persistent=False)
 
+    def options_changed(self) -> None:
+        grid = self.options.grid
+        if isinstance(grid, bool) or not isinstance(grid, int) or grid == 1 or grid < 0:
+            raise UserError(
+                f"fire option grid must be 0 (the exact MLP) or a number of grid nodes >= 2, got {grid!r}."
+            )
+
     def threshold(self, layer: int) -> Tensor:
         """The learnable L of one layer."""
         return self.init_L * self.l_scale[layer].abs()
 
-    def bias(self, x: Tensor, positions: Tensor, layer: int, state: dict | None) -> PairwiseBias:
-        dtype = feature_dtype(x)
-        p = _position_features(positions, dtype)
-        c, L, eps = self.c[layer].abs().to(dtype), self.threshold(layer).to(dtype), self.options.eps
-        mlp, causal = self.mlps[layer], self.ctx.causal
+    def grid_tables(self, layer: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """The linear interpolant of layer ``layer``'s f through its values V_k at the nodes
+        u_k = k / (G - 1), k = 0..G-1, as intercepts A and slopes S (H, G - 1) in x = u (G - 1):
+        on cell k (k <= x <= k + 1) it is A_k + S_k x = V_k + (x - k) (V_{k+1} - V_k). The MLP runs
+        in full precision (outside autocast) on the G nodes only; the tables are in ``dtype``."""
+        mlp, G = self.mlps[layer], self.options.grid
+        w = mlp[0].weight
+        with torch.autocast(w.device.type, enabled=False):
+            nodes = torch.arange(G, dtype=w.dtype, device=w.device) / (G - 1)
+            V = mlp(nodes.unsqueeze(-1)).t().to(dtype)  # (H, G)
+        S = V[:, 1:] - V[:, :-1]
+        A = V[:, :-1] - torch.arange(G - 1, dtype=dtype, device=w.device) * S
+        return A, S
 
-        def fn(qf: Tensor, kf: Tensor) -> Tensor:
+    def normalised(self, c: Tensor, L: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
+        """u(qf, kf) = psi(|i - j|) / psi(max(L, reach_i)) for a block of queries and its keys,
+        (B, 1, tq, Tk), in the dtype of the positions."""
+        causal, eps = self.ctx.causal, self.options.eps
+
+        def u(qf: Tensor, kf: Tensor) -> Tensor:
             num = torch.log1p(c * _distance(qf, kf))  # psi(i - j), (B, 1, tq, Tk)
             # causal: the farthest visible key is at position 0; bidirectional: either end of the keys
             reach = (
@@ -257,9 +295,25 @@ class FIRE(PositionalEncoding):
                 else torch.maximum(qf - kf.amin(dim=-2, keepdim=True), kf.amax(dim=-2, keepdim=True) - qf)
             )
             den = torch.log1p(c * torch.maximum(reach, L)) + eps  # psi(max(L, i)), (B, 1, tq, 1)
-            u = (num / den).to(mlp[0].weight.dtype)
+            return num / den
+
+        return u
+
+    def bias(self, x: Tensor, positions: Tensor, layer: int, state: dict | None) -> PairwiseBias:
+        dtype = feature_dtype(x)
+        p = _position_features(positions, dtype)
+        c, L, eps = self.c[layer].abs().to(dtype), self.threshold(layer).to(dtype), self.options.eps
+        mlp, causal, piecewise = self.mlps[layer], self.ctx.causal, self.options.piecewise
+        if self.options.grid:
+            return self._grid_bias(p, c, L, *self.grid_tables(layer, dtype))
+        normalised = self.normalised(c, L)
+
+        def fn(qf: Tensor, kf: Tensor) -> Tensor:
+            u = normalised(qf, kf).to(mlp[0].weight.dtype)
             if not torch.is_grad_enabled():
                 return _mlp_piecewise(mlp, u) if u.numel() >= PIECEWISE_MIN else _mlp_by_unit(mlp, u)
+            if piecewise and u.numel() >= PIECEWISE_MIN:
+                return _mlp_piecewise(mlp, u)
             out = mlp(u.unsqueeze(-1))  # (B, 1, tq, Tk, H)
             return out.squeeze(1).permute(0, 3, 1, 2)
 
@@ -288,6 +342,46 @@ class FIRE(PositionalEncoding):
 
         # bidirectional FIRE normalises by the farthest key of the row: no per-pair form
         return DistanceBias(q_feat=p, k_feat=p, fn=fn, pair=pair if causal else None, table=table)
+
+    def _grid_bias(self, p: Tensor, c: Tensor, L: Tensor, A: Tensor, S: Tensor) -> DistanceBias:
+        """``bias`` with f replaced by its interpolant on the grid (``grid_tables``): the same u, the
+        same table / fn / pair structure (the table path before L, every pair after it)."""
+        normalised, eps, cells = self.normalised(c, L), self.options.eps, A.shape[-1]
+
+        def fn(qf: Tensor, kf: Tensor) -> Tensor:
+            return _grid_interpolate(A, S, normalised(qf, kf))
+
+        def table(qf: Tensor, n: int) -> Tensor | None:
+            if qf.numel() == 0 or not bool(qf.max() < L):  # as the exact form's table
+                return None
+            d = torch.arange(n, dtype=p.dtype, device=qf.device)
+            u = torch.log1p(c * d) / (torch.log1p(c * L) + eps)
+            return _grid_interpolate(A, S, u.reshape(1, 1, 1, n))[0, :, 0]  # (H, n)
+
+        c1, L1 = c.reshape(1), L.reshape(1)
+
+        def pair(qi: list[Tensor], kj: list[Tensor], h: Tensor) -> Tensor:
+            c, L = c1[0], L1[0]
+            u = torch.log1p(c * (qi[0] - kj[0]).abs()) / (torch.log1p(c * torch.maximum(qi[0], L)) + eps)
+            x = (u * cells).clamp(0, cells)
+            k = x.to(torch.long).clamp(max=cells - 1)  # x >= 0: truncation is floor
+            return A[h, k] + S[h, k] * x
+
+        pair_or_none = pair if self.ctx.causal else None
+        return DistanceBias(q_feat=p, k_feat=p, fn=fn, pair=pair_or_none, table=table)
+
+
+def _grid_interpolate(A: Tensor, S: Tensor, u: Tensor) -> Tensor:
+    """FIRE's interpolant (``FIRE.grid_tables``: A, S (H, G - 1)) at every element of u (B, 1, tq, Tk):
+    x = u (G - 1) clamped to [0, G - 1] (u outside [0, 1] only on masked future keys), cell
+    k = min(floor(x), G - 2), A_k + S_k x; (B, H, tq, Tk). Differentiable in A, S and u."""
+    cells = A.shape[-1]
+    B, _, tq, Tk = u.shape
+    x = (u.reshape(-1) * cells).clamp(0, cells)
+    k = x.detach().to(torch.long).clamp_(max=cells - 1).expand(A.shape[0], -1)  # x >= 0: floor
+    # gather with an expanded index: the fastest of the CPU indexing kernels here (_mlp_piecewise)
+    out = torch.addcmul(torch.gather(A, 1, k), torch.gather(S, 1, k), x)  # (H, N)
+    return out.reshape(-1, B, tq, Tk).transpose(0, 1)
 
 
 def _mlp_by_unit(mlp: nn.Sequential, u: Tensor) -> Tensor:
@@ -323,7 +417,10 @@ def _mlp_piecewise(mlp: nn.Sequential, u: Tensor) -> Tensor:
     breakpoints t_m = -b1_m / w1_m, f(u) = A_k u + C_k on interval k (A_k, C_k: sums over the units
     active there). One bucketize and two gathers per element instead of a width-wide hidden layer;
     equal to the MLP up to rounding (continuous at the breakpoints, where relu(0) = 0 on both sides).
-    Inference only: the active sets are piecewise constant, so no gradient flows through them."""
+    Differentiable in u and the weights (through the slopes and intercepts of the active sets, which
+    are piecewise constant: d f / d w1_m = W2[:, m] u and d f / d b1_m = W2[:, m] on the units active
+    at u, as the MLP's); at a breakpoint itself (measure zero) the interval's active set may count a
+    unit whose ReLU input is exactly 0, which the MLP's gradient does not."""
     first, last = mlp[0], mlp[2]
     w1, b1, w2, b2 = first.weight[:, 0], first.bias, last.weight, last.bias
     t = (-b1[w1 != 0] / w1[w1 != 0]).sort().values  # (K,) breakpoints
