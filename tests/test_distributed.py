@@ -358,7 +358,7 @@ def test_passkey_command_deals_trials_to_two_ranks(tiny_data, tmp_path):
     assert done.stdout.count("passkey both (") == 1
     sharded = json.loads((run / "eval" / "sharded.json").read_text())
     alone = passkey(
-        run, [4, 8], [0, 0.5, 1], trials=3, mode="both", candidates=4, name="one-process", progress=False
+        run, lengths=[4, 8], depths=[0, 0.5, 1], trials=3, mode="both", candidates=4, name="one-process"
     )
     assert _cells(sharded) == _cells(alone)
     assert any(0 < c["rank_accuracy"] < 1 or 1 < c["mean_rank"] for c in alone["results"])  # not all alike

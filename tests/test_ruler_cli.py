@@ -9,7 +9,7 @@ from extrapos.cli import main
 from extrapos.compare_tasks import parse_task_specs
 from extrapos.data import prepare_data
 from extrapos.errors import UserError
-from extrapos.tasks.ruler import ruler
+from extrapos.tasks.ruler import RulerOptions, ruler
 
 SPEC = "synthetic:ruler:length=80,train=32,val=4,test=4,digits=2,pairs=2,queries=1"
 
@@ -56,11 +56,11 @@ def test_cli_scores_every_task_and_length_writes_the_result_and_the_plot(ruler_r
     assert (tmp_path / "grid.png").stat().st_size > 1000
     # the same request is reused; a different one under the same name is refused and the file kept
     before = (ruler_run / "eval" / "ruler-both-filler.json").read_bytes()
-    again = ruler(ruler_run, ["niah_single", "niah_multikey", "cwe"], [1, 2], 3, "both", candidates=4,
-                  pairs=2, queries=1, digits=2)  # fmt: skip
+    shape = {"trials": 3, "mode": "both", "candidates": 4, "pairs": 2, "queries": 1, "digits": 2}
+    again = ruler(ruler_run, RulerOptions(["niah_single", "niah_multikey", "cwe"], [1, 2], **shape))
     assert again == result
     with pytest.raises(UserError, match="different evaluation"):
-        ruler(ruler_run, ["niah_single"], [1], 3, "both", candidates=4, pairs=2, queries=1, digits=2)
+        ruler(ruler_run, tasks=["niah_single"], lengths=[1], **shape)
     assert (ruler_run / "eval" / "ruler-both-filler.json").read_bytes() == before
 
 

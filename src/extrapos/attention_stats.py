@@ -38,7 +38,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,8 @@ from torch import Tensor
 
 from extrapos.attention import bias_block, document_visible
 from extrapos.errors import UserError
-from extrapos.evaluate import check_result_name, results_dir
-from extrapos.files import atomic_write, ensure_writable_dir
+from extrapos.evaluate.slot import ResultSlot, check_result_name, open_slot, scored_checkpoint
+from extrapos.files import atomic_write
 from extrapos.positions.base import FoldedBias, LogitBias, PairwiseBias
 
 SINKS = (1, 4)
@@ -291,45 +291,30 @@ def _key(fields: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
-@dataclass
-class Slot:
-    out_path: Path
-    request_key: str
-    result_key: str
-    previous: dict[str, Any] | None
-    ckpt: Any
-    digest: str
-
-
-def result_slot(run_dir: Path, req, name: str, overwrite: bool) -> Slot:
-    """Where ``RUN/attention/<name>.json`` goes and whether the saved one is this very result (the same
-    request of the same weights under the same definitions: reused) or another request (refused unless
-    ``overwrite``); the same request of other weights or older definitions, or a damaged file, is
-    computed again."""
-    from extrapos import checkpoint as ckpt_io
-
-    ckpt = ckpt_io.checkpoint_at(run_dir, req.step)
-    digest = ckpt_io.weights_digest(ckpt)
+def result_slot(run_dir: Path, req, name: str, overwrite: bool) -> ResultSlot:
+    """The slot (``evaluate.slot``) of ``RUN/attention/<name>.json``: the saved result is reused when it is
+    this very result (the same request of the same weights under the same definitions) and refused when it
+    holds another request (unless ``overwrite``); the same request of other weights or older definitions,
+    or a damaged file, is computed again."""
+    ckpt, digest = scored_checkpoint(run_dir, req.step)
     # a result of older definitions (VERSION) is the same request, read again like older weights
     request_key = _key({"request": req.key_fields()})
     result_key = _key({"request": request_key, "step": ckpt.step, "weights": digest, "version": VERSION})
-    out_path = results_dir(run_dir, "attention") / f"{name}.json"
-    previous = None
-    if out_path.is_file() and not overwrite:
-        try:
-            previous = json.loads(out_path.read_text())
-        except (OSError, ValueError):
-            previous = None
-        if isinstance(previous, dict) and previous.get("result_key") == result_key:
-            return Slot(out_path, request_key, result_key, previous, ckpt, digest)
-        if isinstance(previous, dict) and previous.get("request_key") != request_key:
-            raise UserError(
-                f"{out_path} holds different attention diagnostics; pass --name to keep both or --overwrite "
-                "to replace it."
-            )
-        previous = None  # the same request of older weights, or a damaged file: computed again
-    ensure_writable_dir(out_path.parent, "attention diagnostics")
-    return Slot(out_path, request_key, result_key, previous, ckpt, digest)
+    return open_slot(
+        run_dir,
+        name,
+        ckpt,
+        digest,
+        request={"request_key": request_key},
+        result={"result_key": result_key},
+        overwrite=overwrite,
+        refusal="holds different attention diagnostics; pass --name to keep both or --overwrite to "
+        "replace it.",
+        folder="attention",
+        writes="attention diagnostics",
+        key=result_key,
+        request_key=request_key,
+    )
 
 
 def default_name(req) -> str:
@@ -444,7 +429,7 @@ def diagnose(
         "run": str(run_dir),
         "request": req.written() if hasattr(req, "written") else asdict(req),
         "request_key": slot.request_key,
-        "result_key": slot.result_key,
+        "result_key": slot.key,
         "weights_sha256": slot.digest,
         "encoding": run.cfg.model.positions["name"],
         "applied": json.loads(json.dumps(req.position_options, default=str)),
@@ -461,7 +446,7 @@ def diagnose(
         "results": rows,
         "wall_time": time.perf_counter() - t0,
     }
-    atomic_write(slot.out_path, json.dumps(result, indent=1))
+    slot.write(result, req.position_options, "attention diagnostics")  # refused when it holds a NaN
     plot(result, slot.out_path.with_suffix(".png"))
     return result
 

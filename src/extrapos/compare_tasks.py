@@ -214,64 +214,33 @@ def score(
     ``device``. Under torchrun the passkey column deals its prompts out to the processes; the synthetic
     and lm-eval columns are scored whole by every process (the same numbers)."""
     if task == "synthetic":
-        from extrapos.tasks.synthetic import score_synthetic
+        from extrapos.tasks.synthetic import SyntheticOptions, score_synthetic
 
         s = specs.synthetic
-        return score_synthetic(
-            run_dir,
-            lengths,
-            examples=s.examples,
-            task=s.task,
-            seed=s.seed,
-            position_options=position_options,
-            base_length=base_length,
-            name=_name("synthetic", lengths, position_options, base_length, s),
-            device=device,
+        opts = SyntheticOptions(
+            lengths=list(lengths), position_options=position_options, base_length=base_length, **asdict(s)
         )
+        name = _name("synthetic", lengths, position_options, base_length, s)
+        return score_synthetic(run_dir, opts, name=name, device=device)
     if task == "passkey":
-        from extrapos.tasks.passkey import passkey
+        from extrapos.tasks.passkey import PasskeyOptions, passkey
 
         p = specs.passkey
-        return passkey(
-            run_dir,
-            lengths,
-            depths=p.depths,
-            trials=p.trials,
-            mode=p.mode,
-            haystack=p.haystack,
-            candidates=p.candidates,
-            key_digits=p.key_digits,
-            seed=p.seed,
-            position_options=position_options,
-            base_length=base_length,
-            name=_name(f"passkey-{p.mode}", lengths, position_options, base_length, p),
-            progress=progress,
-            device=device,
+        opts = PasskeyOptions(
+            lengths=list(lengths), position_options=position_options, base_length=base_length, **asdict(p)
         )
+        name = _name(f"passkey-{p.mode}", lengths, position_options, base_length, p)
+        return passkey(run_dir, opts, name=name, progress=progress, device=device)
     if task == "ruler":
-        from extrapos.tasks.ruler import ruler
+        from extrapos.tasks.ruler import RulerOptions, ruler
 
         r = specs.ruler
-        return ruler(
-            run_dir,
-            r.tasks,
-            lengths,
-            trials=r.trials,
-            mode=r.mode,
-            haystack=r.haystack,
-            candidates=r.candidates,
-            pairs=r.pairs,
-            queries=r.queries,
-            digits=r.digits,
-            seed=r.seed,
-            position_options=position_options,
-            base_length=base_length,
-            name=_name(f"ruler-{r.mode}", lengths, position_options, base_length, r),
-            progress=progress,
-            device=device,
+        opts = RulerOptions(
+            lengths=list(lengths), position_options=position_options, base_length=base_length, **asdict(r)
         )
-    from extrapos.integrations.lm_eval import position_options as lm_options
-    from extrapos.integrations.lm_eval import run_lm_eval
+        name = _name(f"ruler-{r.mode}", lengths, position_options, base_length, r)
+        return ruler(run_dir, opts, name=name, progress=progress, device=device)
+    import extrapos.integrations.lm_eval as adapter
 
     e = specs.lm_eval
     # a row's eval options use the encoding's names (scale; scaling + factor); the adapter takes them as
@@ -282,47 +251,20 @@ def score(
             f"lm-eval columns take the eval options scale, scaling and factor only, not "
             f"{', '.join(sorted(unsupported))}; drop lm-eval or that row's option."
         )
-    adapter = {
-        "scale": position_options.get("scale"),
-        "rope_scaling": position_options.get("scaling"),
-        "factor": position_options.get("factor"),
-    }
-    lm_options(**adapter)  # the adapter's own check, before lm-eval starts
+    asked = adapter.LmEvalOptions(
+        scale=position_options.get("scale"),
+        rope_scaling=position_options.get("scaling"),
+        factor=position_options.get("factor"),
+        **asdict(e),
+    )
+    adapter.position_options(asked.scale, asked.rope_scaling, asked.factor)  # before lm-eval starts
     name = _name("lm-eval", [], position_options, None, e)
-    previous = _previous_lm_eval(run_dir, name)
-    if previous is not None:
-        return previous
-    return run_lm_eval(
-        run_dir,
-        e.tasks,
-        num_fewshot=e.num_fewshot,
-        limit=e.limit,
-        max_length=e.max_length,
-        batch_size=e.batch_size,
-        include_path=e.include_path,
-        include_defaults=e.include_defaults,
-        metadata=e.metadata,
-        name=name,
-        device=device,
-        **adapter,
-    )
-
-
-def _previous_lm_eval(run_dir: Path, name: str) -> dict[str, Any] | None:
-    """The saved lm-eval result of this request (its name carries the options' digest) on the run's current
-    checkpoint, so a resumed sweep does not run the harness again; None when it must run."""
-    from extrapos.tasks.common import scored_checkpoint
-
-    path = Path(run_dir) / "eval" / f"{name}.json"
-    try:
-        previous = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    same = (
-        isinstance(previous, dict)
-        and previous.get("checkpoint_step") == scored_checkpoint(run_dir, None)["step"]
-    )
-    return previous if same else None
+    # the saved result of this request on the run's current weights, so a resumed sweep does not even start
+    # the harness
+    slot, _ = adapter.lm_eval_slot(run_dir, asked, name)
+    if slot.previous is not None:
+        return slot.previous
+    return adapter.run_lm_eval(run_dir, device=device, name=name, quiet=True, **asdict(asked))
 
 
 def _name(
@@ -331,7 +273,7 @@ def _name(
     """A result name per request, so rows scoring one run at different lengths or options never collide, and
     a sweep whose task options changed scores again instead of meeting the earlier result under its name
     (the digest covers the task options)."""
-    from extrapos.tasks.common import slug
+    from extrapos.evaluate.slot import slug
 
     digest = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:8]
     parts = [prefix] + (["ev" + "_".join(map(str, lengths))] if lengths else [])

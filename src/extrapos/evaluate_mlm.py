@@ -17,7 +17,6 @@ says anything about positions.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import asdict
@@ -40,7 +39,6 @@ from extrapos.evaluate import (
     load_eval_inputs,
     result_slot,
 )
-from extrapos.files import atomic_write
 from extrapos.stats import length_interval
 
 
@@ -199,7 +197,7 @@ def evaluate_mlm(
         "per_position": per_position,
         "wall_time": time.perf_counter() - t0,
     }
-    atomic_write(slot.out_path, json.dumps(result, indent=1, default=str))
+    slot.write(result, req.position_options, "evaluation")  # refused when it holds a NaN; rank 0 writes
     return result
 
 

@@ -4,7 +4,9 @@ perplexity."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from extrapos.cli.eval import add_position_flags
 
@@ -140,26 +142,25 @@ def _name(args) -> str | None:
     return None if args.name is None else check_result_name(args.name)
 
 
-def _options(args, lengths: list[int]):
+def _options(args, lengths: list[int]) -> dict[str, Any]:
     from extrapos.cli.eval import check_position_options, position_options
 
     options = position_options(args, lengths)
     check_position_options(args.run, options)
-    return options or None
+    return options
 
 
 def run_passkey(args) -> int:
     from extrapos.cli.eval import parse_lengths
     from extrapos.runtime import init_distributed, resolve_device
-    from extrapos.tasks.passkey import check_plot_path, format_all, passkey, plot_heatmap
+    from extrapos.tasks.passkey import PasskeyOptions, check_plot_path, format_all, passkey, plot_heatmap
 
     lengths = parse_lengths(args.lengths)
     if args.plot:
         check_plot_path(args.run, args.plot)  # before any work: the result is never followed by an error
     # under torchrun the prompts are scored by all ranks together (each ends with the whole result)
     rank, _, device = init_distributed(resolve_device(args.device, "--device"))
-    result = passkey(
-        args.run,
+    options = PasskeyOptions(
         lengths=lengths,
         depths=_floats(args.depths),
         trials=args.trials,
@@ -170,11 +171,11 @@ def run_passkey(args) -> int:
         key_digits=args.key_digits,
         seed=args.seed,
         position_options=_options(args, lengths),
-        name=_name(args),
-        overwrite=args.overwrite,
-        device=str(device),
         step=args.step,
-        progress=not args.no_progress and rank == 0,
+    )
+    progress = not args.no_progress and rank == 0
+    result = passkey(
+        args.run, options, name=_name(args), overwrite=args.overwrite, device=str(device), progress=progress
     )
     if rank != 0:
         return 0
@@ -191,26 +192,11 @@ def run_ruler(args) -> int:
     from extrapos.cli.eval import parse_lengths
     from extrapos.runtime import resolve_device
     from extrapos.tasks.passkey import check_plot_path
-    from extrapos.tasks.ruler import check_request, format_all, plot_grid, ruler
+    from extrapos.tasks.ruler import RulerOptions, format_all, plot_grid, ruler
 
     lengths = parse_lengths(args.lengths)
-    # before the run is loaded: a bad flag is one sentence
-    tasks = check_request(
-        args.tasks.split(","),
-        lengths,
-        args.trials,
-        args.mode,
-        args.candidates,
-        args.seed,
-        args.pairs,
-        args.queries,
-        args.digits,
-    )
-    if args.plot:
-        check_plot_path(args.run, args.plot)
-    result = ruler(
-        args.run,
-        tasks=tasks,
+    options = RulerOptions(
+        tasks=args.tasks.split(","),
         lengths=lengths,
         trials=args.trials,
         mode=args.mode,
@@ -221,13 +207,16 @@ def run_ruler(args) -> int:
         queries=args.queries,
         digits=args.digits,
         seed=args.seed,
-        position_options=_options(args, lengths),
-        name=_name(args),
-        overwrite=args.overwrite,
-        device=str(resolve_device(args.device, "--device")),
         step=args.step,
-        progress=not args.no_progress,
     )
+    options = options.checked()  # before the run is loaded: a bad flag is one sentence
+    if args.plot:
+        check_plot_path(args.run, args.plot)
+    options = replace(options, position_options=_options(args, lengths))
+    name = _name(args)
+    device = str(resolve_device(args.device, "--device"))
+    progress = not args.no_progress
+    result = ruler(args.run, options, name=name, overwrite=args.overwrite, device=device, progress=progress)
     print(format_all(result))
     if args.plot:
         print(f"-> {plot_grid(result, args.plot)}")
@@ -238,22 +227,21 @@ def run_ruler(args) -> int:
 def run_synthetic(args) -> int:
     from extrapos.cli.eval import parse_lengths
     from extrapos.runtime import resolve_device
-    from extrapos.tasks.synthetic import format_synthetic, score_synthetic
+    from extrapos.tasks.synthetic import SyntheticOptions, format_synthetic, score_synthetic
 
     lengths = parse_lengths(args.lengths)
     device = resolve_device(args.device, "--device")
-    result = score_synthetic(
-        args.run,
+    options = SyntheticOptions(
+        task=args.task,
         lengths=lengths,
         examples=args.examples,
-        task=args.task,
         seed=args.seed,
         position_options=_options(args, lengths),
-        name=_name(args),
-        overwrite=args.overwrite,
-        device=str(device),
         step=args.step,
-        progress=not args.no_progress,
+    )
+    progress = not args.no_progress
+    result = score_synthetic(
+        args.run, options, name=_name(args), overwrite=args.overwrite, device=str(device), progress=progress
     )
     print(format_synthetic(result))
     return 0

@@ -37,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -56,7 +55,14 @@ from extrapos.evaluate.lengths import (
     is_token_count,
     resolve_lengths,
 )
-from extrapos.files import atomic_write, ensure_writable_dir, finite_json
+from extrapos.evaluate.slot import (
+    ResultSlot,
+    check_result_name,
+    open_slot,
+    results_dir,
+    scored_checkpoint,
+    slug,
+)
 
 DEFAULT_LENGTHS = (1, 2, 4, 8, 16)
 PROTOCOLS = ("documents", "stream")
@@ -178,80 +184,6 @@ def check_request(req: EvalRequest) -> None:
         )
 
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,119}")
-
-
-def check_result_name(name: str) -> str:
-    """A result name is one file name inside RUN/eval/: no path separators, no leading dot."""
-    if not _NAME.fullmatch(name) or ".." in name:
-        raise UserError(
-            f"result name {name!r} must be a plain file name (letters, digits, . _ + = -), with no "
-            "path separators; choose another --name."
-        )
-    return name
-
-
-def results_dir(run_dir: Path, folder: str = "eval") -> Path:
-    """RUN/<folder> (``eval``; ``attention`` for the diagnostics), refused when it is a symlink or a file
-    (results must land inside the run)."""
-    out = Path(run_dir) / folder
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise UserError(
-            f"{out} is a symlink or a file, not a directory of the run; remove it and evaluate again."
-        )
-    return out
-
-
-def _read_result(path: Path) -> dict[str, Any] | None:
-    """A saved result, or None when the file is damaged (then it is scored again and replaced)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def saved_result(
-    out_path: Path,
-    key: str,
-    request_key: str,
-    step: int,
-    overwrite: bool,
-    progress: bool,
-    older_request_key: str | None = None,
-) -> dict[str, Any] | None:
-    """The result saved at ``out_path`` when it is this evaluation of these weights (then it is reused);
-    None when there is none, it is damaged, ``overwrite`` is set, or it scored an older checkpoint of the
-    same request or (``older_request_key``) this request's spans from the first documents, as evaluations
-    chose them before the spread selection; a UserError when it holds a different request."""
-    if not out_path.is_file() or overwrite:
-        return None
-    previous = _read_result(out_path)
-    if previous is None:
-        return None
-    if previous.get("result_key") == key:
-        return previous
-    if older_request_key is not None and previous.get("request_key") == older_request_key:
-        if progress:
-            print(
-                f"extrapos eval: {out_path} scored spans from the first held-out documents (an older "
-                "extrapos); evaluating again with the targets spread over the documents.",
-                flush=True,
-            )
-        return None
-    if previous.get("request_key") != request_key:
-        raise UserError(
-            f"{out_path} holds a different evaluation; pass --name to keep both or --overwrite to replace it."
-        )
-    if progress:
-        print(
-            f"extrapos eval: {out_path} scored checkpoint step {previous.get('checkpoint_step')}; the run is "
-            f"now at step {step}, evaluating again.",
-            flush=True,
-        )
-    return None
-
-
 def default_name(req: EvalRequest) -> str:
     parts = [
         req.split
@@ -274,7 +206,7 @@ def default_name(req: EvalRequest) -> str:
 
 
 def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in ".+_" else "_" for c in text).strip("_")[:60] or "eval"
+    return slug(text, keep=".+_", empty="eval")  # no "-" inside a piece: the pieces are joined with it
 
 
 # ---- data --------------------------------------------------------------------------------------------
@@ -473,39 +405,45 @@ def load_eval_inputs(run_dir, req: EvalRequest, ckpt, device, progress: bool) ->
     )
 
 
-@dataclass
-class ResultSlot:
-    """Where an evaluation's result is written and what identifies it: results are keyed by the checkpoint
-    they score (its step and a digest of its weights), so a run trained further is evaluated again, never
-    answered from an older result. ``previous`` is the saved result of this same evaluation, if any."""
-
-    ckpt: Any
-    digest: str
-    key: str
-    request_key: str
-    out_path: Path
-    previous: dict[str, Any] | None
-
-
 def result_slot(
     run_dir: Path, req: EvalRequest, name: str, overwrite: bool, progress: bool, suffix: str = ""
 ) -> ResultSlot:
-    """The slot of ``RUN/eval/<name>.json`` for ``req`` (``suffix`` tells apart evaluations of the same
-    request, e.g. the masked-LM one and its mask seed); the directory is made writable unless reused."""
-    from extrapos import checkpoint as ckpt_io
-
-    ckpt = ckpt_io.checkpoint_at(run_dir, req.step)
-    digest = ckpt_io.weights_digest(ckpt)
+    """The slot (``evaluate.slot``) of ``RUN/eval/<name>.json`` for ``req``, keyed by the request and the
+    checkpoint it scores (``suffix`` tells apart evaluations of the same request, e.g. the masked-LM one and
+    its mask seed). The same request of an older checkpoint is evaluated again, and so is the same request
+    as an older extrapos scored it, with spans from the first documents instead of spread over them."""
+    ckpt, digest = scored_checkpoint(run_dir, req.step)
     key, request_key = result_key(req, ckpt.step, digest) + suffix, req.key() + suffix
-    # the same request as an older extrapos scored it, with spans from the first documents
-    spread = req.protocol == "documents" and req.selection != "first"
-    older = replace(req, selection="first").key() + suffix if spread else None
-    eval_dir = results_dir(run_dir)
-    out_path = eval_dir / f"{name}.json"
-    previous = saved_result(out_path, key, request_key, ckpt.step, overwrite, progress, older)
-    if previous is None:
-        ensure_writable_dir(eval_dir, "evaluation results")
-    return ResultSlot(ckpt, digest, key, request_key, out_path, previous)
+    out_path = results_dir(run_dir) / f"{name}.json"
+    older: list[tuple[dict[str, Any], str | None]] = []
+    if req.protocol == "documents" and req.selection != "first":
+        first = replace(req, selection="first").key() + suffix
+        note = (
+            f"extrapos eval: {out_path} scored spans from the first held-out documents (an older "
+            "extrapos); evaluating again with the targets spread over the documents."
+        )
+        older.append(({"request_key": first}, note if progress else None))
+
+    def stale(previous: dict[str, Any]) -> str:
+        return (
+            f"extrapos eval: {out_path} scored checkpoint step {previous.get('checkpoint_step')}; the run is "
+            f"now at step {ckpt.step}, evaluating again."
+        )
+
+    return open_slot(
+        run_dir,
+        name,
+        ckpt,
+        digest,
+        request={"request_key": request_key},
+        result={"result_key": key},
+        overwrite=overwrite,
+        refusal="holds a different evaluation; pass --name to keep both or --overwrite to replace it.",
+        older=older,
+        stale=stale if progress else None,
+        key=key,
+        request_key=request_key,
+    )
 
 
 def targets_digest(targets: np.ndarray, owners: np.ndarray) -> str:
@@ -670,13 +608,7 @@ def evaluate(
         "per_position": scored.per_position,
         "wall_time": time.perf_counter() - t0,
     }
-    from extrapos.runtime import barrier, process_group
-
-    # refused on every process alike (each holds the whole result), so no rank waits at the barrier alone
-    text = finite_json(result, req.position_options, "evaluation")
-    if process_group()[0] == 0:  # under torchrun every process holds the whole result; rank 0 writes it
-        atomic_write(slot.out_path, text)
-    barrier()  # the result is on disk before any process looks for it again
+    slot.write(result, req.position_options, "evaluation")  # rank 0 writes; every process waits for it
     return result
 
 

@@ -29,9 +29,9 @@ context) over the continuation tokens (context cut from the left to fit ``max_le
 
 from __future__ import annotations
 
-import json
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,17 +49,8 @@ except ImportError as e:  # pragma: no cover - the eval extra is missing
         "the lm-eval integration needs lm-evaluation-harness; run `pip install 'extrapos[eval]'`."
     ) from e
 
-from extrapos.evaluate import check_result_name
-from extrapos.tasks.common import (
-    check_existing,
-    check_lm_eval_request,
-    greedy_batch,
-    refuse_encoder,
-    result_path,
-    scored_checkpoint,
-    slug,
-    write_result,
-)
+from extrapos.evaluate.slot import ABSENT, ResultSlot, check_result_name, jsonable, slug, task_slot
+from extrapos.tasks.common import check_lm_eval_request, greedy_batch, refuse_encoder
 
 
 def position_options(
@@ -266,6 +257,78 @@ class ExtraposLM(TemplateLM):
         return text
 
 
+@dataclass
+class LmEvalOptions:
+    """What an lm-eval run asks for: the harness's ``tasks`` and settings, the encoding options of the
+    model_args (``position_options``) and the checkpoint (``step``); ``run_lm_eval`` takes them as
+    keywords."""
+
+    tasks: list[str]
+    num_fewshot: int | None = None
+    limit: int | float | None = None
+    max_length: int | None = None
+    batch_size: int = 8
+    scale: float | None = None
+    rope_scaling: str | None = None
+    factor: float | None = None
+    include_path: str | Path | None = None
+    include_defaults: bool = True
+    metadata: dict[str, Any] | None = None
+    bootstrap_iters: int = 0
+    log_samples: bool = False
+    seed: int = 1234
+    step: int | None = None
+
+
+def lm_eval_slot(
+    run_dir: str | Path, opts: LmEvalOptions, name: str | None = None, overwrite: bool = False
+) -> tuple[ResultSlot, dict[str, Any]]:
+    """The request of ``opts`` checked before the run or the harness is loaded, and its result slot
+    (``evaluate.slot.task_slot``, default name ``lm-eval-<tasks>``): (the slot, the request it records)."""
+    from extrapos.config import load_run_config
+
+    tasks, limit = opts.tasks, opts.limit
+    if not tasks:
+        raise UserError("give at least one lm-eval task, e.g. tasks=['arc_easy'] (--tasks arc_easy).")
+    check_lm_eval_request(limit, opts.batch_size, opts.num_fewshot, opts.metadata, opts.max_length)
+    if limit is not None and limit >= 2**63:  # the harness slices its documents with islice (a C ssize_t)
+        raise UserError(
+            f"--limit must be below 2^63 examples per task, got {limit:g}; give a smaller --limit."
+        )
+    if limit is not None and limit >= 1:  # a count of examples; below 1 it is lm-eval's fraction of each task
+        limit = int(limit)
+    run_dir = Path(run_dir)
+    if name is not None:
+        check_result_name(name)  # before anything is loaded: a name, never a path
+    refuse_encoder(run_dir, "lm-eval")
+    options = position_options(
+        opts.scale,
+        opts.rope_scaling,
+        opts.factor,
+        opts.max_length,
+        load_run_config(run_dir).model.train_length,
+    )
+    name = name or "lm-eval-" + slug("_".join(tasks)) + "".join(
+        f"-{slug(f'{k}{v}')}" for k, v in sorted(options.items())
+    )
+    request = {
+        "tasks": list(tasks),
+        "num_fewshot": opts.num_fewshot,
+        "limit": limit,
+        "max_length": opts.max_length,
+        "seed": opts.seed,
+        "metadata": opts.metadata,
+        "options": options,
+        "step": opts.step,
+        "bootstrap_iters": opts.bootstrap_iters,
+        "log_samples": opts.log_samples,
+    }
+    # a result of an older extrapos (no ``checkpoint`` recorded) of the same request is scored again and
+    # replaced: nothing says which weights it scored
+    older = {"checkpoint": ABSENT, "request": jsonable({k: request[k] for k in _OLDER_REQUEST})}
+    return task_slot(run_dir, name, request, opts.step, overwrite, older=[(older, None)]), request
+
+
 def run_lm_eval(
     run_dir: str | Path,
     tasks: list[str],
@@ -286,6 +349,7 @@ def run_lm_eval(
     name: str | None = None,
     step: int | None = None,
     overwrite: bool = False,
+    quiet: bool = False,
 ) -> dict[str, Any]:
     """Run lm-eval ``tasks`` on a run; write ``RUN/eval/NAME.json`` (default ``lm-eval-<tasks>``) and return
     it.
@@ -293,59 +357,33 @@ def run_lm_eval(
     ``include_path``: a directory of extra task YAMLs (local tasks, offline; ``include_defaults=False``
     skips indexing the harness's own tasks, which takes seconds); ``metadata``: task
     metadata such as RULER's ``max_seq_lengths``; ``limit``: examples per task (for quick checks).
-    The result goes through the slot every task result uses (``tasks.common.check_existing``): the same
-    request on the same weights is reused without running the harness, a different request under the
-    same name is refused unless ``overwrite``; ``name`` is a file name in ``RUN/eval/``, never a path.
+    The result goes through the slot every task result uses (``evaluate.slot.task_slot``): the same
+    request on the same weights is reused without running the harness (said on the console unless
+    ``quiet``), a different request under the same name is refused unless ``overwrite``; ``name`` is a file
+    name in ``RUN/eval/``, never a path.
     """
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from extrapos.config import load_run_config
-
-    if not tasks:
-        raise UserError("give at least one lm-eval task, e.g. tasks=['arc_easy'] (--tasks arc_easy).")
-    check_lm_eval_request(limit, batch_size, num_fewshot, metadata, max_length)
-    if limit is not None and limit >= 2**63:  # the harness slices its documents with islice (a C ssize_t)
-        raise UserError(
-            f"--limit must be below 2^63 examples per task, got {limit:g}; give a smaller --limit."
-        )
-    if limit is not None and limit >= 1:  # a count of examples; below 1 it is lm-eval's fraction of each task
-        limit = int(limit)
-    run_dir = Path(run_dir)
-    if name is not None:
-        check_result_name(name)  # before anything is loaded: a name, never a path
-    refuse_encoder(run_dir, "lm-eval")
-    options = position_options(
-        scale, rope_scaling, factor, max_length, load_run_config(run_dir).model.train_length
-    )
-    name = name or "lm-eval-" + slug("_".join(tasks)) + "".join(
-        f"-{slug(f'{k}{v}')}" for k, v in sorted(options.items())
-    )
-    request = {
-        "tasks": list(tasks),
-        "num_fewshot": num_fewshot,
-        "limit": limit,
-        "max_length": max_length,
-        "seed": seed,
-        "metadata": metadata,
-        "options": options,
-        "step": step,
-        "bootstrap_iters": bootstrap_iters,
-        "log_samples": log_samples,
-    }
-    out_path = result_path(run_dir, name)
-    scored = scored_checkpoint(run_dir, step)
-    previous = _saved(out_path, request, overwrite, scored)
-    if previous is not None:
-        print(f"extrapos lm-eval: {out_path} holds this request on these weights; reused.", flush=True)
-        return previous
+    opts = LmEvalOptions(
+        list(tasks), num_fewshot, limit, max_length, batch_size, scale, rope_scaling, factor, include_path,
+        include_defaults, metadata, bootstrap_iters, log_samples, seed, step,
+    )  # fmt: skip
+    slot, request = lm_eval_slot(run_dir, opts, name, overwrite)
+    if slot.previous is not None:
+        if not quiet:
+            print(
+                f"extrapos lm-eval: {slot.out_path} holds this request on these weights; reused.", flush=True
+            )
+        return slot.previous
+    run_dir, name, limit, options = Path(run_dir), slot.out_path.stem, request["limit"], request["options"]
     t0 = time.perf_counter()
     lm = ExtraposLM(
         run=str(run_dir),
         max_length=max_length,
         batch_size=batch_size,
         device=device,
-        step=scored["step"],
+        step=slot.ckpt.step,
         scale=scale,
         rope_scaling=rope_scaling,
         factor=factor,
@@ -408,7 +446,7 @@ def run_lm_eval(
         "max_length": lm.max_length,
         "train_length": lm.train_length,
         "checkpoint_step": lm.run.step,
-        "checkpoint": scored,
+        "checkpoint": slot.checkpoint,
         "request": request,
         "results": raw.get("results", {}),
         "n-shot": raw.get("n-shot", {}),
@@ -418,8 +456,8 @@ def run_lm_eval(
     }
     if log_samples:
         result["samples"] = raw.get("samples", {})
-    result = json.loads(json.dumps(result, default=str))
-    write_result(out_path, result)
+    result = jsonable(result)
+    slot.write(result, options)  # rank 0 writes; every process waits until it is on disk
     return result
 
 
@@ -438,24 +476,6 @@ def _unreachable(error: OSError) -> bool:
 
 # the request keys an lm-eval result recorded before it recorded its checkpoint and options
 _OLDER_REQUEST = ("tasks", "num_fewshot", "limit", "max_length", "seed", "metadata")
-
-
-def _saved(
-    out_path: Path, request: dict[str, Any], overwrite: bool, scored: dict[str, Any]
-) -> dict[str, Any] | None:
-    """The saved result of this request on these weights (reused), None when it must be scored, a
-    UserError when the name holds another request. A result of an older extrapos (no ``checkpoint``
-    recorded) of the same request is scored again and replaced: nothing says which weights it scored."""
-    if not overwrite and out_path.is_file():
-        try:
-            previous = json.loads(out_path.read_text())
-        except (OSError, ValueError):
-            previous = None
-        older = {k: request[k] for k in _OLDER_REQUEST}
-        if isinstance(previous, dict) and "checkpoint" not in previous:
-            if previous.get("request") == json.loads(json.dumps(older, default=str)):
-                return None
-    return check_existing(out_path, request, overwrite, scored)
 
 
 def cli() -> None:

@@ -1,17 +1,18 @@
-"""Shared pieces of the task evaluations: batched greedy decoding, candidate scoring, result files."""
+"""Shared pieces of the task evaluations: batched greedy decoding, candidate scoring, the run a task
+scores and the fields its result opens with (the result slot itself is ``evaluate.slot``'s)."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 
 from extrapos.errors import UserError
-from extrapos.files import atomic_write, ensure_writable_dir, finite_json
+from extrapos.evaluate.slot import ResultSlot
 from extrapos.memory import available_bytes, check_memory, forward_bytes  # noqa: F401 (re-exported)
 
 
@@ -81,56 +82,52 @@ def resolve_position_options(options: dict[str, Any] | None, max_len: int) -> di
     return {k: (max_len if v == "max" else v) for k, v in (options or {}).items()}
 
 
-def write_result(path: Path, result: dict[str, Any]) -> None:
-    """Write ``result`` as JSON atomically (a temporary file renamed into place); one holding a NaN or an
-    infinity is refused in one sentence and nothing is written (``files.finite_json``)."""
-    text = finite_json(result, result.get("position_options"), "result")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, text)
+O = TypeVar("O")
 
 
-def result_path(run_dir: Path, name: str) -> Path:
-    """RUN/eval/<name>.json for a checked name, in a writable RUN/eval that is not a symlink."""
-    from extrapos.evaluate import check_result_name, results_dir
-
-    path = results_dir(run_dir) / f"{check_result_name(name)}.json"
-    ensure_writable_dir(path.parent, "evaluation results")
-    return path
-
-
-def scored_checkpoint(run_dir: Path, step: int | None) -> dict[str, Any]:
-    """The checkpoint a task result scores: its step and the sha256 of its weights."""
-    from extrapos import checkpoint as ckpt_io
-
-    ckpt = ckpt_io.checkpoint_at(Path(run_dir), step)
-    return {"step": ckpt.step, "weights_sha256": ckpt_io.weights_digest(ckpt)}
+def given_options(cls: type[O], options: O | None, fields: dict[str, Any]) -> O:
+    """A task's options: ``options`` (default ``cls()``) with the keyword ``fields`` replaced, so that
+    ``passkey(run, PasskeyOptions(...))`` and ``passkey(run, lengths=[1, 2])`` ask for the same thing."""
+    if options is not None and not isinstance(options, cls):
+        raise TypeError(f"options must be a {cls.__name__}, got {type(options).__name__}")
+    return dataclasses.replace(options if options is not None else cls(), **fields)  # type: ignore[type-var]
 
 
-def check_existing(
-    path: Path, request: dict[str, Any], overwrite: bool, checkpoint: dict[str, Any] | None = None
-) -> dict[str, Any] | None:
-    """The stored result when the same request was scored on the same weights; None when it must be
-    scored (again); UserError when a different request is stored under this name."""
-    if not path.is_file() or overwrite:
-        return None
-    try:
-        previous = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None  # a damaged result is scored again and replaced
-    if not isinstance(previous, dict) or previous.get("request") != json.loads(
-        json.dumps(request, default=str)
-    ):
-        raise UserError(
-            f"{path} holds a different evaluation; pass another --name (name=...) to keep both or "
-            "--overwrite (overwrite=True) to replace it."
-        )
-    if checkpoint is not None and previous.get("checkpoint") != checkpoint:
-        return None  # the run was trained further: the stored numbers are stale
-    return previous
+def load_task_run(
+    run_dir: Path,
+    slot: ResultSlot,
+    device: str,
+    base_length: int | None,
+    position_options: dict[str, Any],
+    longest: int,
+) -> tuple[Any, int, dict[str, Any]]:
+    """The run loaded at the checkpoint its slot scores, with the request's inference-time encoding options
+    set ("max": the longest length, ``longest`` x L_t): (the run, L_t, the options applied)."""
+    from extrapos.runs import load_run
+
+    run = load_run(run_dir, device=device, checkpoint=slot.ckpt)
+    L = base_length or run.cfg.model.train_length
+    options = resolve_position_options(position_options, longest * L)
+    if options:
+        run.model.pos.set_options(**options)
+    return run, L, options
 
 
-def slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in ".+_-" else "_" for c in text).strip("_")[:60] or "x"
+def task_result(
+    name: str, task: str, run_dir: Path, request: dict[str, Any], run, applied: dict[str, Any], L: int, slot
+) -> dict[str, Any]:
+    """The fields every task result opens with: what was asked of which run, and the checkpoint scored."""
+    return {
+        "name": name,
+        "task": task,
+        "run": str(run_dir),
+        "request": request,
+        "encoding": run.cfg.model.positions["name"],
+        "applied": applied,
+        "train_length": L,
+        "checkpoint_step": run.step,
+        "checkpoint": slot.checkpoint,
+    }
 
 
 def examples_digest(*arrays) -> str:

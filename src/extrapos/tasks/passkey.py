@@ -27,7 +27,7 @@ import math
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,22 +35,20 @@ import numpy as np
 import torch
 
 from extrapos.errors import UserError
+from extrapos.evaluate.slot import check_result_name, slug, task_slot
 from extrapos.tasks.common import (
     MAX_CANDIDATES,
     MAX_KEY_DIGITS,
-    check_existing,
     check_memory,
     check_seed,
     continuation_logprobs,
     examples_digest,
     forward_bytes,
+    given_options,
     greedy_batch,
+    load_task_run,
     refuse_encoder,
-    resolve_position_options,
-    result_path,
-    scored_checkpoint,
-    slug,
-    write_result,
+    task_result,
 )
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -278,94 +276,98 @@ def _corpus_haystack(run, haystack: str, split: str) -> tuple[np.ndarray, str]:
     return np.asarray(tokens), str(data_dir)
 
 
+@dataclass
+class PasskeyOptions:
+    """What a passkey evaluation asks for, recorded as its result's request (equal requests reuse it).
+
+    ``lengths``: multiples of L_t (``base_length``, default the run's); ``depths``: needle depths in [0, 1];
+    ``trials`` prompts per (length, depth); ``mode``: "rank" (log-likelihood rank of the key among
+    ``candidates``), "generate" (greedy exact match) or "both"; ``haystack``: "filler", "corpus" (the run's
+    own prepared data, split ``split``) or a prepared data directory tokenized with the run's tokenizer;
+    ``position_options`` are set on the encoding for this evaluation (e.g. {"scale": 0.5}; the value "max"
+    means the longest length); ``step``: the checkpoint (default the latest)."""
+
+    lengths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    trials: int = 10
+    mode: str = "rank"
+    haystack: str = "filler"
+    split: str = "test"
+    candidates: int = 10
+    key_digits: int = 5
+    seed: int = 0
+    position_options: dict[str, Any] = field(default_factory=dict)
+    base_length: int | None = None
+    step: int | None = None
+
+    def checked(self) -> PasskeyOptions:
+        """The options checked before any work, lengths sorted and made distinct."""
+        if self.mode not in MODES:
+            raise UserError(f"unknown passkey mode {self.mode!r}; choose rank, generate or both.")
+        if not self.lengths or any(int(k) != k or k < 1 for k in self.lengths):
+            raise UserError(
+                "passkey lengths must be positive integers (multiples of the training length), e.g. 1,2,4."
+            )
+        if not self.depths or any(not 0 <= d <= 1 for d in self.depths):
+            raise UserError("needle depths must be fractions in [0, 1], e.g. 0,0.25,0.5,0.75,1.")
+        if self.trials < 1:
+            raise UserError(f"trials must be at least 1, got {self.trials}.")
+        if not 1 <= self.key_digits <= MAX_KEY_DIGITS:
+            raise UserError(f"--key-digits must be between 1 and {MAX_KEY_DIGITS}, got {self.key_digits}.")
+        check_candidates(self.mode, self.candidates, self.key_digits)
+        check_seed(self.seed)
+        return replace(
+            self,
+            lengths=sorted({int(k) for k in self.lengths}),
+            depths=[float(d) for d in self.depths],
+            position_options=dict(self.position_options or {}),
+        )
+
+
 def passkey(
     run_dir: str | Path,
-    lengths: Sequence[int] = (1, 2, 4, 8, 16),
-    depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
-    trials: int = 10,
-    mode: str = "rank",
-    haystack: str = "filler",
-    split: str = "test",
-    candidates: int = 10,
-    key_digits: int = 5,
-    seed: int = 0,
-    position_options: dict[str, Any] | None = None,
-    base_length: int | None = None,
+    options: PasskeyOptions | None = None,
+    *,
     name: str | None = None,
     overwrite: bool = False,
     device: str = "cpu",
     batch_tokens: int = 16_384,
-    step: int | None = None,
     progress: bool = False,
+    **fields: Any,
 ) -> dict[str, Any]:
-    """Score a run on passkey retrieval over ``lengths`` (multiples of L_t) x ``depths``; write
-    RUN/eval/NAME.json.
+    """Score a run on passkey retrieval over ``options.lengths`` x ``options.depths`` (``PasskeyOptions``,
+    any of whose fields may be given as keywords instead); write RUN/eval/NAME.json.
 
-    ``mode``: "rank" (log-likelihood rank of the key among ``candidates``), "generate" (greedy exact
-    match) or "both". ``haystack``: "filler", "corpus" (the run's own prepared data, split ``split``)
-    or a prepared data directory tokenized with the run's tokenizer. ``position_options`` are set on
-    the encoding for this evaluation (e.g. {"scale": 0.5}; the value "max" means the longest length).
     Returns the result dict (also written, atomically); the same request is reused, a different one
     under the same name is a UserError unless ``overwrite``.
     """
     from tqdm.auto import tqdm
 
-    from extrapos.runs import load_run
+    from extrapos.runtime import Shard
 
-    if mode not in MODES:
-        raise UserError(f"unknown passkey mode {mode!r}; choose rank, generate or both.")
-    if not lengths or any(int(k) != k or k < 1 for k in lengths):
-        raise UserError(
-            "passkey lengths must be positive integers (multiples of the training length), e.g. 1,2,4."
-        )
-    if not depths or any(not 0 <= d <= 1 for d in depths):
-        raise UserError("needle depths must be fractions in [0, 1], e.g. 0,0.25,0.5,0.75,1.")
-    if trials < 1:
-        raise UserError(f"trials must be at least 1, got {trials}.")
-    if not 1 <= key_digits <= MAX_KEY_DIGITS:
-        raise UserError(f"--key-digits must be between 1 and {MAX_KEY_DIGITS}, got {key_digits}.")
-    check_candidates(mode, candidates, key_digits)
-    check_seed(seed)
-    lengths = sorted({int(k) for k in lengths})
-    depths = [float(d) for d in depths]
-    request = {
-        "lengths": lengths,
-        "depths": depths,
-        "trials": trials,
-        "mode": mode,
-        "haystack": haystack,
-        "split": split,
-        "candidates": candidates,
-        "key_digits": key_digits,
-        "seed": seed,
-        "position_options": position_options or {},
-        "base_length": base_length,
-        "step": step,
-    }
+    opts = given_options(PasskeyOptions, options, fields).checked()
+    lengths, depths, trials, mode = opts.lengths, opts.depths, opts.trials, opts.mode
     run_dir = Path(run_dir)
-    name = name or default_name(mode, haystack, position_options)
-    out_path = result_path(run_dir, name)
-    scored = scored_checkpoint(run_dir, step)
+    name = check_result_name(name or default_name(mode, opts.haystack, opts.position_options))
     refuse_encoder(run_dir, "passkey")
-    previous = check_existing(out_path, request, overwrite, scored)
-    if previous is not None:
-        return previous
-    check_passkey_memory(run_dir, lengths, trials, mode, candidates, base_length, device, batch_tokens)
-
-    from extrapos.runtime import Shard, barrier
+    request = asdict(opts)
+    slot = task_slot(run_dir, name, request, opts.step, overwrite)
+    if slot.previous is not None:
+        return slot.previous
+    check_passkey_memory(
+        run_dir, lengths, trials, mode, opts.candidates, opts.base_length, device, batch_tokens
+    )
 
     t0 = time.perf_counter()
-    run = load_run(run_dir, device=device, step=scored["step"])
+    run, L, options_applied = load_task_run(
+        run_dir, slot, device, opts.base_length, opts.position_options, max(lengths)
+    )
     # under torchrun the prompts are dealt out to the processes (score_prompts); rank 0 writes
     shard = Shard.of_group(next(run.model.parameters()).device)
-    L = base_length or run.cfg.model.train_length
-    options = resolve_position_options(position_options, max(lengths) * L)
-    if options:
-        run.model.pos.set_options(**options)
     hay_tokens, hay_source = (
-        (None, "filler") if haystack == "filler" else _corpus_haystack(run, haystack, split)
+        (None, "filler") if opts.haystack == "filler" else _corpus_haystack(run, opts.haystack, opts.split)
     )
-    builder = PasskeyBuilder(run.tokenizer, hay_tokens, key_digits)
+    builder = PasskeyBuilder(run.tokenizer, hay_tokens, opts.key_digits)
     if min(lengths) * L < builder.min_length():
         raise UserError(
             f"the shortest passkey prompt ({min(lengths)} x {L} tokens) cannot hold the needle and the "
@@ -377,10 +379,10 @@ def passkey(
     for k in lengths:
         for j, depth in enumerate(depths):
             t_cell = time.perf_counter()
-            rng = np.random.default_rng([seed, k, j])
+            rng = np.random.default_rng([opts.seed, k, j])
             prompts = [builder.build(k * L, depth, rng) for _ in range(trials)]
             scores = score_prompts(
-                run.model, run.tokenizer, builder, prompts, mode, candidates, rng, batch_tokens, shard
+                run.model, run.tokenizer, builder, prompts, mode, opts.candidates, rng, batch_tokens, shard
             )
             cells.append(
                 {
@@ -399,15 +401,7 @@ def passkey(
         for k in lengths
     ]
     result = {
-        "name": name,
-        "task": "passkey",
-        "run": str(run_dir),
-        "request": request,
-        "encoding": run.cfg.model.positions["name"],
-        "applied": options,
-        "train_length": L,
-        "checkpoint_step": run.step,
-        "checkpoint": scored,
+        **task_result(name, "passkey", run_dir, request, run, options_applied, L, slot),
         "haystack_source": hay_source,
         "metric": metric,
         "example": _example(run.tokenizer, builder, L * lengths[0]),
@@ -415,9 +409,7 @@ def passkey(
         "by_length": by_length,
         "wall_time": time.perf_counter() - t0,
     }
-    if shard.rank == 0:
-        write_result(out_path, result)
-    barrier()  # the result is on disk before any process looks for it again
+    slot.write(result, opts.position_options)  # rank 0 writes; every process waits until it is on disk
     return result
 
 
@@ -602,6 +594,7 @@ __all__ = [
     "NEEDLE",
     "QUESTION",
     "PasskeyBuilder",
+    "PasskeyOptions",
     "PasskeyPrompt",
     "passkey",
     "computed_metrics",

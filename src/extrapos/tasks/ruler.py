@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,18 +36,16 @@ import torch
 
 from extrapos.data.synthetic import RULER_TASKS, RULER_WORDS, RulerContent, assemble_ruler
 from extrapos.errors import UserError
+from extrapos.evaluate.slot import check_result_name, slug, task_slot
 from extrapos.tasks.common import (
-    check_existing,
     check_seed,
     continuation_logprobs,
     examples_digest,
+    given_options,
     greedy_batch,
+    load_task_run,
     refuse_encoder,
-    resolve_position_options,
-    result_path,
-    scored_checkpoint,
-    slug,
-    write_result,
+    task_result,
 )
 from extrapos.tasks.passkey import MODES, PasskeyBuilder, check_passkey_memory, primary_metric
 
@@ -286,77 +284,91 @@ def check_request(
     return tasks
 
 
+@dataclass
+class RulerOptions:
+    """What a RULER evaluation asks for, recorded as its result's request (equal requests reuse it):
+    ``tasks`` at ``lengths`` (multiples of L_t: ``base_length``, default the run's), ``trials`` examples per
+    cell, scored by ``mode`` among ``candidates``; ``haystack``: "filler", "corpus" (the run's held-out split
+    ``split``) or a prepared data directory in the run's tokenizer; ``pairs``, ``queries`` and ``digits`` size
+    the needles; ``position_options`` are set on the encoding; ``step``: the checkpoint (default the
+    latest)."""
+
+    tasks: list[str] = field(default_factory=lambda: list(RULER_TASKS))
+    lengths: list[int] = field(default_factory=lambda: [1, 2, 4])
+    trials: int = 20
+    mode: str = "rank"
+    haystack: str = "filler"
+    split: str = "test"
+    candidates: int = 10
+    pairs: int = 4
+    queries: int = 2
+    digits: int = 4
+    seed: int = 0
+    position_options: dict[str, Any] = field(default_factory=dict)
+    base_length: int | None = None
+    step: int | None = None
+
+    def checked(self) -> RulerOptions:
+        """The options checked before any work (``check_request``), lengths sorted and made distinct."""
+        tasks = check_request(
+            self.tasks,
+            self.lengths,
+            self.trials,
+            self.mode,
+            self.candidates,
+            self.seed,
+            self.pairs,
+            self.queries,
+            self.digits,
+        )
+        return replace(
+            self,
+            tasks=tasks,
+            lengths=sorted({int(k) for k in self.lengths}),
+            position_options=dict(self.position_options or {}),
+        )
+
+
 def ruler(
     run_dir: str | Path,
-    tasks: Sequence[str] = RULER_TASKS,
-    lengths: Sequence[int] = (1, 2, 4),
-    trials: int = 20,
-    mode: str = "rank",
-    haystack: str = "filler",
-    split: str = "test",
-    candidates: int = 10,
-    pairs: int = 4,
-    queries: int = 2,
-    digits: int = 4,
-    seed: int = 0,
-    position_options: dict[str, Any] | None = None,
-    base_length: int | None = None,
+    options: RulerOptions | None = None,
+    *,
     name: str | None = None,
     overwrite: bool = False,
     device: str = "cpu",
     batch_tokens: int = 16_384,
-    step: int | None = None,
     progress: bool = False,
+    **fields: Any,
 ) -> dict[str, Any]:
-    """Score a run on RULER ``tasks`` at ``lengths`` (multiples of L_t), ``trials`` examples per cell; write
-    RUN/eval/NAME.json and return it. ``haystack``: "filler", "corpus" (the run's held-out split ``split``) or
-    a prepared data directory in the run's tokenizer. The same request is reused; a different one under the
-    same name is a UserError unless ``overwrite``."""
+    """Score a run on RULER (``RulerOptions``, any of whose fields may be given as keywords instead); write
+    RUN/eval/NAME.json and return it. The same request is reused; a different one under the same name is a
+    UserError unless ``overwrite``."""
     from tqdm.auto import tqdm
 
-    from extrapos.runs import load_run
     from extrapos.tasks.passkey import _corpus_haystack
 
-    tasks = check_request(tasks, lengths, trials, mode, candidates, seed, pairs, queries, digits)
-    lengths = sorted({int(k) for k in lengths})
-    request = {
-        "tasks": tasks,
-        "lengths": lengths,
-        "trials": trials,
-        "mode": mode,
-        "haystack": haystack,
-        "split": split,
-        "candidates": candidates,
-        "pairs": pairs,
-        "queries": queries,
-        "digits": digits,
-        "seed": seed,
-        "position_options": position_options or {},
-        "base_length": base_length,
-        "step": step,
-    }
+    opts = given_options(RulerOptions, options, fields).checked()
+    tasks, lengths, trials, mode = opts.tasks, opts.lengths, opts.trials, opts.mode
+    candidates = opts.candidates
     run_dir = Path(run_dir)
-    name = name or default_name(mode, haystack, position_options)
-    out_path = result_path(run_dir, name)
-    scored = scored_checkpoint(run_dir, step)
+    name = check_result_name(name or default_name(mode, opts.haystack, opts.position_options))
     refuse_encoder(run_dir, "ruler")
-    previous = check_existing(out_path, request, overwrite, scored)
-    if previous is not None:
-        return previous
+    request = asdict(opts)
+    slot = task_slot(run_dir, name, request, opts.step, overwrite)
+    if slot.previous is not None:
+        return slot.previous
     check_passkey_memory(
-        run_dir, lengths, trials, mode, candidates, base_length, device, batch_tokens,
+        run_dir, lengths, trials, mode, candidates, opts.base_length, device, batch_tokens,
         advice="ask for shorter --lengths or fewer --trials",
     )  # fmt: skip
     t0 = time.perf_counter()
-    run = load_run(run_dir, device=device, step=scored["step"])
-    L = base_length or run.cfg.model.train_length
-    options = resolve_position_options(position_options, max(lengths) * L)
-    if options:
-        run.model.pos.set_options(**options)
-    hay_tokens, hay_source = (
-        (None, "filler") if haystack == "filler" else _corpus_haystack(run, haystack, split)
+    run, L, options_applied = load_task_run(
+        run_dir, slot, device, opts.base_length, opts.position_options, max(lengths)
     )
-    builder = RulerBuilder(run.tokenizer, hay_tokens, pairs, queries, digits)
+    hay_tokens, hay_source = (
+        (None, "filler") if opts.haystack == "filler" else _corpus_haystack(run, opts.haystack, opts.split)
+    )
+    builder = RulerBuilder(run.tokenizer, hay_tokens, opts.pairs, opts.queries, opts.digits)
     short = {t: builder.min_length(t) for t in tasks if builder.min_length(t) > min(lengths) * L}
     if short:
         need = ", ".join(f"{t} {n}" for t, n in short.items())
@@ -369,7 +381,7 @@ def ruler(
     for k in lengths:
         for task in tasks:
             t_cell = time.perf_counter()
-            rng = np.random.default_rng([seed, k, RULER_TASKS.index(task)])
+            rng = np.random.default_rng([opts.seed, k, RULER_TASKS.index(task)])
             prompts = [builder.build(task, k * L, rng) for _ in range(trials)]
             scores = score_prompts(run.model, builder, prompts, mode, candidates, rng, batch_tokens)
             cells.append(
@@ -385,15 +397,7 @@ def ruler(
     bar.close()
     metric = primary_metric(mode)
     result = {
-        "name": name,
-        "task": "ruler",
-        "run": str(run_dir),
-        "request": request,
-        "encoding": run.cfg.model.positions["name"],
-        "applied": options,
-        "train_length": L,
-        "checkpoint_step": run.step,
-        "checkpoint": scored,
+        **task_result(name, "ruler", run_dir, request, run, options_applied, L, slot),
         "haystack_source": hay_source,
         "metric": metric,
         "examples": {t: _example(run.tokenizer, builder, t, min(lengths) * L) for t in tasks},
@@ -404,7 +408,7 @@ def ruler(
         ],
         "wall_time": time.perf_counter() - t0,
     }
-    write_result(out_path, result)
+    slot.write(result, opts.position_options)  # rank 0 writes; every process waits until it is on disk
     return result
 
 
@@ -518,6 +522,7 @@ def plot_grid(result: dict[str, Any], path: str | Path, metric: str | None = Non
 
 __all__ = [
     "RulerBuilder",
+    "RulerOptions",
     "RulerPrompt",
     "check_request",
     "check_tasks",

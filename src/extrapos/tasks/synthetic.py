@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +21,16 @@ import torch.nn.functional as F
 
 from extrapos.data.synthetic import SyntheticTask, build_tokenizer, task_of
 from extrapos.errors import UserError
+from extrapos.evaluate.slot import slug, task_slot
 from extrapos.tasks.common import (
-    check_existing,
     check_memory,
     check_seed,
     examples_digest,
     forward_bytes,
+    given_options,
     refuse_encoder,
     resolve_position_options,
-    result_path,
-    slug,
-    write_result,
+    task_result,
 )
 
 
@@ -79,46 +79,66 @@ def score_examples(
     }
 
 
+@dataclass
+class SyntheticOptions:
+    """What a synthetic-task evaluation asks for, recorded as its result's request (equal requests reuse
+    it): ``examples`` fresh examples per length of ``lengths`` x L_t (``base_length``, default the run's),
+    of ``task`` (a ``synthetic:...`` spec; default the task the run trained on, its prepared data's
+    manifest) drawn with ``seed`` (default the task's); ``position_options`` are set on the encoding;
+    ``step``: the checkpoint (default the latest)."""
+
+    task: str | None = None
+    lengths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    examples: int = 64
+    seed: int | None = None
+    position_options: dict[str, Any] = field(default_factory=dict)
+    base_length: int | None = None
+    step: int | None = None
+
+    def checked(self) -> SyntheticOptions:
+        """The options checked before any work, lengths sorted and made distinct."""
+        if not self.lengths or any(int(k) != k or k < 1 for k in self.lengths):
+            raise UserError(
+                "synthetic evaluation lengths must be positive integers (multiples of L_t), e.g. 1,2,4."
+            )
+        if self.examples < 1:
+            raise UserError(f"examples must be at least 1, got {self.examples}.")
+        check_seed(self.seed)
+        return replace(
+            self,
+            lengths=sorted({int(k) for k in self.lengths}),
+            position_options=dict(self.position_options or {}),
+        )
+
+
 def score_synthetic(
     run_dir: str | Path,
-    lengths: Sequence[int] = (1, 2, 4, 8, 16),
-    examples: int = 64,
-    task: str | None = None,
-    seed: int | None = None,
-    position_options: dict[str, Any] | None = None,
-    base_length: int | None = None,
+    options: SyntheticOptions | None = None,
+    *,
     name: str | None = None,
     overwrite: bool = False,
     device: str = "cpu",
     batch_tokens: int = 16_384,
-    step: int | None = None,
     progress: bool = False,
+    **fields: Any,
 ) -> dict[str, Any]:
-    """Score a run on its synthetic task at ``lengths`` x L_t; writes and returns ``RUN/eval/NAME.json``.
-
-    The task is the one the run trained on (its prepared data's manifest) unless ``task`` gives a
-    ``synthetic:...`` spec. ``seed`` (default: the task's) picks the evaluation examples. A length whose
-    examples cannot fit in memory is refused before the model is loaded; ``progress`` shows a bar over the
-    lengths.
+    """Score a run on its synthetic task (``SyntheticOptions``, any of whose fields may be given as
+    keywords instead); writes and returns ``RUN/eval/NAME.json``. A length whose examples cannot fit in
+    memory is refused before the model is loaded; ``progress`` shows a bar over the lengths.
     """
     from extrapos.runs import load_run
 
-    if not lengths or any(int(k) != k or k < 1 for k in lengths):
-        raise UserError(
-            "synthetic evaluation lengths must be positive integers (multiples of L_t), e.g. 1,2,4."
-        )
-    if examples < 1:
-        raise UserError(f"examples must be at least 1, got {examples}.")
-    check_seed(seed)
-    lengths = sorted({int(k) for k in lengths})
+    opts = given_options(SyntheticOptions, options, fields).checked()
+    lengths, examples = opts.lengths, opts.examples
     run_dir = Path(run_dir)
-    if task is not None:
-        SyntheticTask.parse(task)  # a malformed spec is named before the run is loaded
+    if opts.task is not None:
+        SyntheticTask.parse(opts.task)  # a malformed spec is named before the run is loaded
     refuse_encoder(run_dir, "synthetic-eval")
-    check_synthetic_memory(run_dir, lengths, examples, base_length, device, batch_tokens)
-    run = load_run(run_dir, device=device, step=step)
-    if task is not None:
-        t = SyntheticTask.parse(task)
+    check_synthetic_memory(run_dir, lengths, examples, opts.base_length, device, batch_tokens)
+    # the request names the task, which may be the run's own: read from its data before the slot
+    run = load_run(run_dir, device=device, step=opts.step)
+    if opts.task is not None:
+        t = SyntheticTask.parse(opts.task)
     else:
         t = task_of(run.data_dir) if run.data_dir is not None else None
         if t is None:
@@ -131,48 +151,30 @@ def score_synthetic(
             f"{run_dir} does not use the synthetic vocabulary; train it on a synthetic: corpus with "
             'data.tokenizer = "synthetic" first.'
         )
-    L = base_length or run.cfg.model.train_length
-    request = {
-        "task": t.spec,
-        "lengths": lengths,
-        "examples": examples,
-        "seed": seed,
-        "position_options": position_options or {},
-        "base_length": base_length,
-        "step": step,
-    }
+    request = {**asdict(opts), "task": t.spec}
     name = name or "-".join(
-        ["synthetic", t.task] + [slug(f"{k}{v}") for k, v in sorted(request["position_options"].items())]
+        ["synthetic", t.task] + [slug(f"{k}{v}") for k, v in sorted(opts.position_options.items())]
     )
-    out_path = result_path(run_dir, name)
-    scored = {"step": run.step, "weights_sha256": run.weights_sha256}
-    previous = check_existing(out_path, request, overwrite, scored)
-    if previous is not None:
-        return previous
+    slot = task_slot(run_dir, name, request, opts.step, overwrite)
+    if slot.previous is not None:
+        return slot.previous
     t0 = time.perf_counter()
-    options = resolve_position_options(position_options, max(lengths) * L)
-    if options:
-        run.model.pos.set_options(**options)
+    L = opts.base_length or run.cfg.model.train_length
+    options_applied = resolve_position_options(opts.position_options, max(lengths) * L)
+    if options_applied:
+        run.model.pos.set_options(**options_applied)
     from tqdm.auto import tqdm
 
     rows = []
     for k in tqdm(lengths, disable=not progress, desc=f"synthetic-eval {run_dir.name}"):
-        ids, answer = t.eval_examples(k * L, examples, seed)
+        ids, answer = t.eval_examples(k * L, examples, opts.seed)
         rows.append({"ev": k, "length": k * L, **score_examples(run.model, ids, answer, batch_tokens)})
     result = {
-        "name": name,
-        "task": t.spec,
-        "run": str(run_dir),
-        "request": request,
-        "encoding": run.cfg.model.positions["name"],
-        "applied": options,
-        "train_length": L,
-        "checkpoint_step": run.step,
-        "checkpoint": scored,
+        **task_result(name, t.spec, run_dir, request, run, options_applied, L, slot),
         "results": rows,
         "wall_time": time.perf_counter() - t0,
     }
-    write_result(out_path, result)
+    slot.write(result, opts.position_options)  # rank 0 writes; every process waits until it is on disk
     return result
 
 
