@@ -553,7 +553,7 @@ class Trainer:
         n_params = count_parameters(self.model)
         print(
             f"extrapos train: {n_params['total'] / 1e6:.2f}M parameters, encoding "
-            f"{cfg.model.positions['name']}, {plan.total_steps} steps x {plan.tokens_per_step} tokens "
+            f"{cfg.model.positions_plan().name}, {plan.total_steps} steps x {plan.tokens_per_step} tokens "
             f"(accumulation {plan.accumulation}) on {self.device} in {cfg.train.precision}",
             flush=True,
         )
@@ -608,7 +608,7 @@ class Trainer:
                 "val_loss": _finite(val_loss),
                 "wall_time": wall,
                 "parameters": count_parameters(self.model),
-                "encoding": self.cfg.model.positions["name"],
+                "encoding": self.cfg.model.positions_plan().name,
             }
             atomic_write(self.run_dir / "summary.json", json.dumps(summary, indent=1, allow_nan=False))
         self.metrics.close()
