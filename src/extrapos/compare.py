@@ -159,6 +159,7 @@ class Sweep:
     passkey: dict[str, Any] | None = None
     ruler: dict[str, Any] | None = None  # RULER column options (extrapos.compare_tasks.RulerColumns)
     lm_eval: dict[str, Any] | None = None
+    attention: dict[str, Any] | None = None  # attention diagnostics columns (compare_tasks.AttentionColumns)
     protocol: str = "documents"  # the evaluation protocol of the loss columns: documents or stream
     boundary: str | None = None  # stream: context crossing documents ("cross", the default) or "mask"
 
@@ -235,6 +236,7 @@ def task_specs(sweep: Sweep, path: Path | str) -> TaskSpecs:
             "passkey": sweep.passkey,
             "ruler": sweep.ruler,
             "lm_eval": sweep.lm_eval,
+            "attention": sweep.attention,
         },
     )
 

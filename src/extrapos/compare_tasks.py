@@ -1,19 +1,21 @@
-"""Task columns of a comparison sweep: passkey retrieval, RULER tasks, synthetic-task accuracy and lm-eval
-scores per row.
+"""Task columns of a comparison sweep: passkey retrieval, RULER tasks, synthetic-task accuracy, lm-eval
+scores and attention diagnostics per row.
 
 Perplexity can stay flat past L_t while a model ignores the far context, so a sweep may score its rows
 on tasks beside (or, with ``loss = false``, instead of) the loss columns::
 
-    tasks = ["synthetic", "passkey", "ruler", "lm-eval"]
+    tasks = ["synthetic", "passkey", "ruler", "lm-eval", "attention"]
     synthetic = { examples = 64 }                               # extrapos.tasks.synthetic.score_synthetic
     passkey = { depths = [0, 0.5, 1], trials = 10, mode = "rank" }  # extrapos.tasks.passkey.passkey
     ruler = { trials = 20 }                                     # extrapos.tasks.ruler.ruler
     lm_eval = { tasks = ["arc_easy"], limit = 200 }             # extrapos.integrations.lm_eval.run_lm_eval
+    attention = { statistics = ["mean_distance", "entropy"] }  # extrapos.attention_stats.diagnose
 
 Every row is scored at the sweep's ``lengths`` (multiples of L_t) with the row's ``eval`` options
 (so a ``reuse`` row scores its run with an inference-time change); an extension row's factor-k run
 is scored at ev = k only, in units of its parent's L_t, exactly like its loss column. The task
-functions write into the run's own ``eval/`` directory (and reuse an identical earlier request); the
+functions write into the run's own ``eval/`` directory (the diagnostics into its ``attention/``) through
+the result slot every evaluator shares (``evaluate.slot``: an identical earlier request is reused); the
 row's result, merged over extension runs and averaged over seeds, is copied to
 ``OUT/tasks/<task>/<row>.json``, which is what the report reads (``extrapos.task_tables``).
 """
@@ -31,7 +33,7 @@ from extrapos import schema
 from extrapos.errors import UserError
 from extrapos.files import atomic_write
 
-TASKS = ("synthetic", "passkey", "ruler", "lm-eval")
+TASKS = ("synthetic", "passkey", "ruler", "lm-eval", "attention")
 
 
 @dataclass
@@ -99,11 +101,27 @@ class LmEvalColumns:
 
 
 @dataclass
+class AttentionColumns:
+    """Attention diagnostics (``extrapos attention``, docs/attention-diagnostics.md) on the held-out windows
+    of each length: ``statistics`` averaged over every query, layer and head, with intervals over the
+    documents; the per-layer and per-head values are in each row's JSON."""
+
+    statistics: list[str] = field(default_factory=lambda: ["mean_distance", "entropy"])
+    max_tokens: int = 16_384  # tokens read per length, as `extrapos attention --max-tokens`
+    split: str = "test"
+
+    def keyed(self) -> dict[str, Any]:
+        """What the result depends on (the statistics shown are read from it, so they change no name)."""
+        return {"max_tokens": self.max_tokens, "split": self.split}
+
+
+@dataclass
 class TaskSpecs:
     synthetic: SyntheticColumns | None = None
     passkey: PasskeyColumns | None = None
     ruler: RulerColumns | None = None
     lm_eval: LmEvalColumns | None = None
+    attention: AttentionColumns | None = None
 
     def enabled(self) -> list[str]:
         return [t for t in TASKS if getattr(self, t.replace("-", "_")) is not None]
@@ -121,6 +139,7 @@ def parse_task_specs(path: Path, tasks: list[str], options: dict[str, dict[str, 
         ("passkey", PasskeyColumns),
         ("ruler", RulerColumns),
         ("lm-eval", LmEvalColumns),
+        ("attention", AttentionColumns),
     ):
         key = task.replace("-", "_")
         raw = options.get(key)
@@ -198,6 +217,23 @@ def _check_values(path: Path, specs: TaskSpecs) -> None:  # noqa: C901 (one chec
             check_lm_eval_request(e.limit, e.batch_size, e.num_fewshot, e.metadata, e.max_length, cli=False)
         except UserError as err:
             fail("lm_eval", str(err))
+    if specs.attention is not None:
+        from extrapos.attention_stats import STATISTICS
+
+        a = specs.attention
+        if (
+            not a.statistics
+            or len(set(a.statistics)) != len(a.statistics)
+            or set(a.statistics) - set(STATISTICS)
+        ):
+            fail(
+                "attention",
+                f"statistics must list distinct names from {', '.join(STATISTICS)}, got {a.statistics}",
+            )
+        if a.max_tokens < 1:
+            fail("attention", f"max_tokens must be a positive number of tokens, got {a.max_tokens}")
+        if a.split not in ("train", "val", "test"):
+            fail("attention", f"split must be train, val or test, got {a.split!r}")
 
 
 def score(
@@ -240,6 +276,21 @@ def score(
         )
         name = _name(f"ruler-{r.mode}", lengths, position_options, base_length, r)
         return ruler(run_dir, opts, name=name, progress=progress, device=device)
+    if task == "attention":
+        from extrapos.attention_stats import diagnose
+        from extrapos.evaluate import EvalRequest
+
+        a = specs.attention
+        req = EvalRequest(
+            lengths=list(lengths),
+            base_length=base_length,
+            split=a.split,
+            max_tokens=a.max_tokens,
+            position_options=dict(position_options),
+        )
+        name = _name("attention", lengths, position_options, base_length, a.keyed())
+        result = diagnose(run_dir, req, name=name, device=device, progress=progress)
+        return {**result, "report_statistics": list(a.statistics)}  # what the report shows of it
     import extrapos.integrations.lm_eval as adapter
 
     e = specs.lm_eval
@@ -275,7 +326,8 @@ def _name(
     (the digest covers the task options)."""
     from extrapos.evaluate.slot import slug
 
-    digest = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:8]
+    keyed = spec if isinstance(spec, dict) else asdict(spec)
+    digest = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:8]
     parts = [prefix] + (["ev" + "_".join(map(str, lengths))] if lengths else [])
     parts += [slug(f"{k}{v}") for k, v in sorted(options.items())]
     return "-".join(parts + ([f"base{base_length}"] if base_length else []) + [digest])

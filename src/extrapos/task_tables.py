@@ -5,7 +5,10 @@ Reads the rows' task results (``extrapos.compare_tasks``), never a model, and ne
 tasks: per-token accuracy and exact match on synthetic tasks (Kazemnejad et al. 2023, §4), passkey
 retrieval accuracy per length, averaged over needle depths (Mohtashami & Jaggi 2023, §4.2), RULER accuracy
 per length, averaged over its tasks as RULER averages them (Hsieh et al. 2024, §4), and the
-harness's own metric for lm-eval tasks (Gao et al. 2021, lm-evaluation-harness).
+harness's own metric for lm-eval tasks (Gao et al. 2021, lm-evaluation-harness). Attention diagnostics
+columns give statistics of the attention averaged over every layer and head per length (the reading of
+attention the segmented-sequences paper uses to explain extrapolation, Karypis et al., Figure 3), with
+intervals over the held-out documents.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 # the task order of the report, whatever order the rows list them in
-ORDER = ("synthetic", "passkey", "ruler", "lm-eval")
+ORDER = ("synthetic", "passkey", "ruler", "lm-eval", "attention")
 
 
 def task_names(rows) -> list[str]:
@@ -212,6 +215,16 @@ def _describe(task: str, rows) -> str:
             f"the tasks {', '.join(req['tasks'])} ({req['trials']} examples per task and length{chance}); "
             "the per-task table follows."
         )
+    if task == "attention":
+        req = first.get("request", {})
+        return (
+            f"Attention diagnostics (`extrapos attention`, docs/attention-diagnostics.md) on the held-out "
+            f"windows of each length ({req.get('max_tokens', '?')} tokens per length, split "
+            f"{req.get('split', '?')}): each statistic averaged over every query, layer and head; [a, b] = "
+            "95% interval from a bootstrap over the held-out documents (seeds crossed when the row has "
+            "several). Neither direction is better; the per-layer and per-head values are in each row's "
+            "JSON under tasks/attention/."
+        )
     return f"lm-evaluation-harness: {', '.join(first.get('tasks', []))}."
 
 
@@ -243,6 +256,11 @@ def task_sections(rows, plots: dict[str, Path], baseline: str | None = None) -> 
         parts += [_describe(task, rows), ""]
         if task == "lm-eval":
             parts += [lm_eval_table(rows), ""]
+            continue
+        if task == "attention":
+            for stat in attention_statistics(rows):
+                label = ATTENTION_LABELS.get(stat, stat)
+                parts += [f"{label[0].upper() + label[1:]}:", "", attention_table(rows, stat), ""]
             continue
         scored = [row for row in rows if task in row.tasks]
         base = next((row.name for row in scored if row.name == baseline), scored[0].name)
@@ -280,6 +298,15 @@ def tasks_csv(rows) -> str:
     for row in rows:
         for task in task_names([row]):
             result = row.tasks[task]
+            if task == "attention":
+                for r in result["results"]:
+                    for stat in attention_statistics([row]):
+                        value = attention_value(r, stat)
+                        if value is not None:
+                            w.writerow(
+                                [row.name, task, r["ev"], r.get("window", ""), "", stat, f"{value:.6f}"]
+                            )
+                continue
             if task == "lm-eval":
                 for name, (metric, value) in _lm_eval_scores(result).items():
                     w.writerow(
@@ -313,7 +340,7 @@ def tasks_csv(rows) -> str:
 
 def plot_tasks(rows, out_dir: Path) -> dict[str, Path]:
     """<task>_vs_length.png per length task (one panel per metric, log-scaled ev, dashed line at L_t)."""
-    tasks = [t for t in task_names(rows) if t != "lm-eval"]
+    tasks = [t for t in task_names(rows) if t not in ("lm-eval", "attention")]  # attention: its own plots
     if not tasks:
         return {}
     try:
@@ -359,3 +386,96 @@ def plot_tasks(rows, out_dir: Path) -> dict[str, Path]:
         plt.close(fig)
         written[task] = p
     return written
+
+
+# ---- attention diagnostics ------------------------------------------------------------------------
+
+#: the attention statistics a sweep shows by default: how far the heads look and how spread they are
+ATTENTION_DEFAULT = ("mean_distance", "entropy")
+ATTENTION_LABELS = {
+    "entropy": "entropy (nats)",
+    "entropy_norm": "entropy / log n",
+    "sink1": "mass on first 1",
+    "sink4": "mass on first 4",
+    "mean_distance": "mean attended distance (tokens)",
+    "median_distance": "median attended distance (tokens)",
+    "median_weight": "median weight x n",
+}
+
+
+def attention_value(row: dict[str, Any], stat: str) -> float | None:
+    """One length's ``stat``, the mean over every layer and head (the heads' means as the JSON holds
+    them); None when no head has it."""
+    values = [v for layer in row["layers"] for v in layer[stat] if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def _attention_sums(row: dict[str, Any], stat: str):
+    """Per held-out document, the sum of ``stat`` over every query of every layer and head and the number
+    of those (query, head) pairs, as ``attention_stats.statistic_interval`` resamples them; None when the
+    row recorded no per-document sums."""
+    import numpy as np
+
+    parts = [layer["every"] for layer in row.get("per_document") or []]
+    if not parts or any(part is None for part in parts):
+        return None
+    sums = sum(np.asarray(part[stat]).sum(1) for part in parts)
+    if stat == "entropy_norm":
+        counts = sum(np.asarray(part["queries_norm"]).sum(1) for part in parts)
+    else:  # every head of every layer reads the same queries
+        counts = sum(np.asarray(part["queries"]) * np.asarray(part[stat]).shape[1] for part in parts)
+    return np.asarray(sums, dtype=np.float64), np.asarray(counts, dtype=np.float64)
+
+
+def attention_interval(result: dict[str, Any], ev: float, stat: str):
+    """The 95% interval of one length's ``stat`` (over every layer and head) from a bootstrap over the
+    held-out documents, seeds crossed when the row has several (``stats.loss_interval``); None with too
+    few documents or without per-document sums."""
+    import numpy as np
+
+    from extrapos import stats
+
+    sums, counts = [], []
+    for one in result.get("seeds") or [result]:
+        row = next((r for r in one["results"] if r["ev"] == ev), None)
+        got = None if row is None else _attention_sums(row, stat)
+        if got is None or len(row["doc_index"]) < stats.MIN_DOCUMENTS:
+            return None
+        sums.append(got[0])
+        counts.append(got[1])
+    if len({len(s) for s in sums}) != 1:
+        return None
+    return stats.loss_interval(np.stack(sums), np.stack(counts))
+
+
+def _attention_number(stat: str, value: float) -> str:
+    return f"{value:.1f}" if "distance" in stat else f"{value:.3f}"
+
+
+def attention_statistics(rows) -> list[str]:
+    """The statistics the report shows: those the sweep asked for (``attention.statistics``)."""
+    first = next(row.tasks["attention"] for row in rows if "attention" in row.tasks)
+    return list(first.get("report_statistics") or ATTENTION_DEFAULT)
+
+
+def attention_table(rows, stat: str) -> str:
+    """Rows x ev: ``stat`` over every layer and head, with its interval where the row has one."""
+    scored = [row for row in rows if "attention" in row.tasks]
+    cols = sorted({r["ev"] for row in scored for r in row.tasks["attention"]["results"]})
+    lines = ["| model | " + " | ".join(f"ev={ev}" for ev in cols) + " |", "|---|" + "---:|" * len(cols)]
+    for row in scored:
+        result = row.tasks["attention"]
+        by_ev = {r["ev"]: r for r in result["results"]}
+        texts = []
+        for ev in cols:
+            value = attention_value(by_ev[ev], stat) if ev in by_ev else None
+            if value is None:
+                texts.append("–")
+                continue
+            iv = attention_interval(result, ev, stat)
+            interval = (
+                f" [{_attention_number(stat, iv.low)}, {_attention_number(stat, iv.high)}]" if iv else ""
+            )
+            texts.append(_attention_number(stat, value) + interval)
+        lines.append(f"| {row.name} | " + " | ".join(texts) + " |")
+    return "\n".join(lines)
