@@ -431,7 +431,7 @@ def diagnose(
         "request_key": slot.request_key,
         "result_key": slot.key,
         "weights_sha256": slot.digest,
-        "encoding": run.cfg.model.positions["name"],
+        "encoding": run.cfg.model.positions_plan().name,
         "applied": json.loads(json.dumps(req.position_options, default=str)),
         "train_length": L,
         "causal": bool(model.cfg.causal),

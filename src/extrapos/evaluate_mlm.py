@@ -181,7 +181,7 @@ def evaluate_mlm(
         "result_key": slot.key,
         "weights_sha256": slot.digest,
         "mask_seed": seed,
-        "encoding": run.cfg.model.positions["name"],
+        "encoding": run.cfg.model.positions_plan().name,
         "encoding_options": _jsonable(asdict(run.model.pos.options)),
         "applied": _jsonable(req.position_options),
         "train_length": L,

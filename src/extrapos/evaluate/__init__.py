@@ -592,7 +592,7 @@ def evaluate(
         "request_key": slot.request_key,
         "result_key": slot.key,
         "weights_sha256": slot.digest,
-        "encoding": run.cfg.model.positions["name"],
+        "encoding": run.cfg.model.positions_plan().name,
         "encoding_options": _jsonable(asdict(run.model.pos.options)),
         "applied": _jsonable(req.position_options),
         "train_length": scored.L,

@@ -441,7 +441,7 @@ def run_lm_eval(
         "task": "lm-eval",
         "run": str(run_dir),
         "tasks": list(tasks),
-        "encoding": lm.run.cfg.model.positions["name"],
+        "encoding": lm.run.cfg.model.positions_plan().name,
         "applied": lm.options,
         "max_length": lm.max_length,
         "train_length": lm.train_length,

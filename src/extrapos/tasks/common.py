@@ -122,7 +122,7 @@ def task_result(
         "task": task,
         "run": str(run_dir),
         "request": request,
-        "encoding": run.cfg.model.positions["name"],
+        "encoding": run.cfg.model.positions_plan().name,
         "applied": applied,
         "train_length": L,
         "checkpoint_step": run.step,
