@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from extrapos.cli.eval import add_position_flags
+from extrapos.cli.eval import add_length_flags, add_position_flags
 
 
 def register(sub) -> None:
@@ -16,16 +16,8 @@ def register(sub) -> None:
         "attended to (docs/attention-diagnostics.md). Writes RUN/attention/<name>.json and a plot beside it.",
     )
     p.add_argument("run", help="a run directory")
-    p.add_argument(
-        "--lengths",
-        default=None,
-        help="multiples of the training length, fractional where k x L_t is whole, e.g. 0.5,1,2 (default "
-        "1,2,4,8,16, or none with --tokens)",
-    )
-    p.add_argument(
-        "--tokens",
-        default=None,
-        help="window lengths in tokens, e.g. 15360; alone or beside --lengths (as in `extrapos eval`)",
+    add_length_flags(
+        p, "window lengths in tokens, e.g. 15360; alone or beside --lengths (as in `extrapos eval`)"
     )
     p.add_argument("--max-tokens", type=int, default=16_384, help="tokens read per length (default 16384)")
     add_position_flags(p)

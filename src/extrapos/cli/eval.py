@@ -7,6 +7,17 @@ from pathlib import Path
 from typing import Any
 
 
+def add_length_flags(p, tokens_help: str) -> None:
+    """--lengths (multiples of L_t) and --tokens (window lengths), as eval and attention read them."""
+    p.add_argument(
+        "--lengths",
+        default=None,
+        help="multiples of the training length, fractional where k x L_t is whole, e.g. 0.5,1,2 (default "
+        "1,2,4,8,16, or none with --tokens)",
+    )
+    p.add_argument("--tokens", default=None, help=tokens_help)
+
+
 def add_position_flags(p) -> None:
     """The inference-time encoding changes, the same flags on every command that scores a run (eval,
     attention, passkey, ruler, synthetic-eval, lm-eval); ``position_options`` reads them."""
@@ -44,16 +55,8 @@ def register(sub) -> None:
         "docs/evaluation.md).",
     )
     p.add_argument("run", help="a run directory")
-    p.add_argument(
-        "--lengths",
-        default=None,
-        help="multiples of the training length, fractional where k x L_t is whole, e.g. 0.5,1,2 (default "
-        "1,2,4,8,16, or none with --tokens)",
-    )
-    p.add_argument(
-        "--tokens",
-        default=None,
-        help="window lengths in tokens, e.g. 15360 (the CABLE paper's 15 x 1024); alone or beside --lengths",
+    add_length_flags(
+        p, "window lengths in tokens, e.g. 15360 (the CABLE paper's 15 x 1024); alone or beside --lengths"
     )
     add_position_flags(p)
     p.add_argument("--corpus", default=None, help="another corpus spec, tokenized with the run's tokenizer")

@@ -242,3 +242,24 @@ def check_encoding_options(cfg, options: dict[str, Any], given_as: str = "the en
     except UserError as e:
         given = ", ".join(f"{k}={v}" for k, v in options.items())
         raise UserError(f"{given_as} {given} are refused: {str(e).rstrip('.')}.") from None
+
+
+def computed_metrics(result: dict[str, Any]) -> list[str]:
+    """Every metric a retrieval result's cells hold, the primary one first: rank mode's accuracy, mean
+    rank and mean reciprocal rank, generate mode's exact match (both: all four)."""
+    first = result["metric"]
+    cells = result["results"]
+    found = [m for m in ("rank_accuracy", "mean_rank", "mrr", "exact_match") if cells and m in cells[0]]
+    return [first] + [m for m in found if m != first]
+
+
+def format_every_metric(result: dict[str, Any], format_one: Callable[[dict[str, Any], str], str]) -> str:
+    """One grid per computed metric, what the console shows after a passkey or RULER run: the first grid
+    carries the run's description, the others name only their metric."""
+    first, *others = computed_metrics(result)
+    parts = [format_one(result, first)]
+    for metric in others:
+        lines = format_one(result, metric).split("\n")
+        lines[0] = f"{metric.replace('_', ' ')} (the same cells):"
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)

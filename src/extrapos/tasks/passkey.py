@@ -41,8 +41,10 @@ from extrapos.tasks.common import (
     MAX_KEY_DIGITS,
     check_memory,
     check_seed,
+    computed_metrics,
     continuation_logprobs,
     examples_digest,
+    format_every_metric,
     forward_bytes,
     given_options,
     greedy_batch,
@@ -527,25 +529,9 @@ def format_grid(result: dict[str, Any], metric: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def computed_metrics(result: dict[str, Any]) -> list[str]:
-    """Every metric the result's cells hold, the primary one first: rank mode's accuracy, mean rank and
-    mean reciprocal rank, generate mode's exact match (both: all four)."""
-    first = result["metric"]
-    cells = result["results"]
-    found = [m for m in ("rank_accuracy", "mean_rank", "mrr", "exact_match") if cells and m in cells[0]]
-    return [first] + [m for m in found if m != first]
-
-
 def format_all(result: dict[str, Any]) -> str:
-    """One grid per computed metric (``computed_metrics``): what the console shows after a passkey run. The
-    first grid carries the run's description; the others name only their metric."""
-    first, *others = computed_metrics(result)
-    parts = [format_grid(result, first)]
-    for metric in others:
-        lines = format_grid(result, metric).split("\n")
-        lines[0] = f"{metric.replace('_', ' ')} (the same cells):"
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts)
+    """One grid per computed metric: what the console shows after a passkey run."""
+    return format_every_metric(result, format_grid)
 
 
 def plot_heatmap(result: dict[str, Any], path: str | Path, metric: str | None = None) -> Path:

@@ -39,8 +39,10 @@ from extrapos.errors import UserError
 from extrapos.evaluate.slot import check_result_name, slug, task_slot
 from extrapos.tasks.common import (
     check_seed,
+    computed_metrics,
     continuation_logprobs,
     examples_digest,
+    format_every_metric,
     given_options,
     greedy_batch,
     load_task_run,
@@ -435,12 +437,6 @@ def cell_interval(cell: dict[str, Any], metric: str):
     return None if pair is None else stats.loss_interval(pair[0], pair[1])
 
 
-def computed_metrics(result: dict[str, Any]) -> list[str]:
-    from extrapos.tasks.passkey import computed_metrics as passkey_metrics
-
-    return passkey_metrics(result)
-
-
 def format_ruler(result: dict[str, Any], metric: str | None = None) -> str:
     """A markdown grid: one row per task, one column per length, the accuracy and its 95% interval in each
     cell, and the mean over tasks per length (RULER's average)."""
@@ -474,13 +470,7 @@ def format_ruler(result: dict[str, Any], metric: str | None = None) -> str:
 
 def format_all(result: dict[str, Any]) -> str:
     """One grid per computed metric: what the console shows after `extrapos ruler`."""
-    first, *others = computed_metrics(result)
-    parts = [format_ruler(result, first)]
-    for metric in others:
-        lines = format_ruler(result, metric).split("\n")
-        lines[0] = f"{metric.replace('_', ' ')} (the same cells):"
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts)
+    return format_every_metric(result, format_ruler)
 
 
 def plot_grid(result: dict[str, Any], path: str | Path, metric: str | None = None) -> Path:
