@@ -263,3 +263,51 @@ def format_every_metric(result: dict[str, Any], format_one: Callable[[dict[str, 
         lines[0] = f"{metric.replace('_', ' ')} (the same cells):"
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
+
+
+def accuracy_heatmap(
+    grid: Any,
+    rows: list[str],
+    lengths: list[int],
+    *,
+    train_length: int,
+    title: str,
+    xlabel: str,
+    ylabel: str | None,
+    path: str | Path,
+    size: tuple[float, float],
+    edge_line: bool = False,
+) -> Path:
+    """Save a rows x lengths heatmap of accuracies in [0, 1] (matplotlib), each cell written in, a dashed
+    line before the first length beyond ``train_length`` (at the right edge when ``edge_line`` and none
+    is beyond). ``size`` is (extra width, row height) in inches."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("plots need matplotlib; run `pip install 'extrapos[plots]'`.") from None
+    fig, ax = plt.subplots(figsize=(1.1 * len(lengths) + size[0], size[1] * len(rows) + 1.8))
+    im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set_xlabel(xlabel)
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    for i in range(len(rows)):
+        for j in range(len(lengths)):
+            ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8)
+    beyond = next((j - 0.5 for j, n in enumerate(lengths) if n > train_length), None)
+    if beyond is None and edge_line:
+        beyond = len(lengths) - 0.5
+    if beyond is not None:
+        ax.axvline(beyond, color="k", lw=1, ls="--")
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax, fraction=0.04)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

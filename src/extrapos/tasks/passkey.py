@@ -39,6 +39,7 @@ from extrapos.evaluate.slot import check_result_name, slug, task_slot
 from extrapos.tasks.common import (
     MAX_CANDIDATES,
     MAX_KEY_DIGITS,
+    accuracy_heatmap,
     check_memory,
     check_seed,
     computed_metrics,
@@ -536,13 +537,6 @@ def format_all(result: dict[str, Any]) -> str:
 
 def plot_heatmap(result: dict[str, Any], path: str | Path, metric: str | None = None) -> Path:
     """Save a length x depth heatmap of the accuracy (matplotlib) to ``path``."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UserError("plots need matplotlib; run `pip install 'extrapos[plots]'`.") from None
     metric = metric or result["metric"]
     cells = result["results"]
     depths = sorted({c["depth"] for c in cells})
@@ -550,29 +544,19 @@ def plot_heatmap(result: dict[str, Any], path: str | Path, metric: str | None = 
     grid = np.full((len(depths), len(lengths)), math.nan)
     for c in cells:
         grid[depths.index(c["depth"]), lengths.index(c["length"])] = c[metric]
-    fig, ax = plt.subplots(figsize=(1.1 * len(lengths) + 2.5, 0.55 * len(depths) + 1.8))
-    im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
-    ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
-    ax.set_xlabel("prompt length (tokens)")
-    ax.set_ylabel("needle depth")
-    for i in range(len(depths)):
-        for j in range(len(lengths)):
-            ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8)
-    ax.axvline(
-        next((j - 0.5 for j, n in enumerate(lengths) if n > result["train_length"]), len(lengths) - 0.5),
-        color="k",
-        lw=1,
-        ls="--",
+    title = f"passkey {metric}: {result['encoding']} (L_t={result['train_length']})"
+    return accuracy_heatmap(
+        grid,
+        [f"{d:g}" for d in depths],
+        lengths,
+        train_length=result["train_length"],
+        title=title,
+        xlabel="prompt length (tokens)",
+        ylabel="needle depth",
+        path=path,
+        size=(2.5, 0.55),
+        edge_line=True,
     )
-    ax.set_title(f"passkey {metric}: {result['encoding']} (L_t={result['train_length']})")
-    fig.colorbar(im, ax=ax, fraction=0.04)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 __all__ = [

@@ -38,6 +38,7 @@ from extrapos.data.synthetic import RULER_TASKS, RULER_WORDS, RulerContent, asse
 from extrapos.errors import UserError
 from extrapos.evaluate.slot import check_result_name, slug, task_slot
 from extrapos.tasks.common import (
+    accuracy_heatmap,
     check_seed,
     computed_metrics,
     continuation_logprobs,
@@ -475,13 +476,6 @@ def format_all(result: dict[str, Any]) -> str:
 
 def plot_grid(result: dict[str, Any], path: str | Path, metric: str | None = None) -> Path:
     """Save a task x length heatmap of the accuracy (matplotlib) to ``path``."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UserError("plots need matplotlib; run `pip install 'extrapos[plots]'`.") from None
     metric = metric or result["metric"]
     cells = result["results"]
     tasks = list(dict.fromkeys(c["task"] for c in cells))
@@ -489,25 +483,18 @@ def plot_grid(result: dict[str, Any], path: str | Path, metric: str | None = Non
     grid = np.full((len(tasks), len(lengths)), math.nan)
     for c in cells:
         grid[tasks.index(c["task"]), lengths.index(c["length"])] = c[metric]
-    fig, ax = plt.subplots(figsize=(1.1 * len(lengths) + 3, 0.5 * len(tasks) + 1.8))
-    im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
-    ax.set_yticks(range(len(tasks)), tasks)
-    ax.set_xlabel("example length (tokens)")
-    for i in range(len(tasks)):
-        for j in range(len(lengths)):
-            ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8)
-    beyond = next((j - 0.5 for j, n in enumerate(lengths) if n > result["train_length"]), None)
-    if beyond is not None:
-        ax.axvline(beyond, color="k", lw=1, ls="--")
-    ax.set_title(f"RULER {metric.replace('_', ' ')}: {result['encoding']} (L_t={result['train_length']})")
-    fig.colorbar(im, ax=ax, fraction=0.04)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    title = f"RULER {metric.replace('_', ' ')}: {result['encoding']} (L_t={result['train_length']})"
+    return accuracy_heatmap(
+        grid,
+        tasks,
+        lengths,
+        train_length=result["train_length"],
+        title=title,
+        xlabel="example length (tokens)",
+        ylabel=None,
+        path=path,
+        size=(3, 0.5),
+    )
 
 
 __all__ = [
