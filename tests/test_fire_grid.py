@@ -177,7 +177,10 @@ def test_attention_paths_with_the_grid_equal_the_reference_with_gradients(layout
 def fresh_dynamo():
     """Eager flex traces its score_mod with dynamo: a later flex test of other shapes would find these
     shapes in dynamo's cache and be traced with dynamic shapes (the exact FIRE pair then fails to
-    trace); dynamo's caches are cleared after the test."""
+    trace); dynamo's caches are cleared before the test (an earlier flex test in this worker may have
+    left other shapes) and after it. The model itself compiles flex with dynamic=False, so this is a
+    property of eager flex in one test process, not of training."""
+    torch._dynamo.reset()
     yield
     torch._dynamo.reset()
 
