@@ -23,6 +23,7 @@ def encoder(tmp_path_factory, tiny_data):
     return path
 
 
+@pytest.mark.slow  # ~30 s; the same limit is tested by default on HF import and export, data and checkpoints
 def test_sentence_transformers_export_under_a_file_size_limit(encoder, scratch, cache):
     args = ["export", encoder, "--out", scratch / "st", "--format", "sentence-transformers"]
     sentence = assert_user_error(
