@@ -119,18 +119,21 @@ def test_eval_of_a_binary_config(trained, scratch, cache):
 
 
 # one value per flag by default (each case starts lm-eval: ~10 s); the other values in the slow tail
+SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize(
     "extra,fragment",
     [
         (["--limit", "0"], "--limit must be a positive"),
-        pytest.param(["--limit", "-3"], "--limit must be a positive", marks=pytest.mark.slow),
-        pytest.param(["--limit", "nan"], "--limit must be a positive", marks=pytest.mark.slow),
+        pytest.param(["--limit", "-3"], "--limit must be a positive", marks=SLOW),
+        pytest.param(["--limit", "nan"], "--limit must be a positive", marks=SLOW),
         (["--batch-size", "0"], "--batch-size must be a positive integer"),
-        pytest.param(["--batch-size", "-2"], "--batch-size must be a positive integer", marks=pytest.mark.slow),
+        pytest.param(["--batch-size", "-2"], "--batch-size must be a positive integer", marks=SLOW),
         (["--num-fewshot", "100"], "--num-fewshot must be between 0 and 64"),
-        pytest.param(["--num-fewshot", "-1"], "--num-fewshot must be between 0 and 64", marks=pytest.mark.slow),
+        pytest.param(["--num-fewshot", "-1"], "--num-fewshot must be between 0 and 64", marks=SLOW),
         (["--metadata", "[1]"], "--metadata must be a JSON object"),
-        pytest.param(["--metadata", "1"], "--metadata must be a JSON object", marks=pytest.mark.slow),
+        pytest.param(["--metadata", "1"], "--metadata must be a JSON object", marks=SLOW),
         (["--max-length", "1"], "--max-length must be at least 2"),
     ],
 )
