@@ -1,0 +1,15 @@
+"""The memory child of `extrapos bench`: python -m extrapos.bench --memory-child NAME --settings JSON
+(a fresh process per encoding, so its resident-set growth is that encoding's alone)."""
+
+import argparse
+import json
+
+from extrapos.bench.measure import BenchSettings, _child_memory
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--memory-child", required=True)
+ap.add_argument("--settings", required=True)
+a = ap.parse_args()
+raw = json.loads(a.settings)
+raw["eval_lengths"] = tuple(raw["eval_lengths"])
+print(json.dumps(_child_memory(a.memory_child, BenchSettings(**raw))))

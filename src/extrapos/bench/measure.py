@@ -1,0 +1,288 @@
+"""The CPU measurements of `extrapos bench`: one model per encoding at the same size and batch, timed in
+interleaved repeats (every repeat visits every encoding, medians), and peak memory in fresh child
+processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from extrapos.losses import model_loss_sum
+from extrapos.model import Decoder, flops_per_token, model_config
+
+
+@dataclass
+class BenchSettings:
+    size: str = "cpu-small"
+    vocab: int = 8192
+    train_length: int = 256
+    batch: int = 8
+    eval_lengths: tuple[int, ...] = (1, 4, 16)
+    context: int = 1024
+    new_tokens: int = 32
+    repeats: int = 5
+    steps_per_repeat: int = 2
+    quick: bool = False
+
+    @classmethod
+    def for_mode(cls, quick: bool) -> BenchSettings:
+        if quick:
+            return cls(
+                batch=4,
+                eval_lengths=(1, 4, 16),
+                context=512,
+                new_tokens=16,
+                repeats=3,
+                steps_per_repeat=1,
+                quick=True,
+            )
+        return cls()
+
+
+def _model(name: str, s: BenchSettings, seed: int = 0) -> Decoder:
+    torch.manual_seed(seed)
+    options = (
+        {"interpolate_to": s.train_length * max(s.eval_lengths + (s.context // s.train_length + 1,))}
+        if name == "learned"
+        else {}
+    )
+    cfg = model_config(
+        s.size, vocab_size=s.vocab, train_length=s.train_length, positions={"name": name, **options}
+    )
+    return Decoder(cfg)
+
+
+def _precision_ctx(precision: str):
+    from extrapos.runtime import autocast
+
+    return autocast(torch.device("cpu"), precision)
+
+
+def _spread(times: list[float]) -> float:
+    """(max - min) / median of the repeats: how much the machine moved during the measurement."""
+    return (max(times) - min(times)) / statistics.median(times)
+
+
+def _interleaved(names: list[str], repeats: int, fn) -> dict[str, list[float]]:
+    """Run fn(name) -> seconds for every name, ``repeats`` rounds, names in a rotating order."""
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for n in order:
+            times[n].append(fn(n))
+    return times
+
+
+_PEAK = "__matmul_peak__"
+
+
+def _matmul_rate(precision: str, n: int = 1024, reps: int = 4) -> float:
+    """FLOP/s of ``reps`` n x n matmuls right now (one sample of the peak, see bench_training)."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - t0)
+
+
+def bench_training(
+    names: list[str], s: BenchSettings, precision: str, progress
+) -> dict[str, dict[str, float | None]]:
+    models = {n: _model(n, s) for n in names}
+    # what the trainer runs: fused AdamW, the head fused with the loss in fp32 (losses.py)
+    opts = {n: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True) for n, m in models.items()}
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, s.vocab, (s.batch, s.train_length + 1), generator=g)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    pos = torch.arange(s.train_length).expand(s.batch, -1)
+    mask = torch.ones(y.shape)
+
+    def step(name: str) -> float:
+        m, opt = models[name], opts[name]
+        t0 = time.perf_counter()
+        for _ in range(s.steps_per_repeat):
+            with _precision_ctx(precision):
+                loss = model_loss_sum(m, x, pos, y, mask) / mask.numel()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        progress()
+        return (time.perf_counter() - t0) / s.steps_per_repeat
+
+    # the matmul peak is measured between the steps too: on a shared machine a peak taken once, at a
+    # quiet (or busy) moment, would put MFU above 100 % (or below 30 %); the median of these is the peak
+    rates: list[float] = []
+
+    def step_or_peak(name: str) -> float:
+        if name != _PEAK:
+            return step(name)
+        rates.append(_matmul_rate(precision))
+        return 0.0
+
+    step_names = list(names)
+    for n in step_names:  # warm-up: first-call allocations and lazy inits out of the timings
+        step(n)
+    times = _interleaved(step_names + [_PEAK], s.repeats, step_or_peak)
+    peak = max(statistics.median(rates), 1.0)
+    out: dict[str, dict[str, float | None]] = {}  # ratio is None without a NoPE row
+    for n in names:
+        sec = statistics.median(times[n])
+        tok_s = s.batch * s.train_length / sec
+        out[n] = {
+            "step_ms": sec * 1e3,
+            "tokens_per_s": tok_s,
+            "spread": _spread(times[n]),
+            "peak_gflops": peak / 1e9,
+            "mfu": flops_per_token(models[n].cfg, s.train_length) * tok_s / peak,
+        }
+    base = out["nope"]["step_ms"] if "nope" in out else None
+    for row in out.values():
+        ms = row["step_ms"]
+        row["ratio"] = ms / base if base and ms is not None else None
+    return out
+
+
+@torch.no_grad()
+def bench_eval_time(names: list[str], s: BenchSettings, progress) -> dict[str, dict[str, float]]:
+    models = {n: _model(n, s).eval() for n in names}
+    g = torch.Generator().manual_seed(1)
+    result: dict[str, dict[str, float]] = {n: {} for n in names}
+    for k in s.eval_lengths:
+        T = k * s.train_length
+        tokens = torch.randint(0, s.vocab, (1, T), generator=g)
+        pos = torch.arange(T).unsqueeze(0)
+
+        def run(name: str, tokens=tokens, pos=pos) -> float:
+            t0 = time.perf_counter()
+            models[name].hidden_states(tokens, pos)
+            progress()
+            return time.perf_counter() - t0
+
+        for n in names:
+            run(n)
+        times = _interleaved(names, max(2, s.repeats - 2), run)
+        for n in names:
+            result[n][f"time_ms_{k}x"] = statistics.median(times[n]) * 1e3
+    return result
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_growth_mb(fn) -> float:
+    """Peak growth of the resident set while ``fn()`` runs, sampled every 0.5 ms by a thread
+    (torch kernels release the GIL, so the sampler sees the peaks)."""
+    base = _rss_bytes()
+    peak = [base]
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss_bytes())
+            time.sleep(0.0005)
+
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
+    try:
+        fn()
+    finally:
+        stop.set()
+        t.join()
+    return (max(peak[0], _rss_bytes()) - base) / 2**20
+
+
+def _child_memory(name: str, s: BenchSettings) -> dict[str, float]:
+    """Peak RSS growth (MB) of evaluating each length (batch 1, no grad), in this fresh process."""
+    model = _model(name, s).eval()
+    g = torch.Generator().manual_seed(1)
+    out = {}
+    with torch.no_grad():
+        model.hidden_states(torch.randint(0, s.vocab, (1, 16), generator=g), torch.arange(16).unsqueeze(0))
+        for k in sorted(s.eval_lengths):
+            T = k * s.train_length
+            tokens, pos = torch.randint(0, s.vocab, (1, T), generator=g), torch.arange(T).unsqueeze(0)
+            out[f"peak_mb_{k}x"] = peak_rss_growth_mb(lambda t=tokens, p=pos: model.hidden_states(t, p))
+    return out
+
+
+def bench_eval_memory(names: list[str], s: BenchSettings, progress) -> dict[str, dict[str, float]]:
+    out = {}
+    for n in names:
+        cmd = [
+            sys.executable,
+            "-m",
+            "extrapos.bench",
+            "--memory-child",
+            n,
+            "--settings",
+            json.dumps(s.__dict__),
+        ]
+        # a fixed mmap threshold stops glibc from keeping freed large blocks, so each length starts clean
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"memory measurement of {n} failed:\n{proc.stderr[-2000:]}")
+        out[n] = json.loads(proc.stdout.strip().splitlines()[-1])
+        progress()
+    return out
+
+
+@torch.no_grad()
+def bench_generation(names: list[str], s: BenchSettings, progress) -> dict[str, dict[str, float]]:
+    from extrapos.generate import generate_tokens
+
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, s.vocab, (s.context,), generator=g).tolist()
+    models = {n: _model(n, s).eval() for n in names}
+
+    def cached_decode(name: str) -> float:
+        """Seconds per generated token with the cache, in steady state: prefill and the first few
+        steps (where the cache buffers grow past the prompt and fresh pages fault in) untimed."""
+        m = models[name]
+        cache = m.new_cache()
+        m.hidden_states(torch.tensor([prompt]), torch.arange(s.context).unsqueeze(0), cache)
+        tok = torch.tensor([[prompt[-1]]])
+        warm = 4
+        for i in range(warm + s.new_tokens):
+            if i == warm:
+                t0 = time.perf_counter()
+            logits = m(tok, torch.tensor([[s.context + i]]), cache)
+            tok = logits[:, -1:].argmax(-1)
+        progress()
+        return (time.perf_counter() - t0) / s.new_tokens
+
+    def recompute(name: str) -> float:
+        t0 = time.perf_counter()
+        for _ in generate_tokens(
+            models[name], prompt, max(4, s.new_tokens // 4), temperature=0, use_cache=False
+        ):
+            pass
+        progress()
+        return (time.perf_counter() - t0) / max(4, s.new_tokens // 4)
+
+    for n in names:
+        cached_decode(n)
+    cached = _interleaved(names, max(2, s.repeats - 2), cached_decode)
+    slow = _interleaved(names, 1, recompute)
+    out = {}
+    for n in names:
+        c, r = statistics.median(cached[n]), statistics.median(slow[n])
+        out[n] = {
+            "cached_tok_s": 1 / c,
+            "recompute_tok_s": 1 / r,
+            "cache_speedup": r / c,
+            "decode_ms": c * 1e3,
+        }
+    return out
