@@ -38,7 +38,7 @@ def _existing_run_facts(
         facts.append(
             line + f"; data: corpus {cfg.data.corpus}, tokenizer {Path(str(cfg.data.tokenizer)).name})"
         )
-    if scored:
+    if scored and scored[0].result is not None:  # scored: loss_rows, whose results are never None
         facts.append(_evaluation_fact(scored[0].result))
     return facts
 
@@ -105,7 +105,7 @@ def _facts(
             f"data: corpus {d.corpus}, tokenizer {d.tokenizer}; "
             + (
                 _evaluation_fact(scored[0].result)
-                if scored
+                if scored and scored[0].result is not None  # loss_rows: never None
                 else "no loss columns (loss = false): the task columns below are the evaluation"
             ),
             (

@@ -138,7 +138,8 @@ def compare(  # noqa: C901
     entries, rows = [], []
     max_tokens = sweep.max_eval_tokens if max_eval_tokens is None else max_eval_tokens
     for row in sweep.rows:
-        result, entry = None, {"name": row.name}
+        result: dict[str, Any] | None = None
+        entry: dict[str, Any] = {"name": row.name}
         if sweep.loss:
             per_seed = [
                 _evaluate_row(
@@ -274,6 +275,7 @@ def sweep_device(sweep: Sweep, extra: list[str]) -> str:
 
 def existing_run(row: SweepRow) -> Path:
     """The run directory a ``run = ...`` row names (relative paths from the current directory), checked."""
+    assert row.run is not None, "existing_run is asked only for a run = ... row"
     path = Path(row.run).expanduser()
     if not (path / "config.toml").is_file():
         raise UserError(
@@ -497,6 +499,7 @@ def _run_extensions(
     dirs = {}
     for i, (row, k, seed) in enumerate(jobs, 1):
         e = row.extend
+        assert e is not None  # jobs holds only the rows with an extension
         run_dir = out / "runs" / run_slug(f"{row.name} x{k}", seed)
         dirs[(row.name, k, seed)] = run_dir
         started = (run_dir / "config.toml").is_file()
