@@ -31,6 +31,7 @@ SHAPES = {
     "decode1": (1, 4, 4, 1, 23, 8),
     "gqa": (2, 4, 2, 23, 23, 12),
     "gqa-decode": (1, 6, 2, 7, 30, 16),
+    "gqa-decode1": (2, 6, 2, 1, 30, 16),
 }
 
 
@@ -176,7 +177,7 @@ def test_folded_inference_equals_reference(shape, block):
     _check_no_grad(attention, "folded", shape)
 
 
-@pytest.mark.parametrize("shape", ["decode", "decode1", "gqa-decode"])
+@pytest.mark.parametrize("shape", ["decode", "decode1", "gqa-decode", "gqa-decode1"])
 @pytest.mark.parametrize("bias_kind", ["pairwise", "pairwise-per-head"])
 def test_pairwise_decoding_rows_equal_reference(bias_kind, shape):
     """At most DECODE_QUERIES queries without autograd: the bias on their rows, the fused kernel's mask."""
@@ -214,6 +215,24 @@ def test_folded_inference_on_cpu_folds_into_one_dim_and_decodes_with_bias_rows()
         )
     assert whole == [(Dh + 1, Dh + 1, Dh + 1, torch.float32)] * 3  # 3 blocks, float-mask views
     assert step == [(Dh, Dh, Dh, torch.float32)]
+
+
+@pytest.mark.parametrize("shape", ["decode1", "gqa-decode1"])
+def test_folded_decoding_step_in_bf16_and_under_autocast(shape):
+    """A decoding step whose q, k, v are bf16 (or that runs under bf16 autocast) takes the casting branch
+    of the bias rows: the rows stay fp32 and the output is the reference's to bf16 rounding."""
+    B, H, Hkv, Tq, Tk, Dh = SHAPES[shape]
+    q, k, v = (t.float() for t in _qkv(B, H, Hkv, Tq, Tk, Dh))
+    bias = _folded(B, H, Tq, Tk)
+    bias32 = FoldedBias(bias.q_feat.float(), bias.k_feat.float() * 100)  # logits far from 0: fp32 rows
+    ref = attention_reference(q.double(), k.double(), v.double(), FoldedBias(bias.q_feat, bias.k_feat * 100))
+    with torch.no_grad():
+        half = attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), bias32)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            auto = attention(q, k, v, bias32)
+    assert half.dtype == torch.bfloat16 and auto.dtype == torch.float32
+    torch.testing.assert_close(half.double(), ref, rtol=0.02, atol=0.02)
+    torch.testing.assert_close(auto.double(), ref, rtol=1e-5, atol=1e-5)
 
 
 def test_folded_bf16_inputs_are_folded_in_fp32():

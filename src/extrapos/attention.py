@@ -293,12 +293,17 @@ def folded_attention(
     B, H, Tq, Dh = q.shape
     Tk, Hkv = k.shape[2], k.shape[1]
     dtype = fold_dtype or _fold_dtype(q.dtype)
-    qf = bias.q_feat.to(dtype).expand(B, H, Tq)
-    kf = bias.k_feat.to(dtype)
     if not torch.is_grad_enabled() and causal and documents is None and subtract_reference:
         if fold_dtype is None and block is None and not dropout_p and H * Tq <= Hkv * Dh:
             # decoding: the bias rows (B, H, Tq, Tk) are smaller than a folded copy of the keys
-            return _bias_rows_attention(q, k, v, qf, kf, dtype).to(q.dtype)
+            qf, kf = bias.q_feat, bias.k_feat
+            if qf.dtype != dtype or kf.dtype != dtype:
+                qf, kf = qf.to(dtype), kf.to(dtype)
+            out = _bias_rows_attention(q, k, v, qf if Tq == 1 else qf.expand(B, H, Tq), kf, dtype)
+            return out if out.dtype == q.dtype else out.to(q.dtype)
+    qf = bias.q_feat.to(dtype).expand(B, H, Tq)
+    kf = bias.k_feat.to(dtype)
+    if not torch.is_grad_enabled() and causal and documents is None and subtract_reference:
         if not dropout_p:
             return _folded_inference(q, k, v, qf, kf, dtype, block or max(FOLD_BLOCK, H * Dh)).to(q.dtype)
     if kf.shape[1] not in (1, Hkv):  # per-query-head key features: k and v need all H heads
@@ -381,12 +386,19 @@ def _bias_rows_attention(
     kf = kf - kf[..., -1:]
     if kf.shape[1] not in (1, H):  # key features per key head: one row per query head
         kf = kf.repeat_interleave(H // kf.shape[1], dim=1)
-    rows = qf.unsqueeze(-1) * kf.unsqueeze(-2)  # (B, H, Tq, Tk)
-    if Tq > 1:
+    if Tq == 1:  # one new token: the same products, with two fewer ops per layer and step
+        rows = (kf * qf).unsqueeze(-2)  # (B, H, 1, Tk)
+    else:
+        rows = qf.unsqueeze(-1) * kf.unsqueeze(-2)  # (B, H, Tq, Tk)
         rows = rows.masked_fill_(~_causal_mask(Tq, Tk, q.device), float("-inf"))
+    gqa = H != k.shape[1]
+    # a decoding step is a few microseconds of work per op: skip the casts and the autocast context
+    # when they would change nothing (each costs as much as a small kernel, ~1-3 us on the CPU)
+    if q.dtype == k.dtype == v.dtype == dtype and not torch.is_autocast_enabled(q.device.type):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=rows, enable_gqa=gqa)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     with torch.autocast(q.device.type, enabled=False):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=rows, enable_gqa=q.shape[1] != k.shape[1])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=rows, enable_gqa=gqa)
 
 
 def _folded_inference(

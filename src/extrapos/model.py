@@ -297,10 +297,8 @@ class LayerCache:
         """Append the new keys/values (and bias key features); return everything seen so far."""
         K, V = self.k.append(k), self.v.append(v)
         if bias is not None:
-            # FoldedBias k_feat (B, H, Tk) and PairwiseBias k_feat (B, Hk, Tk, F): concatenate along dim 2
-            feat = bias.k_feat
-            kf = self.k_feat.append(feat.unsqueeze(-1) if feat.dim() == 3 else feat)
-            bias = dataclasses.replace(bias, k_feat=kf.squeeze(-1) if feat.dim() == 3 else kf)
+            # FoldedBias k_feat (B, H, Tk) and PairwiseBias k_feat (B, Hk, Tk, F): both grow along dim 2
+            bias = dataclasses.replace(bias, k_feat=self.k_feat.append(bias.k_feat))
         return K, V, bias
 
 

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from extrapos.errors import UserError
@@ -50,6 +51,21 @@ class DistanceBias(PairwiseBias):
 def feature_dtype(x: Tensor) -> torch.dtype:
     """fp32 for bias features (also under bf16 autocast), fp64 for fp64 models."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def gate_projection(lin: nn.Linear, x: Tensor) -> Tensor:
+    """``lin(x)`` in the feature dtype: the small per-token projections of the data-dependent biases
+    (CABLE, FoX). Called as a function, not a module, and without a cast that changes nothing: decoding
+    runs it once per layer and token, where the module call's machinery (~4 us on a CPU) costs more
+    than the (d, H) matmul itself."""
+    y = F.linear(x, lin.weight, lin.bias)
+    dtype = feature_dtype(x)
+    return y if y.dtype == dtype else y.to(dtype)
+
+
+def running_sum(f: Tensor) -> Tensor:
+    """Inclusive cumulative sum along the last dimension; one step (a decoded token) is its own sum."""
+    return f if f.shape[-1] == 1 else torch.cumsum(f, dim=-1)
 
 
 def _position_features(positions: Tensor, dtype: torch.dtype) -> Tensor:

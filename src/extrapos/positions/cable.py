@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, FoldedBias, PairwiseBias, PositionalEncoding
-from extrapos.positions.bias import feature_dtype
+from extrapos.positions.bias import gate_projection, running_sum
 from extrapos.positions.registry import register
 
 STATE_KEY = "cable_S"
@@ -139,16 +139,15 @@ class CABLE(PositionalEncoding):
 
     def increments_and_weights(self, x: Tensor, layer: int) -> tuple[Tensor, Tensor | None]:
         """f (B, H, T) >= 0 and g (B, H, T) > 0 (None when unweighted), in the feature dtype."""
-        dtype = feature_dtype(x)
         if self.options.variant == "official":
-            return F.softplus(self.w[layer](x).to(dtype)).transpose(1, 2), None
-        f = F.relu(self.w_c[layer](x).to(dtype)).transpose(1, 2)
-        g = F.softplus(self.w_s[layer](x).to(dtype)).transpose(1, 2) if self.options.weighted else None
+            return F.softplus(gate_projection(self.w[layer], x)).transpose(1, 2), None
+        f = F.relu(gate_projection(self.w_c[layer], x)).transpose(1, 2)
+        g = F.softplus(gate_projection(self.w_s[layer], x)).transpose(1, 2) if self.options.weighted else None
         return f, g
 
     def bias(self, x: Tensor, positions: Tensor, layer: int, state: dict | None) -> FoldedBias | PairwiseBias:
         f, g = self.increments_and_weights(x, layer)
-        S = torch.cumsum(f, dim=-1)  # inclusive
+        S = running_sum(f)  # inclusive
         if state is not None:
             if STATE_KEY in state:  # continue the running sum of the cached tokens
                 S = S + state[STATE_KEY].unsqueeze(-1)

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from extrapos.positions.base import EncodingContext, FoldedBias, PairwiseBias, PositionalEncoding
-from extrapos.positions.bias import feature_dtype
+from extrapos.positions.bias import gate_projection, running_sum
 from extrapos.positions.registry import register
 
 STATE_KEY = "fox_c"
@@ -66,10 +66,10 @@ class ForgettingAttention(PositionalEncoding):
 
     def log_gates(self, x: Tensor, layer: int) -> Tensor:
         """log f (B, H, T) <= 0 in the feature dtype."""
-        return F.logsigmoid(self.gates[layer](x).to(feature_dtype(x))).transpose(1, 2)
+        return F.logsigmoid(gate_projection(self.gates[layer], x)).transpose(1, 2)
 
     def bias(self, x: Tensor, positions: Tensor, layer: int, state: dict | None) -> FoldedBias:
-        c = torch.cumsum(self.log_gates(x, layer), dim=-1)  # inclusive
+        c = running_sum(self.log_gates(x, layer))  # inclusive
         if state is not None:
             if STATE_KEY in state:  # continue the running sum of the cached tokens
                 c = c + state[STATE_KEY].unsqueeze(-1)
