@@ -22,7 +22,7 @@ CHILD = r"""
 import json, resource, sys, time
 import torch
 from extrapos.integrations import hf
-from extrapos.runs import load_run  # noqa: F401  (same imports in both modes)
+from extrapos.run.directory import load_run  # noqa: F401  (same imports in both modes)
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()
 if sys.argv[1] == "import":

@@ -1,6 +1,6 @@
 """extrapos against transformers, x-transformers and litgpt on matched shapes and parameter counts.
 
-Every pair (``extrapos.peers.PAIRS``) is an extrapos model and a peer library's model with the same
+Every pair (``extrapos.bench.peers.PAIRS``) is an extrapos model and a peer library's model with the same
 block and positional encoding (RoPE, ALiBi, T5 bias, learned absolute, wherever the peer has it):
 training step (forward + backward + fused AdamW), evaluation forward time and peak memory at each
 multiple of L_t, and cached decoding ms/token. Interleaved rounds (every model once per round, the
@@ -85,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import torch  # after argparse: --help stays fast
 
+    from extrapos.bench.peers import PeerShape, format_peers, run_peers, select_pairs
     from extrapos.errors import UserError
     from extrapos.files import atomic_write, ensure_writable_dir
-    from extrapos.peers import PeerShape, format_peers, run_peers, select_pairs
 
     try:
         if args.threads < 1:
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             )
 
         if args.merge:
-            from extrapos.peers import merge_results
+            from extrapos.bench.peers import merge_results
 
             try:
                 runs = [json.loads(path.read_text()) for path in args.merge]

@@ -1,7 +1,7 @@
 """Training throughput of the real `extrapos train` loop and its model-FLOPs utilisation (MFU).
 
 MFU = flops_per_token x tokens/s / the matmul peak measured on this machine in the same precision
-(extrapos.perf.matmul_peak_flops: best of timed 1024 x 1024 matmuls). Runs the CPU default preset
+(extrapos.run.perf.matmul_peak_flops: best of timed 1024 x 1024 matmuls). Runs the CPU default preset
 (cpu/small) for a few dozen steps in fp32 and bf16 autocast, eager and torch.compile'd, on the
 prepared default corpus, and prints the median of the logged steps (the first steps are warm-up).
 Then the training-step ratios of issue 15 (every pairwise-bias encoding vs NoPE, the bench's model
@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from extrapos import bench
-from extrapos.config import load_config
-from extrapos.perf import matmul_peak_flops
-from extrapos.train import read_metrics, train
+from extrapos.run.config import load_config
+from extrapos.run.perf import matmul_peak_flops
+from extrapos.training.trainer import read_metrics, train
 
 
 def measure(preset: str, precision: str, compile_: bool, steps: int) -> dict:

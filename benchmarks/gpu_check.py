@@ -151,7 +151,7 @@ def set_args(sets: list[str]) -> list[str]:
 
 
 def logged_losses(run_dir: Path) -> list[tuple[int, float]]:
-    from extrapos.metrics import read_metrics
+    from extrapos.run.metrics import read_metrics
 
     return [(m["step"], m["loss"]) for m in read_metrics(run_dir) if m.get("loss") is not None]
 
@@ -229,8 +229,8 @@ def dependencies() -> dict[str, Any]:
 
 def family_run(name: str, out: Path, steps: int, cuda: bool, extra: dict[str, str] | None = None) -> dict:
     """A short training run of ``name``: the first and last logged losses, and whether the loss fell."""
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     t0 = time.perf_counter()
     train(
@@ -283,9 +283,9 @@ def resume_check(out: Path, cuda: bool, steps: int, extra: dict[str, str], env: 
     restored RNG state matters too)."""
     import torch
 
-    from extrapos import checkpoint as ckpt_io
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run import checkpoint as ckpt_io
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     every = max(1, steps // 4)
     kill_at = 2 * every
@@ -344,11 +344,11 @@ def _wrapped_losses(mode: str, model_cfg, device, precision: str, steps: int, ba
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from extrapos.config import TrainConfig
     from extrapos.losses import model_loss_sum
     from extrapos.model import Decoder
-    from extrapos.parallelize import Parallel
-    from extrapos.runtime import autocast
+    from extrapos.run.config import TrainConfig
+    from extrapos.run.parallelize import Parallel
+    from extrapos.run.runtime import autocast
 
     torch.manual_seed(0)
     model = Decoder(model_cfg).to(device)
@@ -413,8 +413,8 @@ def world1_rows(model_cfg, device, steps: int, batch: int) -> list[dict[str, Any
 def world2_rows(out: Path, cuda: bool, steps: int, extra: dict[str, str], env: dict[str, str]) -> list[dict]:
     """`torchrun --standalone --nproc_per_node 2 -m extrapos train` with DDP and with FSDP2, each rank at
     batch b, against one process at batch 2b: the same windows step for step (docs/distributed.md), fp32."""
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     base = {"train.precision": '"fp32"'}
     b = load_config("cpu/tiny", run_sets("rope", steps, cuda, extra)).train.batch_size
@@ -464,7 +464,7 @@ def world2_rows(out: Path, cuda: bool, steps: int, extra: dict[str, str], env: d
 def parallel_check(out: Path, cuda: bool, s: Sizes, extra: dict[str, str], env: dict[str, str]) -> dict:
     import torch
 
-    from extrapos.config import load_config
+    from extrapos.run.config import load_config
 
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     model_cfg = load_config("cpu/tiny", run_sets("rope", s.parallel_steps, cuda, extra)).model
@@ -563,7 +563,7 @@ def bench_check(families: list[str], cuda: bool) -> dict:
     import torch
 
     from extrapos.bench import BenchSettings, CudaDevice, _gpu_training, gpu_settings
-    from extrapos.perf import gpu_bf16_peak, matmul_peak_flops
+    from extrapos.run.perf import gpu_bf16_peak, matmul_peak_flops
 
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     precision = "bf16" if cuda else "fp32"
@@ -818,7 +818,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(ROOT / "src"))  # a source checkout that was never installed
     import torch
 
-    from extrapos.doctor import doctor, format_report
+    from extrapos.tools.doctor import doctor, format_report
 
     t0 = time.perf_counter()
     cuda = torch.cuda.is_available() and args.device != "cpu"

@@ -176,7 +176,7 @@ def attribute(events, steps: int) -> dict[str, float]:
 
 
 def run(threads: int, rounds: int, profiled: int, log) -> dict:
-    from extrapos.peers import PeerShape, build_side
+    from extrapos.bench.peers import PeerShape, build_side
 
     torch.set_num_threads(threads)
     shape = PeerShape()

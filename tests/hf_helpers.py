@@ -160,9 +160,9 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
 
 def make_run(directory: Path, seed: int = 0, **model_options) -> Path:
     """An extrapos run directory holding a randomly initialised model (init std 0.1) and a tokenizer."""
-    from extrapos import checkpoint as ckpt_io
-    from extrapos.config import DataConfig, RunConfig, TrainConfig
     from extrapos.model import Decoder, model_config
+    from extrapos.run import checkpoint as ckpt_io
+    from extrapos.run.config import DataConfig, RunConfig, TrainConfig
 
     torch.manual_seed(seed)
     opts = dict(n_layers=2, d_model=64, n_heads=4, vocab_size=VOCAB, train_length=CONTEXT, init_std=0.1)

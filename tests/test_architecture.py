@@ -11,7 +11,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "extrapos"
 
-# Units (a top-level module or a package of extrapos) by layer, bottom first; docs/architecture.md
+# Units (a top-level module or a folder of extrapos) by layer, bottom first; docs/architecture.md
 # draws the same picture. A unit may import units of its own layer or below, never above.
 LAYERS = [
     ("foundation", {"extrapos", "errors", "schema", "presets", "files"}),
@@ -19,44 +19,10 @@ LAYERS = [
     ("positions", {"positions"}),
     ("attention", {"attention"}),
     ("model", {"model", "losses"}),
-    (
-        "run helpers",
-        {
-            "config",
-            "checkpoint",
-            "parallelize",
-            "perf",
-            "metrics",
-            "runtime",
-            "runs",
-            "report",
-            "stats",
-            "memory",
-            "lock",
-            "task_tables",
-        },
-    ),
-    (
-        "commands",
-        {
-            "catalog",
-            "train",
-            "evaluate",
-            "evaluate_mlm",
-            "embeddings",
-            "generate",
-            "diagnostics",
-            "doctor",
-            "attention_stats",
-            "bench",
-            "peers",
-            "extend",
-            "compare",
-            "compare_tasks",
-            "tasks",
-            "integrations",
-        },
-    ),
+    ("run", {"run"}),
+    ("report", {"report"}),
+    ("commands", {"training", "evaluate", "tasks", "inference", "integrations", "bench", "tools"}),
+    ("sweeps", {"compare"}),
     ("cli", {"cli", "__main__"}),
 ]
 RANK = {unit: rank for rank, (_, units) in enumerate(LAYERS) for unit in units}
@@ -84,7 +50,7 @@ def imported_modules(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if node.module.split(".")[0] == "extrapos":
                 found.add(node.module)
-                if node.module == "extrapos":  # from extrapos import checkpoint
+                if node.module == "extrapos":  # from extrapos import schema
                     found |= {f"extrapos.{a.name}" for a in node.names}
     return found
 
@@ -198,9 +164,9 @@ def test_the_cycle_checker_finds_a_cycle():
 def test_the_checker_sees_an_upward_import(tmp_path):
     """The checker itself: a lazy import of the trainer from model.py would be reported."""
     fake = tmp_path / "model.py"
-    fake.write_text("def f():\n    from extrapos.train import train\n")
-    assert "extrapos.train" in imported_modules(fake)
-    assert RANK[unit_of("extrapos.train")] > RANK[unit_of("extrapos.model")]
+    fake.write_text("def f():\n    from extrapos.training.trainer import train\n")
+    assert "extrapos.training.trainer" in imported_modules(fake)
+    assert RANK[unit_of("extrapos.training.trainer")] > RANK[unit_of("extrapos.model")]
 
 
 def test_help_never_imports_torch():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from extrapos.attention import attention
-from extrapos.attention_stats import (
+from extrapos.evaluate.attention_stats import (
     SINKS,
     STATISTICS,
     Accumulator,
@@ -218,8 +218,8 @@ def test_the_forward_is_unchanged_by_the_capture():
 
 @pytest.fixture(scope="module")
 def tiny_run(tiny_data, tmp_path_factory):
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
     from tests.conftest import tiny_overrides
 
     out = tmp_path_factory.mktemp("attention") / "rope"
@@ -295,7 +295,7 @@ def test_fractional_and_token_lengths_as_in_eval(tiny_run, capsys):
 
 
 def test_a_result_of_older_definitions_is_read_again(tiny_run, monkeypatch, capsys):
-    import extrapos.attention_stats as attention_stats
+    import extrapos.evaluate.attention_stats as attention_stats
     from extrapos.cli import main
 
     args = [
@@ -317,7 +317,7 @@ def test_a_result_of_older_definitions_is_read_again(tiny_run, monkeypatch, caps
 
 
 def test_intervals_resample_the_documents_sums():
-    from extrapos.attention_stats import statistic_interval
+    from extrapos.evaluate.attention_stats import statistic_interval
 
     rng = np.random.default_rng(0)
     layers = []

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from extrapos import bench
-from extrapos.diagnostics import position_resolution
+from extrapos.bench.resolution import position_resolution
 from extrapos.errors import UserError
 from extrapos.positions import registry
 

@@ -6,7 +6,7 @@ import torch
 
 from extrapos.bench import BenchSettings, CudaDevice, format_bench, run_bench_gpu
 from extrapos.model import flops_per_token, model_config
-from extrapos.perf import gpu_bf16_peak, mfu
+from extrapos.run.perf import gpu_bf16_peak, mfu
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The peers benchmark (benchmarks/bench_peers.py, extrapos.peers): matched models, its arithmetic, the
+"""The peers benchmark (benchmarks/bench_peers.py, extrapos.bench.peers): matched models, its arithmetic, the
 skip line of a missing peer, its memory measurement, and a tiny end-to-end run."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from extrapos import peers
+from extrapos.bench import peers
 from extrapos.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]

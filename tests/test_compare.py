@@ -45,8 +45,9 @@ def test_shipped_sweeps_load_and_build_their_configs():
 def test_sweep_writes_a_report_and_resumes_after_an_interruption(tmp_path, tiny_data, monkeypatch):
     spec = _sweep(tmp_path, tiny_data)
     out = tmp_path / "out"
-    real_train = compare_mod.__dict__.get("train")  # compare imports train lazily from extrapos.train
-    import extrapos.train as train_mod
+    # compare imports train lazily from extrapos.training.trainer
+    real_train = compare_mod.__dict__.get("train")
+    import extrapos.training.trainer as train_mod
 
     calls = []
     original = train_mod.train
@@ -98,7 +99,7 @@ def test_a_changed_sweep_does_not_reuse_a_run_trained_differently(tmp_path, tiny
 def test_report_of_result_files_keeps_runs_apart(tmp_path, tiny_data):
     """Results of one name from several runs (RUN/eval/test.json) are rows named by their runs, each with
     its own numbers; two results that would share a row name are refused, never read as one row."""
-    from extrapos.report import collect_rows
+    from extrapos.report.render import collect_rows
 
     spec = _sweep(tmp_path, tiny_data)
     out = tmp_path / "out"

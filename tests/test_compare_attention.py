@@ -15,8 +15,8 @@ from extrapos.errors import UserError
 
 @pytest.fixture(scope="module")
 def tiny_run(tiny_data, tmp_path_factory):
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
     from tests.conftest import tiny_overrides
 
     out = tmp_path_factory.mktemp("compare-attention") / "rope"
@@ -41,8 +41,8 @@ def _sweep(tmp_path, run, attention: str = COLUMNS) -> object:
 
 
 def test_attention_columns_equal_the_attention_command(tiny_run, tmp_path, capsys):
-    from extrapos.attention_stats import statistic_interval
-    from extrapos.task_tables import attention_value
+    from extrapos.evaluate.attention_stats import statistic_interval
+    from extrapos.report.task_tables import attention_value
 
     out = tmp_path / "out"
     text = compare(str(_sweep(tmp_path, tiny_run)), out, progress=False).read_text()

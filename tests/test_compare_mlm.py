@@ -8,7 +8,7 @@ import pytest
 
 from extrapos.compare import compare
 from extrapos.evaluate import EvalRequest
-from extrapos.evaluate_mlm import evaluate_mlm
+from extrapos.evaluate.mlm import evaluate_mlm
 from tests.conftest import encoder_overrides
 
 KEYS = ("ev", "tokens", "loss", "ppl", "accuracy", "tail_loss", "doc_loss_sums", "doc_tokens")

@@ -53,10 +53,10 @@ def test_every_row_is_trained_once_per_seed_on_the_same_targets(seeded):
 
 
 def test_seeds_change_initialisation_and_data_order_but_not_targets(tiny_data, tmp_path):
-    from extrapos.config import load_config
     from extrapos.data import open_split
     from extrapos.evaluate import collect_spans
-    from extrapos.train import Trainer
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import Trainer
 
     trainers = []
     for seed in (0, 1):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from extrapos.config import find_config, from_dict, load_config, parse_override, preset_names, read_toml
 from extrapos.errors import UserError
+from extrapos.run.config import find_config, from_dict, load_config, parse_override, preset_names, read_toml
 
 
 def test_every_shipped_preset_loads():

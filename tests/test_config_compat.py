@@ -1,7 +1,7 @@
 """Saved run configs stay byte-identical when fields are added: `compare` and `extend` compare a run's
 config.toml as text, so a new default written into every config would orphan every existing run."""
 
-from extrapos.config import load_config
+from extrapos.run.config import load_config
 
 # `extrapos train --config cpu/tiny` wrote exactly this before the fields of 2026-11 were added
 CPU_TINY_BEFORE = (

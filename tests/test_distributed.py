@@ -19,9 +19,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from extrapos.config import load_config
 from extrapos.presets import read_toml
-from extrapos.train import read_metrics, train
+from extrapos.run.config import load_config
+from extrapos.training.trainer import read_metrics, train
 from tests.conftest import tiny_overrides
 
 TOL = 2e-5  # fp32: a different summation order of the same gradients, a few steps of AdamW
@@ -233,7 +233,7 @@ SHARDED_EVAL = """
 import json, sys
 import torch.distributed as dist
 from extrapos import evaluate as ev
-from extrapos.runtime import init_distributed
+from extrapos.run.runtime import init_distributed
 import torch
 
 rank, world, _ = init_distributed(torch.device("cpu"))

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from extrapos.cli import main
-from extrapos.doctor import TOLERANCE, check_encoding, doctor, format_report
 from extrapos.positions.registry import names
+from extrapos.tools.doctor import TOLERANCE, check_encoding, doctor, format_report
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def test_every_encoding_agrees_with_the_reference(report):
 def test_a_path_that_disagrees_is_reported(monkeypatch):
     import torch
 
-    import extrapos.doctor as doc
+    import extrapos.tools.doctor as doc
 
     real = doc._decode
     monkeypatch.setattr(doc, "_decode", lambda *a: real(*a) + 1e-3 * torch.randn(1))

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from extrapos.embeddings import embed_texts, text_ids
 from extrapos.errors import UserError
+from extrapos.inference.embeddings import embed_texts, text_ids
 from tests.conftest import encoder_overrides, tiny_overrides
 
 TEXTS = [
@@ -22,8 +22,8 @@ TEXTS = [
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_data):
     """One tiny encoder run per encoding (learned, CABLE, and FIRE, whose bias reads the sequence length)."""
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     root = tmp_path_factory.mktemp("encoders")
     out = {}
@@ -37,7 +37,7 @@ def runs(tmp_path_factory, tiny_data):
 def _reference(run_dir, text, max_length=16, pooling="mean", options=None):
     """One text alone, straight through the model: [CLS] ids [SEP] at positions 0..n-1, no batching."""
     from extrapos.data.mlm import encoder_special_tokens
-    from extrapos.runs import load_run
+    from extrapos.run.directory import load_run
 
     run = load_run(run_dir)
     if options:
@@ -63,7 +63,7 @@ def test_padding_never_changes_a_texts_embedding(runs, name):
 
 
 def test_texts_are_wrapped_and_truncated_to_the_maximum_length(runs):
-    from extrapos.runs import load_run
+    from extrapos.run.directory import load_run
 
     tok = load_run(runs["cable"]).tokenizer
     ids = text_ids(tok, TEXTS, 8)
@@ -76,8 +76,8 @@ def test_texts_are_wrapped_and_truncated_to_the_maximum_length(runs):
 
 
 def test_embedding_mistakes_are_user_errors(runs, tiny_data, tmp_path):
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     with pytest.raises(UserError, match="pooling"):
         embed_texts(runs["cable"], TEXTS, pooling="max")

@@ -6,14 +6,14 @@ import pytest
 
 from extrapos.cli import main
 from extrapos.evaluate import EvalRequest
-from extrapos.evaluate_mlm import evaluate_mlm
+from extrapos.evaluate.mlm import evaluate_mlm
 from tests.conftest import encoder_overrides, tiny_overrides
 
 
 @pytest.fixture(scope="module")
 def encoder_run(tmp_path_factory, tiny_data):
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     run = tmp_path_factory.mktemp("runs") / "encoder"
     train(
@@ -47,8 +47,8 @@ def test_eval_of_an_encoder_run_prints_and_saves_the_mlm_table(encoder_run, caps
 
 
 def test_eval_flags_that_do_not_apply_are_one_sentence(encoder_run, tiny_data, tmp_path, capsys):
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     before = (
         sorted(p.name for p in (encoder_run / "eval").glob("*")) if (encoder_run / "eval").is_dir() else []

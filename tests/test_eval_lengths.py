@@ -6,13 +6,13 @@ import re
 import pytest
 import torch
 
-from extrapos.config import load_config
 from extrapos.errors import UserError
 from extrapos.evaluate import EvalRequest, evaluate, score_windows
 from extrapos.evaluate.lengths import EvalLength, ev_value, resolve_lengths, window_of
-from extrapos.runs import load_run
-from extrapos.stats import MIN_DOCUMENTS, cell_samples, loss_interval
-from extrapos.train import train
+from extrapos.report.stats import MIN_DOCUMENTS, cell_samples, loss_interval
+from extrapos.run.config import load_config
+from extrapos.run.directory import load_run
+from extrapos.training.trainer import train
 from tests.conftest import tiny_overrides
 
 
@@ -68,7 +68,7 @@ def test_fractional_and_token_lengths_end_to_end(run, capsys):
     direct = score_windows(model, spans, 8, batch_tokens=1024, precision="fp32")
     assert rows[0]["loss"] == pytest.approx(float(direct.mean()), rel=1e-6)
     assert rows[0]["tail_loss"] == pytest.approx(rows[0]["loss"])  # a window shorter than L_t is all tail
-    # the console labels each length by its ev and window, with the interval stats.py computes
+    # the console labels each length by its ev and window, with the interval report/stats.py computes
     for r in rows:
         samples = cell_samples(result, r["ev"])
         assert len(samples.doc_index) >= MIN_DOCUMENTS

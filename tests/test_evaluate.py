@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from extrapos.config import load_config
 from extrapos.errors import UserError
 from extrapos.evaluate import EvalRequest, collect_spans, evaluate, score_windows, token_losses
-from extrapos.runs import load_run
-from extrapos.train import train
+from extrapos.run.config import load_config
+from extrapos.run.directory import load_run
+from extrapos.training.trainer import train
 from tests.conftest import tiny_overrides
 
 
@@ -264,7 +264,7 @@ def test_results_saved_before_the_spread_are_scored_again_never_reused(runs, cap
     from dataclasses import replace
 
     from extrapos.evaluate import LEGACY_FIELDS
-    from extrapos.stats import same_targets
+    from extrapos.report.stats import same_targets
 
     run, req = runs["rope"], EvalRequest(lengths=[1, 2], max_tokens=512, split="val")
     # a result as an older extrapos wrote it: the first documents' spans, no protocol fields

@@ -7,13 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from extrapos.config import load_config
 from extrapos.data import open_split
 from extrapos.errors import UserError
 from extrapos.evaluate import EvalRequest, evaluate, format_result
 from extrapos.evaluate.stream import TokenStream, score_blocks, select_blocks
-from extrapos.runs import load_run
-from extrapos.train import train
+from extrapos.run.config import load_config
+from extrapos.run.directory import load_run
+from extrapos.training.trainer import train
 from tests.conftest import tiny_overrides
 
 L = 16
@@ -260,7 +260,7 @@ def test_a_sweep_with_a_bad_protocol_is_one_sentence(runs, tmp_path, extra, matc
 def test_reports_never_put_two_protocols_in_one_table(runs, tmp_path):
     import csv
 
-    from extrapos.report import Row, cell_intervals, markdown_table, write_report
+    from extrapos.report.render import Row, cell_intervals, markdown_table, write_report
 
     documents = evaluate(runs["rope"], EvalRequest(lengths=[1, 4], max_tokens=128), name="d", progress=False)
     stream = evaluate(
@@ -301,7 +301,7 @@ SHARDED = """
 import sys
 import torch
 from extrapos.evaluate import EvalRequest, evaluate
-from extrapos.runtime import init_distributed
+from extrapos.run.runtime import init_distributed
 
 init_distributed(torch.device("cpu"))
 req = EvalRequest(lengths=[1, 4], max_tokens=160, protocol="stream", boundary=sys.argv[2])
@@ -339,7 +339,7 @@ def _cells(targets: dict[int, str]) -> dict:
 
 
 def test_lengths_pair_only_over_the_same_targets():
-    from extrapos.report import Row, length_change_table
+    from extrapos.report.render import Row, length_change_table
 
     same = length_change_table([Row("same", _cells({1: "a", 4: "a"}))])
     assert same is not None and "| same | +" in same

@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-import extrapos.checkpoint as ckpt_io
-from extrapos.config import load_config
+import extrapos.run.checkpoint as ckpt_io
 from extrapos.errors import UserError
-from extrapos.extend import METHODS, extend, extension_config
-from extrapos.runs import load_run
-from extrapos.train import train
+from extrapos.run.config import load_config
+from extrapos.run.directory import load_run
+from extrapos.training.extend import METHODS, extend, extension_config
+from extrapos.training.trainer import train
 from tests.conftest import tiny_overrides
 
 L_T = 16
@@ -267,7 +267,7 @@ def test_compare_extension_rows(parents, tiny_data, tmp_path):
 
 def test_chunk_without_alpha_uses_the_default_and_a_missing_run_is_one_sentence(tmp_path, capsys):
     from extrapos.cli import main
-    from extrapos.extend import default_out
+    from extrapos.training.extend import default_out
 
     assert default_out(tmp_path / "run", "chunk", 2).name == "run-chunk-0.25-x2"
     assert main(["extend", str(tmp_path / "missing"), "--method", "chunk"]) == 2
@@ -277,8 +277,8 @@ def test_chunk_without_alpha_uses_the_default_and_a_missing_run_is_one_sentence(
 def test_pose_chunks_carry_to_a_pose_extension_only():
     from dataclasses import replace
 
-    from extrapos.config import DataConfig
-    from extrapos.extend import extended_data
+    from extrapos.run.config import DataConfig
+    from extrapos.training.extend import extended_data
 
     parent = replace(DataConfig(), sampler="pose", extended_length=64, pose_chunks=4)
     assert extended_data(parent, "pose", None, 128)[0].pose_chunks == 4

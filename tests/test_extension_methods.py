@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from extrapos.config import load_config, load_run_config
 from extrapos.errors import UserError
 from extrapos.evaluate import EvalRequest, evaluate
-from extrapos.extend import extension_config
-from extrapos.train import train
+from extrapos.run.config import load_config, load_run_config
+from extrapos.training.extend import extension_config
+from extrapos.training.trainer import train
 from tests.conftest import tiny_overrides
 
 L_T = 16

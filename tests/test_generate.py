@@ -4,7 +4,7 @@ exceed the training length, sampling filters behave, and the CLI streams text.""
 import pytest
 import torch
 
-from extrapos.generate import filter_logits, generate_tokens
+from extrapos.inference.generate import filter_logits, generate_tokens
 from extrapos.model import Decoder, model_config
 from extrapos.positions import registry
 
@@ -42,8 +42,8 @@ def test_top_k_and_top_p_filters():
 
 def test_generate_cli_streams_a_continuation(tiny_data, tmp_path, capsys):
     from extrapos.cli import main
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
     from tests.conftest import tiny_overrides
 
     train(

@@ -10,7 +10,6 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from extrapos.cli import main  # noqa: E402
-from extrapos.config import load_run_config  # noqa: E402
 from extrapos.integrations.hf import (  # noqa: E402
     adapter_for,
     export_pretrained,
@@ -18,7 +17,8 @@ from extrapos.integrations.hf import (  # noqa: E402
     import_pretrained,
     model_types,
 )
-from extrapos.runs import load_run  # noqa: E402
+from extrapos.run.config import load_run_config  # noqa: E402
+from extrapos.run.directory import load_run  # noqa: E402
 from tests.hf_helpers import CONTEXT, make_run, save_hf  # noqa: E402
 
 

@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 
 from extrapos.errors import UserError  # noqa: E402
 from extrapos.integrations.hf import import_pretrained  # noqa: E402
-from extrapos.runs import load_run  # noqa: E402
+from extrapos.run.directory import load_run  # noqa: E402
 from tests.hf_helpers import (  # noqa: E402
     CONTEXT,
     VOCAB,
@@ -49,7 +49,7 @@ def test_import_matches_transformers(kind, tmp_path):
     # greedy decoding from a prompt longer than the context (GPT-2: within its table)
     prompt = tokens[0, : 10 if kind == "gpt2" else CONTEXT + 10].tolist()
     n = CONTEXT - len(prompt) if kind == "gpt2" else 30
-    from extrapos.generate import generate_tokens
+    from extrapos.inference.generate import generate_tokens
 
     ours = list(generate_tokens(run.model, prompt, n, temperature=0.0))
     assert ours == hf_greedy(hf, prompt, n)

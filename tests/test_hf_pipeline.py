@@ -73,7 +73,7 @@ def test_import_eval_extend_eval_export_load(kind, tmp_path, monkeypatch, capsys
     capsys.readouterr()
     assert main(["export", str(ext), "--out", str(exported)]) == 0
     hf = T.AutoModelForCausalLM.from_pretrained(exported, attn_implementation="eager").float().eval()
-    from extrapos.runs import load_run
+    from extrapos.run.directory import load_run
 
     ours = load_run(ext).model
     tokens = torch.randint(

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 lm_eval = pytest.importorskip("lm_eval")
 
 from extrapos.errors import UserError  # noqa: E402
-from extrapos.generate import generate_tokens  # noqa: E402
+from extrapos.inference.generate import generate_tokens  # noqa: E402
 from extrapos.integrations.lm_eval import ExtraposLM, position_options, run_lm_eval  # noqa: E402
-from extrapos.runs import load_run  # noqa: E402
+from extrapos.run.directory import load_run  # noqa: E402
 
 CHOICE_DOCS = [
     {
@@ -98,8 +98,8 @@ def task_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_run(tiny_data, tmp_path_factory):
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
     from tests.conftest import tiny_overrides
 
     out = tmp_path_factory.mktemp("lm") / "rope"

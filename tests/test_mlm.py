@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from extrapos.config import load_config
 from extrapos.data.batch import Batch
 from extrapos.data.mlm import (
     MLMSampler,
@@ -20,6 +19,7 @@ from extrapos.data.mlm import (
     rng_for,
 )
 from extrapos.errors import UserError
+from extrapos.run.config import load_config
 from tests.conftest import tiny_overrides
 
 SPECIALS = SpecialTokens(cls=3, sep=4, mask=2, pad=1, eot=0)
@@ -141,8 +141,8 @@ def test_user_mistakes_are_one_sentence(overrides, words):
 
 def test_encoder_trains_end_to_end_and_evaluates_at_longer_lengths(tiny_data, tmp_path):
     from extrapos.evaluate import EvalRequest
-    from extrapos.evaluate_mlm import evaluate_mlm, format_mlm_result
-    from extrapos.train import train
+    from extrapos.evaluate.mlm import evaluate_mlm, format_mlm_result
+    from extrapos.training.trainer import train
 
     extra = {
         "model.size": '"cpu-encoder"',
@@ -176,7 +176,7 @@ def test_unigram_reference_is_the_training_frequencies_cross_entropy(tiny_data):
     from types import SimpleNamespace
 
     from extrapos.data import load_tokenizer, open_split
-    from extrapos.evaluate_mlm import unigram_loss
+    from extrapos.evaluate.mlm import unigram_loss
 
     tok = load_tokenizer(tiny_data)
     specials = encoder_special_tokens(tok)
@@ -191,7 +191,7 @@ def test_unigram_reference_is_the_training_frequencies_cross_entropy(tiny_data):
 
 
 def test_vocab_too_small_for_the_added_tokens_is_a_user_error(tiny_data, tmp_path):
-    from extrapos.train import train
+    from extrapos.training.trainer import train
 
     extra = {
         "model.size": '"cpu-encoder"',

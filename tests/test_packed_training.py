@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from extrapos import train as train_mod
-from extrapos.config import load_config
+from extrapos.run.config import load_config
+from extrapos.training import trainer as train_mod
 from tests.conftest import tiny_overrides
 
 

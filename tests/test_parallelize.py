@@ -1,4 +1,4 @@
-"""parallelize.py in one process: the option's checks, activation checkpointing, tied-weight names,
+"""run/parallelize.py in one process: the option's checks, activation checkpointing, tied-weight names,
 the plan's answers on one process, and configs that stay byte-identical for runs saved before the
 options existed."""
 
@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.utils.checkpoint
 
-from extrapos import parallelize
-from extrapos.config import RunConfig, from_dict, load_config
 from extrapos.errors import UserError
 from extrapos.model import Decoder
-from extrapos.train import read_metrics, train
+from extrapos.run import parallelize
+from extrapos.run.config import RunConfig, from_dict, load_config
+from extrapos.training.trainer import read_metrics, train
 from tests.conftest import tiny_overrides
 
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from extrapos.data import load_tokenizer, open_split
 from extrapos.errors import UserError
-from extrapos.generate import generate_tokens
+from extrapos.inference.generate import generate_tokens
 from extrapos.model import Decoder, model_config
 from extrapos.tasks.common import greedy_batch
 from extrapos.tasks.passkey import (
@@ -244,8 +244,8 @@ def test_batched_greedy_equals_the_reference_generator():
 
 @pytest.fixture(scope="module")
 def tiny_run(tiny_data, tmp_path_factory):
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
     from tests.conftest import tiny_overrides
 
     out = tmp_path_factory.mktemp("pk") / "rope"
@@ -303,7 +303,7 @@ def test_prompts_dealt_to_two_ranks_score_like_one_process(tok):
     prompts in generate mode) and the shares summed over the ranks give one process's numbers; both
     ranks draw every prompt's alternatives, so the rng moves as in one process. The all-reduce is
     stood in for: rank 1's shares are recorded and added to rank 0's."""
-    from extrapos.runtime import Shard
+    from extrapos.run.runtime import Shard
 
     b = PasskeyBuilder(tok)
     model = StubLM(tok.vocab_size, copier=True)

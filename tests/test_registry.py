@@ -6,12 +6,12 @@ import json
 import pytest
 import torch
 
-from extrapos.catalog import encodings_table
 from extrapos.cli import main
 from extrapos.errors import UserError
 from extrapos.model import Decoder, model_config
 from extrapos.positions import registry
 from extrapos.positions.base import EncodingContext, PositionalEncoding
+from extrapos.tools.catalog import encodings_table
 
 CTX = EncodingContext(d_model=32, n_heads=4, head_dim=8, n_layers=2, train_length=16)
 # every encoding the README promises (the papers' methods, their ablations and the baselines)

@@ -10,7 +10,6 @@ import pytest
 import torch
 from torch import nn
 
-from extrapos import stats
 from extrapos.data import load_tokenizer, open_split
 from extrapos.data.synthetic import (
     RULER_TASKS,
@@ -20,6 +19,7 @@ from extrapos.data.synthetic import (
     build_tokenizer,
 )
 from extrapos.errors import UserError
+from extrapos.report import stats
 from extrapos.tasks.ruler import RulerBuilder, cell_interval, format_ruler, score_prompts
 
 WORDS = build_tokenizer("ruler")

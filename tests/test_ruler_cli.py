@@ -6,7 +6,7 @@ import json
 import pytest
 
 from extrapos.cli import main
-from extrapos.compare_tasks import parse_task_specs
+from extrapos.compare.tasks import parse_task_specs
 from extrapos.data import prepare_data
 from extrapos.errors import UserError
 from extrapos.tasks.ruler import RulerOptions, ruler
@@ -17,8 +17,8 @@ SPEC = "synthetic:ruler:length=80,train=32,val=4,test=4,digits=2,pairs=2,queries
 @pytest.fixture(scope="module")
 def ruler_run(tmp_path_factory):
     """A 2-step cpu/tiny run on synthetic:ruler (L_t = 80)."""
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     tmp = tmp_path_factory.mktemp("ruler")
     cfg = load_config(

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from extrapos.stats import cell_samples, loss_interval, paired_difference
+from extrapos.report.stats import cell_samples, loss_interval, paired_difference
 
 
 def _documents(rng, n, mean=5.0, tokens=64):
@@ -91,7 +91,7 @@ def test_cell_samples_reads_results_and_refuses_old_or_misaligned_ones():
 
 
 def test_length_change_is_paired_over_the_same_targets_and_says_when_it_is_noise():
-    from extrapos.report import Row, length_change_table
+    from extrapos.report.render import Row, length_change_table
 
     rng = np.random.default_rng(5)
     sums, counts = _documents(rng, 30)
@@ -123,7 +123,7 @@ def test_length_change_is_paired_over_the_same_targets_and_says_when_it_is_noise
 
 
 def test_length_interval_is_the_document_bootstrap_or_says_why_not():
-    from extrapos.stats import MIN_DOCUMENTS, length_interval
+    from extrapos.report.stats import MIN_DOCUMENTS, length_interval
 
     rng = np.random.default_rng(3)
     sums, counts = _documents(rng, MIN_DOCUMENTS)

@@ -183,8 +183,8 @@ def test_scorer_gives_a_told_model_100_and_a_shuffled_one_chance(spec):
 
 
 def test_train_on_a_synthetic_corpus_and_score_beyond_the_training_length(tmp_path):
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     spec = "synthetic:passkey:length=16,train=64,val=8,test=8,digits=2"
     cfg = load_config(

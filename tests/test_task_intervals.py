@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from extrapos import task_tables
 from extrapos.compare import compare
 from extrapos.data.synthetic import SyntheticTask
 from extrapos.model import Decoder, model_config
+from extrapos.report import task_tables
 from extrapos.tasks.synthetic import score_examples
 from tests.test_compare_tasks import _synthetic_sweep
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from extrapos import train as train_mod
 from extrapos.cli import main
-from extrapos.config import load_config
 from extrapos.errors import UserError
-from extrapos.runtime import step_plan
+from extrapos.run.config import load_config
+from extrapos.run.runtime import step_plan
+from extrapos.training import trainer as train_mod
 from tests.conftest import tiny_overrides
 
 

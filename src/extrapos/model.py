@@ -355,8 +355,8 @@ class Attention(nn.Module):
         self.proj = nn.Linear(self.q_out, cfg.d_model, bias=cfg.use_bias)
         self.dropout = cfg.dropout
         # an optional observer of what this layer attends with: called as capture(q, k, v, bias, documents)
-        # just before attention, after the encoding's transforms and the cache (attention_stats.py reads
-        # the attention weights from them); it must not modify them, so the forward stays bit-identical
+        # just before attention, after the encoding's transforms and the cache (evaluate/attention_stats.py
+        # reads the attention weights from them); it must not modify them, so the forward stays bit-identical
         self.capture: Callable[[Tensor, Tensor, Tensor, Any, Tensor | None], None] | None = None
 
     def forward(

@@ -7,9 +7,9 @@ import pytest
 import torch
 from data_helpers import numbered_docs
 
-from extrapos.config import load_config
 from extrapos.data.segmented import SegmentedSampler
 from extrapos.errors import UserError
+from extrapos.run.config import load_config
 
 L_T, L_E = 8, 32
 LENGTHS = [100, 20, 65, 33, 200]
@@ -64,7 +64,7 @@ def test_chunk_targets_is_checked(split):
 
 
 def test_training_builds_the_sampler_the_config_asks_for(split):
-    from extrapos.runtime import build_sampler
+    from extrapos.run.runtime import build_sampler
 
     cfg = load_config(
         None,

@@ -8,9 +8,9 @@ import pytest
 import torch
 from data_helpers import numbered_docs
 
-from extrapos.config import load_config
 from extrapos.data.segmented import SegmentedSampler, compute_equivalent_tokens, pose_positions
 from extrapos.errors import UserError
+from extrapos.run.config import load_config
 
 L_T, L_E = 8, 32
 # numbered documents: token value - first token of its document = index in the document
@@ -201,7 +201,7 @@ def test_rank_shards_are_disjoint(split):
 
 
 def test_factory_and_errors(split):
-    from extrapos.runtime import build_sampler as runtime_sampler
+    from extrapos.run.runtime import build_sampler as runtime_sampler
 
     def cfg(*sets):
         return load_config(None, ["model.train_length=8", *sets])
@@ -231,8 +231,8 @@ def test_factory_and_errors(split):
 
 def test_training_from_scratch_with_a_segmented_sampler(tiny_data_small):
     """Plain training can use a segmented sampler (e.g. ExPE + chunk from scratch)."""
-    from extrapos.config import load_config as lc
-    from extrapos.train import train
+    from extrapos.run.config import load_config as lc
+    from extrapos.training.trainer import train
 
     data, tmp = tiny_data_small
     cfg = lc(
@@ -284,7 +284,7 @@ def test_pose_chunks_option(split):
 
 
 def test_pose_chunks_config(split):
-    from extrapos.runtime import build_sampler
+    from extrapos.run.runtime import build_sampler
 
     sets = ["model.train_length=8", 'data.sampler="pose"', "data.extended_length=32"]
     cfg = load_config(None, [*sets, "data.pose_chunks=4"])

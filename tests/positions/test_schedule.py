@@ -5,15 +5,15 @@ import pytest
 import torch
 from encoding_checks import assert_causal
 
-from extrapos.catalog import encodings_table, encodings_text
-from extrapos.checkpoint import load_weights, save_checkpoint
-from extrapos.config import from_dict, load_config
 from extrapos.errors import UserError
 from extrapos.model import Decoder, model_config
 from extrapos.positions.base import EncodingContext
 from extrapos.positions.registry import build_encoding
 from extrapos.positions.schedule import LayerSchedule, parse_layers
 from extrapos.presets import read_toml
+from extrapos.run.checkpoint import load_weights, save_checkpoint
+from extrapos.run.config import from_dict, load_config
+from extrapos.tools.catalog import encodings_table, encodings_text
 
 HYBRIDS = {
     "rope, nope every 2nd": {"name": "rope", "layers": "all but every 2nd"},
@@ -261,8 +261,8 @@ def test_catalog_and_export_say_what_a_schedule_takes():
 
 
 def test_a_hybrid_run_trains_saves_and_loads(tiny_data, tmp_path):
-    from extrapos.runs import load_run
-    from extrapos.train import train
+    from extrapos.run.directory import load_run
+    from extrapos.training.trainer import train
     from tests.conftest import tiny_overrides
 
     sets = tiny_overrides(tiny_data, **{"train.steps": 2, "model.positions.layers": '"every 2nd"'})

@@ -7,7 +7,7 @@ The cases are derived, never hand-listed, so a future flag or key is covered wit
   ``test_every_command_has_a_base``); each of its flags and positional arguments that takes a value is
   replaced, one at a time, by each malformed value of ``KINDS``;
 - ``train --set KEY=VALUE`` and ``extend --set KEY=VALUE`` for every key of ``RunConfig`` (walked from the
-  dataclasses of ``config.py`` and ``model.py``, plus the options of the run's encoding), ``eval
+  dataclasses of ``run/config.py`` and ``model.py``, plus the options of the run's encoding), ``eval
   --position-option KEY=VALUE`` for every option of the run's encoding, and every key of a compare sweep
   file (``Sweep`` and its ``[[rows]]``), each with every value of ``CONFIG_KINDS``.
 
@@ -109,9 +109,9 @@ def tiny_sets(data) -> list[str]:
 def world(tmp_path_factory, tiny_data):
     """Everything a base command line needs, made once: a finished run, a synthetic run, a corpus, an
     evaluation result, a Hugging Face directory, lm-eval tasks, a compare sweep."""
-    from extrapos.config import load_config
     from extrapos.data import prepare_data
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     root = tmp_path_factory.mktemp("battery")
     run = root / "run"
@@ -319,7 +319,7 @@ def with_value(base: list[str], words: int, action: argparse.Action, value: str)
 def config_keys() -> dict[str, typing.Any]:
     """Every key ``--set`` can name, with its annotation: the RunConfig dataclasses walked, ``model.size``
     (a preset applied first) and the options of the fixture's encoding (rope)."""
-    from extrapos.config import RunConfig
+    from extrapos.run.config import RunConfig
 
     keys: dict[str, typing.Any] = {"model.size": str}
 
@@ -499,7 +499,7 @@ def argv_for(case: Case, w: dict, case_dir: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def cheap_resolution():
     """bench --resolution-only's table computed once (a second of float arithmetic per call otherwise)."""
-    import extrapos.diagnostics as diagnostics
+    import extrapos.bench.resolution as diagnostics
 
     table = diagnostics.position_resolution()
     original = diagnostics.position_resolution

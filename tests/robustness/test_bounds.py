@@ -16,8 +16,8 @@ from tests.conftest import tiny_overrides
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_data):
     """A finished 8-step decoder run on the tiny data (L_t = 32)."""
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     out = tmp_path_factory.mktemp("runs") / "run"
     train(load_config("cpu/tiny", tiny_overrides(tiny_data)), out, progress=False)
@@ -45,7 +45,7 @@ def test_passkey_length_beyond_memory(trained, cache):
 def test_passkey_the_issue_case(trained, cache):
     """`passkey R --lengths 1000000` was killed for memory after 100 s; refused at once wherever its
     estimate exceeds the memory there is."""
-    from extrapos.config import load_run_config
+    from extrapos.run.config import load_run_config
     from extrapos.tasks.common import available_bytes, forward_bytes
 
     need = forward_bytes(load_run_config(trained).model, 32 * 10**6)
@@ -102,7 +102,7 @@ def test_generate_prompt_file_beyond_its_limit(trained, scratch, cache):
 
 def test_generate_refuses_a_cache_that_cannot_fit():
     from extrapos.errors import UserError
-    from extrapos.generate import check_prompt_memory
+    from extrapos.inference.generate import check_prompt_memory
     from extrapos.model import ModelConfig
 
     with pytest.raises(UserError, match="fewer --max-new-tokens"):
@@ -133,9 +133,9 @@ def test_feasible_work_still_runs(trained, tmp_path, cache):
 
     from harness import run
 
-    from extrapos.config import load_config
     from extrapos.data import prepare_data
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     spec = "synthetic:passkey:length=16,train=64,val=8,test=8,digits=2"
     data = prepare_data(spec, "synthetic", tmp_path / "d", progress=False)

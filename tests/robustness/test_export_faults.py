@@ -15,8 +15,8 @@ pytest.importorskip("sentence_transformers")
 @pytest.fixture(scope="module")
 def encoder(tmp_path_factory, tiny_data):
     """A finished 3-step masked-LM run of a one-layer encoder."""
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     path = tmp_path_factory.mktemp("runs") / "encoder"
     train(load_config("cpu/tiny", encoder_overrides(tiny_data)), path, progress=False)

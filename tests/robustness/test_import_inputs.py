@@ -119,7 +119,7 @@ def test_the_valid_directory_imports(model, scratch, capsys):
     result = _import(model, scratch / "run", capsys=capsys)
     assert result.returncode == 0, result.stderr
     assert (scratch / "run" / "config.toml").is_file() and (scratch / "run" / "source.json").is_file()
-    from extrapos.runs import load_run
+    from extrapos.run.directory import load_run
 
     run = load_run(scratch / "run")
     tokens = torch.randint(0, 300, (1, 8))
@@ -370,12 +370,12 @@ def test_damaged_tokenizer_names_the_users_file(model, scratch, capsys):
 
 def test_write_failure_names_no_temporary_path(model, scratch, capsys, monkeypatch):
     """A full disk while the checkpoint is written: the sentence names the run, not the deleted tmp."""
-    import extrapos.checkpoint
+    import extrapos.run.checkpoint
 
     def full(directory, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(directory / "model.safetensors"))
 
-    monkeypatch.setattr(extrapos.checkpoint, "save_checkpoint", full)
+    monkeypatch.setattr(extrapos.run.checkpoint, "save_checkpoint", full)
     sentence = _refused(model, scratch, capsys, "No space left on device", str(scratch / "run"))
     assert "model.safetensors" not in sentence
 

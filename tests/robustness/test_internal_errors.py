@@ -27,9 +27,9 @@ def _boom(*args, **kwargs):
 @pytest.fixture
 def broken_encodings(monkeypatch):
     """`extrapos encodings` with its library function raising an unexpected error."""
-    import extrapos.catalog
+    import extrapos.tools.catalog
 
-    monkeypatch.setattr(extrapos.catalog, "encodings_text", _boom)
+    monkeypatch.setattr(extrapos.tools.catalog, "encodings_text", _boom)
 
 
 def _one_line(err: str) -> re.Match:
@@ -76,12 +76,12 @@ def test_subcommand_of_a_group_is_named(monkeypatch, capsys, tmp_path):
 
 
 def test_user_errors_and_interrupts_keep_their_behaviour(monkeypatch, capsys):
-    import extrapos.catalog
+    import extrapos.tools.catalog
 
     def mistake(*a, **k):
         raise UserError("unknown model preset 'x'; choose one of: a, b.")
 
-    monkeypatch.setattr(extrapos.catalog, "encodings_text", mistake)
+    monkeypatch.setattr(extrapos.tools.catalog, "encodings_text", mistake)
     assert main(["encodings", "--debug"]) == 2
     err = capsys.readouterr().err
     assert err == "extrapos: error: unknown model preset 'x'; choose one of: a, b.\n"
@@ -89,18 +89,18 @@ def test_user_errors_and_interrupts_keep_their_behaviour(monkeypatch, capsys):
     def interrupt(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(extrapos.catalog, "encodings_text", interrupt)
+    monkeypatch.setattr(extrapos.tools.catalog, "encodings_text", interrupt)
     assert main(["encodings"]) == 130
     assert capsys.readouterr().err == "extrapos: interrupted\n"
 
 
 def test_an_empty_message_still_reads_as_one_line(monkeypatch, capsys):
-    import extrapos.catalog
+    import extrapos.tools.catalog
 
     def bare(*a, **k):
         raise RuntimeError
 
-    monkeypatch.setattr(extrapos.catalog, "encodings_text", bare)
+    monkeypatch.setattr(extrapos.tools.catalog, "encodings_text", bare)
     assert main(["encodings"]) == INTERNAL_ERROR
     m = _one_line(capsys.readouterr().err)
     assert (m["type"], m["message"]) == ("RuntimeError", "no message")

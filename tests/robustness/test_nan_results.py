@@ -35,8 +35,8 @@ def test_a_non_finite_loss_is_refused_naming_the_options(bad):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, tiny_data):
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     out = tmp_path_factory.mktemp("nan") / "run"
     overrides = tiny_overrides(tiny_data, **{"train.steps": 2, "model.n_layers": 1, "model.train_length": 16})

@@ -24,8 +24,8 @@ EVAL = ["--lengths", "1", "--max-tokens", "64", "--no-progress"]
 
 
 def _train(out, data_dir, **extra):
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     train(load_config("cpu/tiny", tiny_overrides(data_dir, **extra)), out, progress=False)
     return out
@@ -152,8 +152,8 @@ def test_a_moved_import_keeps_its_own_tokenizer(scratch, corpus, cache):
     """Import to A, move A to B, import another model (another tokenizer) to A: B is evaluated with its own
     tokenizer, on data tokenized by it (it used to read A's new tokenizer through an absolute path)."""
     from extrapos.cli import main
-    from extrapos.config import load_run_config
     from extrapos.data import load_tokenizer
+    from extrapos.run.config import load_run_config
 
     a, b = scratch / "A", scratch / "B"
     assert main(["import", str(_llama(scratch / "m1", 300)), "--out", str(a), "--corpus", str(corpus)]) == 0

@@ -54,9 +54,11 @@ def reference(tmp_path_factory, tiny_data):
 
 
 KILL_POINTS = {
-    "mid checkpoint write": Fault("extrapos.checkpoint:save_file", nth=2),
-    "between the final checkpoint and summary.json": Fault("extrapos.checkpoint:prune_checkpoints", nth=3),
-    "mid train step": Fault("extrapos.train:masked_loss_sum", nth=4),
+    "mid checkpoint write": Fault("extrapos.run.checkpoint:save_file", nth=2),
+    "between the final checkpoint and summary.json": Fault(
+        "extrapos.run.checkpoint:prune_checkpoints", nth=3
+    ),
+    "mid train step": Fault("extrapos.training.trainer:masked_loss_sum", nth=4),
 }
 
 
@@ -245,7 +247,7 @@ def test_killed_extension_resumes_identically(reference, scratch, cache):
     killed = run(
         ext + ["--out", str(scratch / "ext")],
         cache=cache,
-        fault=Fault("extrapos.train:masked_loss_sum", nth=3),
+        fault=Fault("extrapos.training.trainer:masked_loss_sum", nth=3),
     )
     assert killed.returncode == -signal.SIGKILL
     resumed = run(ext + ["--out", str(scratch / "ext"), "--resume"], cache=cache)

@@ -19,8 +19,8 @@ from tests.conftest import encoder_overrides, tiny_overrides
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_data):
     """A finished 8-step run on the tiny data (library call: seconds)."""
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     run = tmp_path_factory.mktemp("runs") / "run"
     train(load_config("cpu/tiny", tiny_overrides(tiny_data)), run, progress=False)
@@ -250,8 +250,8 @@ def test_report_never_reads_outside_the_sweep(scratch, cache):
 
 
 def test_export_of_an_encoding_hugging_face_lacks(tiny_data, scratch, cache):
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     run = scratch / "expe"
     train(
@@ -270,8 +270,8 @@ def test_export_of_an_encoding_hugging_face_lacks(tiny_data, scratch, cache):
 @pytest.fixture(scope="module")
 def encoder(tmp_path_factory, tiny_data):
     """A finished 3-step masked-LM run of a one-layer encoder."""
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     run = tmp_path_factory.mktemp("runs") / "encoder"
     train(load_config("cpu/tiny", encoder_overrides(tiny_data)), run, progress=False)
@@ -345,7 +345,7 @@ def test_a_missing_device_is_named_as_the_caller_spelled_it(monkeypatch):
     import torch
 
     from extrapos.errors import UserError
-    from extrapos.runtime import resolve_device
+    from extrapos.run.runtime import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto", "--device").type == "cpu"
@@ -378,7 +378,7 @@ def test_commands_name_their_device_flag(trained, cache, command):
 def test_bf16_on_a_cpu_without_native_bf16_is_said_once(monkeypatch, capsys):
     import torch
 
-    from extrapos import runtime
+    from extrapos.run import runtime
 
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     assert not runtime.cpu_has_fast_bf16()
@@ -393,7 +393,7 @@ def test_bf16_on_a_cpu_without_native_bf16_is_said_once(monkeypatch, capsys):
 
 def test_bench_report_skips_bf16_columns_with_a_note():
     from extrapos.bench import format_bench
-    from extrapos.diagnostics import position_resolution
+    from extrapos.bench.resolution import position_resolution
 
     row = {"step_ms": 10.0, "ratio": 1.0, "mfu": 0.5}
     r = {

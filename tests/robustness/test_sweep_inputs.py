@@ -164,8 +164,8 @@ def test_max_eval_tokens_flag_zero_is_refused_not_replaced(tiny_data, scratch, c
 def test_compare_advice_names_what_compare_can_do(tiny_data, scratch, cache):
     """An existing run (run = row) whose eval/ holds another evaluation under the name the sweep's request
     takes: compare has no --name or --overwrite, so its sentence names neither."""
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     source = scratch / "imported"
     train(load_config("cpu/tiny", tiny_overrides(tiny_data, **{"train.steps": 2})), source, progress=False)

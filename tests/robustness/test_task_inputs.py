@@ -21,8 +21,8 @@ from tests.conftest import encoder_overrides, tiny_overrides
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_data):
     """A finished 8-step decoder run on the tiny data (library call: seconds)."""
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     out = tmp_path_factory.mktemp("runs") / "run"
     train(load_config("cpu/tiny", tiny_overrides(tiny_data)), out, progress=False)
@@ -32,8 +32,8 @@ def trained(tmp_path_factory, tiny_data):
 @pytest.fixture(scope="module")
 def encoder(tmp_path_factory, tiny_data):
     """A finished 3-step masked-LM run of a one-layer encoder."""
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     out = tmp_path_factory.mktemp("runs") / "encoder"
     train(load_config("cpu/tiny", encoder_overrides(tiny_data)), out, progress=False)
@@ -242,8 +242,8 @@ def test_generate_with_an_invalid_utf8_prompt(trained, scratch, cache):
 @pytest.mark.parametrize("value", ["window", "max", 64])
 def test_placeholder_option_values_pass_the_check(value, tiny_data):
     """Values an evaluation resolves itself (--interpolate's "window", "max") are not refused as strings."""
-    from extrapos.config import load_config
     from extrapos.errors import UserError
+    from extrapos.run.config import load_config
     from extrapos.tasks.common import check_encoding_options
 
     cfg = load_config("cpu/tiny", tiny_overrides(tiny_data, **{"model.positions.name": '"learned"'}))

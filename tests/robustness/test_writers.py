@@ -21,8 +21,8 @@ from tests.conftest import tiny_overrides
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_data):
     """A finished 8-step run on the tiny data, checkpoints at steps 4 and 8 (library call: seconds)."""
-    from extrapos.config import load_config
-    from extrapos.train import train
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
 
     run_dir = tmp_path_factory.mktemp("runs") / "run"
     cfg = load_config("cpu/tiny", tiny_overrides(tiny_data, **{"train.checkpoint_every": 4}))
@@ -230,8 +230,8 @@ def test_values_that_make_step_one_nan_are_refused_up_front(extra, key, tiny_dat
 @pytest.mark.parametrize(
     "fault",
     [
-        Fault("extrapos.train:Trainer.train_step"),  # killed at step 1
-        Fault("extrapos.train:Trainer.train_step", error=28),  # ENOSPC at step 1: one sentence
+        Fault("extrapos.training.trainer:Trainer.train_step"),  # killed at step 1
+        Fault("extrapos.training.trainer:Trainer.train_step", error=28),  # ENOSPC at step 1: one sentence
     ],
     ids=["killed", "failed"],
 )
@@ -255,7 +255,7 @@ def test_a_run_that_failed_before_its_first_checkpoint_is_retried(fault, tiny_da
 
 def test_a_failed_run_is_retried_with_a_corrected_value(tiny_data, scratch, cache):
     out = scratch / "run"
-    fault = Fault("extrapos.train:Trainer.train_step", error=28)
+    fault = Fault("extrapos.training.trainer:Trainer.train_step", error=28)
     assert run(train_args(tiny_data, out, **{"train.steps": 2}), cache=cache, fault=fault).returncode == 2
     fixed = run(train_args(tiny_data, out, **{"train.steps": 2, "train.lr": 1e-3}), cache=cache)
     assert fixed.returncode == 0, fixed.stderr

@@ -6,7 +6,7 @@ One invocation measures, with the same model size and batch for every encoding:
   model-FLOPs utilisation against the matmul peak measured here in the same precision;
 - evaluation time at 1x, 4x and 16x L_t, and evaluation peak memory;
 - generation tokens/s at 1k tokens of context, with the KV cache and by recomputing the prefix;
-- the bf16 position-resolution diagnostic of ExPE / ExQPE (see diagnostics.py).
+- the bf16 position-resolution diagnostic of ExPE / ExQPE (see resolution.py).
 
 Timings are interleaved (every repeat visits every encoding) and reported as medians, so a noisy
 machine slows all encodings alike and the ratios survive. Peak memory on CPU has no allocator
@@ -17,11 +17,14 @@ buffers included.
 On a GPU (``run_bench_gpu``): GPT-2 small, each encoding alone on the card, absolute times,
 ``torch.cuda.max_memory_allocated`` and MFU against the GPU's dense bf16 peak (docs/architecture.md).
 
-Modules: ``measure`` (the CPU timings and memory), ``peer`` (against Hugging Face's Llama), ``gpu`` (the
-GPU bench), ``tables`` (the Markdown), ``run`` (one invocation). The names below are the package's API.
+Modules: ``measure`` (the CPU timings and memory), ``llama_peer`` (against Hugging Face's Llama), ``gpu``
+(the GPU bench), ``tables`` (the Markdown), ``run`` (one invocation), ``resolution`` (the bf16 position
+resolution) and ``peers`` (against peer libraries on matched shapes: benchmarks/bench_peers.py, not
+re-exported). The names below are the package's API.
 """
 
 from extrapos.bench.gpu import CudaDevice, _gpu_training, gpu_settings, run_bench_gpu
+from extrapos.bench.llama_peer import PEER_SHAPE, bench_peer, format_peer
 from extrapos.bench.measure import (
     BenchSettings,
     _child_memory,
@@ -34,7 +37,6 @@ from extrapos.bench.measure import (
     bench_training,
     peak_rss_growth_mb,
 )
-from extrapos.bench.peer import PEER_SHAPE, bench_peer, format_peer
 from extrapos.bench.run import bench_names, run_bench
 from extrapos.bench.tables import TARGETS, format_bench, format_targets, target_rows
 

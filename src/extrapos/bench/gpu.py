@@ -13,7 +13,7 @@ import torch
 from extrapos.bench.measure import BenchSettings, _model, _spread
 from extrapos.losses import model_loss_sum
 from extrapos.model import flops_per_token
-from extrapos.perf import gpu_bf16_peak, mfu
+from extrapos.run.perf import gpu_bf16_peak, mfu
 
 
 class CudaDevice:
@@ -76,7 +76,7 @@ def gpu_settings(quick: bool) -> BenchSettings:
 def _gpu_training(name: str, s: BenchSettings, precision: str, cuda: CudaDevice, peak: float | None):
     """One encoding's training step on the GPU, alone on the card: absolute time, the allocator's peak
     (weights, gradients, AdamW state and activations: ``max_memory_allocated``), MFU against ``peak``."""
-    from extrapos.runtime import autocast
+    from extrapos.run.runtime import autocast
 
     dev = cuda.device
     model = _model(name, s).to(dev)
@@ -122,8 +122,8 @@ def _gpu_training(name: str, s: BenchSettings, precision: str, cuda: CudaDevice,
 def _gpu_eval_and_generation(name: str, s: BenchSettings, precision: str, cuda: CudaDevice):
     """(evaluation time per length, the allocator's peak above the resident weights per length, decoding)
     of one encoding at batch 1, in ``precision``."""
-    from extrapos.generate import generate_tokens
-    from extrapos.runtime import autocast
+    from extrapos.inference.generate import generate_tokens
+    from extrapos.run.runtime import autocast
 
     dev = cuda.device
     model = _model(name, s).to(dev).eval()
@@ -178,7 +178,7 @@ def run_bench_gpu(
     that keeps CPU ratios honest on a shared machine would keep every model resident at once).
     Absolute times, ``max_memory_allocated``, and MFU of the bf16 step against the GPU's dense bf16
     peak (``perf.GPU_BF16_PEAKS``; a GPU not in the table gets no MFU, and the report says why)."""
-    from extrapos.diagnostics import position_resolution
+    from extrapos.bench.resolution import position_resolution
 
     t0 = time.perf_counter()
     gpu = cuda.name()

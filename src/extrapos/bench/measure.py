@@ -61,7 +61,7 @@ def _model(name: str, s: BenchSettings, seed: int = 0) -> Decoder:
 
 
 def _precision_ctx(precision: str):
-    from extrapos.runtime import autocast
+    from extrapos.run.runtime import autocast
 
     return autocast(torch.device("cpu"), precision)
 
@@ -241,7 +241,7 @@ def bench_eval_memory(names: list[str], s: BenchSettings, progress) -> dict[str,
 
 @torch.no_grad()
 def bench_generation(names: list[str], s: BenchSettings, progress) -> dict[str, dict[str, float]]:
-    from extrapos.generate import generate_tokens
+    from extrapos.inference.generate import generate_tokens
 
     g = torch.Generator().manual_seed(2)
     prompt = torch.randint(0, s.vocab, (s.context,), generator=g).tolist()

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from extrapos.bench.gpu import CudaDevice, gpu_settings, run_bench_gpu
+from extrapos.bench.llama_peer import bench_peer
 from extrapos.bench.measure import (
     BenchSettings,
     bench_eval_memory,
@@ -15,11 +16,10 @@ from extrapos.bench.measure import (
     bench_generation,
     bench_training,
 )
-from extrapos.bench.peer import bench_peer
 from extrapos.errors import UserError
-from extrapos.perf import matmul_peak_flops
 from extrapos.positions import registry
-from extrapos.runtime import cpu_has_fast_bf16
+from extrapos.run.perf import matmul_peak_flops
+from extrapos.run.runtime import cpu_has_fast_bf16
 
 
 def bench_names(encodings: list[str] | None = None) -> list[str]:
@@ -40,7 +40,7 @@ def run_bench(
 ) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
-    from extrapos.diagnostics import position_resolution
+    from extrapos.bench.resolution import position_resolution
 
     names = bench_names(encodings)
     if torch.device(device).type == "cuda":

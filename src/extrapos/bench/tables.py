@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from extrapos.bench.peer import format_peer
+from extrapos.bench.llama_peer import format_peer
 
 #: the figures of issues 15 and 28 and their targets: (label, what, encodings, target, higher is better)
 TARGETS = [
@@ -169,7 +169,7 @@ def format_bench(r: dict[str, Any]) -> str:
             "CABLE decoding per token / ALiBi's: "
             f"{gen['cable']['decode_ms'] / gen['alibi']['decode_ms']:.2f}",
         ]
-    from extrapos.diagnostics import format_resolution
+    from extrapos.bench.resolution import format_resolution
 
     lines += [
         "",

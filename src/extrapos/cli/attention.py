@@ -31,7 +31,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from extrapos.attention_stats import diagnose, format_result
     from extrapos.cli.eval import (
         check_position_options,
         eval_lengths,
@@ -39,7 +38,8 @@ def run(args) -> int:
         position_options,
     )
     from extrapos.evaluate import EvalRequest
-    from extrapos.runtime import resolve_device
+    from extrapos.evaluate.attention_stats import diagnose, format_result
+    from extrapos.run.runtime import resolve_device
 
     lengths, tokens = eval_lengths(args)  # the lengths `extrapos eval` takes, parsed as it parses them
     options = position_options(args, lengths_for_factor(args.run, lengths, tokens))

@@ -33,13 +33,13 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from extrapos.bench import format_bench, run_bench
-    from extrapos.diagnostics import (
+    from extrapos.bench.resolution import (
         bf16_eval_delta,
         format_bf16_delta,
         format_resolution,
         position_resolution,
     )
-    from extrapos.runtime import resolve_device
+    from extrapos.run.runtime import resolve_device
 
     if args.resolution_only:
         print(format_resolution(position_resolution()))

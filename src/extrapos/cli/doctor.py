@@ -22,10 +22,10 @@ def register(sub) -> None:
 def run(args) -> int:
     import json
 
-    from extrapos.doctor import doctor, format_report
     from extrapos.errors import UserError
     from extrapos.files import atomic_write, check_text
     from extrapos.positions.registry import spec
+    from extrapos.tools.doctor import doctor, format_report
 
     check_text(args.json, "--json")
     encodings = None

@@ -17,7 +17,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from extrapos.catalog import encodings_text
+    from extrapos.tools.catalog import encodings_text
 
     print(encodings_text(args.size, args.json))
     return 0

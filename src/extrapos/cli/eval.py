@@ -172,7 +172,7 @@ def lengths_for_factor(run_dir: str, lengths: list, tokens: list[int] | None) ->
     each window over the run's L_t as well (none to read without a run: the evaluation then says so)."""
     if not tokens or not (Path(run_dir) / "config.toml").is_file():
         return lengths or [1]
-    from extrapos.config import load_run_config
+    from extrapos.run.config import load_run_config
 
     L = load_run_config(Path(run_dir)).model.train_length
     return [*lengths, *(n / L for n in tokens)]
@@ -216,7 +216,7 @@ def check_position_options(run_dir: str, options: dict[str, Any]) -> None:
     """The --position-option (and --scale, --rope-scaling) values checked against the run's encoding before
     any work (``tasks.common.check_encoding_options``); nothing to check without a run (the command then
     says what is missing)."""
-    from extrapos.config import load_run_config
+    from extrapos.run.config import load_run_config
     from extrapos.tasks.common import check_encoding_options
 
     if options and (Path(run_dir) / "config.toml").is_file():
@@ -226,7 +226,7 @@ def check_position_options(run_dir: str, options: dict[str, Any]) -> None:
 def is_encoder_run(run_dir: str) -> bool:
     """Whether ``run_dir`` holds a run trained with objective mlm (False when it holds no run: the
     evaluation then says what is missing)."""
-    from extrapos.config import load_run_config
+    from extrapos.run.config import load_run_config
 
     if not (Path(run_dir) / "config.toml").is_file():
         return False
@@ -236,7 +236,7 @@ def is_encoder_run(run_dir: str) -> bool:
 def run(args) -> int:
     from extrapos.errors import UserError
     from extrapos.evaluate import EvalRequest, evaluate, format_result
-    from extrapos.runtime import init_distributed, resolve_device
+    from extrapos.run.runtime import init_distributed, resolve_device
 
     for flag, value in (("--corpus", args.corpus), ("--data", args.data)):
         if value is not None and not str(value).strip():
@@ -286,8 +286,8 @@ def run(args) -> int:
 def run_mlm(args, req) -> int:
     """An encoder run: the masked-LM loss at every length on the same masked tokens (``evaluate_mlm``)."""
     from extrapos.errors import UserError
-    from extrapos.evaluate_mlm import evaluate_mlm, format_mlm_result
-    from extrapos.runtime import distributed_env, resolve_device
+    from extrapos.evaluate.mlm import evaluate_mlm, format_mlm_result
+    from extrapos.run.runtime import distributed_env, resolve_device
 
     if args.stride is not None:
         raise UserError(

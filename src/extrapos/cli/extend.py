@@ -51,8 +51,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from extrapos.extend import extend
     from extrapos.files import check_text
+    from extrapos.training.extend import extend
 
     check_text(args.out, "--out")
 

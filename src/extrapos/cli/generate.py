@@ -57,8 +57,8 @@ def read_prompt_file(path: Path) -> str:
 
 def run(args) -> int:
     from extrapos.errors import UserError
-    from extrapos.generate import generate_text
-    from extrapos.runtime import resolve_device
+    from extrapos.inference.generate import generate_text
+    from extrapos.run.runtime import resolve_device
 
     if (args.prompt is None) == (args.prompt_file is None):
         raise UserError("give exactly one of --prompt TEXT and --prompt-file FILE.")

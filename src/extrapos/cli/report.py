@@ -57,7 +57,7 @@ def run(args) -> int:
 
     for flag in ("out", "title", "baseline"):
         check_text(getattr(args, flag), f"--{flag}")
-    from extrapos.report import collect_rows, loss_rows, markdown_table, write_report
+    from extrapos.report.render import collect_rows, loss_rows, markdown_table, write_report
 
     check_result_files(args.paths)
     rows, compare_dir = collect_rows(args.paths)

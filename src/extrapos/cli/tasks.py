@@ -152,7 +152,7 @@ def _options(args, lengths: list[int]) -> dict[str, Any]:
 
 def run_passkey(args) -> int:
     from extrapos.cli.eval import parse_lengths
-    from extrapos.runtime import init_distributed, resolve_device
+    from extrapos.run.runtime import init_distributed, resolve_device
     from extrapos.tasks.passkey import PasskeyOptions, check_plot_path, format_all, passkey, plot_heatmap
 
     lengths = parse_lengths(args.lengths)
@@ -190,7 +190,7 @@ def run_passkey(args) -> int:
 
 def run_ruler(args) -> int:
     from extrapos.cli.eval import parse_lengths
-    from extrapos.runtime import resolve_device
+    from extrapos.run.runtime import resolve_device
     from extrapos.tasks.passkey import check_plot_path
     from extrapos.tasks.ruler import RulerOptions, format_all, plot_grid, ruler
 
@@ -226,7 +226,7 @@ def run_ruler(args) -> int:
 
 def run_synthetic(args) -> int:
     from extrapos.cli.eval import parse_lengths
-    from extrapos.runtime import resolve_device
+    from extrapos.run.runtime import resolve_device
     from extrapos.tasks.synthetic import SyntheticOptions, format_synthetic, score_synthetic
 
     lengths = parse_lengths(args.lengths)
@@ -250,7 +250,7 @@ def run_synthetic(args) -> int:
 def run_lm_eval(args) -> int:
     from extrapos.errors import UserError
     from extrapos.integrations.lm_eval import run_lm_eval as lm_eval
-    from extrapos.runtime import resolve_device
+    from extrapos.run.runtime import resolve_device
 
     try:
         metadata = json.loads(args.metadata) if args.metadata else None

@@ -34,9 +34,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from extrapos.config import load_config, load_run_config, with_overrides
     from extrapos.files import check_text
-    from extrapos.train import train
+    from extrapos.run.config import load_config, load_run_config, with_overrides
+    from extrapos.training.trainer import train
 
     for flag in ("config", "data", "out"):
         check_text(getattr(args, flag), f"--{flag}")

@@ -37,7 +37,7 @@ resumed, so an interrupted sweep picks up where it stopped. Results are the runs
 ``eval/*.json`` files; the report is rebuilt from them (`extrapos report OUT` does the same, with
 the title, baseline and tables the sweep chose, saved in ``OUT/report.json``).
 
-Error bars (``extrapos.stats``)::
+Error bars (``extrapos.report.stats``)::
 
     baseline = "RoPE"           # the differences' reference row (default: the first row)
     seeds = [0, 1, 2]           # train every trained row once per seed (train.seed = seed)
@@ -49,7 +49,7 @@ held-out split's documents, which no seed touches). A row's result is then the m
 seeds (``OUT/merged/<row>.json``, the per-seed results inside it under ``seeds``), and its
 intervals combine documents and seeds.
 
-Task columns (``extrapos.compare_tasks``): ``tasks = ["synthetic" | "passkey" | "ruler" | "lm-eval", ...]``
+Task columns (``extrapos.compare.tasks``): ``tasks = ["synthetic" | "passkey" | "ruler" | "lm-eval", ...]``
 with option tables ``synthetic = {...}``, ``passkey = {...}``, ``ruler = {...}``,
 ``lm_eval = { tasks = [...] }`` score every row beside the loss columns; ``loss = false`` drops the
 loss columns (a synthetic corpus's test split holds single L_t examples, which a k x L_t window would
@@ -77,7 +77,8 @@ own ``eval/`` results. Such a row is evaluated, reused and extended like a train
 combined with ``seeds`` (there is one run, not one per seed).
 
 Modules: ``sweep`` (the sweep file, checked), ``run`` (training, evaluation and task columns of every
-row), ``seeds`` (results over seeds), ``facts`` (the report's statements).
+row), ``tasks`` (the task columns: their options and the scoring of each row), ``seeds`` (results over
+seeds), ``facts`` (the report's statements).
 """
 
 from extrapos.compare.run import OUT_MARKER, check_out_dir, compare

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from extrapos.compare.sweep import Sweep
-from extrapos.config import RunConfig
-from extrapos.report import Row, loss_rows
-from extrapos.stats import protocol_name
+from extrapos.report.render import Row, loss_rows
+from extrapos.report.stats import protocol_name
+from extrapos.run.config import RunConfig
 
 
 def _existing_run_facts(
@@ -17,7 +17,7 @@ def _existing_run_facts(
 ) -> list[str]:
     """One line per ``run = ...`` row: where it came from (an import's source.json, else its config), L_t;
     they have no summary.json (nothing was trained here)."""
-    from extrapos.config import load_run_config
+    from extrapos.run.config import load_run_config
 
     facts = []
     for row in (r for r in sweep.rows if r.run):

@@ -20,20 +20,20 @@ from extrapos.compare.sweep import (
     slug,
     task_specs,
 )
-from extrapos.compare_tasks import (
+from extrapos.compare.tasks import (
     TaskSpecs,
     mean_over_seeds,
     merge_lengths,
     write_row_result,
 )
-from extrapos.compare_tasks import score as score_task
-from extrapos.config import RunConfig, load_config
+from extrapos.compare.tasks import score as score_task
 from extrapos.errors import UserError
 from extrapos.evaluate import EvalRequest, default_name, evaluate, format_result
-from extrapos.evaluate_mlm import evaluate_mlm, format_mlm_result
+from extrapos.evaluate.mlm import evaluate_mlm, format_mlm_result
 from extrapos.files import atomic_write
 from extrapos.presets import find_sweep
-from extrapos.report import Row, loss_rows, markdown_table, write_report
+from extrapos.report.render import Row, loss_rows, markdown_table, write_report
+from extrapos.run.config import RunConfig, load_config
 
 # written into every comparison directory: a later compare writes only into a directory that holds it
 OUT_MARKER = ".extrapos-compare"
@@ -88,8 +88,8 @@ def compare(  # noqa: C901
     is scored by them together (``evaluate`` and the passkey column deal their work out); rank 0
     alone writes the comparison's files and prints (docs/distributed.md).
     """
-    from extrapos.runtime import init_distributed, resolve_device
-    from extrapos.train import run_is_complete, train
+    from extrapos.run.runtime import init_distributed, resolve_device
+    from extrapos.training.trainer import run_is_complete, train
 
     sweep = load_sweep(spec)
     specs = task_specs(sweep, find_sweep(spec))
@@ -193,7 +193,7 @@ def _check_row_options(sweep: Sweep, path: Path, specs: TaskSpecs, extra: list[s
     """Every row's ``eval`` options checked against the encoding it evaluates before the first row trains
     (``tasks.common.check_encoding_options``: unknown options, wrong types, values that make the loss
     NaN), and against what the lm-eval column can apply; task columns refuse an encoder row."""
-    from extrapos.config import load_run_config
+    from extrapos.run.config import load_run_config
     from extrapos.tasks.common import check_encoding_options
 
     by_name = {r.name: r for r in sweep.rows}
@@ -365,7 +365,7 @@ def score_run(
     torchrun) otherwise."""
     import torch.distributed as dist
 
-    from extrapos.config import load_run_config
+    from extrapos.run.config import load_run_config
 
     if load_run_config(run_dir).train.objective == "mlm":
         if req.protocol != "documents":
@@ -460,7 +460,7 @@ def _check_heldout_fits(
     from extrapos.data import check_heldout, open_split
     from extrapos.data.synthetic import task_of
     from extrapos.evaluate.stream import TokenStream, select_blocks
-    from extrapos.runtime import prepare_run_data
+    from extrapos.run.runtime import prepare_run_data
 
     if not trained or not sweep.loss:  # task columns generate their own examples
         return
@@ -488,9 +488,9 @@ def _run_extensions(
 ) -> dict[tuple[str, int, int | None], Path]:
     """Train (or reuse / resume) every extension run: OUT/runs/<row>-x<k>[-seed<s>], from its parent row's
     run of the same seed (an extension keeps its parent's train.seed)."""
-    from extrapos.config import BUDGET_KEYS, parse_override
-    from extrapos.extend import extend
-    from extrapos.train import run_is_complete
+    from extrapos.run.config import BUDGET_KEYS, parse_override
+    from extrapos.training.extend import extend
+    from extrapos.training.trainer import run_is_complete
 
     extra = [o for o in extra if parse_override(o)[0] not in (["train", k] for k in BUDGET_KEYS)]
     jobs = [

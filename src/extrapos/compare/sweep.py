@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from extrapos import schema
-from extrapos.compare_tasks import (
+from extrapos.compare.tasks import (
     TaskSpecs,
     parse_task_specs,
 )
-from extrapos.config import RunConfig, load_config, validate
 from extrapos.errors import UserError
 from extrapos.evaluate import EvalRequest
 from extrapos.presets import find_sweep, read_toml
+from extrapos.run.config import RunConfig, load_config, validate
 
 
 @dataclass
@@ -64,11 +64,11 @@ class Sweep:
     )
     loss: bool = True  # the loss columns (false: task columns only)
     tasks: list[str] = field(default_factory=list)  # task columns: synthetic, passkey, lm-eval
-    synthetic: dict[str, Any] | None = None  # options of each task column (extrapos.compare_tasks)
+    synthetic: dict[str, Any] | None = None  # options of each task column (extrapos.compare.tasks)
     passkey: dict[str, Any] | None = None
-    ruler: dict[str, Any] | None = None  # RULER column options (extrapos.compare_tasks.RulerColumns)
+    ruler: dict[str, Any] | None = None  # RULER column options (extrapos.compare.tasks.RulerColumns)
     lm_eval: dict[str, Any] | None = None
-    attention: dict[str, Any] | None = None  # attention diagnostics columns (compare_tasks.AttentionColumns)
+    attention: dict[str, Any] | None = None  # attention diagnostics columns (compare.tasks.AttentionColumns)
     protocol: str = "documents"  # the evaluation protocol of the loss columns: documents or stream
     boundary: str | None = None  # stream: context crossing documents ("cross", the default) or "mask"
 
@@ -136,7 +136,7 @@ def load_sweep(spec: str) -> Sweep:
 
 
 def task_specs(sweep: Sweep, path: Path | str) -> TaskSpecs:
-    """The sweep's task columns, checked (``extrapos.compare_tasks``)."""
+    """The sweep's task columns, checked (``extrapos.compare.tasks``)."""
     return parse_task_specs(
         Path(path),
         sweep.tasks,
@@ -166,7 +166,7 @@ def _check_protocol(path: Path, sweep: Sweep) -> None:
 
 
 def _extension_spec(path: Path, row: str, raw: Any) -> ExtensionSpec:
-    from extrapos.extend import METHODS, TRAINABLE_SCALINGS
+    from extrapos.training.extend import METHODS, TRAINABLE_SCALINGS
 
     usage = (
         f"{path}: row '{row}' needs extend = {{ from = <a trained row>, method = {' | '.join(METHODS)}, "

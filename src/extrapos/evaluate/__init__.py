@@ -22,7 +22,7 @@ Either way:
    the UTF-8 bytes they decode to), and the loss of each window's last L_t tokens ("tail": does
    a longer context help the tokens that have the most of it?).
 4. Per-position loss in the longest windows, in buckets: where the model breaks.
-5. For confidence intervals (``extrapos.stats``), per length and per document: the sum of its
+5. For confidence intervals (``extrapos.report.stats``), per length and per document: the sum of its
    scored token losses and its number of scored tokens, with the documents' indices in the split
    (``doc_index``), so that rows scoring the same documents are paired. And the mean over windows
    of each window's perplexity (``seq_ppl``), the segmented-sequences paper's aggregate (Karypis
@@ -30,6 +30,11 @@ Either way:
 
 Inference-time changes (ExPE/ExQPE ``scale``, RoPE scalings, learned-table interpolation) are
 options of the encoding, set with ``set_options`` before scoring and recorded in the result.
+
+Modules beside this one: ``lengths`` (multiples of L_t and window lengths), ``slot`` (the result slot
+every evaluator shares), ``stream`` (the stream protocol), ``mlm`` (the same protocol for encoders:
+masked-LM loss) and ``attention_stats`` (`extrapos attention`: what each head attends to at every
+length).
 """
 
 from __future__ import annotations
@@ -216,7 +221,7 @@ def _eval_split(run, req: EvalRequest, progress: bool):
     """The token split to score: the run's held-out split, or another corpus tokenized with the run's
     tokenizer; data tokenized with another tokenizer is refused (its ids would be scored as other tokens)."""
     from extrapos.data import open_split, prepare_data
-    from extrapos.runtime import check_data_tokenizer, prepare_run_data
+    from extrapos.run.runtime import check_data_tokenizer, prepare_run_data
 
     if req.data_dir:
         check_data_tokenizer(req.data_dir, run.tokenizer.hash, run.path, "pass DIR as --data")
@@ -238,7 +243,7 @@ def _eval_split(run, req: EvalRequest, progress: bool):
 
 
 def _tokenizer_file(run_dir: Path) -> Path:
-    from extrapos.runtime import run_tokenizer_file
+    from extrapos.run.runtime import run_tokenizer_file
 
     return run_tokenizer_file(run_dir) or run_dir
 
@@ -320,7 +325,7 @@ class ScoredRun:
 
 def load_scored_run(run_dir, req: EvalRequest, ckpt, device, progress: bool) -> ScoredRun:
     """Load the run at ``ckpt``, set the request's fixed position options and open the held-out split."""
-    from extrapos.runs import load_run
+    from extrapos.run.directory import load_run
 
     run = load_run(run_dir, device=device, checkpoint=ckpt)
     L = req.base_length or run.cfg.model.train_length
@@ -340,7 +345,7 @@ def load_scored_run(run_dir, req: EvalRequest, ckpt, device, progress: bool) -> 
 def check_lengths(run_dir: Path, req: EvalRequest) -> list[EvalLength]:
     """The request's lengths checked against the run's L_t (``request_lengths``) before anything is read or
     written."""
-    from extrapos.config import load_run_config
+    from extrapos.run.config import load_run_config
 
     return request_lengths(req, req.base_length or load_run_config(run_dir).model.train_length)
 
@@ -484,7 +489,7 @@ def token_losses(
     logit_chunk: int = 1024,
 ) -> torch.Tensor:
     """Per-token cross-entropy (B, T) in fp32; logits are formed in chunks of positions to save memory."""
-    from extrapos.runtime import autocast
+    from extrapos.run.runtime import autocast
 
     device = tokens.device
     with autocast(device, precision):
@@ -616,8 +621,8 @@ def check_eval_memory(run_dir: Path, req: EvalRequest, device: str, batch_tokens
     """Refuse, before the model is loaded, lengths whose windows cannot fit in memory: one batch of the
     longest window (``memory.forward_bytes``) and its chunk of logits with their cross-entropy
     (``token_losses`` forms them 1,024 positions at a time)."""
-    from extrapos.config import load_run_config
-    from extrapos.memory import check_memory, forward_bytes
+    from extrapos.run.config import load_run_config
+    from extrapos.run.memory import check_memory, forward_bytes
 
     model = load_run_config(run_dir).model
     L = req.base_length or model.train_length
@@ -730,7 +735,7 @@ def _jsonable(d: Any) -> Any:
 
 
 def format_result(result: dict[str, Any]) -> str:
-    from extrapos.stats import length_interval, protocol_name
+    from extrapos.report.stats import length_interval, protocol_name
 
     if result.get("protocol") == "stream":
         scored = (

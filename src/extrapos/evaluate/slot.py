@@ -69,7 +69,7 @@ def jsonable(value: Any) -> Any:
 def scored_checkpoint(run_dir: Path, step: int | None) -> tuple[Any, str]:
     """The checkpoint a result scores (``step``, default the latest intact one) and the sha256 of its
     weights."""
-    from extrapos import checkpoint as ckpt_io
+    from extrapos.run import checkpoint as ckpt_io
 
     ckpt = ckpt_io.checkpoint_at(Path(run_dir), step)
     return ckpt, ckpt_io.weights_digest(ckpt)
@@ -99,7 +99,7 @@ class ResultSlot:
         ``options`` and nothing is written (``files.finite_json``). Under torchrun every process holds the
         whole result and refuses it alike (so none waits at the barrier alone); rank 0 writes it, and every
         process waits until it is on disk before looking for it again."""
-        from extrapos.runtime import barrier, process_group
+        from extrapos.run.runtime import barrier, process_group
 
         text = finite_json(result, options, what)
         if process_group()[0] == 0:

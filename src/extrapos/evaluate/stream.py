@@ -150,7 +150,7 @@ def block_losses(
 ) -> torch.Tensor:
     """Cross-entropy (B, b) in fp32 of the last ``b = targets.shape[1]`` positions of windows (B, T); the
     head runs on those positions only, ``logit_tokens`` at a time, to bound the logits' memory."""
-    from extrapos.runtime import autocast
+    from extrapos.run.runtime import autocast
 
     device = tokens.device
     extra = {} if documents is None else {"documents": documents}

@@ -94,7 +94,7 @@ class ExtraposLM(TemplateLM):
         **unused: Any,
     ):
         super().__init__()
-        from extrapos.runs import load_run
+        from extrapos.run.directory import load_run
 
         if run is None:
             raise UserError("the extrapos lm-eval model needs model_args run=RUN_DIR.")
@@ -285,7 +285,7 @@ def lm_eval_slot(
 ) -> tuple[ResultSlot, dict[str, Any]]:
     """The request of ``opts`` checked before the run or the harness is loaded, and its result slot
     (``evaluate.slot.task_slot``, default name ``lm-eval-<tasks>``): (the slot, the request it records)."""
-    from extrapos.config import load_run_config
+    from extrapos.run.config import load_run_config
 
     tasks, limit = opts.tasks, opts.limit
     if not tasks:

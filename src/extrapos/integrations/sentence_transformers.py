@@ -16,7 +16,7 @@ extrapos package (nothing is downloaded or run from the directory). The director
 - ``1_Pooling/`` (and ``2_Normalize/``): sentence-transformers' modules
 - ``extrapos.json``: the run and checkpoint step it came from
 
-Embeddings equal ``extrapos.embeddings.embed_texts`` on the run: both tokenize with ``text_ids`` and
+Embeddings equal ``extrapos.inference.embeddings.embed_texts`` on the run: both tokenize with ``text_ids`` and
 compute hidden states with ``token_states`` (texts grouped by length, never padded, so a batch's
 padding never changes a text's embedding); ``Pooling`` then averages over the attention mask, which
 covers exactly the text's tokens.
@@ -52,7 +52,7 @@ class ExtraposEncoder(InputModule):
 
     def __init__(self, model, tokenizer, max_seq_length: int | None = None, wrap: bool = True):
         from extrapos.data.mlm import encoder_special_tokens
-        from extrapos.embeddings import check_max_length
+        from extrapos.inference.embeddings import check_max_length
 
         super().__init__()
         if model.cfg.causal:
@@ -71,8 +71,8 @@ class ExtraposEncoder(InputModule):
         cls, run_dir: str | Path, max_seq_length: int | None = None, step: int | None = None
     ) -> ExtraposEncoder:
         """The module of an encoder run's checkpoint (the latest, or ``step``); the run's tokenizer."""
-        from extrapos.embeddings import encoder_run_dir
-        from extrapos.runs import load_run
+        from extrapos.inference.embeddings import encoder_run_dir
+        from extrapos.run.directory import load_run
 
         run = load_run(encoder_run_dir(run_dir), step=step)
         module = cls(run.model, run.tokenizer, max_seq_length)
@@ -81,7 +81,7 @@ class ExtraposEncoder(InputModule):
 
     # ---- sentence-transformers' interface ------------------------------------------------------
     def preprocess(self, inputs: Sequence[str], prompt: str | None = None, **kwargs) -> dict[str, Tensor]:
-        from extrapos.embeddings import text_ids
+        from extrapos.inference.embeddings import text_ids
 
         if any(not isinstance(x, str) for x in inputs):
             raise ValueError("ExtraposEncoder embeds texts (strings) only, not pairs or other inputs.")
@@ -97,7 +97,7 @@ class ExtraposEncoder(InputModule):
         return {"input_ids": input_ids, "attention_mask": mask}
 
     def forward(self, features: dict[str, Any], **kwargs) -> dict[str, Any]:
-        from extrapos.embeddings import token_states
+        from extrapos.inference.embeddings import token_states
 
         ids, mask = features["input_ids"], features["attention_mask"].bool()
         where = [row.nonzero().squeeze(1) for row in mask]
@@ -151,9 +151,9 @@ class ExtraposEncoder(InputModule):
     ) -> ExtraposEncoder:
         from safetensors.torch import load_model
 
-        from extrapos.config import build_section
         from extrapos.data import load_tokenizer
         from extrapos.model import Decoder, ModelConfig
+        from extrapos.run.config import build_section
 
         hub = {
             "subfolder": subfolder,
@@ -203,8 +203,8 @@ def export_sentence_transformers(
     from sentence_transformers.base.modules import Normalize
     from sentence_transformers.sentence_transformer.modules import Pooling
 
-    from extrapos.embeddings import check_max_length, check_pooling, encoder_run_dir
     from extrapos.files import fresh_output_dir
+    from extrapos.inference.embeddings import check_max_length, check_pooling, encoder_run_dir
 
     out = Path(out)
     check_pooling(pooling)

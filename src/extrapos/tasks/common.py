@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from extrapos.errors import UserError
 from extrapos.evaluate.slot import ResultSlot
-from extrapos.memory import available_bytes, check_memory, forward_bytes  # noqa: F401 (re-exported)
+from extrapos.run.memory import available_bytes, check_memory, forward_bytes  # noqa: F401 (re-exported)
 
 
 @torch.no_grad()
@@ -103,7 +103,7 @@ def load_task_run(
 ) -> tuple[Any, int, dict[str, Any]]:
     """The run loaded at the checkpoint its slot scores, with the request's inference-time encoding options
     set ("max": the longest length, ``longest`` x L_t): (the run, L_t, the options applied)."""
-    from extrapos.runs import load_run
+    from extrapos.run.directory import load_run
 
     run = load_run(run_dir, device=device, checkpoint=slot.ckpt)
     L = base_length or run.cfg.model.train_length
@@ -163,7 +163,7 @@ def refuse_encoder(run_dir: str | Path, command: str) -> None:
     """A UserError when ``run_dir`` holds an encoder (objective mlm): ``command`` scores next-token
     predictions, which a masked-LM encoder does not make (it would rank keys by a bidirectional model's
     guesses at positions it was never trained to predict)."""
-    from extrapos.config import load_run_config
+    from extrapos.run.config import load_run_config
 
     if load_run_config(Path(run_dir)).train.objective == "mlm":
         raise UserError(
@@ -227,7 +227,7 @@ def check_encoding_options(cfg, options: dict[str, Any], given_as: str = "the en
     an older extrapos wrote under other rules is left to the encoding's own checks."""
     import dataclasses
 
-    from extrapos.config import validate
+    from extrapos.run.config import validate
 
     if not options:
         return

@@ -212,7 +212,7 @@ def score_prompts(
     process scores it (same batch), the outcomes summed back; every process draws every prompt's
     alternative keys, so ``rng`` moves as in a single process and the numbers are the same.
     """
-    from extrapos.runtime import Shard
+    from extrapos.run.runtime import Shard
 
     shard = shard or Shard()
     out: dict[str, Any] = {"n": len(prompts)}
@@ -346,7 +346,7 @@ def passkey(
     """
     from tqdm.auto import tqdm
 
-    from extrapos.runtime import Shard
+    from extrapos.run.runtime import Shard
 
     opts = given_options(PasskeyOptions, options, fields).checked()
     lengths, depths, trials, mode = opts.lengths, opts.depths, opts.trials, opts.mode
@@ -446,7 +446,7 @@ def check_passkey_memory(
     ``trials`` prompts (a list of token ids each), rank mode's candidate rows and one forward over
     them, generate mode's batch of prompts with its KV cache (``common.forward_bytes``). ``source``: a
     run directory, or a model config (a sweep's row before it is trained)."""
-    from extrapos.config import load_run_config
+    from extrapos.run.config import load_run_config
 
     model = source if hasattr(source, "d_model") else load_run_config(Path(source)).model
     T = max(lengths) * (base_length or model.train_length)

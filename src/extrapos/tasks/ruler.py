@@ -432,7 +432,7 @@ def _example(tokenizer, builder: RulerBuilder, task: str, length: int) -> dict[s
 def cell_interval(cell: dict[str, Any], metric: str):
     """The 95% bootstrap interval of one cell's accuracy over its examples (``stats.loss_interval`` with the
     example as unit: the resampling the report's task tables use); None when the cell lacks the metric."""
-    from extrapos import stats
+    from extrapos.report import stats
 
     pair = cell.get("per_example", {}).get(metric)
     return None if pair is None else stats.loss_interval(pair[0], pair[1])

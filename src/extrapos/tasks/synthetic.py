@@ -126,7 +126,7 @@ def score_synthetic(
     keywords instead); writes and returns ``RUN/eval/NAME.json``. A length whose examples cannot fit in
     memory is refused before the model is loaded; ``progress`` shows a bar over the lengths.
     """
-    from extrapos.runs import load_run
+    from extrapos.run.directory import load_run
 
     opts = given_options(SyntheticOptions, options, fields).checked()
     lengths, examples = opts.lengths, opts.examples
@@ -191,7 +191,7 @@ def check_synthetic_memory(
     rows of ids (int64) and answer flags (each held twice while they are stacked), then one batch's
     forward (``common.forward_bytes``). ``source``: a run directory, or a model config (a sweep's row
     before it is trained)."""
-    from extrapos.config import load_run_config
+    from extrapos.run.config import load_run_config
 
     model = source if hasattr(source, "d_model") else load_run_config(Path(source)).model
     L = base_length or model.train_length

@@ -84,8 +84,8 @@ def export_pretrained(run_dir: str | Path, out: str | Path, *, step: int | None 
     """
     from safetensors.torch import save_file
 
-    from extrapos.config import load_run_config
-    from extrapos.runs import load_run
+    from extrapos.run.config import load_run_config
+    from extrapos.run.directory import load_run
 
     out = Path(out)
     arch = export_architecture(load_run_config(Path(run_dir)).model)  # fail before loading any weights

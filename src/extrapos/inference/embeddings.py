@@ -117,7 +117,7 @@ def embed_texts(
     length L_t; longer is length extrapolation, as the encoding allows). See the module docstring.
     """
     from extrapos.data.mlm import encoder_special_tokens
-    from extrapos.runs import LoadedRun, load_run
+    from extrapos.run.directory import LoadedRun, load_run
 
     check_pooling(pooling)
     if not isinstance(run, LoadedRun):
@@ -143,7 +143,7 @@ def embed_texts(
 
 def encoder_run_dir(run_dir) -> Path:
     """``run_dir`` checked to hold an encoder run (before any weights are read)."""
-    from extrapos.config import load_run_config
+    from extrapos.run.config import load_run_config
 
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir)

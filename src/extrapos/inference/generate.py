@@ -146,7 +146,7 @@ def generate_text(
 ) -> str:
     """Generate a continuation of ``prompt``; ``on_text`` receives each new piece of text as it appears;
     ``progress`` shows the prefill of a long prompt on stderr."""
-    from extrapos.runs import load_run
+    from extrapos.run.directory import load_run
 
     check_sampling(max_new_tokens, temperature, top_k, top_p, seed)
     run = load_run(run_dir, device=device)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from extrapos import checkpoint as ckpt_io
-from extrapos.config import RunConfig, load_run_config
+from extrapos.run import checkpoint as ckpt_io
+from extrapos.run.config import RunConfig, load_run_config
 
 
 @dataclass
@@ -44,7 +44,7 @@ def load_run(
     UserError naming ``device``."""
     from extrapos.data import load_tokenizer
     from extrapos.model import Decoder
-    from extrapos.runtime import resolve_device
+    from extrapos.run.runtime import resolve_device
 
     if isinstance(device, str):
         device = resolve_device(device, "device")

@@ -15,8 +15,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from extrapos import checkpoint as ckpt_io
-from extrapos.config import (
+from extrapos.errors import UserError
+from extrapos.files import atomic_write
+from extrapos.run import checkpoint as ckpt_io
+from extrapos.run.config import (
     DataConfig,
     RunConfig,
     TrainConfig,
@@ -24,9 +26,7 @@ from extrapos.config import (
     parse_override,
     with_overrides,
 )
-from extrapos.errors import UserError
-from extrapos.files import atomic_write
-from extrapos.runtime import prepare_run_data, tokens_per_step
+from extrapos.run.runtime import prepare_run_data, tokens_per_step
 
 METHODS = ("chunk", "prefix", "full", "randompos", "pose", "continue")
 EXTENSION_LR_FRACTION = 0.1
@@ -50,7 +50,7 @@ def _parent_split(parent: Path, cfg: RunConfig):
     """The parent's train split: the data it trained on (data.json), else its data prepared again; either
     must hold the parent's tokenizer."""
     from extrapos.data import load_tokenizer, open_split
-    from extrapos.runtime import check_data_tokenizer
+    from extrapos.run.runtime import check_data_tokenizer
 
     f = parent / "data.json"
     if f.is_file():
@@ -72,7 +72,7 @@ def parent_checkpoint(parent: Path) -> ckpt_io.Checkpoint:
 def parent_tokenizer(parent: Path, data: DataConfig) -> DataConfig:
     """A tokenizer file is the parent's own saved copy (an imported parent records it relative to itself,
     older ones by an absolute path that may since name another tokenizer); bpe:N and named ones stay."""
-    from extrapos.runtime import is_file_spec, run_tokenizer_file
+    from extrapos.run.runtime import is_file_spec, run_tokenizer_file
 
     own = run_tokenizer_file(parent)
     if own is None or not is_file_spec(data.tokenizer):
@@ -227,7 +227,7 @@ def _check_window_memory(pcfg: RunConfig, L_e: int, factor: int) -> None:
     """Refuse, before anything is built, an extended window that one forward of one row cannot hold
     (``memory.forward_bytes``, a lower bound of a training step): ``--factor 10**30`` is one sentence,
     never an overflow deep in the sampler."""
-    from extrapos.memory import check_memory, forward_bytes
+    from extrapos.run.memory import check_memory, forward_bytes
 
     check_memory(
         forward_bytes(pcfg.model, L_e),
@@ -330,8 +330,8 @@ def extend(
     import torch
 
     from extrapos.model import Decoder
-    from extrapos.runtime import barrier, init_distributed, resolve_device
-    from extrapos.train import train
+    from extrapos.run.runtime import barrier, init_distributed, resolve_device
+    from extrapos.training.trainer import train
 
     parent = Path(parent)
     out = Path(out) if out is not None else default_out(parent, method, factor, alpha)

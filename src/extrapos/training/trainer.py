@@ -6,7 +6,7 @@ effective batch in tokens, clipping, bf16 autocast, optional torch.compile, peri
 ``metrics.jsonl`` + a progress bar, atomic checkpoints that resume exactly, and a clear stop on a
 non-finite loss. It runs in stages (``Trainer``): build or resume, ``train_step`` once per optimizer
 step, the periodic work (log, validate, checkpoint), finish. Multi-process (torchrun) is data
-parallel, DDP or FSDP2 (``train.parallel``, parallelize.py): each rank reads its own share of the
+parallel, DDP or FSDP2 (``train.parallel``, run/parallelize.py): each rank reads its own share of the
 global window order, rank 0 alone writes files, and checkpoints have the single-process format.
 How exact resume works is described in docs/architecture.md.
 """
@@ -24,19 +24,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from extrapos import checkpoint as ckpt_io
-from extrapos.config import RunConfig, load_run_config
 from extrapos.data.batch import Batch
 from extrapos.data.mlm import objective_sampler
 from extrapos.errors import UserError
 from extrapos.files import atomic_write, ensure_writable_dir
-from extrapos.lock import RunLock
 from extrapos.losses import model_loss_sum
-from extrapos.metrics import MetricsLog, read_metrics
 from extrapos.model import Decoder, count_parameters, flops_per_token
-from extrapos.parallelize import Parallel
-from extrapos.perf import matmul_peak_flops
-from extrapos.runtime import (
+from extrapos.run import checkpoint as ckpt_io
+from extrapos.run.config import RunConfig, load_run_config
+from extrapos.run.lock import RunLock
+from extrapos.run.metrics import MetricsLog, read_metrics
+from extrapos.run.parallelize import Parallel
+from extrapos.run.perf import matmul_peak_flops
+from extrapos.run.runtime import (
     autocast,
     barrier,
     build_sampler,

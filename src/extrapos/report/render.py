@@ -2,7 +2,7 @@
 
 Rows are encodings or variants, columns are ev = 1, 2, 4, ...; the best value of each column is
 bold. Every loss cell carries a 95% interval from a bootstrap over the held-out documents (with
-several seeds, one combining documents and seeds: ``extrapos.stats``), and a second table gives
+several seeds, one combining documents and seeds: ``extrapos.report.stats``), and a second table gives
 each row's paired difference to a baseline row, flagged "within noise" when its interval contains
 0. A result saved before evaluations recorded per-document losses still renders, marked
 "(no interval)". The same numbers go to CSV and JSON, and two PNG plots show loss against
@@ -11,7 +11,7 @@ windows. `extrapos report` rebuilds all of it from ``eval/*.json`` files, so a r
 a model; the bootstrap is seeded, so a re-rendered report is byte-identical. Encoder rows
 (``evaluate_mlm`` results) render the same way, labelled masked-token loss, with a top-1 accuracy
 table. Rows of a sweep with task columns also carry task results (passkey, synthetic tasks, lm-eval),
-rendered after the loss tables by ``extrapos.task_tables``; a sweep with ``loss = false`` has task
+rendered after the loss tables by ``extrapos.report.task_tables``; a sweep with ``loss = false`` has task
 tables only.
 
 Every loss table names its evaluation protocol (``extrapos.evaluate``: documents, or the stream with
@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from extrapos import stats
 from extrapos.errors import UserError
 from extrapos.files import atomic_write
+from extrapos.report import stats
 
 
 @dataclass
@@ -277,7 +277,7 @@ def run_of(row: Row) -> Path | None:
 def checkpoint_notes(rows: list[Row]) -> tuple[str | None, list[str]]:
     """The checkpoint step each loss row scored (one sentence), and a warning for each row whose run has
     since reached a newer checkpoint (its row shows older weights than the run now holds)."""
-    from extrapos import checkpoint as ckpt_io
+    from extrapos.run import checkpoint as ckpt_io
 
     steps = {row.name: row.result.get("checkpoint_step") for row in rows}
     steps = {name: step for name, step in steps.items() if isinstance(step, int)}
@@ -596,7 +596,7 @@ def write_report(
     ``baseline``: the row the differences are taken to (default: the first); ``sequence_ppl``: add
     the segmented-sequences paper's aggregate (mean of per-window perplexities, Karypis et al. eq. 3).
     """
-    from extrapos import task_tables as tables
+    from extrapos.report import task_tables as tables
 
     task_rows = [row for row in rows if row.tasks]
     rows = loss_rows(rows)

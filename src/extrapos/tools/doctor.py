@@ -66,7 +66,7 @@ class Report:
 
 
 def machine_facts(device: torch.device) -> dict[str, Any]:
-    from extrapos.runtime import cpu_has_fast_bf16
+    from extrapos.run.runtime import cpu_has_fast_bf16
 
     facts: dict[str, Any] = {
         "device": str(device),
@@ -183,7 +183,7 @@ def doctor(
     from tqdm import tqdm
 
     from extrapos.positions.registry import names
-    from extrapos.runtime import resolve_device
+    from extrapos.run.runtime import resolve_device
 
     dev = resolve_device(device)
     precision = fastest_precision(dev)

@@ -1,6 +1,6 @@
 """Task columns in a comparison report: accuracy-vs-length tables, a plot per task, and a CSV.
 
-Reads the rows' task results (``extrapos.compare_tasks``), never a model, and needs no torch, so
+Reads the rows' task results (``extrapos.compare.tasks``), never a model, and needs no torch, so
 `extrapos report` re-renders them byte for byte. Accuracy is the metric the papers report for these
 tasks: per-token accuracy and exact match on synthetic tasks (Kazemnejad et al. 2023, §4), passkey
 retrieval accuracy per length, averaged over needle depths (Mohtashami & Jaggi 2023, §4.2), RULER accuracy
@@ -85,7 +85,7 @@ def accuracy_cells(task: str, rows, metric: str, baseline: str | None = None) ->
     """(row, ev) -> (interval, paired difference to the baseline row or None): a bootstrap over the
     examples (and seeds), the same resampling as the loss tables' (stats.py) with the example as unit;
     rows that scored the same examples (equal digests) are paired."""
-    from extrapos import stats
+    from extrapos.report import stats
 
     scored = [row for row in rows if task in row.tasks]
     if not scored:
@@ -249,7 +249,7 @@ def ruler_task_table(rows, metric: str) -> str:
 def task_sections(rows, plots: dict[str, Path], baseline: str | None = None) -> list[str]:
     """The report's task part: one accuracy-vs-length table per task and metric with intervals, the
     paired differences to the baseline row, and the plot."""
-    from extrapos import stats
+    from extrapos.report import stats
 
     parts: list[str] = []
     for task in task_names(rows):
@@ -433,7 +433,7 @@ def attention_interval(result: dict[str, Any], ev: float, stat: str):
     few documents or without per-document sums."""
     import numpy as np
 
-    from extrapos import stats
+    from extrapos.report import stats
 
     sums, counts = [], []
     for one in result.get("seeds") or [result]:

@@ -9,7 +9,7 @@ on tasks beside (or, with ``loss = false``, instead of) the loss columns::
     passkey = { depths = [0, 0.5, 1], trials = 10, mode = "rank" }  # extrapos.tasks.passkey.passkey
     ruler = { trials = 20 }                                     # extrapos.tasks.ruler.ruler
     lm_eval = { tasks = ["arc_easy"], limit = 200 }             # extrapos.integrations.lm_eval.run_lm_eval
-    attention = { statistics = ["mean_distance", "entropy"] }  # extrapos.attention_stats.diagnose
+    attention = { statistics = ["mean_distance", "entropy"] }  # extrapos.evaluate.attention_stats.diagnose
 
 Every row is scored at the sweep's ``lengths`` (multiples of L_t) with the row's ``eval`` options
 (so a ``reuse`` row scores its run with an inference-time change); an extension row's factor-k run
@@ -17,7 +17,7 @@ is scored at ev = k only, in units of its parent's L_t, exactly like its loss co
 functions write into the run's own ``eval/`` directory (the diagnostics into its ``attention/``) through
 the result slot every evaluator shares (``evaluate.slot``: an identical earlier request is reused); the
 row's result, merged over extension runs and averaged over seeds, is copied to
-``OUT/tasks/<task>/<row>.json``, which is what the report reads (``extrapos.task_tables``).
+``OUT/tasks/<task>/<row>.json``, which is what the report reads (``extrapos.report.task_tables``).
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ def _check_values(path: Path, specs: TaskSpecs) -> None:  # noqa: C901 (one chec
         except UserError as err:
             fail("lm_eval", str(err))
     if specs.attention is not None:
-        from extrapos.attention_stats import STATISTICS
+        from extrapos.evaluate.attention_stats import STATISTICS
 
         a = specs.attention
         if (
@@ -277,8 +277,8 @@ def score(
         name = _name(f"ruler-{r.mode}", lengths, position_options, base_length, r)
         return ruler(run_dir, opts, name=name, progress=progress, device=device)
     if task == "attention":
-        from extrapos.attention_stats import diagnose
         from extrapos.evaluate import EvalRequest
+        from extrapos.evaluate.attention_stats import diagnose
 
         a = specs.attention
         req = EvalRequest(

@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from extrapos.config import RunConfig
 from extrapos.errors import UserError
 from extrapos.files import atomic_write
+from extrapos.run.config import RunConfig
 
 
 class MetricsLog:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from extrapos.config import RunConfig
 from extrapos.errors import UserError
+from extrapos.run.config import RunConfig
 
 # ---- device and processes ------------------------------------------------------------------------
 

@@ -671,7 +671,7 @@ def measure_memory(keys: list[str], shape: PeerShape, threads: int, tick) -> dic
         # glibc hands blocks above this size back to the kernel when freed, so a shorter length's freed
         # buffers never hide a longer length's growth (the same setting as extrapos bench)
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-        cmd = [sys.executable, "-m", "extrapos.peers", "--memory-child", spec]
+        cmd = [sys.executable, "-m", "extrapos.bench.peers", "--memory-child", spec]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             raise RuntimeError(f"the memory measurement of {key} failed:\n{proc.stderr[-2000:]}")
@@ -972,7 +972,7 @@ def format_peers(result: dict[str, Any], skipped: list[str] = ()) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # the memory child: python -m extrapos.peers --memory-child JSON
+if __name__ == "__main__":  # the memory child: python -m extrapos.bench.peers --memory-child JSON
     import argparse
 
     ap = argparse.ArgumentParser()

@@ -1,4 +1,4 @@
-"""Masked-LM loss at 1..16 x L_t: the length-extrapolation protocol of ``evaluate.py`` for encoders.
+"""Masked-LM loss at 1..16 x L_t: the length-extrapolation protocol of ``extrapos.evaluate`` for encoders.
 
 The spans are ``evaluate.collect_spans``' (held-out documents cut into spans of max(k) x L_t tokens).
 The BERT mask (data/mlm.py: 15% selected, 80/10/10) is drawn once per span, keyed by (seed, span
@@ -7,7 +7,7 @@ same corrupted inputs; only the context around them differs. Each span is then s
 non-overlapping windows of k x L_t tokens at positions 0..kL_t - 1, as the decoders' windows are.
 Reported per length: the mean cross-entropy over the masked tokens, its perplexity, the accuracy of
 the top prediction, the number of masked tokens, the loss of the masked tokens among each window's last
-L_t positions (``tail_loss``), and, for the bootstrap intervals of ``extrapos.stats``, each document's
+L_t positions (``tail_loss``), and, for the bootstrap intervals of ``extrapos.report.stats``, each document's
 masked-token loss sum and count (``doc_index``, ``doc_loss_sums``, ``doc_tokens``, as ``evaluate``
 records them). The mask is per span, so per document: every length scores the same masked tokens of
 the same documents, and rows of a sweep pair. Beside them, ``unigram_loss``: what a model that ignores
@@ -39,7 +39,7 @@ from extrapos.evaluate import (
     load_eval_inputs,
     result_slot,
 )
-from extrapos.stats import length_interval
+from extrapos.report.stats import length_interval
 
 
 def mask_spans(spans: np.ndarray, specials, vocab_size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -76,7 +76,7 @@ def score_masked(
     precision: str = "fp32",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token loss and top-1 correctness (n, L) of every span scored in windows of ``window`` tokens."""
-    from extrapos.runtime import autocast
+    from extrapos.run.runtime import autocast
 
     n, length = corrupted.shape
     device = next(model.parameters()).device
@@ -113,7 +113,7 @@ def evaluate_mlm(
     Position options as in ``evaluate``: "window" (e.g. a learned table interpolated to each window) and
     "max" (to the longest window) are resolved per length. ``req.stride`` does not apply (a UserError).
     """
-    from extrapos.config import load_run_config
+    from extrapos.run.config import load_run_config
 
     req = req or EvalRequest()
     check_request(req)
@@ -203,8 +203,9 @@ def evaluate_mlm(
 
 def per_document_masked(losses: torch.Tensor, selected: torch.Tensor, owners: np.ndarray) -> dict[str, list]:
     """Per document (in document order): the sum of its masked tokens' losses and their number, for the
-    bootstrap of ``extrapos.stats``. The mask is the same at every length, so the counts are too and rows
-    pair. A document whose spans drew no masked token (possible only for very short spans) is left out."""
+    bootstrap of ``extrapos.report.stats``. The mask is the same at every length, so the counts are too and
+    rows pair. A document whose spans drew no masked token (possible only for very short spans) is left
+    out."""
     sums = torch.where(selected, losses.double(), 0.0).sum(1).numpy()
     counts = selected.sum(1).numpy()
     docs, which = np.unique(owners, return_inverse=True)
