@@ -10,9 +10,11 @@ error against the fp64 reference on the same inputs (ALiBi's slopes, positions 0
 
 - ``fold`` is what ``attention`` runs (``folded_attention``: width d_h + 1, one shift per block of
   queries, each block's causal mask a float mask);
-- ``one call, d_h + 1`` is the same fold as one causal call with one shift (the last key's): the cost of
-  the extra dimension alone, and the precision the blocks buy back;
-- ``blocks, d_h`` is the blocks' masked calls without the extra dimension: the cost of the masks alone.
+- ``one call, d_h + 1, one shift`` is the same fold as one causal call shifted by the last key: what the
+  fold would cost without its blocks, and the precision the blocks buy back;
+- ``one causal call, d_h + 1 (no bias)``: the cost of the extra dimension alone (a zero column);
+- ``blocks of 256, float masks, d_h (no bias)``: the blocks' masked calls without the extra dimension,
+  the cost of the blocks and their masks alone.
 
 Decoding: the cpu-small model of ``extrapos bench`` (L_t 256, 1,024-token prompt), per token and per
 layer: the bias hook (``pos.bias`` on one token with the cache's state), the attention call as the model
@@ -74,7 +76,7 @@ def eval_kernels(T: int, heads: int, d_head: int, rounds: int) -> list[tuple[str
         "fold (what attention runs)": lambda: folded_attention(q, k, v, bias),
         "one call, d_h + 1, one shift": lambda: folded_attention(q, k, v, bias, block=T),
         "one causal call, d_h + 1 (no bias)": lambda: F.scaled_dot_product_attention(
-            q1, k1, v1, is_causal=True
+            q1, k1, v1, is_causal=True, scale=d_head**-0.5
         ),
         "blocks of 256, float masks, d_h (no bias)": blocks_d_head,
     }
