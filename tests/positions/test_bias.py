@@ -221,6 +221,33 @@ def test_t5_bias_is_table_lookup_of_buckets_and_shared_by_layers():
         torch.testing.assert_close(_block(enc, pos, layer), want)
 
 
+def test_t5_decoding_rows_from_the_remembered_table_equal_the_bias_exactly():
+    """With a cache state and no autograd (decoding on the CPU), T5's rows are gathered from a distance
+    table kept in the state: bit for bit the rows ``fn`` computes, for sorted gapped positions, a few
+    queries (future keys included), contiguous decoding that grows the table, and after the weights change
+    (the table is rebuilt, not reused)."""
+    enc = build_encoding("t5", CTX, {"init_std": 1.0})
+    g = torch.Generator().manual_seed(0)
+    state: dict = {}
+    keys = torch.sort(torch.randperm(600, generator=g)[:300])[0].unsqueeze(0)  # gapped, sorted
+    with torch.no_grad():
+        for step in range(4):
+            if step == 2:
+                enc.table.add_(torch.randn(enc.table.shape, generator=g))  # an update in place
+            queries = keys[:, -3:] if step == 0 else keys[:, -1:]
+            fresh = enc.bias(torch.zeros(1, queries.shape[1], 16), queries, 0, None)
+            cached = enc.bias(torch.zeros(1, queries.shape[1], 16), queries, 0, state)
+            kf = keys.float()[:, None, :, None]
+            assert torch.equal(cached.fn(cached.q_feat, kf), fresh.fn(fresh.q_feat, kf))
+            keys = torch.cat([keys, keys[:, -1:] + 1 + 400 * (step == 1)], dim=1)  # one far jump grows it
+    held = state["distance_table"][1]
+    assert held.shape[0] == CTX.n_heads and held.shape[1] >= int(keys[0, -2] - keys[0, 0]) + 1
+    train_state: dict = {}
+    bias = enc.bias(torch.zeros(1, 1, 16), keys[:, -1:], 0, train_state)  # autograd on: computed afresh
+    bias.fn(bias.q_feat, keys.float()[:, None, :, None]).sum().backward()
+    assert "distance_table" not in train_state and enc.table.grad is not None
+
+
 def test_t5_default_init_is_zero():
     assert build_encoding("t5", CTX).table.abs().max() == 0
 

@@ -482,6 +482,35 @@ def t5_bucket(
     return torch.where(n < max_exact, n.to(torch.long), large)
 
 
+#: where ``remembered_rows`` keeps its table in a layer's cache state
+DISTANCE_TABLE_KEY = "distance_table"
+
+
+def remembered_rows(
+    state: dict, by_distance: Callable[[Tensor, int], Tensor], stamp: tuple
+) -> Callable[[Tensor, Tensor], Tensor]:
+    """``fn`` of a causal bias that depends on the distance alone, for forwards with a KV cache and no
+    autograd (decoding on the CPU): each query's row is a gather from ``by_distance``'s (H, n) table, kept
+    in the layer's cache ``state`` and grown by doubling, instead of the bias evaluated afresh on every
+    cached key at every step (T5's bucketing is ~15 eager ops per layer and token). The same table entries
+    at the same distances, so the same numbers; keys after a query (negative distances) read distance 0
+    and are masked by the caller, as ``fn``'s are. ``stamp`` (the parameter's version and the dtype)
+    retires the table when the weights change. CPU only: the largest distance is read back to the host,
+    which on CUDA would be a sync per layer and token."""
+
+    def fn(qf: Tensor, kf: Tensor) -> Tensor:
+        d = (qf - kf.transpose(-1, -2)).round_().clamp_(min=0).to(torch.long)  # i - j, (B, 1, tq, Tk)
+        n = int(d.max()) + 1
+        held = state.get(DISTANCE_TABLE_KEY)
+        if held is None or held[0] != stamp or held[1].shape[-1] < n:
+            size = max(n, 2 * held[1].shape[-1]) if held is not None and held[0] == stamp else n
+            held = (stamp, by_distance(qf, size))
+            state[DISTANCE_TABLE_KEY] = held
+        return held[1][:, d[:, 0]].transpose(0, 1)  # (B, H, tq, Tk)
+
+    return fn
+
+
 class T5Bias(PositionalEncoding):
     """Learned scalar per (bucket of j - i, head), one table for all layers (Raffel et al. 2020, §2.1).
 
@@ -525,6 +554,8 @@ class T5Bias(PositionalEncoding):
             rel = (kj[0] - qi[0]).round().to(torch.long)
             return table[t5_bucket(rel, o.num_buckets, o.max_distance, bidirectional=both), h]
 
+        if state is not None and not both and not torch.is_grad_enabled() and p.device.type == "cpu":
+            fn = remembered_rows(state, by_distance, (self.table._version, table.dtype))
         return DistanceBias(q_feat=p, k_feat=p, fn=fn, pair=pair, table=by_distance)
 
 
