@@ -5,6 +5,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from extrapos.bench.peers import hf_cache_name  # noqa: E402
 from extrapos.errors import UserError  # noqa: E402
 from extrapos.inference.generate import generate_tokens  # noqa: E402
 from extrapos.integrations.hf import export_pretrained, import_pretrained  # noqa: E402
@@ -79,13 +80,14 @@ CASES = {
 
 
 def _hf_cached(model, tokens, first):
+    name = hf_cache_name(model)  # transformers 5.24 renamed past_key_values to cache
     with torch.no_grad():
         out = model(tokens[:, :first], use_cache=True)
-        logits, past = [out.logits], out.past_key_values
+        logits, past = [out.logits], getattr(out, name)
         for s in range(first, tokens.shape[1]):
-            out = model(tokens[:, s : s + 1], past_key_values=past, use_cache=True)
+            out = model(tokens[:, s : s + 1], use_cache=True, **{name: past})
             logits.append(out.logits)
-            past = out.past_key_values
+            past = getattr(out, name)
     return torch.cat(logits, dim=1)
 
 

@@ -40,6 +40,7 @@ per-round ratio falls on the same side of 1.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import platform
@@ -193,10 +194,16 @@ class TransformersSide(Side):
         return self.module.base_model(input_ids=tokens, use_cache=False).last_hidden_state
 
     def prefill(self, tokens: Tensor, total: int) -> Any:
-        return self.module(input_ids=tokens, use_cache=True).past_key_values
+        return getattr(self.module(input_ids=tokens, use_cache=True), hf_cache_name(self.module))
 
     def step(self, cache: Any, token: Tensor, position: int) -> Tensor:
-        return self.module(input_ids=token, past_key_values=cache, use_cache=True).logits
+        return self.module(input_ids=token, use_cache=True, **{hf_cache_name(self.module): cache}).logits
+
+
+def hf_cache_name(module: Any) -> str:
+    """The name of a transformers model's KV cache, as forward's argument and in its output: ``cache``
+    from transformers 5.24, which deprecates the earlier ``past_key_values`` (removal announced)."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 class XTransformersSide(Side):
