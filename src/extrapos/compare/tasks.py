@@ -212,9 +212,11 @@ def _check_values(path: Path, specs: TaskSpecs) -> None:  # noqa: C901 (one chec
             except UserError as e:
                 raise UserError(f"{path}: synthetic.task: {e}") from None
     if specs.lm_eval is not None:
-        e = specs.lm_eval
+        lm = specs.lm_eval
         try:
-            check_lm_eval_request(e.limit, e.batch_size, e.num_fewshot, e.metadata, e.max_length, cli=False)
+            check_lm_eval_request(
+                lm.limit, lm.batch_size, lm.num_fewshot, lm.metadata, lm.max_length, cli=False
+            )
         except UserError as err:
             fail("lm_eval", str(err))
     if specs.attention is not None:
@@ -253,34 +255,38 @@ def score(
         from extrapos.tasks.synthetic import SyntheticOptions, score_synthetic
 
         s = specs.synthetic
-        opts = SyntheticOptions(
+        assert s is not None, "score() is called only for the task columns the sweep sets"
+        synthetic_opts = SyntheticOptions(
             lengths=list(lengths), position_options=position_options, base_length=base_length, **asdict(s)
         )
         name = _name("synthetic", lengths, position_options, base_length, s)
-        return score_synthetic(run_dir, opts, name=name, device=device)
+        return score_synthetic(run_dir, synthetic_opts, name=name, device=device)
     if task == "passkey":
         from extrapos.tasks.passkey import PasskeyOptions, passkey
 
         p = specs.passkey
-        opts = PasskeyOptions(
+        assert p is not None, "score() is called only for the task columns the sweep sets"
+        passkey_opts = PasskeyOptions(
             lengths=list(lengths), position_options=position_options, base_length=base_length, **asdict(p)
         )
         name = _name(f"passkey-{p.mode}", lengths, position_options, base_length, p)
-        return passkey(run_dir, opts, name=name, progress=progress, device=device)
+        return passkey(run_dir, passkey_opts, name=name, progress=progress, device=device)
     if task == "ruler":
         from extrapos.tasks.ruler import RulerOptions, ruler
 
         r = specs.ruler
-        opts = RulerOptions(
+        assert r is not None, "score() is called only for the task columns the sweep sets"
+        ruler_opts = RulerOptions(
             lengths=list(lengths), position_options=position_options, base_length=base_length, **asdict(r)
         )
         name = _name(f"ruler-{r.mode}", lengths, position_options, base_length, r)
-        return ruler(run_dir, opts, name=name, progress=progress, device=device)
+        return ruler(run_dir, ruler_opts, name=name, progress=progress, device=device)
     if task == "attention":
         from extrapos.evaluate import EvalRequest
         from extrapos.evaluate.attention_stats import diagnose
 
         a = specs.attention
+        assert a is not None, "score() is called only for the task columns the sweep sets"
         req = EvalRequest(
             lengths=list(lengths),
             base_length=base_length,
@@ -294,6 +300,7 @@ def score(
     import extrapos.integrations.lm_eval as adapter
 
     e = specs.lm_eval
+    assert e is not None, "score() is called only for the task columns the sweep sets"
     # a row's eval options use the encoding's names (scale; scaling + factor); the adapter takes them as
     # scale, rope_scaling and factor and applies them with the same set_options call
     unsupported = set(position_options) - {"scale", "scaling", "factor"}
