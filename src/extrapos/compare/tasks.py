@@ -27,7 +27,7 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from extrapos import schema
 from extrapos.errors import UserError
@@ -238,6 +238,15 @@ def _check_values(path: Path, specs: TaskSpecs) -> None:  # noqa: C901 (one chec
             fail("attention", f"split must be train, val or test, got {a.split!r}")
 
 
+Spec = TypeVar("Spec")
+
+
+def _listed(spec: Spec | None) -> Spec:
+    """A task column's options; ``score`` is only asked for the columns the sweep lists, which are set."""
+    assert spec is not None, "score() is called only for the task columns the sweep lists"
+    return spec
+
+
 def score(
     task: str,
     specs: TaskSpecs,
@@ -251,42 +260,33 @@ def score(
     """One run's result for ``task`` at ``lengths`` (x ``base_length``, default the run's L_t), scored on
     ``device``. Under torchrun the passkey column deals its prompts out to the processes; the synthetic
     and lm-eval columns are scored whole by every process (the same numbers)."""
+    where: dict[str, Any] = dict(
+        lengths=list(lengths), position_options=position_options, base_length=base_length
+    )
     if task == "synthetic":
         from extrapos.tasks.synthetic import SyntheticOptions, score_synthetic
 
-        s = specs.synthetic
-        assert s is not None, "score() is called only for the task columns the sweep sets"
-        synthetic_opts = SyntheticOptions(
-            lengths=list(lengths), position_options=position_options, base_length=base_length, **asdict(s)
-        )
+        s = _listed(specs.synthetic)
         name = _name("synthetic", lengths, position_options, base_length, s)
-        return score_synthetic(run_dir, synthetic_opts, name=name, device=device)
+        return score_synthetic(run_dir, SyntheticOptions(**where, **asdict(s)), name=name, device=device)
     if task == "passkey":
         from extrapos.tasks.passkey import PasskeyOptions, passkey
 
-        p = specs.passkey
-        assert p is not None, "score() is called only for the task columns the sweep sets"
-        passkey_opts = PasskeyOptions(
-            lengths=list(lengths), position_options=position_options, base_length=base_length, **asdict(p)
-        )
+        p = _listed(specs.passkey)
         name = _name(f"passkey-{p.mode}", lengths, position_options, base_length, p)
-        return passkey(run_dir, passkey_opts, name=name, progress=progress, device=device)
+        opts = PasskeyOptions(**where, **asdict(p))
+        return passkey(run_dir, opts, name=name, progress=progress, device=device)
     if task == "ruler":
         from extrapos.tasks.ruler import RulerOptions, ruler
 
-        r = specs.ruler
-        assert r is not None, "score() is called only for the task columns the sweep sets"
-        ruler_opts = RulerOptions(
-            lengths=list(lengths), position_options=position_options, base_length=base_length, **asdict(r)
-        )
+        r = _listed(specs.ruler)
         name = _name(f"ruler-{r.mode}", lengths, position_options, base_length, r)
-        return ruler(run_dir, ruler_opts, name=name, progress=progress, device=device)
+        return ruler(run_dir, RulerOptions(**where, **asdict(r)), name=name, progress=progress, device=device)
     if task == "attention":
         from extrapos.evaluate import EvalRequest
         from extrapos.evaluate.attention_stats import diagnose
 
-        a = specs.attention
-        assert a is not None, "score() is called only for the task columns the sweep sets"
+        a = _listed(specs.attention)
         req = EvalRequest(
             lengths=list(lengths),
             base_length=base_length,
@@ -299,8 +299,7 @@ def score(
         return {**result, "report_statistics": list(a.statistics)}  # what the report shows of it
     import extrapos.integrations.lm_eval as adapter
 
-    e = specs.lm_eval
-    assert e is not None, "score() is called only for the task columns the sweep sets"
+    e = _listed(specs.lm_eval)
     # a row's eval options use the encoding's names (scale; scaling + factor); the adapter takes them as
     # scale, rope_scaling and factor and applies them with the same set_options call
     unsupported = set(position_options) - {"scale", "scaling", "factor"}
