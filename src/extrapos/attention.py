@@ -293,19 +293,18 @@ def folded_attention(
     B, H, Tq, Dh = q.shape
     Tk, Hkv = k.shape[2], k.shape[1]
     dtype = fold_dtype or _fold_dtype(q.dtype)
-    if not torch.is_grad_enabled() and causal and documents is None and subtract_reference:
-        if fold_dtype is None and block is None and not dropout_p and H * Tq <= Hkv * Dh:
-            # decoding: the bias rows (B, H, Tq, Tk) are smaller than a folded copy of the keys
-            qf, kf = bias.q_feat, bias.k_feat
-            if qf.dtype != dtype or kf.dtype != dtype:
-                qf, kf = qf.to(dtype), kf.to(dtype)
-            out = _bias_rows_attention(q, k, v, qf if Tq == 1 else qf.expand(B, H, Tq), kf, dtype)
-            return out if out.dtype == q.dtype else out.to(q.dtype)
+    inference = not torch.is_grad_enabled() and causal and documents is None and subtract_reference
+    if inference and fold_dtype is None and block is None and not dropout_p and H * Tq <= Hkv * Dh:
+        # decoding: the bias rows (B, H, Tq, Tk) are smaller than a folded copy of the keys
+        qf, kf = bias.q_feat, bias.k_feat
+        if qf.dtype != dtype or kf.dtype != dtype:
+            qf, kf = qf.to(dtype), kf.to(dtype)
+        out = _bias_rows_attention(q, k, v, qf if Tq == 1 else qf.expand(B, H, Tq), kf, dtype)
+        return out if out.dtype == q.dtype else out.to(q.dtype)
     qf = bias.q_feat.to(dtype).expand(B, H, Tq)
     kf = bias.k_feat.to(dtype)
-    if not torch.is_grad_enabled() and causal and documents is None and subtract_reference:
-        if not dropout_p:
-            return _folded_inference(q, k, v, qf, kf, dtype, block or max(FOLD_BLOCK, H * Dh)).to(q.dtype)
+    if inference and not dropout_p:
+        return _folded_inference(q, k, v, qf, kf, dtype, block or max(FOLD_BLOCK, H * Dh)).to(q.dtype)
     if kf.shape[1] not in (1, Hkv):  # per-query-head key features: k and v need all H heads
         k, v, Hkv = _expand_kv(k, H), _expand_kv(v, H), H
     kf = kf.expand(B, Hkv, Tk)
