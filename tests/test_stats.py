@@ -143,3 +143,59 @@ def test_length_interval_is_the_document_bootstrap_or_says_why_not():
     )
     interval, text = length_interval({"results": [{"ev": 0.5, "loss": 5.0}]}, 0.5)
     assert interval is None and "no per-document losses" in text
+
+
+def test_eval_prints_the_paired_change_to_1x_which_is_narrower_than_either_length_interval():
+    """`extrapos eval`'s console table: each length minus 1x over the same targets (paired); the reader's
+    question. A shift of 0.02 nats on every document is invisible between the per-length intervals
+    (documents vary by far more) but exact in the paired column; other targets at 2x are not paired."""
+    from extrapos.evaluate import format_result
+    from extrapos.report.stats import MIN_DOCUMENTS, length_difference, length_interval
+
+    rng = np.random.default_rng(8)
+    sums, counts = _documents(rng, 40)
+
+    def cell(ev, s, index=None, targets="t"):
+        return {
+            "ev": ev,
+            "window": 64 * ev,
+            "loss": float(s.sum() / counts.sum()),
+            "ppl": 1.0,
+            "bpb": 1.0,
+            "tail_loss": 1.0,
+            "doc_index": index or list(range(40)),
+            "doc_loss_sums": s.tolist(),
+            "doc_tokens": counts.tolist(),
+            "targets": targets,
+        }
+
+    result = {"results": [cell(1, sums), cell(4, sums + 0.02 * counts)]}
+    d, text = length_difference(result, 4, 1)
+    assert d.estimate == pytest.approx(0.02) and d.high - d.low < 1e-9 and "within noise" not in text
+    one, four = length_interval(result, 1)[0], length_interval(result, 4)[0]
+    assert one.high > four.low  # the per-length intervals overlap: read alone they would say "no change"
+    assert length_difference(result, 1, 1) == (None, "reference")
+    moved = {"results": [cell(1, sums), cell(2, sums, targets="other")]}
+    assert length_difference(moved, 2, 1)[0] is None and "not paired" in length_difference(moved, 2, 1)[1]
+    few = {"results": [cell(1, sums[:3], index=[0, 1, 2]), cell(2, sums[:3], index=[0, 1, 2])]}
+    for r in few["results"]:
+        r["doc_tokens"] = counts[:3].tolist()
+    assert length_difference(few, 2, 1)[0] is None and 3 < MIN_DOCUMENTS
+
+    printed = format_result(
+        {
+            **result,
+            "run": "r",
+            "encoding": "rope",
+            "train_length": 64,
+            "applied": None,
+            "target_tokens": int(counts.sum()),
+            "documents_used": 40,
+            "documents_skipped": 0,
+        }
+    )
+    header = next(line for line in printed.splitlines() if line.startswith("| ev |"))
+    assert header.endswith("| loss - ev=1 (paired 95%) |")
+    row4 = next(line for line in printed.splitlines() if line.startswith("| 4 |"))
+    assert row4.split(" | ")[-1].startswith(f"{d.estimate:+.4f} [{d.low:+.4f}, {d.high:+.4f}]")
+    assert "| 1 |" in printed and "reference" in printed

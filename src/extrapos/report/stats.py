@@ -176,6 +176,35 @@ def length_interval(result: dict[str, Any], ev) -> tuple[Interval | None, str]:
     return interval, f"[{interval.low:.4f}, {interval.high:.4f}]"
 
 
+def length_difference(result: dict[str, Any], ev, ref_ev) -> tuple[Interval | None, str]:
+    """The paired 95% interval of one length's loss minus the reference length's (``ref_ev``, usually 1x),
+    within one result: every length scores the same target tokens, so one resample of the documents
+    (and seeds) is applied to both lengths and the document-to-document spread they share cancels. This is
+    the number a reader judges ("does the loss rise past L_t?"); the per-length intervals are far wider
+    than it. None and the reason in words when the two lengths did not score the same targets, when
+    per-document losses were not recorded, or when there are too few documents."""
+    if ev == ref_ev:
+        return None, "reference"
+    mine, ref = cell_samples(result, ev), cell_samples(result, ref_ev)
+    if mine is None or ref is None:
+        return None, "no per-document losses recorded"
+    digests = {
+        r.get("targets") for r in result.get("results", []) if r.get("ev") in (ev, ref_ev) and r.get("targets")
+    }
+    if (
+        len(digests) > 1
+        or mine.doc_index != ref.doc_index
+        or mine.sums.shape != ref.sums.shape
+        or not (mine.counts == ref.counts).all()
+    ):
+        return None, "different target tokens (not paired)"
+    n = len(mine.doc_index)
+    if n < MIN_DOCUMENTS:
+        return None, f"too few documents ({n})"
+    d = paired_difference(mine.sums, mine.counts, ref.sums, ref.counts)
+    return d, f"{d.estimate:+.4f} [{d.low:+.4f}, {d.high:+.4f}]" + (" within noise" if d.contains(0.0) else "")
+
+
 def protocol_of(result: dict[str, Any]) -> tuple[str, str | None, str]:
     """(protocol, boundary, selection) of a saved evaluation, read from its request: ``documents`` (spans
     inside documents) or ``stream`` (documents joined, ``boundary`` cross or mask), and which targets were
