@@ -351,3 +351,82 @@ def test_a_missing_run_is_one_sentence(tmp_path, capsys):
 
     assert main(["attention", str(tmp_path / "nothing"), "--no-progress"]) == 2
     assert "not a run directory" in capsys.readouterr().err
+
+
+def test_figure_3_histograms_every_query_past_the_base_length_and_pairs_runs(tiny_run, tmp_path, capsys):
+    """`extrapos attention PARENT CHILD --base-length L --figure DIR` (the segmented-sequences paper's
+    Figure 3): every query past L is counted once per layer and head in the median-weight histogram, whose
+    mean matches the recorded mean to within half a bin; a run paired with itself differs by exactly 0;
+    --base-length moves 'past L_t'."""
+    from extrapos.cli import main
+
+    base = ["--lengths", "1,2", "--max-tokens", "64", "--no-progress", "--base-length", "8"]
+    figure = tmp_path / "figure"
+    args = [
+        "attention",
+        str(tiny_run),
+        str(tiny_run),
+        *base,
+        "--labels",
+        "parent,same",
+        "--figure",
+        str(figure),
+    ]
+    assert main(args) == 0
+    result = json.loads((tiny_run / "attention" / "test-base8.json").read_text())
+    assert result["train_length"] == 8  # the base length, not the run's 16
+    for row in result["results"]:
+        hist = row["median_weight_histogram"]
+        if row["ev"] == 1:
+            assert hist is None and row["queries_beyond"] == 0
+            continue
+        assert row["queries_beyond"] == row["windows"] * (row["window"] - 8)
+        counts = np.asarray(hist["counts"])  # (layers, heads, bins)
+        assert counts.shape == (result["n_layers"], result["n_heads"], len(hist["edges"]) - 1)
+        assert (counts.sum(-1) == row["queries_beyond"]).all()
+        centres = (np.asarray(hist["edges"][:-1]) + np.asarray(hist["edges"][1:])) / 2
+        for layer, layer_counts in zip(row["layers"], counts):
+            from_hist = (layer_counts * centres).sum(-1) / layer_counts.sum(-1)
+            np.testing.assert_allclose(from_hist, layer["beyond"]["median_weight"], atol=0.025 + 1e-9)
+    text = (figure / "median-weight.md").read_text()
+    assert "| parent |" in text and "| same |" in text and "baseline" in text
+    assert "too few documents: 1" in text  # the tiny corpus holds out one document: no interval
+    assert (figure / "median-weight.png").stat().st_size > 0
+    capsys.readouterr()
+    # several runs need a figure; labels must match; a figure folder inside a run is refused
+    assert main(["attention", str(tiny_run), str(tiny_run), *base]) == 2
+    assert "--figure" in capsys.readouterr().err
+    assert main(["attention", str(tiny_run), *base, "--labels", "a,b", "--figure", str(figure)]) == 2
+    assert "--labels names 2 runs" in capsys.readouterr().err
+    assert main(["attention", str(tiny_run), *base, "--figure", str(tiny_run / "fig")]) == 2
+    assert "inside the run" in capsys.readouterr().err
+    assert not (tiny_run / "fig").exists()
+
+
+def test_figure_3_table_pairs_runs_over_the_same_documents():
+    """The figure's table: the mean median weight past L_t with its document interval, and each run minus
+    the first paired over the same documents (a shift of 0.1 on every document is exactly +0.100)."""
+    from extrapos.report.attention_figure import check_comparable, summary_table
+
+    rng = np.random.default_rng(2)
+    queries = rng.integers(20, 60, size=6).astype(float)
+    base_sums = queries * rng.uniform(0.3, 0.7, size=6)
+
+    def result(shift, docs=range(6)):
+        beyond = {"queries": queries.tolist(), "median_weight": [[x] for x in (base_sums + shift * queries)]}
+        row = {
+            "ev": 2,
+            "doc_index": list(docs),
+            "per_document": [{"layer": 0, "every": None, "beyond": beyond}],
+            "median_weight_histogram": {"edges": [0.0, 1.0, 2.0], "counts": [[[3.0, 1.0]]]},
+        }
+        return {"train_length": 8, "results": [row]}
+
+    runs = [("parent", result(0.0)), ("chunk", result(0.1)), ("other", result(0.1, docs=range(1, 7)))]
+    assert check_comparable(runs) == [2]
+    lines = {line.split(" | ")[0][2:]: line for line in summary_table(runs, [2]).splitlines()[2:]}
+    assert lines["parent"].endswith("| baseline |")
+    assert "+0.100 [+0.100, +0.100]" in lines["chunk"] and "within noise" not in lines["chunk"]
+    assert "other documents" in lines["other"]
+    with pytest.raises(Exception, match="same --base-length"):
+        check_comparable([runs[0], ("x", {**result(0.0), "train_length": 16})])

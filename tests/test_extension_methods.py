@@ -105,6 +105,7 @@ def test_the_preset_loads_with_every_method():
     tuned = {r.extend.rope_scaling for r in sweep.rows if r.extend is not None}
     assert tuned == {"linear", "ntk", "yarn", "llama3", None}
     methods = {r.extend.method for r in sweep.rows if r.extend is not None and r.extend.rope_scaling is None}
-    assert methods == {"full", "chunk", "pose", "randompos", "continue"}  # continue: the compute-matched control
+    # continue: the compute-matched control (the same tokens at L_t, no extension)
+    assert methods == {"full", "chunk", "pose", "randompos", "continue"}
     assert len({r.extend.tokens for r in sweep.rows if r.extend is not None}) == 1  # one budget for all
     assert list(sweep.seeds) == [0, 1, 2]  # the fine-tunes' margins are read over seeds, not one run

@@ -15,7 +15,29 @@ def register(sub) -> None:
         "head, at each length, the entropy, the mass on the first tokens and the mean and median distance "
         "attended to (docs/attention-diagnostics.md). Writes RUN/attention/<name>.json and a plot beside it.",
     )
-    p.add_argument("run", help="a run directory")
+    p.add_argument(
+        "run",
+        nargs="+",
+        help="a run directory; several (a parent and its extended children) with --figure compare them",
+    )
+    p.add_argument(
+        "--base-length",
+        type=int,
+        default=None,
+        metavar="L_T",
+        help="the training length that --lengths multiply and that 'past L_t' means (default: each run's "
+        "own); an extended child read with its parent's L_t compares with the parent",
+    )
+    p.add_argument(
+        "--figure",
+        default=None,
+        metavar="DIR",
+        help="also write DIR/median-weight.{md,png}: the median attention weight past L_t of every run, "
+        "the first as the baseline (the segmented-sequences paper's Figure 3; docs/attention-diagnostics.md)",
+    )
+    p.add_argument(
+        "--labels", default=None, help="comma-separated names of the runs in the figure (default: folders)"
+    )
     add_length_flags(
         p, "window lengths in tokens, e.g. 15360; alone or beside --lengths (as in `extrapos eval`)"
     )
@@ -37,30 +59,64 @@ def run(args) -> int:
         lengths_for_factor,
         position_options,
     )
+    from extrapos.errors import UserError
     from extrapos.evaluate import EvalRequest
     from extrapos.evaluate.attention_stats import diagnose, format_result
     from extrapos.run.runtime import resolve_device
 
+    labels = [x.strip() for x in args.labels.split(",")] if args.labels else [Path(r).name for r in args.run]
+    if len(labels) != len(args.run):
+        raise UserError(f"--labels names {len(labels)} runs but {len(args.run)} were given; name each once.")
+    if len(args.run) > 1 and args.figure is None:
+        raise UserError("several runs are compared in a figure: add --figure DIR, or read one run at a time.")
+    if args.base_length is not None and args.base_length < 1:
+        raise UserError(f"--base-length must be a positive number of tokens, got {args.base_length}.")
+    if args.figure is not None:
+        check_figure_dir(Path(args.figure))
     lengths, tokens = eval_lengths(args)  # the lengths `extrapos eval` takes, parsed as it parses them
-    options = position_options(args, lengths_for_factor(args.run, lengths, tokens))
-    check_position_options(args.run, options)
-    req = EvalRequest(
-        lengths=lengths,
-        tokens=tokens,
-        split=args.split,
-        max_tokens=args.max_tokens,
-        position_options=options,
-        step=args.step,
-    )
-    result = diagnose(
-        args.run,
-        req,
-        name=args.name,
-        overwrite=args.overwrite,
-        device=str(resolve_device(args.device, "--device")),
-        progress=not args.no_progress,
-    )
-    print(format_result(result))
-    out = Path(args.run) / "attention" / (result["name"] + ".json")
-    print(f"-> {out} (plot: {out.with_suffix('.png')})")
+    device = str(resolve_device(args.device, "--device"))
+    results = []
+    for run_dir in args.run:
+        options = position_options(args, lengths_for_factor(run_dir, lengths, tokens))
+        check_position_options(run_dir, options)
+        req = EvalRequest(
+            lengths=lengths,
+            tokens=tokens,
+            split=args.split,
+            max_tokens=args.max_tokens,
+            position_options=options,
+            step=args.step,
+            base_length=args.base_length,
+        )
+        result = diagnose(
+            run_dir,
+            req,
+            name=args.name,
+            overwrite=args.overwrite,
+            device=device,
+            progress=not args.no_progress,
+        )
+        print(format_result(result))
+        out = Path(run_dir) / "attention" / (result["name"] + ".json")
+        print(f"-> {out} (plot: {out.with_suffix('.png')})")
+        results.append(result)
+    if args.figure is not None:
+        from extrapos.report.attention_figure import write_figure
+
+        md, png = write_figure(list(zip(labels, results)), Path(args.figure))
+        print(f"-> {md}" + (f" (figure: {png})" if png else ""))
     return 0
+
+
+def check_figure_dir(path: Path) -> None:
+    """The figure's folder is a plain output folder: never a run (whose tree holds its own results), nor a
+    file."""
+    from extrapos.errors import UserError
+
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--figure {path} is a file; name a folder for median-weight.md and .png.")
+    for parent in (path, *path.resolve().parents):
+        if (parent / "config.toml").is_file():
+            raise UserError(
+                f"--figure {path} is inside the run {parent}; name a folder outside every run's tree."
+            )

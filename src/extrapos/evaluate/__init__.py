@@ -207,6 +207,8 @@ def default_name(req: EvalRequest) -> str:
         parts.append(req.precision)
     if req.step is not None:
         parts.append(f"step{req.step}")
+    if req.base_length is not None:  # another L_t: other windows and another "past L_t"
+        parts.append(f"base{req.base_length}")
     return "-".join(_slug(str(p)) for p in parts)
 
 
@@ -755,7 +757,8 @@ def format_result(result: dict[str, Any]) -> str:
         f"applied={result['applied'] or 'nothing'}",
         f"protocol: {protocol_name(result)}",
         scored,
-        f"| ev | window | loss | ppl | bits/byte | tail loss | loss 95% interval | loss - ev={ref} (paired 95%) |",
+        "| ev | window | loss | ppl | bits/byte | tail loss | loss 95% interval | "
+        f"loss - ev={ref} (paired 95%) |",
         "|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in result["results"]:
@@ -773,8 +776,9 @@ INTERVAL_NOTE = (
     "(docs/evaluation.md)."
 )
 PAIRED_NOTE = (
-    "last column: each length's loss minus the shortest length's, the same target tokens at both, one bootstrap resample of the "
-    "documents applied to both, so the spread the lengths share cancels; it is the interval to read for "
-    "\"does the loss change with length\" (\"within noise\" when it contains 0). Both intervals cover the "
-    "choice of held-out documents of this one trained model, not training noise (seeds, another machine)."
+    "last column: each length's loss minus the shortest length's, the same target tokens at both, one "
+    "bootstrap resample of the documents applied to both, so the spread the lengths share cancels; it is "
+    'the interval to read for "does the loss change with length" ("within noise" when it contains 0). '
+    "Both intervals cover the choice of held-out documents of this one trained model, not training noise "
+    "(seeds, another machine)."
 )

@@ -75,8 +75,12 @@ BEYOND_COLUMNS = ("entropy_norm", "sink1", "median_distance", "median_weight")
 #: elements (B x H x queries x keys) of one block of probabilities; the statistics keep a few such
 #: blocks alive (16 MB each in fp32), whatever the length
 BLOCK_ELEMENTS = 1 << 22
+#: bins of the per-query median weight x n past L_t (the segmented-sequences paper's Figure 3 is its
+#: histogram): n x the lower median of n weights that sum to 1 lies in [0, 2) (at most n/2 weights can be
+#: at least the median), so 40 bins of 0.05 cover every value
+MEDIAN_WEIGHT_EDGES = [i / 20 for i in range(41)]
 #: bump when a definition changes: saved results of an older definition are computed again
-VERSION = 3
+VERSION = 4
 
 
 # ---- the attention probabilities ----------------------------------------------------------------
@@ -171,9 +175,11 @@ class Accumulator:
     resample documents as ``report/stats.py`` does for the loss; without ``row_groups`` every row is
     group 0."""
 
-    def __init__(self, first_query: int = 0, groups: int = 1) -> None:
+    def __init__(self, first_query: int = 0, groups: int = 1, histogram: bool = False) -> None:
         self.first_query = first_query
         self.groups = groups
+        # with ``histogram``: per head, how many queries had each bin of median weight x n
+        self.histogram: Tensor | None = None if not histogram else torch.zeros(0, dtype=torch.float64)
         self.row_groups: Tensor | None = None  # (B,) int64: the group of each row of the current batch
         self.sums: dict[str, Tensor] = {}  # statistic -> (groups, H)
         self.group_queries = torch.zeros(groups, dtype=torch.float64)  # per head: the same queries
@@ -204,6 +210,21 @@ class Accumulator:
             self.group_queries_norm = torch.zeros(self.groups, H, dtype=torch.float64)
         self.group_queries_norm.index_add_(0, groups, valid.sum(2).cpu().double())
         self.group_queries.index_add_(0, groups, torch.full((B,), float(tq), dtype=torch.float64))
+        if self.histogram is not None:
+            self._count(stats["median_weight"])
+
+    def _count(self, median_weight: Tensor) -> None:
+        """Add (B, H, tq) median weights to the per-head histogram over ``MEDIAN_WEIGHT_EDGES``."""
+        H = median_weight.shape[1]
+        bins = len(MEDIAN_WEIGHT_EDGES) - 1
+        if self.histogram is None or self.histogram.numel() == 0:
+            self.histogram = torch.zeros(H, bins, dtype=torch.float64)
+        width = MEDIAN_WEIGHT_EDGES[1] - MEDIAN_WEIGHT_EDGES[0]
+        index = (median_weight.double().cpu() / width).floor().clamp(0, bins - 1).long()
+        heads = torch.arange(H).view(1, H, 1).expand_as(index)
+        self.histogram.view(-1).index_add_(
+            0, (heads * bins + index).reshape(-1), torch.ones(index.numel(), dtype=torch.float64)
+        )
 
     def means(self) -> dict[str, list[float | None]] | None:
         """Per statistic, the per-head means over every group; None when no query was added."""
@@ -390,7 +411,10 @@ def diagnose(
         window_group = torch.from_numpy(span_group).repeat_interleave(per_span)  # each window's document
         # every query, and the queries past L_t (more context than training gave; none at ev <= 1)
         accumulators = [
-            [Accumulator(groups=len(documents)), Accumulator(first_query=L, groups=len(documents))]
+            [
+                Accumulator(groups=len(documents)),
+                Accumulator(first_query=L, groups=len(documents), histogram=True),
+            ]
             for _ in range(n_layers)
         ]
         per_batch = max(1, batch_tokens // window)
@@ -416,6 +440,13 @@ def diagnose(
                 # per held-out document (``doc_index`` in the split), the sums the means are made of,
                 # for intervals that resample documents (report/stats.py) and rows paired on them
                 "doc_index": documents.tolist(),
+                # past L_t, per layer and head: the queries in each bin of median weight x n (Figure 3)
+                "median_weight_histogram": None
+                if not accumulators[0][1].queries
+                else {
+                    "edges": MEDIAN_WEIGHT_EDGES,
+                    "counts": [beyond.histogram.tolist() for _, beyond in accumulators],
+                },
                 "per_document": [
                     {"layer": i, "every": every.per_group(), "beyond": beyond.per_group()}
                     for i, (every, beyond) in enumerate(accumulators)

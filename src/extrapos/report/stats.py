@@ -189,7 +189,9 @@ def length_difference(result: dict[str, Any], ev, ref_ev) -> tuple[Interval | No
     if mine is None or ref is None:
         return None, "no per-document losses recorded"
     digests = {
-        r.get("targets") for r in result.get("results", []) if r.get("ev") in (ev, ref_ev) and r.get("targets")
+        r.get("targets")
+        for r in result.get("results", [])
+        if r.get("ev") in (ev, ref_ev) and r.get("targets")
     }
     if (
         len(digests) > 1
@@ -202,7 +204,9 @@ def length_difference(result: dict[str, Any], ev, ref_ev) -> tuple[Interval | No
     if n < MIN_DOCUMENTS:
         return None, f"too few documents ({n})"
     d = paired_difference(mine.sums, mine.counts, ref.sums, ref.counts)
-    return d, f"{d.estimate:+.4f} [{d.low:+.4f}, {d.high:+.4f}]" + (" within noise" if d.contains(0.0) else "")
+    return d, f"{d.estimate:+.4f} [{d.low:+.4f}, {d.high:+.4f}]" + (
+        " within noise" if d.contains(0.0) else ""
+    )
 
 
 def protocol_of(result: dict[str, Any]) -> tuple[str, str | None, str]:
