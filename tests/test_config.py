@@ -105,3 +105,25 @@ def test_web_corpus_sweeps_evaluate_on_the_stream():
     masked = [r for r in rehearsal.rows if "data.document_mask=true" in r.set]
     assert len(masked) == 2 and all('data.document_positions="restart"' in r.set for r in masked)
     assert load_config("cpu/rehearsal").data.tokenizer == "gpt2"
+
+
+def test_the_expe_paper_presets_train_the_paper_s_models():
+    """paper/expe-table1 has both sizes of ExPE's Table 1 (each M row is exactly expe-app-c-m with the row's
+    encoding, each S row expe-app-c-s), and paper/expe-scaling scales the M model, as Table 3 does."""
+    from dataclasses import replace
+
+    from extrapos.compare import load_sweep
+    from extrapos.compare.sweep import row_config
+
+    table1 = load_sweep("paper/expe-table1")
+    for row in table1.rows:
+        size = row.name.split()[-1]
+        preset = load_config({"S": "expe-app-c-s", "M": "expe-app-c-m"}[size])
+        want = replace(preset, model=replace(preset.model, positions=dict(row.positions)))
+        assert row_config(table1, row, []) == want, row.name
+    assert sorted(r.name.split()[-1] for r in table1.rows) == ["M"] * 3 + ["S"] * 3
+    scaling = load_sweep("paper/expe-scaling")
+    m = load_config("expe-app-c-m").model  # the 342M llama-m: 24 x 1024, tied embeddings
+    assert scaling.train == "expe-app-c-m" and (m.n_layers, m.d_model, m.tie_embeddings) == (24, 1024, True)
+    assert {r.eval.get("scale") for r in scaling.rows if r.reuse} == {0.5}
+    assert (scaling.protocol, scaling.boundary) == ("stream", "cross")
