@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from extrapos.compare.sweep import Sweep, SweepRow, row_config
+from extrapos.compare.sweep import Sweep, SweepRow, row_config, slug
 from extrapos.errors import UserError
 from extrapos.files import atomic_write
 
@@ -105,19 +105,20 @@ def plan_budget(
                 f"{saved_path} cannot be read as the sweep's budget; delete it (or the whole --out) to "
                 "measure the budget again."
             ) from None
-        if saved.get("budget_seconds") == sweep.budget_seconds and saved.get("rows") == names:
+        same = (saved.get("budget_seconds"), saved.get("rows"), saved.get("runs_per_row"))
+        if same == (sweep.budget_seconds, names, runs_per_row):
             say(f"budget: {saved['tokens_per_run']:,} tokens per run, as measured before ({saved_path})")
             return saved
         if any((out / "runs").glob("*/config.toml")):
             raise UserError(
-                f"{saved_path} holds the budget of other rows or another budget_seconds, and {out / 'runs'} "
-                "holds runs trained with it; use a new --out for this sweep."
+                f"{saved_path} holds the budget of other rows, seeds or another budget_seconds, and "
+                f"{out / 'runs'} holds runs trained with it; use a new --out for this sweep."
             )
     t0 = time.perf_counter()
     measured = []
     for row in trained:
         cfg = row_config(sweep, row, extra)
-        probe_dir = out / ".budget-probe" / row.name.replace("/", "-")
+        probe_dir = out / ".budget-probe" / slug(row.name)
         try:
             m = _step_times(cfg, probe_dir, device, rank, world)
         finally:
