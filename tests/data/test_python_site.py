@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from extrapos.data import open_corpus
-from extrapos.data.python_sources import python_site_corpus, site_directories, source_files
+from extrapos.data.corpora import python_site_corpus
+from extrapos.data.python_sources import site_directories, source_files
 from extrapos.errors import UserError
 
 

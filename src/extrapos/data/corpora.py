@@ -117,8 +117,6 @@ def open_corpus(spec: str = DEFAULT_CORPUS, text_field: str = "text", max_docs: 
     elif spec == "python-stdlib":
         corpus = _stdlib_corpus()
     elif spec == "python-site":
-        from extrapos.data.python_sources import python_site_corpus
-
         corpus = python_site_corpus()
     elif spec.startswith("hf:"):
         corpus = _hub_corpus(spec, text_field)
@@ -231,6 +229,24 @@ def _stdlib_corpus() -> Corpus:
 
     fingerprint = f"python-{sys.version_info[:3]}-" + _files_fingerprint(files, root)
     return Corpus("python-stdlib", iterate, fingerprint, len(files))
+
+
+def python_site_corpus(stdlib: Path | None = None, sites: list[Path] | None = None) -> Corpus:
+    """``python-site`` (``python_sources``): every distinct Python file of the standard library and the site
+    directories (``stdlib``, ``sites``: other roots than this interpreter's, for tests)."""
+    from extrapos.data.python_sources import SPEC, source_files, sources_fingerprint, unique_sources
+
+    files = source_files(stdlib, sites)
+    if not files:
+        raise UserError(
+            "Found no Python source files in the standard library or any site-packages directory."
+        )
+
+    def iterate(corpus: Corpus) -> Iterator[Document]:
+        for doc_id, data in unique_sources(files):
+            yield doc_id, corpus.decode(data)
+
+    return Corpus(SPEC, iterate, sources_fingerprint(files), None)
 
 
 def _files_fingerprint(files: list[Path], root: Path) -> str:

@@ -1,4 +1,5 @@
-"""``python-site``: the Python sources a machine already has, as a corpus no download is needed for.
+"""``python-site``: the Python sources a machine already has, as a corpus no download is needed for
+(``corpora.python_site_corpus`` makes the corpus of these files).
 
 Every ``*.py`` file of the running interpreter's standard library and of every installed package (each
 ``site-packages`` / ``dist-packages`` directory this interpreter imports from, ``PYTHONPATH`` entries
@@ -33,12 +34,6 @@ import sysconfig
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from extrapos.errors import UserError
-
-if TYPE_CHECKING:
-    from extrapos.data.corpora import Corpus
 
 SPEC = "python-site"
 #: site directories: what a package installer writes into (Debian's interpreters use dist-packages)
@@ -114,30 +109,23 @@ def _in_order(files: list[tuple[str, Path]], workers: int) -> Iterator[tuple[str
             yield from zip((i for i, _ in part), pool.map(_read, [p for _, p in part]))
 
 
-def python_site_corpus(stdlib: Path | None = None, sites: list[Path] | None = None) -> Corpus:
-    """The ``python-site`` corpus (module docstring): a ``Corpus`` whose documents are unique files
-    (``stdlib`` and ``sites``: other roots than this interpreter's, for tests)."""
-    from extrapos.data.corpora import Corpus  # corpora imports this module when asked for python-site
+def unique_sources(files: list[tuple[str, Path]]) -> Iterator[tuple[str, bytes]]:
+    """(id, bytes) of every readable, non-empty file of ``files`` whose bytes no earlier file had, in order;
+    read by a thread per core (at most 32)."""
+    seen: set[str] = set()
+    for doc_id, read in _in_order(files, max(1, min(32, os.cpu_count() or 1))):
+        if read is None:
+            continue
+        data, digest = read
+        if digest in seen or not data.strip():  # a duplicate, or a file without a token to learn
+            continue
+        seen.add(digest)
+        yield doc_id, data
 
-    files = source_files(stdlib, sites)
-    if not files:
-        raise UserError(
-            "Found no Python source files in the standard library or any site-packages directory."
-        )
-    workers = max(1, min(32, os.cpu_count() or 1))
 
-    def iterate(corpus: Corpus) -> Iterator[tuple[str, str]]:
-        seen: set[str] = set()
-        for doc_id, read in _in_order(files, workers):
-            if read is None:
-                continue
-            data, digest = read
-            if digest in seen or not data.strip():  # a duplicate, or a file without a token to learn
-                continue
-            seen.add(digest)
-            yield doc_id, corpus.decode(data)
-
-    # ids, sizes and modification times of every candidate: changes whenever a file is added or edited
+def sources_fingerprint(files: list[tuple[str, Path]]) -> str:
+    """Ids, sizes and modification times of every candidate file: changes whenever one is added or
+    edited, so a cache keyed by it is never stale."""
     stamp = hashlib.sha256()
     for doc_id, path in files:
         try:
@@ -145,4 +133,4 @@ def python_site_corpus(stdlib: Path | None = None, sites: list[Path] | None = No
         except OSError:
             continue
         stamp.update(f"{doc_id}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return Corpus(SPEC, iterate, f"python-{sys.version_info[:3]}-site-" + stamp.hexdigest()[:16], None)
+    return f"python-{sys.version_info[:3]}-site-" + stamp.hexdigest()[:16]
