@@ -45,6 +45,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ SWEEP = "gpu/first-table"
 DEADLINES = {"install": 30, "gpu-check": 170, "compare": 320}
 STAGE_DIRS = {"install": "site", "gpu-check": "gpu-check", "compare": "compare"}  # under --work
 GRACE = 10  # seconds between SIGTERM and SIGKILL of a stage past its deadline
+MAX_LOG_BYTES = 15 * 2**20  # the log stops growing here (a file comes back only up to 16 MiB)
 #: gpu_check's options on CUDA: its sections in about three minutes (its defaults are sized for ten). The
 #: doctor checks the table's five encodings and one pairwise bias (Kerple): every pairwise bias compiles
 #: FlexAttention's backward on CUDA, tens of seconds each (the full list is `extrapos doctor`'s own run)
@@ -137,6 +139,13 @@ def install_command(wheels: Path, work: Path) -> list[str]:
     return [*cmd, str(source)]
 
 
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):  # the group has ended
+        pass
+
+
 def run_stage(name: str, cmd: list[str], deadline: float, log, env: dict[str, str]) -> dict[str, Any]:
     """Run ``cmd`` in its own process group, its output appended to ``log``; stopped at ``deadline``."""
     log.write(f"\n===== {name}: {' '.join(cmd)} (deadline {deadline:g} s)\n")
@@ -155,26 +164,27 @@ def run_stage(name: str, cmd: list[str], deadline: float, log, env: dict[str, st
     assert proc.stdout is not None
     last_progress, tail = None, []
     stopped = False
-    # the output is read line by line in this thread; a watchdog timer stops the group at the deadline
-    import threading
 
+    # the output is read line by line in this thread; a watchdog timer stops the group at the deadline:
+    # SIGTERM, GRACE seconds for the stage to end, then SIGKILL to whatever of the group is left (a child
+    # still holding the output pipe would otherwise keep this thread reading past the deadline)
     def stop() -> None:
         nonlocal stopped
         stopped = True
+        _signal_group(proc.pid, signal.SIGTERM)
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(GRACE)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
             pass
+        _signal_group(proc.pid, signal.SIGKILL)
 
     timer = threading.Timer(deadline, stop)
     timer.start()
     try:
         for line in proc.stdout:
-            log.write(line)
-            log.flush()
+            if log.tell() < MAX_LOG_BYTES:  # what comes back is at most 16 MiB a file
+                log.write(line)
+                log.flush()
             text = line.rstrip()
             if text:
                 tail = (tail + [text])[-5:]
@@ -183,10 +193,7 @@ def run_stage(name: str, cmd: list[str], deadline: float, log, env: dict[str, st
         rc = proc.wait()
     finally:
         timer.cancel()
-    try:  # whatever the stage left running in its group (a torchrun child) goes with it
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    _signal_group(proc.pid, signal.SIGKILL)  # whatever the stage left running in its group goes with it
     seconds = time.perf_counter() - t0
     status = "deadline" if stopped else ("ok" if rc == 0 else "failed")
     log.write(f"===== {name}: {status} (exit {rc}) after {seconds:.1f} s\n")
