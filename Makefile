@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.extrapos-installed
 
-.PHONY: setup demo test test-all lint bench gpu-check clean
+.PHONY: setup demo test test-all lint bench gpu-check gpu-run clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,13 @@ bench: $(STAMP)
 # without CUDA a clearly labelled stand-in on the CPU paths (benchmarks/gpu_check.py says what is not in it yet)
 gpu-check: $(STAMP)
 	$(BIN)/python benchmarks/gpu_check.py --out gpu-check
+
+# The one command of a lent GPU (no network, at most 9 minutes): install from wheels/, then gpu-check's fast form
+# and the papers' first table (gpu/first-table), each with its own deadline -> at most 8 files in $(GPU_RUN_OUT);
+# without CUDA the same stages at CPU sizes (a stand-in). Needs no venv: the GPU machine's own python3 and torch.
+GPU_RUN_OUT ?= gpu-run
+gpu-run:
+	PYTHON=$(PYTHON) bash benchmarks/gpu_run.sh $(GPU_RUN_OUT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

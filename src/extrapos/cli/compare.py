@@ -22,6 +22,13 @@ def register(sub) -> None:
         help="override a training key for every row (e.g. train.tokens=200000)",
     )
     p.add_argument("--max-eval-tokens", type=int, default=None, help="target tokens scored per length")
+    p.add_argument(
+        "--budget-seconds",
+        type=float,
+        default=None,
+        help="seconds of training for all rows together, split into equal tokens per run by a measured "
+        "step of each row (replaces the sweep's budget_seconds and its rows' train budget)",
+    )
     p.add_argument("--list", action="store_true", help="list the comparison presets")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
@@ -40,6 +47,11 @@ def run(args) -> int:
         return 0
     out = Path(args.out) if args.out else Path("runs") / f"compare-{slug(Path(args.preset).stem)}"
     compare(
-        args.preset, out, args.overrides, progress=not args.no_progress, max_eval_tokens=args.max_eval_tokens
+        args.preset,
+        out,
+        args.overrides,
+        progress=not args.no_progress,
+        max_eval_tokens=args.max_eval_tokens,
+        budget_seconds=args.budget_seconds,
     )
     return 0

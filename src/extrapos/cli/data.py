@@ -29,7 +29,7 @@ def register(sub) -> None:
     prepare.add_argument(
         "--corpus",
         default="sotu",
-        help="sotu (default), python-stdlib, hf:OWNER/NAME[:CONFIG], or a file / directory / "
+        help="sotu (default), python-stdlib, python-site, hf:OWNER/NAME[:CONFIG], or a file / directory / "
         "glob of .txt, .jsonl, .parquet (optionally .gz / .zst)",
     )
     prepare.add_argument(

@@ -70,6 +70,17 @@ documents (web text) joins them into a stream instead::
     protocol = "stream"         # documents joined with end-of-text, fixed target blocks (default "documents")
     boundary = "mask"           # each target sees only its own document (default "cross": context crosses)
 
+A time budget (``extrapos.compare.budget``): ``budget_seconds = 300`` (or ``--budget-seconds 300``) is the
+training time of all the trained runs together, on the machine the sweep runs on; a few measured steps of
+each row turn it into one token budget, the same for every run (it replaces the preset's and the rows'
+train budget; a command-line ``--set train.tokens=...`` still wins). It is recorded in ``OUT/budget.json``,
+reused when the sweep resumes, and stated in the report's facts. ``eval_precision = "bf16" | "auto"``
+scores the loss columns under bf16 autocast (auto: where the device is a CUDA GPU with bf16); every result
+records its precision::
+
+    budget_seconds = 120        # seconds of training for all rows together, equal tokens per row
+    eval_precision = "auto"     # bf16 on a GPU, fp32 on a CPU (default "fp32")
+
 Imported and other existing runs: a row ``run = "runs/hf-gpt2"`` names a run directory (an
 ``extrapos import`` output or any trained run) instead of training one. A relative path is taken from
 the current directory, like every path on the command line; the run is never written to except for its
@@ -78,7 +89,7 @@ combined with ``seeds`` (there is one run, not one per seed).
 
 Modules: ``sweep`` (the sweep file, checked), ``run`` (training, evaluation and task columns of every
 row), ``tasks`` (the task columns: their options and the scoring of each row), ``seeds`` (results over
-seeds), ``facts`` (the report's statements).
+seeds), ``facts`` (the report's statements), ``budget`` (the time budget's measured token budget).
 """
 
 from extrapos.compare.run import OUT_MARKER, check_out_dir, compare

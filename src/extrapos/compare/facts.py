@@ -43,7 +43,20 @@ def _existing_run_facts(
     return facts
 
 
+def precision_of(result: dict[str, Any]) -> str:
+    """The precision a result was scored in: its own record, else its request's (results saved before the
+    field existed), else fp32 (the only precision of those that had neither)."""
+    return result.get("precision") or result.get("request", {}).get("precision") or "fp32"
+
+
 def _evaluation_fact(result: dict[str, Any]) -> str:
+    """What a loss column scored and in which precision."""
+    precision = precision_of(result)
+    how = "bf16 autocast, losses in fp32" if precision == "bf16" else precision
+    return f"{_scored_fact(result)}; scored in {how}"
+
+
+def _scored_fact(result: dict[str, Any]) -> str:
     """What a loss column scored: next-token targets, or (an encoder) the masked tokens of the BERT mask."""
     if result.get("objective") == "mlm":
         return (

@@ -4,11 +4,14 @@ report."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from extrapos.compare.budget import budget_fact, plan_budget
 from extrapos.compare.facts import _facts
 from extrapos.compare.seeds import _combine_seeds, _merge_results
 from extrapos.compare.sweep import (
@@ -81,6 +84,7 @@ def compare(  # noqa: C901
     extra: list[str] | None = None,
     progress: bool = True,
     max_eval_tokens: int | None = None,
+    budget_seconds: float | None = None,
 ) -> Path:
     """Run (or resume) a sweep into ``out``; returns the report path.
 
@@ -95,10 +99,14 @@ def compare(  # noqa: C901
     specs = task_specs(sweep, find_sweep(spec))
     if max_eval_tokens is not None and max_eval_tokens < 1:
         raise UserError(f"--max-eval-tokens must be a positive number of tokens, got {max_eval_tokens}.")
+    if budget_seconds is not None:
+        if not math.isfinite(budget_seconds) or budget_seconds <= 0:
+            raise UserError(f"--budget-seconds must be a positive number of seconds, got {budget_seconds:g}.")
+        sweep = replace(sweep, budget_seconds=budget_seconds)
     out = Path(out)
     check_out_dir(out)  # before anything is written: never into a directory extrapos did not make
     _check_row_options(sweep, find_sweep(spec), specs, list(extra or []))
-    rank, _, device = init_distributed(resolve_device(sweep_device(sweep, list(extra or []))))
+    rank, world, device = init_distributed(resolve_device(sweep_device(sweep, list(extra or []))))
     main = rank == 0
     progress = progress and main
 
@@ -118,9 +126,15 @@ def compare(  # noqa: C901
     jobs = [(row, seed) for row in trained for seed in seeds]
     configs: dict[tuple[str, int | None], RunConfig] = {}
     _check_heldout_fits(sweep, trained, list(extra or []), progress=main)
+    budget: dict[str, Any] | None = None
+    run_extra = list(extra or [])
+    if sweep.budget_seconds is not None and trained:
+        budget = plan_budget(sweep, trained, len(seeds), run_extra, out, device, rank, world, say)
+        # after the sweep's and the row's own budget, before the command line's overrides
+        run_extra = [f"train.tokens={budget['tokens_per_run']}", *run_extra]
     for i, (row, seed) in enumerate(jobs, 1):
         # the seed goes last: it is what distinguishes the runs of one row
-        cfg = row_config(sweep, row, list(extra or []) + ([f"train.seed={seed}"] if seed is not None else []))
+        cfg = row_config(sweep, row, run_extra + ([f"train.seed={seed}"] if seed is not None else []))
         run_dir = out / "runs" / run_slug(row.name, seed)
         label = row.name if seed is None else f"{row.name} (seed {seed})"
         run_dirs[(row.name, seed)], configs[(row.name, seed)] = run_dir, cfg
@@ -137,13 +151,24 @@ def compare(  # noqa: C901
 
     entries, rows = [], []
     max_tokens = sweep.max_eval_tokens if max_eval_tokens is None else max_eval_tokens
+    precision = sweep.eval_precision_on(str(device))
     for row in sweep.rows:
         result: dict[str, Any] | None = None
         entry: dict[str, Any] = {"name": row.name}
         if sweep.loss:
             per_seed = [
                 _evaluate_row(
-                    sweep, row, seed, out, run_dirs, extension_dirs, max_tokens, progress, str(device), main
+                    sweep,
+                    row,
+                    seed,
+                    out,
+                    run_dirs,
+                    extension_dirs,
+                    max_tokens,
+                    progress,
+                    str(device),
+                    main,
+                    precision,
                 )
                 for seed in seeds
             ]
@@ -179,6 +204,8 @@ def compare(  # noqa: C901
         return out / "report.md"
     atomic_write(out / "rows.json", json.dumps(entries, indent=1))
     facts = _facts(sweep, configs, run_dirs, rows, time.perf_counter() - t0, extension_dirs)
+    if budget is not None:
+        facts.insert(len(facts) - (1 if sweep.notes else 0), budget_fact(budget))
     atomic_write(out / "facts.json", json.dumps(facts, indent=1))
     settings = report_settings(sweep)
     atomic_write(out / "report.json", json.dumps(settings, indent=1))
@@ -414,9 +441,11 @@ def _evaluate_row(
     progress: bool,
     device: str = "cpu",
     main: bool = True,
+    precision: str = "fp32",
 ) -> tuple[dict[str, Any], Any, str]:
-    """(result, run path(s) relative to ``out``, result file relative to ``out``) of one row at one seed;
-    ``main``: this process writes the comparison's copies (rank 0 under torchrun)."""
+    """(result, run path(s) relative to ``out``, result file relative to ``out``) of one row at one seed,
+    scored in ``precision``; ``main``: this process writes the comparison's copies (rank 0 under
+    torchrun)."""
     if row.extend is not None or sweep.eval_each_length:
         # one evaluation per length (an extension's factor-k run at k only), merged into one row
         parts = [
@@ -430,7 +459,7 @@ def _evaluate_row(
         ]
         results = []
         for run_dir, k in parts:
-            req = sweep.eval_request([k], row.eval, max_tokens)
+            req = sweep.eval_request([k], row.eval, max_tokens, precision)
             name = f"{default_name(req)}-ev{k}"
             results.append(score_run(run_dir, req, name=name, progress=progress, device=device))
         result = _merge_results(results)
@@ -440,7 +469,7 @@ def _evaluate_row(
             atomic_write(merged, json.dumps(result, indent=1))
         return result, [_rel(p, out) for p, _ in parts], str(merged.relative_to(out))
     source = run_dirs[(row.reuse or row.name, seed)]
-    req = sweep.eval_request(sweep.lengths, row.eval, max_tokens)
+    req = sweep.eval_request(sweep.lengths, row.eval, max_tokens, precision)
     result = score_run(source, req, progress=progress, device=device)
     saved = source / "eval" / f"{result['name']}.json"
     if not saved.resolve().is_relative_to(out.resolve()):

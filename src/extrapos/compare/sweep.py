@@ -17,6 +17,8 @@ from extrapos.evaluate import EvalRequest
 from extrapos.presets import find_sweep, read_toml
 from extrapos.run.config import RunConfig, load_config, validate
 
+EVAL_PRECISIONS = ("fp32", "bf16", "auto")
+
 
 @dataclass
 class ExtensionSpec:
@@ -71,16 +73,36 @@ class Sweep:
     attention: dict[str, Any] | None = None  # attention diagnostics columns (compare.tasks.AttentionColumns)
     protocol: str = "documents"  # the evaluation protocol of the loss columns: documents or stream
     boundary: str | None = None  # stream: context crossing documents ("cross", the default) or "mask"
+    # seconds of training for all the trained runs together, split into equal tokens per run by a measured
+    # step of each row (extrapos.compare.budget); replaces the preset's train budget
+    budget_seconds: float | None = None
+    # the loss columns' precision: fp32, bf16 (autocast), or auto (bf16 on a CUDA device that has it, else
+    # fp32); every result records the precision it was scored in
+    eval_precision: str = "fp32"
 
-    def eval_request(self, lengths: list[int], options: dict[str, Any], max_tokens: int) -> EvalRequest:
-        """The loss evaluation of a row at ``lengths``, under the sweep's protocol."""
+    def eval_request(
+        self, lengths: list[int], options: dict[str, Any], max_tokens: int, precision: str = "fp32"
+    ) -> EvalRequest:
+        """The loss evaluation of a row at ``lengths``, under the sweep's protocol, in ``precision`` (the
+        sweep's ``eval_precision`` resolved for the device: ``eval_precision_on``)."""
         return EvalRequest(
             lengths=list(lengths),
             position_options=dict(options),
             max_tokens=max_tokens,
             protocol=self.protocol,
             boundary=self.boundary,
+            precision=precision,
         )
+
+    def eval_precision_on(self, device: str) -> str:
+        """``eval_precision`` on ``device``: "auto" is bf16 on a CUDA device with bf16 support, else fp32
+        (bf16 on a CPU is emulated on most and slower than fp32)."""
+        if self.eval_precision != "auto":
+            return self.eval_precision
+        import torch
+
+        cuda = str(device).startswith("cuda") and torch.cuda.is_available()
+        return "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
 
 
 def load_sweep(spec: str) -> Sweep:
@@ -199,6 +221,17 @@ def _check_values(path: Path, sweep: Sweep) -> None:
     if sweep.max_eval_tokens < 1:
         raise UserError(
             f"{path}: max_eval_tokens must be a positive number of tokens, got {sweep.max_eval_tokens}."
+        )
+    if sweep.budget_seconds is not None and (
+        isinstance(sweep.budget_seconds, bool) or not sweep.budget_seconds > 0
+    ):
+        raise UserError(
+            f"{path}: budget_seconds must be a positive number of seconds of training, got "
+            f"{sweep.budget_seconds}."
+        )
+    if sweep.eval_precision not in EVAL_PRECISIONS:
+        raise UserError(
+            f"{path}: eval_precision must be {', '.join(EVAL_PRECISIONS)}, got {sweep.eval_precision!r}."
         )
     if sweep.extend_tokens is not None and sweep.extend_tokens < 1:
         raise UserError(

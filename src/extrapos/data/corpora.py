@@ -10,6 +10,9 @@ cache key:
   pages), for rehearsing the papers' regime, where documents are shorter than the window, offline.
 - ``python-stdlib``: the running interpreter's standard-library ``*.py`` files, without tests
   and without site-packages: a code corpus with long documents.
+- ``python-site``: the standard library's and every installed package's ``*.py`` files, tests
+  included, deduplicated by content (``python_sources``): hundreds of MB of code on a machine with
+  torch installed, offline.
 - a path: a file, a directory (searched recursively, hidden entries skipped) or a glob of
   ``.txt`` (one document per file), ``.jsonl`` (one document per line, field ``text`` unless
   told otherwise) or ``.parquet`` files, each optionally compressed as ``.gz`` or ``.zst``.
@@ -41,7 +44,7 @@ from extrapos.errors import UserError
 
 DEFAULT_CORPUS = "sotu"
 #: corpora named by a word, not a path (their specs are cache keys as they are)
-BUILTIN_CORPORA = ("sotu", "sotu-short", "python-stdlib")
+BUILTIN_CORPORA = ("sotu", "sotu-short", "python-stdlib", "python-site")
 TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
 COMPRESSION_SUFFIXES = (".gz", ".zst")
 # Directory names that hold tests (or third-party code) inside a Python installation.
@@ -113,14 +116,16 @@ def open_corpus(spec: str = DEFAULT_CORPUS, text_field: str = "text", max_docs: 
         corpus = short_documents(_sotu_corpus(), "sotu-short")
     elif spec == "python-stdlib":
         corpus = _stdlib_corpus()
+    elif spec == "python-site":
+        corpus = python_site_corpus()
     elif spec.startswith("hf:"):
         corpus = _hub_corpus(spec, text_field)
     elif _looks_like_path(spec):
         corpus = _path_corpus(spec, text_field)
     else:
         raise UserError(
-            f"Unknown corpus '{spec}'; use sotu, sotu-short, python-stdlib, hf:PATH[:CONFIG], or an "
-            "existing file, directory or glob of .txt/.jsonl/.parquet files."
+            f"Unknown corpus '{spec}'; use sotu, sotu-short, python-stdlib, python-site, hf:PATH[:CONFIG], "
+            "or an existing file, directory or glob of .txt/.jsonl/.parquet files."
         )
     if max_docs is not None:
         corpus = _limit(corpus, max_docs)
@@ -224,6 +229,24 @@ def _stdlib_corpus() -> Corpus:
 
     fingerprint = f"python-{sys.version_info[:3]}-" + _files_fingerprint(files, root)
     return Corpus("python-stdlib", iterate, fingerprint, len(files))
+
+
+def python_site_corpus(stdlib: Path | None = None, sites: list[Path] | None = None) -> Corpus:
+    """``python-site`` (``python_sources``): every distinct Python file of the standard library and the site
+    directories (``stdlib``, ``sites``: other roots than this interpreter's, for tests)."""
+    from extrapos.data.python_sources import SPEC, source_files, sources_fingerprint, unique_sources
+
+    files = source_files(stdlib, sites)
+    if not files:
+        raise UserError(
+            "Found no Python source files in the standard library or any site-packages directory."
+        )
+
+    def iterate(corpus: Corpus) -> Iterator[Document]:
+        for doc_id, data in unique_sources(files):
+            yield doc_id, corpus.decode(data)
+
+    return Corpus(SPEC, iterate, sources_fingerprint(files), None)
 
 
 def _files_fingerprint(files: list[Path], root: Path) -> str:

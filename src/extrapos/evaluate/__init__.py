@@ -610,6 +610,7 @@ def evaluate(
         "protocol": req.protocol,
         "boundary": req.boundary,
         "selection": req.selection,
+        "precision": req.precision,  # the forward's (bf16: autocast); the losses are fp32 either way
         **scored.facts,
         "results": scored.rows,
         "per_position": scored.per_position,

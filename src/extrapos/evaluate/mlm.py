@@ -188,6 +188,7 @@ def evaluate_mlm(
         "checkpoint_step": run.step,
         "data_dir": inputs.data_dir,
         "split": req.split if not req.corpus else "test",
+        "precision": req.precision,  # the forward's (bf16: autocast); the losses are fp32 either way
         "documents_used": inputs.docs_used,
         "documents_skipped": inputs.docs_skipped,
         "spans": len(text),

@@ -1,0 +1,100 @@
+"""`make gpu-run` (benchmarks/gpu_run.sh) on CPU: its stand-in runs every stage (install, gpu-check, the
+comparison) and leaves at most eight files; a stage past its deadline is stopped, recorded with how far it
+got, and the next stage still runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_run.sh"
+FILES = {
+    "gpu-run.md",
+    "gpu-run.json",
+    "gpu-run.log",
+    "gpu-check.md",
+    "gpu-check.json",
+    "compare-report.md",
+    "compare.json",
+    "loss_vs_length.png",
+}
+
+
+def _run(tmp_path: Path, tiny_data, *options: str) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path / "out"
+    # the tiny corpus for both stages; no train.steps: the comparison's budget sets each run's tokens
+    sets = [f'data.dir="{tiny_data}"', "model.vocab_size=512", "model.train_length=32", "train.threads=1"]
+    cmd = [
+        "bash",
+        str(SCRIPT),
+        str(out),
+        "--work",
+        str(tmp_path / "work"),
+        "--wheels",
+        str(tmp_path / "none"),
+    ]
+    cmd += [*options, *(a for s in sets for a in ("--set", s))]
+    env = {**os.environ, "PYTHON": sys.executable}
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path), out
+
+
+def test_stand_in_runs_every_stage_into_at_most_eight_files(tmp_path, tiny_data):
+    """The whole script as `make gpu-run` runs it, at CPU sizes: about 60 s on 2 busy cores."""
+    done, out = _run(tmp_path, tiny_data)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert {p.name for p in out.iterdir()} == FILES
+    state = json.loads((out / "gpu-run.json").read_text())
+    assert state["mode"].startswith("STAND-IN") and state["finished"] is True
+    assert [(s["stage"], s["status"]) for s in state["stages"]] == [
+        ("install", "ok"),
+        ("gpu-check", "ok"),
+        ("compare", "ok"),
+    ]
+    # the stages imported the package the install stage built from the checkout, not the source tree
+    assert state["machine"]["extrapos"] == str(tmp_path / "work" / "site" / "extrapos")
+    # ... built from a copy of the checkout, so the build wrote nothing into the checkout itself
+    assert (tmp_path / "work" / "source" / "pyproject.toml").is_file()
+    check = json.loads((out / "gpu-check.json").read_text())
+    assert check["ok"] is True and check["mode"].startswith("STAND-IN")
+    compare = json.loads((out / "compare.json").read_text())
+    budget = compare["budget"]
+    assert budget["rows"] == ["NoPE", "RoPE", "ALiBi", "CABLE", "ExPE"] and budget["budget_seconds"] == 4
+    assert budget["tokens_per_run"] == budget["steps_per_run"] * budget["tokens_per_step"] > 0
+    assert any(f.startswith("budget: 4 s of training") for f in compare["facts"])
+    assert any("scored in fp32" in f for f in compare["facts"])  # the stand-in's eval_precision auto: fp32
+    report = (out / "compare-report.md").read_text()
+    for row in budget["rows"]:
+        assert f"| {row} |" in report
+    compare_row = state["stages"][2]
+    assert len(compare_row["rows_trained"]) == len(compare_row["rows_scored"]) == 5
+    md = (out / "gpu-run.md").read_text()
+    assert md.startswith("# gpu-run: STAND-IN") and "5 rows trained, 5 scored" in md
+    log = (out / "gpu-run.log").read_text()
+    assert "===== gpu-check: ok" in log and "===== compare: ok" in log
+
+
+def test_a_stage_past_its_deadline_is_stopped_and_the_next_one_runs(tmp_path, tiny_data):
+    done, out = _run(
+        tmp_path,
+        tiny_data,
+        "--stages",
+        "gpu-check,compare",
+        "--gpu-check-seconds",
+        "4",
+        "--compare-seconds",
+        "6",
+    )
+    assert done.returncode == 1  # not every stage ended ok
+    state = json.loads((out / "gpu-run.json").read_text())
+    stages = {s["stage"]: s for s in state["stages"]}
+    assert list(stages) == ["gpu-check", "compare"]
+    assert stages["gpu-check"]["status"] == "deadline" and stages["gpu-check"]["seconds"] < 4 + 12
+    assert "last_progress" in stages["gpu-check"]  # its last progress line, if it printed one in time
+    assert stages["compare"]["status"] == "deadline" and "rows_started" in stages["compare"]
+    assert "| gpu-check | deadline |" in (out / "gpu-run.md").read_text()
+    assert not (out / "gpu-check.json").exists()  # gpu_check writes its summary at its end only
+    assert {p.name for p in out.iterdir()} <= FILES
