@@ -20,6 +20,8 @@ Options that pretrained checkpoints need (``integrations/hf/``), all off by defa
 * ``qkv_bias``: biases on the Q/K/V projection only (Qwen2, Yang et al. 2024); ``None`` follows ``bias``.
 * ``post_norm``: post-LN blocks ``h = norm1(h + attn(h)); h = norm2(h + mlp(h))`` and no final norm
   (Vaswani et al. 2017, §3.1; BERT), usually with ``embed_norm``.
+* ``sliding_window`` W: each query attends to its last W tokens, itself included (Mistral, Jiang et
+  al. 2023, §2; Qwen2), on the layers ``sliding_window_layers`` (default: every layer); attention.py.
 
 The positional encoding (``self.pos``, see positions/base.py) is called at its four hooks:
 
@@ -90,6 +92,8 @@ class ModelConfig:
     embed_norm: bool = False  # Bloom: LayerNorm on the embeddings
     qkv_bias: bool | None = None  # None: as use_bias (Qwen2: True with bias False)
     post_norm: bool = False  # BERT / original Transformer: norm after each residual add, no final norm
+    sliding_window: int | None = None  # W: key j visible from query i iff i - W < j <= i; None: full
+    sliding_window_layers: list[int] | None = None  # the layers with the window; None: every layer
 
     # ---- derived ---------------------------------------------------------------------------
     @property
@@ -118,6 +122,14 @@ class ModelConfig:
         if self.activation is not None:
             return self.activation
         return {"llama": "silu", "encoder": "gelu"}.get(self.flavour, "gelu_tanh")
+
+    def window_at(self, layer: int) -> int | None:
+        """The sliding window of block ``layer``, or None (full causal attention)."""
+        if self.sliding_window is None:
+            return None
+        if self.sliding_window_layers is not None and layer not in self.sliding_window_layers:
+            return None
+        return self.sliding_window
 
     @property
     def hidden(self) -> int:
@@ -156,6 +168,7 @@ class ModelConfig:
             raise UserError(
                 f"unknown activation {self.activation!r}; choose one of: {', '.join(ACTIVATIONS)}."
             )
+        self._validate_window()
         if not isinstance(self.positions, dict) or "name" not in self.positions:
             raise UserError('model.positions must be a table with a "name" (e.g. {name = "rope"}).')
         plan = self.positions_plan()  # options and the layer schedule, if any
@@ -167,6 +180,30 @@ class ModelConfig:
                     f"(bidirectional attention): {reason}"
                 )
         return self
+
+    def _validate_window(self) -> None:
+        if self.sliding_window is None:
+            if self.sliding_window_layers is not None:
+                raise UserError(
+                    "model.sliding_window_layers lists the layers of a sliding window, but "
+                    "model.sliding_window is not set; set it or remove the list."
+                )
+            return
+        if self.sliding_window < 1:
+            raise UserError(f"model.sliding_window must be a positive integer, got {self.sliding_window}.")
+        if not self.causal:
+            raise UserError(
+                "model.sliding_window is a causal window (each token sees its last W tokens); the encoder "
+                "flavour attends both ways, so remove it."
+            )
+        layers = self.sliding_window_layers
+        if layers is not None:
+            bad = [i for i in layers if not 0 <= i < self.n_layers]
+            if bad or len(set(layers)) != len(layers):
+                raise UserError(
+                    f"model.sliding_window_layers must list distinct layers in 0..{self.n_layers - 1}, "
+                    f"got {layers}."
+                )
 
 
 # Size presets: ModelConfig field overrides. Parameter counts are in tests/test_model.py.
@@ -344,9 +381,10 @@ def _norm(cfg: ModelConfig) -> nn.Module:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, window: int | None = None):
         super().__init__()
         self.causal = cfg.causal
+        self.window = window  # a sliding window of this layer (cfg.window_at), None: full attention
         self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         self.q_out = cfg.n_heads * cfg.head_dim
         self.kv_out = cfg.kv_heads * cfg.head_dim
@@ -390,7 +428,7 @@ class Attention(nn.Module):
         if self.capture is not None:
             self.capture(q, k, v, bias, documents)
         dropout = self.dropout if self.training else 0.0
-        y = attention(q, k, v, bias, dropout, causal=self.causal, documents=documents)
+        y = attention(q, k, v, bias, dropout, causal=self.causal, documents=documents, window=self.window)
         return self.proj(y.transpose(1, 2).reshape(B, T, self.q_out))
 
 
@@ -424,7 +462,7 @@ class Block(nn.Module):
         super().__init__()
         self.layer = layer
         self.norm1, self.norm2 = _norm(cfg), _norm(cfg)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, cfg.window_at(layer))
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
         self.parallel = cfg.parallel_residual
