@@ -220,3 +220,18 @@ def test_window_layers_pick_the_layers():
     assert [b.attn.window for b in Decoder(cfg).blocks] == [8, None, 8]
     assert model_config(n_layers=2, sliding_window=8).window_at(1) == 8
     assert model_config(n_layers=2).window_at(0) is None
+
+
+def test_attention_statistics_see_the_window():
+    """`extrapos attention`'s probabilities are the layer's own: with a window, none past it."""
+    from extrapos.evaluate.attention_stats import Accumulator, attention_probabilities, model_statistics
+
+    q, k, v = _qkv(2, 4, 2, 23, 23, 8)
+    probs, visible = attention_probabilities(q, k, window=W)
+    torch.testing.assert_close(probs @ v.repeat_interleave(2, dim=1), attention_reference(q, k, v, window=W))
+    assert visible.sum(-1).max() == W
+    model = _windowed("rope", window=3, n_layers=2, sliding_window_layers=[1])
+    accs = [[Accumulator()], [Accumulator()]]
+    model_statistics(model, torch.randint(0, 61, (1, 24)), torch.arange(24)[None], accs)
+    far = [max(acc[0].means()["median_distance"]) for acc in accs]
+    assert far[1] <= 2 < far[0]  # the windowed layer looks back at most W - 1 = 2 tokens
