@@ -150,7 +150,7 @@ def test_flex_window_mask_equals_the_reference(with_documents, Tq):
 def _windowed(name, flavour="gpt2", window=4, n_layers=1, **extra):
     """``tests/test_kv_cache.make``'s tiny model, with a window: encoding parameters moved off their init."""
     torch.manual_seed(0)
-    sizes = dict(d_model=32, n_heads=4, vocab_size=61, train_length=16, **FLAVOURS[flavour])
+    sizes = dict(d_model=32, n_heads=4, vocab_size=61, train_length=64, **FLAVOURS[flavour])
     cfg = model_config(n_layers=n_layers, positions={"name": name}, sliding_window=window, **sizes, **extra)
     model = Decoder(cfg).eval()
     with torch.no_grad():
@@ -178,25 +178,37 @@ def test_one_windowed_layer_sees_only_the_last_w_tokens(name):
             torch.testing.assert_close(full[:, t], alone, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("flavour", list(FLAVOURS))
+@pytest.mark.parametrize("flavour,with_documents", [("gpt2", False), ("llama-gqa", True)])
 @pytest.mark.parametrize("name", registry.names())
-def test_decoding_with_a_window_equals_the_full_forward(name, flavour):
-    """The cache keeps every key; each step reads its last W (layer 1 windowed, layer 0 full)."""
+def test_decoding_with_a_window_equals_the_full_forward(name, flavour, with_documents):
+    """Layer 1 windowed (W = 3), layer 0 full: its cache drops the keys no query can see any more, and
+    decoding token by token, after a prefill and in chunks still gives the full forward's logits."""
     model = _windowed(name, flavour, window=3, n_layers=2, sliding_window_layers=[1])
-    B, T = 2, 12
+    B, T = 2, 24
     tokens = torch.randint(0, 61, (B, T))
     positions = torch.arange(T).expand(B, T) + torch.tensor([[3], [1]])
+    documents = None
+    if with_documents:  # documents of 7, 11 and 6 tokens; of 20 and 4
+        documents = torch.stack(
+            [(torch.arange(T) >= 7).long() + (torch.arange(T) >= 18), torch.arange(T) >= 20]
+        )
+        documents = documents.long()
     with torch.no_grad():
-        full = model(tokens, positions)
-        for chunks in ([1] * T, [5] + [1] * 7, [4, 3, 1, 4]):
+        full = model(tokens, positions, documents=documents)
+        for chunks in ([1] * T, [5, 1, 1, 4, 3, 1, 4, 1, 4]):
             cache, got, t = model.new_cache(), [], 0
             for c in chunks:
-                got.append(model(tokens[:, t : t + c], positions[:, t : t + c], cache))
+                sl = slice(t, t + c)
+                docs = None if documents is None else documents[:, sl]
+                got.append(model(tokens[:, sl], positions[:, sl], cache, documents=docs))
                 t += c
             torch.testing.assert_close(torch.cat(got, 1), full, atol=1e-5, rtol=1e-5)
+            assert len(cache) == T and cache.layers[0].k.n == T  # the full layer keeps every key
+            # once 18 keys were held (16 stale) the windowed layer's cache dropped the stale ones
+            assert cache.layers[1].k.n < 18 and cache.layers[1].k.buf.shape[2] <= 32
     model.blocks[1].attn.window = None  # the same weights without the window: other logits past it
     with torch.no_grad():
-        assert (model(tokens, positions)[:, 3:] - full[:, 3:]).abs().max() > 1e-4
+        assert (model(tokens, positions, documents=documents)[:, 3:] - full[:, 3:]).abs().max() > 1e-4
 
 
 @pytest.mark.parametrize(

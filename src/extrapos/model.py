@@ -46,6 +46,7 @@ own position once), and the bias hook's cumulative state lives in the cache (``s
 ``documents`` (B, T), optional, numbers the documents of a packed row (0, 0, 1, 1, 1, 2, ...): every
 token then attends only to the earlier tokens of its own document (docs/packing.md). The cache keeps
 the numbers of the tokens it holds; new tokens passed without numbers continue the last document.
+A layer with a sliding window keeps only the keys its window can still reach (``LayerCache``).
 """
 
 from __future__ import annotations
@@ -318,20 +319,37 @@ class _Growing:
         self.n = need
         return self.buf[:, :, :need]
 
+    def keep_last(self, keep: int) -> None:
+        """Forget all but the last ``keep`` entries, once at least max(keep, 16) of them are stale: the
+        next append copies the kept ones into a buffer of twice their number, so the buffer stays
+        within ~2 keep + 16 entries at amortized O(1) cost per append."""
+        if self.buf is not None and self.n - keep >= max(keep, 16):
+            self.buf, self.n = self.buf[:, :, self.n - keep : self.n], keep
+
 
 class LayerCache:
-    """One layer's past: rotated keys, values, the bias's key features and the bias hook's state."""
+    """One layer's past: rotated keys, values, the bias's key features and the bias hook's state. With
+    a sliding ``window`` W only the last W - 1 keys before each update can still be seen (by the first
+    new query), so the older ones are dropped (``_Growing.keep_last``): a windowed layer's cache holds
+    O(W) keys however long the decoding."""
 
-    def __init__(self) -> None:
+    def __init__(self, window: int | None = None) -> None:
         self.k, self.v, self.k_feat = _Growing(), _Growing(), _Growing()
         self.state: dict = {}
+        self.window = window
+        self.seen = 0  # tokens added so far (the cache may hold fewer)
 
     @property
     def length(self) -> int:
-        return self.k.n
+        return self.seen
 
     def update(self, k: Tensor, v: Tensor, bias):
-        """Append the new keys/values (and bias key features); return everything seen so far."""
+        """Append the new keys/values (and bias key features); return every key still visible (all of
+        them without a window)."""
+        if self.window is not None:
+            for part in (self.k, self.v, self.k_feat):
+                part.keep_last(self.window - 1)
+        self.seen += k.shape[2]
         K, V = self.k.append(k), self.v.append(v)
         if bias is not None:
             # FoldedBias k_feat (B, H, Tk) and PairwiseBias k_feat (B, Hk, Tk, F): both grow along dim 2
@@ -342,8 +360,8 @@ class LayerCache:
 class KVCache:
     """Per-layer caches for incremental decoding; pass the same object to every forward call."""
 
-    def __init__(self, n_layers: int) -> None:
-        self.layers = [LayerCache() for _ in range(n_layers)]
+    def __init__(self, n_layers: int, windows: list[int | None] | None = None) -> None:
+        self.layers = [LayerCache(windows[i] if windows else None) for i in range(n_layers)]
         self._documents = _Growing()  # (B, 1, Tk, 1): the document number of every cached token
 
     def documents(self, new: Tensor | None, batch: int, n_new: int) -> Tensor | None:
@@ -425,6 +443,8 @@ class Attention(nn.Module):
         bias = pos.bias(x, positions, layer, cache.state if cache is not None else None)
         if cache is not None:
             k, v, bias = cache.update(k, v, bias)
+            if documents is not None and documents.shape[1] != k.shape[2]:  # a windowed cache's last keys
+                documents = documents[:, documents.shape[1] - k.shape[2] :]
         if self.capture is not None:
             self.capture(q, k, v, bias, documents)
         dropout = self.dropout if self.training else 0.0
@@ -545,7 +565,7 @@ class Decoder(nn.Module):
                     nn.init.zeros_(bias)
 
     def new_cache(self) -> KVCache:
-        return KVCache(self.cfg.n_layers)
+        return KVCache(self.cfg.n_layers, [self.cfg.window_at(i) for i in range(self.cfg.n_layers)])
 
     def hidden_states(
         self,
