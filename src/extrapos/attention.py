@@ -7,7 +7,10 @@ which covers both full forwards (Tq == Tk) and cached decoding (Tq new tokens af
 on every path below. ``documents`` (B, Tk), the document number of every key (non-decreasing along
 a row: a packed row of several documents, docs/packing.md), keeps each query inside its own
 document on every path: the queries run in blocks that skip the keys before their documents
-start (``document_blocks``), each block with its (B, 1, tq, tk) visibility mask.
+start (``document_blocks``), each block with its (B, 1, tq, tk) visibility mask. ``window`` W, a
+sliding window (Mistral, Qwen2: Jiang et al. 2023, §2; Beltagy et al. 2020, §3.1), keeps each query
+to its last W keys, itself included: key j is visible from query i iff i - W < j <= i (Hugging Face's
+``sliding_window_overlay``), through the same blocks, which then also skip the keys before the window.
 
 ``attention`` picks the kernel; every path equals ``attention_reference`` in the tests:
 no bias -> fused SDPA; ``FoldedBias`` (ALiBi, CABLE) -> one extra q/k dimension in fused SDPA,
@@ -88,16 +91,20 @@ def attention_reference(
     dropout_p: float = 0.0,
     causal: bool = True,
     documents: Tensor | None = None,
+    window: int | None = None,
 ) -> Tensor:
-    """Plain materialized softmax(q k^T / sqrt(d_h) + bias (+ causal and document masks)) v. The tests'
-    ground truth."""
+    """Plain materialized softmax(q k^T / sqrt(d_h) + bias (+ causal, window and document masks)) v. The
+    tests' ground truth."""
     B, H, Tq, Dh = q.shape
     Tk = k.shape[2]
+    _check_window(window, causal)
     k, v = _expand_kv(k, H), _expand_kv(v, H)
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(Dh)
     i = torch.arange(Tq, device=q.device).unsqueeze(-1) + (Tk - Tq)
     j = torch.arange(Tk, device=q.device)
     visible = (j <= i) if causal else torch.ones(Tq, Tk, dtype=torch.bool, device=q.device)
+    if window is not None:
+        visible = visible & (j > i - window)
     if documents is not None:
         visible = visible & (documents[:, Tk - Tq :, None] == documents[:, None, :]).unsqueeze(1)
     if isinstance(bias, LogitBias):
@@ -121,28 +128,31 @@ def attention(
     chunk_size: int | None = None,
     causal: bool = True,
     documents: Tensor | None = None,
+    window: int | None = None,
 ) -> Tensor:
     """Causal (or, ``causal=False``, bidirectional) attention, see module docstring; dropout_p applies
-    to the attention weights; ``documents`` (B, Tk) keeps every query inside its own document.
+    to the attention weights; ``documents`` (B, Tk) keeps every query inside its own document;
+    ``window`` W (causal only) to its last W keys.
 
     ``chunk_size`` (queries per block of the pairwise path) defaults to ``CHUNK_ELEMENTS`` worth.
     """
     _check_shapes(q, k, v)
+    window = cutting_window(window, causal, k.shape[2])
     if documents is not None:
         _check_documents(documents, k)
-    if _flex_wanted(q, bias, dropout_p, documents):
-        out = _flex_or_none(q, k, v, bias, causal, documents)
+    if _flex_wanted(q, bias, dropout_p, documents, window):
+        out = _flex_or_none(q, k, v, bias, causal, documents, window)
         if out is not None:
             return out
     if bias is None:
-        if documents is not None:
-            return _document_sdpa(q, k, v, dropout_p, causal, documents)
+        if documents is not None or window is not None:
+            return _masked_sdpa(q, k, v, dropout_p, causal, documents, window)
         return _sdpa(q, k, v, dropout_p, causal=causal)
     if isinstance(bias, FoldedBias):
-        return folded_attention(q, k, v, bias, dropout_p, causal=causal, documents=documents)
+        return folded_attention(q, k, v, bias, dropout_p, causal=causal, documents=documents, window=window)
     if isinstance(bias, (PairwiseBias, LogitBias)):
         return chunked_attention(
-            q, k, v, bias, dropout_p, chunk_size=chunk_size, causal=causal, documents=documents
+            q, k, v, bias, dropout_p, chunk_size=chunk_size, causal=causal, documents=documents, window=window
         )
     raise TypeError(f"unknown bias description {type(bias).__name__}")
 
@@ -211,12 +221,36 @@ def document_visible(
 ) -> Tensor:
     """(B, 1, tq, tk) bool: key j (of ``keys`` = [k0, k1)) visible from query i (of ``queries`` = [q0, q1),
     at key index past + i): in the query's document and, causally, not after it."""
+    return block_visible(past, queries, keys, documents=documents, causal=causal)
+
+
+def block_visible(
+    past: int,
+    queries: tuple[int, int],
+    keys: tuple[int, int],
+    *,
+    documents: Tensor | None = None,
+    window: int | None = None,
+    causal: bool = True,
+    device: torch.device | None = None,
+) -> Tensor:
+    """(B or 1, 1, tq, tk) bool: key j (of ``keys`` = [k0, k1)) visible from query i (of ``queries`` =
+    [q0, q1), at key index past + i): in the query's document (``documents``), causally not after it,
+    and within its ``window`` (i - W < j); on ``device`` (default the documents')."""
     (q0, q1), (k0, k1) = queries, keys
-    same = documents[:, past + q0 : past + q1, None] == documents[:, None, k0:k1]
+    device = documents.device if documents is not None else device
+    visible = None
     if causal:
-        i = torch.arange(q0, q1, device=documents.device).unsqueeze(-1) + past
-        same = same & (torch.arange(k0, k1, device=documents.device) <= i)
-    return same.unsqueeze(1)
+        i = torch.arange(q0, q1, device=device).unsqueeze(-1) + past
+        j = torch.arange(k0, k1, device=device)
+        visible = j <= i
+        if window is not None:
+            visible = visible & (j > i - window)
+    if documents is not None:
+        same = documents[:, past + q0 : past + q1, None] == documents[:, None, k0:k1]
+        visible = same if visible is None else same & visible
+    assert visible is not None, "bidirectional blocks without documents have nothing to mask"
+    return visible.unsqueeze(1) if visible.dim() == 3 else visible[None, None]
 
 
 def document_blocks(
@@ -226,32 +260,87 @@ def document_blocks(
     query's document (the earliest over the batch) to its last query (causal) or to the end of its last
     query's document. Documents are contiguous in a row, so no visible key is left out, and a decoded
     token after a long packed prompt reads only its own document's keys."""
-    Tk = documents.shape[1]
+    return visible_blocks(Tq, documents.shape[1], documents=documents, causal=causal, block=block)
+
+
+def visible_blocks(
+    Tq: int,
+    Tk: int,
+    *,
+    documents: Tensor | None = None,
+    window: int | None = None,
+    causal: bool = True,
+    block: int = DOCUMENT_BLOCK,
+) -> list[tuple[int, int, int, int]]:
+    """``document_blocks`` under a document mask and / or a sliding ``window``: a block's keys also start
+    no earlier than its first query's window (past + q0 - W + 1), so a decoded token with a window
+    reads its last W keys only, and a long forward's blocks hold (block, block + W - 1) masks."""
     past = Tk - Tq
+
+    def window_start(q0: int) -> int:
+        return 0 if window is None else max(0, past + q0 - window + 1)
+
+    if documents is None:  # a window alone (always causal): no host round trip
+        return [
+            (q0, min(q0 + block, Tq), window_start(q0), past + min(q0 + block, Tq))
+            for q0 in range(0, Tq, block)
+        ]
     if Tq <= block and Tk <= 2 * block:  # one block over every key: no host round trip to find the ranges
-        return [(0, Tq, 0, Tk)]
+        return [(0, Tq, window_start(0), Tk)]
     documents = documents.contiguous()
     starts = torch.searchsorted(documents, documents, side="left")  # rows are sorted: first index of each
     ends = torch.searchsorted(documents, documents, side="right")
     out = []
     for q0 in range(0, Tq, block):
         q1 = min(q0 + block, Tq)
-        k0 = int(starts[:, past + q0].min())
+        k0 = max(int(starts[:, past + q0].min()), window_start(q0))
         k1 = past + q1 if causal else int(ends[:, past + q1 - 1].max())
         out.append((q0, q1, k0, k1))
     return out
 
 
-def _document_sdpa(
-    q: Tensor, k: Tensor, v: Tensor, dropout_p: float, causal: bool, documents: Tensor
+def _masked_sdpa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dropout_p: float,
+    causal: bool,
+    documents: Tensor | None,
+    window: int | None,
 ) -> Tensor:
-    """Fused SDPA under a document mask, block by block (``document_blocks``)."""
-    past = k.shape[2] - q.shape[2]
+    """Fused SDPA under a document mask and / or a sliding window, block by block (``visible_blocks``)."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    past = Tk - Tq
     outs = []
-    for q0, q1, k0, k1 in document_blocks(documents, q.shape[2], causal, DOCUMENT_BLOCK):
-        mask = document_visible(documents, past, (q0, q1), (k0, k1), causal)
-        outs.append(_sdpa(q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1], dropout_p, mask=mask))
+    for q0, q1, k0, k1 in visible_blocks(Tq, Tk, documents=documents, window=window, causal=causal):
+        mask = None  # one query of a window alone: its keys are exactly k0..k1, nothing to mask
+        if documents is not None or q1 - q0 > 1:
+            mask = block_visible(
+                past, (q0, q1), (k0, k1), documents=documents, window=window, causal=causal, device=q.device
+            )
+        outs.append(
+            _sdpa(q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1], dropout_p, causal=causal, mask=mask)
+        )
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+
+# ---- sliding windows --------------------------------------------------------------------------
+
+
+def _check_window(window: int | None, causal: bool) -> None:
+    if window is None:
+        return
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"a sliding window must be a positive number of keys, got {window!r}")
+    if not causal:
+        raise ValueError("a sliding window is causal (i - W < j <= i); bidirectional attention has none")
+
+
+def cutting_window(window: int | None, causal: bool, Tk: int) -> int | None:
+    """``window`` when it hides some key from some query, else None: with Tk <= W every query sees all
+    of its earlier keys, and the unwindowed paths run unchanged (bit-identical)."""
+    _check_window(window, causal)
+    return None if window is None or Tk <= window else window
 
 
 # ---- folded bias ------------------------------------------------------------------------------
@@ -276,6 +365,7 @@ def folded_attention(
     block: int | None = None,
     causal: bool = True,
     documents: Tensor | None = None,
+    window: int | None = None,
 ) -> Tensor:
     """Fused SDPA with a rank-one bias folded into one extra q/k dimension (exact, see module doc).
 
@@ -287,13 +377,15 @@ def folded_attention(
     ``subtract_reference`` and ``fold_dtype`` exist for the precision measurements in
     ``benchmarks/bench_attention.py``; the defaults are the right choice. Bidirectional
     (``causal=False``): every block sees all keys and is shifted by the key at its last query's
-    position (still a row constant, and still small near each query). With ``documents`` the blocks are
-    ``document_blocks`` of the same size, each shifted by its last query's own key.
+    position (still a row constant, and still small near each query). With ``documents`` or a sliding
+    ``window`` the blocks are ``visible_blocks`` of the same size, each shifted by its last query's own key.
     """
     B, H, Tq, Dh = q.shape
     Tk, Hkv = k.shape[2], k.shape[1]
+    window = cutting_window(window, causal, Tk)
     dtype = fold_dtype or _fold_dtype(q.dtype)
-    inference = not torch.is_grad_enabled() and causal and documents is None and subtract_reference
+    masked = documents is not None or window is not None
+    inference = not torch.is_grad_enabled() and causal and not masked and subtract_reference
     if inference and fold_dtype is None and block is None and not dropout_p and H * Tq <= Hkv * Dh:
         # decoding: the bias rows (B, H, Tq, Tk) are smaller than a folded copy of the keys
         qf, kf = bias.q_feat, bias.k_feat
@@ -311,10 +403,14 @@ def folded_attention(
     # blocks of queries whose (block, Tk) mask (the CPU kernel makes it float) is no larger than the keys
     block = block or max(FOLD_BLOCK, H * Dh)
     past = Tk - Tq
-    if documents is not None:
+    if masked:
         outs = []
-        for q0, q1, k0, k1 in document_blocks(documents, Tq, causal, block):
-            mask = document_visible(documents, past, (q0, q1), (k0, k1), causal)
+        for q0, q1, k0, k1 in visible_blocks(
+            Tq, Tk, documents=documents, window=window, causal=causal, block=block
+        ):
+            mask = block_visible(
+                past, (q0, q1), (k0, k1), documents=documents, window=window, causal=causal, device=q.device
+            )
             args = (q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1], qf[:, :, q0:q1], kf[:, :, k0:k1])
             ref = past + q1 - 1 - k0  # the block's last query's own key: visible to it, near the others
             outs.append(_fold_call(*args, dropout_p, dtype, subtract_reference, causal, ref, mask))
@@ -642,17 +738,19 @@ def chunked_attention(
     chunk_size: int | None = None,
     causal: bool = True,
     documents: Tensor | None = None,
+    window: int | None = None,
 ) -> Tensor:
     """Pairwise- or logit-bias attention in blocks of queries: memory O(chunk * Tk) (see module doc)."""
     B, H, Tq, Dh = q.shape
     Tk = k.shape[2]
+    window = cutting_window(window, causal, Tk)
     k_in, v_in = k, v
     k, v = _expand_kv(k, H), _expand_kv(v, H)  # O(T * d) copies at most; the scores dominate
     past = Tk - Tq
     table = getattr(bias, "table", None)  # a DistanceBias (positions/bias.py): O(T) distinct values
     chunk = chunk_size or default_chunk_size(B, H, Tq, Tk, Dh)
-    if documents is not None:
-        return _document_chunks(q, k, v, bias, dropout_p, chunk, causal, documents)
+    if documents is not None or window is not None:
+        return _masked_chunks(q, k, v, bias, dropout_p, chunk, causal, documents, window)
     if (
         chunk_size is None
         and Tq <= DECODE_QUERIES
@@ -710,7 +808,7 @@ def _pairwise_rows_attention(q: Tensor, k: Tensor, v: Tensor, bias: PairwiseBias
     return F.scaled_dot_product_attention(q, k, v, attn_mask=rows, enable_gqa=q.shape[1] != k.shape[1])
 
 
-def _document_chunks(
+def _masked_chunks(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -718,24 +816,29 @@ def _document_chunks(
     dropout_p: float,
     chunk: int,
     causal: bool,
-    documents: Tensor,
+    documents: Tensor | None,
+    window: int | None = None,
 ) -> Tensor:
-    """``chunked_attention`` under a document mask: the ``document_blocks`` of ``chunk`` queries, each
-    against the keys from its first document's start. A distance table (Kerple, T5, FIRE before L)
-    is used when positions step by one inside every document (restarting or continuing across
-    them): then p_i - p_j = i - j on every visible pair, and the masked block is the Toeplitz one
-    with the other documents' keys set to -inf; otherwise the bias is evaluated on every pair."""
-    Tq, past = q.shape[2], k.shape[2] - q.shape[2]
+    """``chunked_attention`` under a document mask and / or a sliding window: the ``visible_blocks`` of
+    ``chunk`` queries, each against the keys from its first document's start (and its window's). A
+    distance table (Kerple, T5, FIRE before L) is used when positions step by one inside every
+    document (restarting or continuing across them): then p_i - p_j = i - j on every visible pair, and
+    the masked block is the Toeplitz one with the other documents' (and the window's earlier) keys set
+    to -inf; otherwise the bias is evaluated on every pair."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    past = Tk - Tq
     if isinstance(bias, LogitBias):
         run = _logit_chunk
     else:
         table = getattr(bias, "table", None)
         run = partial(_chunk, table=table if table is not None and _steps_by_one(bias, documents) else None)
-    blocks = document_blocks(documents, Tq, causal, chunk)
+    blocks = visible_blocks(Tq, Tk, documents=documents, window=window, causal=causal, block=chunk)
     use_ckpt = torch.is_grad_enabled() and len(blocks) > 1
     outs = []
     for q0, q1, k0, k1 in reversed(blocks):  # largest first, as in chunked_attention
-        allowed = document_visible(documents, past, (q0, q1), (k0, k1), causal)
+        allowed = block_visible(
+            past, (q0, q1), (k0, k1), documents=documents, window=window, causal=causal, device=q.device
+        )
         args = (
             q[:, :, q0:q1],
             k[:, :, k0:k1],
@@ -751,14 +854,17 @@ def _document_chunks(
     return outs[0] if len(outs) == 1 else torch.cat(outs[::-1], dim=2)
 
 
-def _steps_by_one(bias: PairwiseBias, documents: Tensor) -> bool:
-    """Key positions (B, 1, Tk, 1) that step by exactly one between neighbours of the same document."""
+def _steps_by_one(bias: PairwiseBias, documents: Tensor | None) -> bool:
+    """Key positions (B, 1, Tk, 1) that step by exactly one between neighbours of the same document (of
+    the row, without documents)."""
     kf = bias.k_feat
     if kf.dim() != 4 or kf.shape[1] != 1 or kf.shape[-1] != 1 or bias.q_feat.shape[1] != 1:
         return False
     p = kf[:, 0, :, 0]
-    same = documents[:, 1:] == documents[:, :-1]
-    return bool(((p[:, 1:] - p[:, :-1] == 1) | ~same).all())
+    steps = p[:, 1:] - p[:, :-1] == 1
+    if documents is None:
+        return bool(steps.all())
+    return bool((steps | (documents[:, 1:] != documents[:, :-1])).all())
 
 
 def _contiguous(k_feat: Tensor) -> bool:
@@ -772,9 +878,11 @@ def _contiguous(k_feat: Tensor) -> bool:
 _flex_state: dict = {}
 
 
-def _flex_wanted(q: Tensor, bias: Bias | None, dropout_p: float, documents: Tensor | None = None) -> bool:
-    grad = torch.is_grad_enabled()
-    return flex_wanted(q.device.type, grad, dropout_p, q.shape[2], q.dtype, bias, documents is not None)
+def _flex_wanted(
+    q: Tensor, bias: Bias | None, dropout_p: float, documents: Tensor | None = None, window: int | None = None
+) -> bool:
+    grad, masked = torch.is_grad_enabled(), documents is not None or window is not None
+    return flex_wanted(q.device.type, grad, dropout_p, q.shape[2], q.dtype, bias, masked)
 
 
 def flex_wanted(
@@ -798,9 +906,9 @@ def flex_wanted(
     fused, while a half-precision fold runs SDPA in fp32 (_fold_dtype) and flex computes the
     score_mod in fp32 on bf16 inputs instead).
 
-    Without a bias, only under a document mask (``documents``), in training or for long forwards:
-    flex's ``mask_mod`` skips the blocks between documents, where SDPA would need a dense mask and its
-    slower masked kernels.
+    Without a bias, only under a document mask or a sliding window (``documents``: either), in training
+    or for long forwards: flex's ``mask_mod`` skips the blocks between documents and outside the window,
+    where SDPA would need a dense mask and its slower masked kernels.
     """
     if device_type != "cuda" or dropout_p or isinstance(bias, LogitBias):
         return False
@@ -814,7 +922,13 @@ def flex_wanted(
 
 
 def _flex_or_none(
-    q: Tensor, k: Tensor, v: Tensor, bias: Bias | None, causal: bool = True, documents: Tensor | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Bias | None,
+    causal: bool = True,
+    documents: Tensor | None = None,
+    window: int | None = None,
 ) -> Tensor | None:
     """FlexAttention (compiled), or None (the caller falls back) when it is missing or fails.
 
@@ -833,8 +947,8 @@ def _flex_or_none(
             _flex_state["mask"] = create_block_mask
         flex, make_mask = _flex_state["fn"], _flex_state["mask"]
         if torch.is_grad_enabled():
-            _check_flex_backward(q, k, v, bias, causal, flex, make_mask, documents)
-        return _flex(q, k, v, bias, flex, make_mask, causal, documents)
+            _check_flex_backward(q, k, v, bias, causal, flex, make_mask, documents, window)
+        return _flex(q, k, v, bias, flex, make_mask, causal, documents, window)
     except Exception as e:  # import errors, compile errors, unsupported captures: use the fallback
         _flex_state["broken"] = True
         warnings.warn(
@@ -852,25 +966,42 @@ def _check_flex_backward(
     flex_attention: Callable,
     create_block_mask: Callable,
     documents: Tensor | None = None,
+    window: int | None = None,
 ) -> None:
     """One forward and backward of flex on detached q, k, v, once per kind of call (see _flex_or_none)."""
     pair = getattr(bias, "pair", None)
     key = (type(bias).__name__, getattr(pair, "__qualname__", None), q.shape, k.shape, q.dtype, causal)
-    key = (*key, documents is not None)
+    key = (*key, documents is not None, window)
     checked = _flex_state.setdefault("backward_checked", set())
     if key in checked:
         return
     qd, kd, vd = (t.detach().requires_grad_() for t in (q, k, v))
-    out = _flex(qd, kd, vd, bias, flex_attention, create_block_mask, causal, documents)
+    out = _flex(qd, kd, vd, bias, flex_attention, create_block_mask, causal, documents, window)
     torch.autograd.grad(out.sum(), (qd, kd, vd))
     checked.add(key)
 
 
-def flex_mask_mod(Tq: int, Tk: int, causal: bool = True, documents: Tensor | None = None) -> Callable | None:
+def flex_mask_mod(
+    Tq: int, Tk: int, causal: bool = True, documents: Tensor | None = None, window: int | None = None
+) -> Callable | None:
     """FlexAttention's ``mask_mod``: key kj visible from query qi (bottom-right causal, kj <= qi + Tk - Tq)
     and, with ``documents`` (B, Tk) (the document of every key; the queries are the last Tq), in the
-    query's document (``data.document_mask``, docs/packing.md); None when every key is visible."""
+    query's document (``data.document_mask``, docs/packing.md), and with a ``window`` W within the
+    query's last W keys (kj > qi + Tk - Tq - W); None when every key is visible."""
     past = Tk - Tq
+    if window is not None:
+        if documents is None:
+
+            def in_window(b, h, qi, kj):
+                return (kj <= qi + past) & (kj > qi + past - window)
+
+            return in_window
+
+        def same_document_in_window(b, h, qi, kj):
+            same = documents[b, qi + past] == documents[b, kj]
+            return same & (kj <= qi + past) & (kj > qi + past - window)
+
+        return same_document_in_window
     if documents is None:
         if not causal:
             return None
@@ -899,25 +1030,28 @@ def flex_block_mask(
     device: torch.device,
     causal: bool = True,
     documents: Tensor | None = None,
+    window: int | None = None,
 ):
-    """The block mask of ``flex_mask_mod`` (None when every key is visible, e.g. one decoded query).
-    A document mask is built once per forward: every layer passes the same ``documents`` tensor."""
+    """The block mask of ``flex_mask_mod`` (None when every key is visible, e.g. one decoded query without
+    a window). A document mask is built once per forward: every layer passes the same ``documents``."""
     if documents is not None:
-        key = (Tq, Tk, causal, create_block_mask)
+        key = (Tq, Tk, causal, create_block_mask, window)
         last = _flex_state.get("document_mask")
         if last is not None and last[0] is documents and last[1] == key:
             return last[2]
-        mask = create_block_mask(flex_mask_mod(Tq, Tk, causal, documents), B, None, Tq, Tk, device=device)
+        mod = flex_mask_mod(Tq, Tk, causal, documents, window)
+        mask = create_block_mask(mod, B, None, Tq, Tk, device=device)
         _flex_state["document_mask"] = (documents, key, mask)
         return mask
-    if Tq == 1 or not causal:
+    if (Tq == 1 and window is None) or not causal:
         return None
     cache = _flex_state.setdefault("masks", {})
-    key = (Tq, Tk, str(device), create_block_mask)
+    key = (Tq, Tk, str(device), create_block_mask) + ((window,) if window is not None else ())
     if key not in cache:
         if len(cache) >= _MAX_CACHED_MASKS:
             cache.clear()
-        cache[key] = create_block_mask(flex_mask_mod(Tq, Tk, causal), None, None, Tq, Tk, device=device)
+        mod = flex_mask_mod(Tq, Tk, causal, window=window)
+        cache[key] = create_block_mask(mod, None, None, Tq, Tk, device=device)
     return cache[key]
 
 
@@ -967,11 +1101,13 @@ def _flex(
     create_block_mask: Callable,
     causal: bool = True,
     documents: Tensor | None = None,
+    window: int | None = None,
 ) -> Tensor:
-    """One flex call: the bias's score_mod, the causal (+ document) block mask; GQA without copies."""
+    """One flex call: the bias's score_mod, the causal (+ document, + window) block mask; GQA without
+    copies."""
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
-    block_mask = flex_block_mask(create_block_mask, B, Tq, Tk, q.device, causal, documents)
+    block_mask = flex_block_mask(create_block_mask, B, Tq, Tk, q.device, causal, documents, window)
     score_mod = flex_score_mod(bias, B, H, Tq, Tk)
     return flex_attention(
         q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1]

@@ -20,6 +20,8 @@ Options that pretrained checkpoints need (``integrations/hf/``), all off by defa
 * ``qkv_bias``: biases on the Q/K/V projection only (Qwen2, Yang et al. 2024); ``None`` follows ``bias``.
 * ``post_norm``: post-LN blocks ``h = norm1(h + attn(h)); h = norm2(h + mlp(h))`` and no final norm
   (Vaswani et al. 2017, §3.1; BERT), usually with ``embed_norm``.
+* ``sliding_window`` W: each query attends to its last W tokens, itself included (Mistral, Jiang et
+  al. 2023, §2; Qwen2), on the layers ``sliding_window_layers`` (default: every layer); attention.py.
 
 The positional encoding (``self.pos``, see positions/base.py) is called at its four hooks:
 
@@ -44,6 +46,7 @@ own position once), and the bias hook's cumulative state lives in the cache (``s
 ``documents`` (B, T), optional, numbers the documents of a packed row (0, 0, 1, 1, 1, 2, ...): every
 token then attends only to the earlier tokens of its own document (docs/packing.md). The cache keeps
 the numbers of the tokens it holds; new tokens passed without numbers continue the last document.
+A layer with a sliding window keeps only the keys its window can still reach (``LayerCache``).
 """
 
 from __future__ import annotations
@@ -90,6 +93,8 @@ class ModelConfig:
     embed_norm: bool = False  # Bloom: LayerNorm on the embeddings
     qkv_bias: bool | None = None  # None: as use_bias (Qwen2: True with bias False)
     post_norm: bool = False  # BERT / original Transformer: norm after each residual add, no final norm
+    sliding_window: int | None = None  # W: key j visible from query i iff i - W < j <= i; None: full
+    sliding_window_layers: list[int] | None = None  # the layers with the window; None: every layer
 
     # ---- derived ---------------------------------------------------------------------------
     @property
@@ -118,6 +123,14 @@ class ModelConfig:
         if self.activation is not None:
             return self.activation
         return {"llama": "silu", "encoder": "gelu"}.get(self.flavour, "gelu_tanh")
+
+    def window_at(self, layer: int) -> int | None:
+        """The sliding window of block ``layer``, or None (full causal attention)."""
+        if self.sliding_window is None:
+            return None
+        if self.sliding_window_layers is not None and layer not in self.sliding_window_layers:
+            return None
+        return self.sliding_window
 
     @property
     def hidden(self) -> int:
@@ -156,6 +169,7 @@ class ModelConfig:
             raise UserError(
                 f"unknown activation {self.activation!r}; choose one of: {', '.join(ACTIVATIONS)}."
             )
+        self._validate_window()
         if not isinstance(self.positions, dict) or "name" not in self.positions:
             raise UserError('model.positions must be a table with a "name" (e.g. {name = "rope"}).')
         plan = self.positions_plan()  # options and the layer schedule, if any
@@ -167,6 +181,30 @@ class ModelConfig:
                     f"(bidirectional attention): {reason}"
                 )
         return self
+
+    def _validate_window(self) -> None:
+        if self.sliding_window is None:
+            if self.sliding_window_layers is not None:
+                raise UserError(
+                    "model.sliding_window_layers lists the layers of a sliding window, but "
+                    "model.sliding_window is not set; set it or remove the list."
+                )
+            return
+        if self.sliding_window < 1:
+            raise UserError(f"model.sliding_window must be a positive integer, got {self.sliding_window}.")
+        if not self.causal:
+            raise UserError(
+                "model.sliding_window is a causal window (each token sees its last W tokens); the encoder "
+                "flavour attends both ways, so remove it."
+            )
+        layers = self.sliding_window_layers
+        if layers is not None:
+            bad = [i for i in layers if not 0 <= i < self.n_layers]
+            if bad or len(set(layers)) != len(layers):
+                raise UserError(
+                    f"model.sliding_window_layers must list distinct layers in 0..{self.n_layers - 1}, "
+                    f"got {layers}."
+                )
 
 
 # Size presets: ModelConfig field overrides. Parameter counts are in tests/test_model.py.
@@ -281,20 +319,37 @@ class _Growing:
         self.n = need
         return self.buf[:, :, :need]
 
+    def keep_last(self, keep: int) -> None:
+        """Forget all but the last ``keep`` entries, once at least max(keep, 16) of them are stale: the
+        next append copies the kept ones into a buffer of twice their number, so the buffer stays
+        within ~2 keep + 16 entries at amortized O(1) cost per append."""
+        if self.buf is not None and self.n - keep >= max(keep, 16):
+            self.buf, self.n = self.buf[:, :, self.n - keep : self.n], keep
+
 
 class LayerCache:
-    """One layer's past: rotated keys, values, the bias's key features and the bias hook's state."""
+    """One layer's past: rotated keys, values, the bias's key features and the bias hook's state. With
+    a sliding ``window`` W only the last W - 1 keys before each update can still be seen (by the first
+    new query), so the older ones are dropped (``_Growing.keep_last``): a windowed layer's cache holds
+    O(W) keys however long the decoding."""
 
-    def __init__(self) -> None:
+    def __init__(self, window: int | None = None) -> None:
         self.k, self.v, self.k_feat = _Growing(), _Growing(), _Growing()
         self.state: dict = {}
+        self.window = window
+        self.seen = 0  # tokens added so far (the cache may hold fewer)
 
     @property
     def length(self) -> int:
-        return self.k.n
+        return self.seen
 
     def update(self, k: Tensor, v: Tensor, bias):
-        """Append the new keys/values (and bias key features); return everything seen so far."""
+        """Append the new keys/values (and bias key features); return every key still visible (all of
+        them without a window)."""
+        if self.window is not None:
+            for part in (self.k, self.v, self.k_feat):
+                part.keep_last(self.window - 1)
+        self.seen += k.shape[2]
         K, V = self.k.append(k), self.v.append(v)
         if bias is not None:
             # FoldedBias k_feat (B, H, Tk) and PairwiseBias k_feat (B, Hk, Tk, F): both grow along dim 2
@@ -305,8 +360,8 @@ class LayerCache:
 class KVCache:
     """Per-layer caches for incremental decoding; pass the same object to every forward call."""
 
-    def __init__(self, n_layers: int) -> None:
-        self.layers = [LayerCache() for _ in range(n_layers)]
+    def __init__(self, n_layers: int, windows: list[int | None] | None = None) -> None:
+        self.layers = [LayerCache(windows[i] if windows else None) for i in range(n_layers)]
         self._documents = _Growing()  # (B, 1, Tk, 1): the document number of every cached token
 
     def documents(self, new: Tensor | None, batch: int, n_new: int) -> Tensor | None:
@@ -344,9 +399,10 @@ def _norm(cfg: ModelConfig) -> nn.Module:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, window: int | None = None):
         super().__init__()
         self.causal = cfg.causal
+        self.window = window  # a sliding window of this layer (cfg.window_at), None: full attention
         self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         self.q_out = cfg.n_heads * cfg.head_dim
         self.kv_out = cfg.kv_heads * cfg.head_dim
@@ -387,10 +443,12 @@ class Attention(nn.Module):
         bias = pos.bias(x, positions, layer, cache.state if cache is not None else None)
         if cache is not None:
             k, v, bias = cache.update(k, v, bias)
+            if documents is not None and documents.shape[1] != k.shape[2]:  # a windowed cache's last keys
+                documents = documents[:, documents.shape[1] - k.shape[2] :]
         if self.capture is not None:
             self.capture(q, k, v, bias, documents)
         dropout = self.dropout if self.training else 0.0
-        y = attention(q, k, v, bias, dropout, causal=self.causal, documents=documents)
+        y = attention(q, k, v, bias, dropout, causal=self.causal, documents=documents, window=self.window)
         return self.proj(y.transpose(1, 2).reshape(B, T, self.q_out))
 
 
@@ -424,7 +482,7 @@ class Block(nn.Module):
         super().__init__()
         self.layer = layer
         self.norm1, self.norm2 = _norm(cfg), _norm(cfg)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, cfg.window_at(layer))
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
         self.parallel = cfg.parallel_residual
@@ -507,7 +565,7 @@ class Decoder(nn.Module):
                     nn.init.zeros_(bias)
 
     def new_cache(self) -> KVCache:
-        return KVCache(self.cfg.n_layers)
+        return KVCache(self.cfg.n_layers, [self.cfg.window_at(i) for i in range(self.cfg.n_layers)])
 
     def hidden_states(
         self,

@@ -185,14 +185,24 @@ BAD_CONFIGS = [
         _llama(rope_scaling={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 10**13}),
         ["rope_scaling.original_max_position_embeddings"],
     ),
-    # extrapos has only full attention: a window shorter than the context is refused, naming the fix
-    ("mistral window 16 < 32", _llama(model_type="mistral", sliding_window=16), ["--context-length 16"]),
-    (
-        "qwen2 window in use",
-        _llama(model_type="qwen2", use_sliding_window=True, sliding_window=8),
-        ["sliding window of 8"],
-    ),
     ("sliding_window 0", _llama(model_type="mistral", sliding_window=0), ["sliding_window", "positive"]),
+    (
+        "max_window_layers -1",
+        _llama(model_type="qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=-1),
+        ["max_window_layers", "non-negative integer"],
+    ),
+    (
+        "layer_types too short",
+        _llama(model_type="qwen2", use_sliding_window=True, sliding_window=8, layer_types=[]),
+        ["layer_types", "a list of 1 layer types"],
+    ),
+    (
+        "layer_types chunked",
+        _llama(
+            model_type="qwen2", use_sliding_window=True, sliding_window=8, layer_types=["chunked_attention"]
+        ),
+        ["layer_types", "'chunked_attention'", "full_attention and sliding_attention"],
+    ),
 ]
 
 
@@ -221,15 +231,49 @@ def test_context_length_must_be_bounded(model, scratch, capsys, length):
 
 
 @pytest.mark.parametrize(
-    "window,extra", [(32, []), (None, []), (16, ["--context-length", "16"])], ids=["= context", "none", "cut"]
+    "window,extra",
+    [(32, []), (None, []), (16, []), (16, ["--context-length", "16"])],
+    ids=["= context", "none", "shorter", "cut"],
 )
-def test_mistral_window_covering_the_context_imports(model, scratch, capsys, window, extra):
-    """A window at least as long as the run's context is full attention: the import goes through."""
+def test_mistral_window_imports_and_is_kept(model, scratch, capsys, window, extra):
+    """A sliding window of any length imports, at the model's own context unless told otherwise, and the
+    run keeps it (issue 37: it was once dropped or refused)."""
     (model / "config.json").write_text(json.dumps(_llama(model_type="mistral", sliding_window=window)))
     result = _import(model, scratch / "run", *extra, capsys=capsys)
     assert result.returncode == 0, result.stderr
     record = json.loads((scratch / "run" / "source.json").read_text())
     assert record["train_length"] == (int(extra[1]) if extra else CONFIG["max_position_embeddings"])
+    from extrapos.run.config import load_run_config
+
+    assert load_run_config(scratch / "run").model.sliding_window == window
+
+
+@pytest.mark.parametrize(
+    "changes,window",
+    [
+        (dict(use_sliding_window=True, sliding_window=8), None),  # max_window_layers 28 covers the 1 layer
+        (dict(use_sliding_window=True, sliding_window=8, max_window_layers=1), None),
+        (dict(use_sliding_window=True, sliding_window=8, max_window_layers=0), 8),
+        (dict(use_sliding_window=False, sliding_window=8, max_window_layers=0), None),
+        (dict(use_sliding_window=True, sliding_window=8, layer_types=["sliding_attention"]), 8),
+    ],
+    ids=["default layers", "all full", "all sliding", "switched off", "layer_types"],
+)
+def test_qwen2_window_follows_its_layers(model, scratch, capsys, changes, window):
+    """Qwen2's window is where Hugging Face applies it: from max_window_layers on, or as layer_types say."""
+    qwen2 = _llama(model_type="qwen2", **changes)
+    (model / "config.json").write_text(json.dumps(qwen2))
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(model / "model.safetensors"))  # Qwen2's block has Q/K/V biases
+    for p in "qkv":
+        tensors[f"model.layers.0.self_attn.{p}_proj.bias"] = torch.zeros(D)
+    _save(tensors, model / "model.safetensors")
+    result = _import(model, scratch / "run", capsys=capsys)
+    assert result.returncode == 0, result.stderr
+    from extrapos.run.config import load_run_config
+
+    assert load_run_config(scratch / "run").model.sliding_window == window
 
 
 # ---- the shard index ----------------------------------------------------------------------------------

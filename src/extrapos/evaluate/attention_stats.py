@@ -94,9 +94,11 @@ def attention_probabilities(
     causal: bool = True,
     documents: Tensor | None = None,
     queries: tuple[int, int] | None = None,
+    window: int | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """softmax(q k^T / sqrt(d_h) + bias) under the causal and document masks, for the queries
-    ``queries`` = [q0, q1) (default all), as ``attention.attention_reference`` forms it.
+    """softmax(q k^T / sqrt(d_h) + bias) under the causal, document and sliding-window (``window``)
+    masks, for the queries ``queries`` = [q0, q1) (default all), as ``attention.attention_reference``
+    forms it.
 
     Shapes as in ``attention.py``: q (B, H, Tq, d_h), k (B, H_kv, Tk, d_h), queries aligned to the end
     of the keys. Returns (probabilities (B, H, tq, tk), visible (B or 1, 1, tq, tk) bool), in fp32 (fp64
@@ -119,6 +121,9 @@ def attention_probabilities(
         i = torch.arange(q0, q1, device=q.device).unsqueeze(-1) + past
         visible = torch.arange(kend, device=q.device) <= i if causal else torch.ones_like(scores[0, 0]).bool()
         visible = visible[None, None]
+    if window is not None:  # the layer's sliding window (model.sliding_window) hides the keys before it
+        i = torch.arange(q0, q1, device=q.device).unsqueeze(-1) + past
+        visible = visible & (torch.arange(kend, device=q.device) > i - window)
     if isinstance(bias, LogitBias):
         qf, kf = bias.q_feat[:, :, q0:q1], bias.k_feat[:, :, :kend]
         mask = visible if documents is not None else visible[0, 0]
@@ -258,9 +263,11 @@ def layer_statistics(
     documents: Tensor | None = None,
     accumulators: list[Accumulator] | None = None,
     block_elements: int = BLOCK_ELEMENTS,
+    window: int | None = None,
 ) -> list[Accumulator]:
     """The statistics of one layer's attention (q, k, bias as the model's ``Attention.capture`` gets
-    them), query block by query block, added to each of ``accumulators`` (one new by default)."""
+    them; ``window``: the layer's sliding window), query block by query block, added to each of
+    ``accumulators`` (one new by default)."""
     accumulators = accumulators if accumulators is not None else [Accumulator()]
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
@@ -269,7 +276,7 @@ def layer_statistics(
     for q0 in range(0, Tq, block):
         q1 = min(q0 + block, Tq)
         probs, visible = attention_probabilities(
-            q, k, bias, causal=causal, documents=documents, queries=(q0, q1)
+            q, k, bias, causal=causal, documents=documents, queries=(q0, q1), window=window
         )
         stats = block_statistics(probs, visible, q0, past)
         for acc in accumulators:
@@ -291,15 +298,15 @@ def model_statistics(
     causal = model.cfg.causal
     attns = [block.attn for block in model.blocks]
 
-    def observer(accs: list[Accumulator]) -> Callable:
+    def observer(accs: list[Accumulator], window: int | None) -> Callable:
         def capture(q, k, v, bias, docs):
-            layer_statistics(q, k, bias, causal=causal, documents=docs, accumulators=accs)
+            layer_statistics(q, k, bias, causal=causal, documents=docs, accumulators=accs, window=window)
 
         return capture
 
     try:
         for attn, accs in zip(attns, accumulators):
-            attn.capture = observer(accs)
+            attn.capture = observer(accs, attn.window)
         model.hidden_states(tokens, positions, documents=documents)
     finally:
         for attn in attns:

@@ -28,6 +28,7 @@ POSITIVE_INT = (
 ).split()
 POSITIVE_FLOAT = "layer_norm_epsilon layer_norm_eps rms_norm_eps rope_theta rotary_emb_base".split()
 FRACTION = ["rotary_pct", "partial_rotary_factor"]
+COUNT = ["max_window_layers"]  # may be 0 (Qwen2: every layer from 0 on has the window)
 STRING = ["activation_function", "hidden_act"]
 BOOL = (
     "tie_word_embeddings scale_attn_by_inverse_layer_idx scale_attn_weights use_parallel_residual "
@@ -64,6 +65,9 @@ def check_value(key: str, value: Any, kind: str) -> None:
     elif kind == "float":
         if not (is_number(value) and value > 0):
             raise bad(key, "a positive number", value)
+    elif kind == "count":
+        if not (is_number(value) and float(value).is_integer() and value >= 0):
+            raise bad(key, "a non-negative integer", value)
     elif kind == "fraction":
         if not (is_number(value) and 0 < value <= 1):
             raise bad(key, "a number in (0, 1]", value)
@@ -81,6 +85,30 @@ def check_context_length(value: Any, where: str, fix: str) -> None:
             f"{where} is {show(value)} tokens, more than the {MAX_CONTEXT:,} extrapos accepts (no model "
             f"has been trained that long); {fix}."
         )
+
+
+#: Hugging Face's attention layer types extrapos runs ("attention" is the old name of the first)
+LAYER_TYPES = {
+    "full_attention": "full_attention",
+    "attention": "full_attention",
+    "sliding_attention": "sliding_attention",
+}
+
+
+def layer_types(hf: dict, n_layers: int) -> list[str] | None:
+    """config.json's ``layer_types`` (full or sliding attention, one per layer), or None when absent."""
+    types = hf.get("layer_types")
+    if types is None:
+        return None
+    if not isinstance(types, list) or len(types) != n_layers or not all(isinstance(t, str) for t in types):
+        raise bad("layer_types", f"a list of {n_layers} layer types (one per layer)", types)
+    unknown = sorted({t for t in types if t not in LAYER_TYPES})
+    if unknown:
+        raise UserError(
+            f"config.json's layer_types holds {', '.join(map(repr, unknown))}, which extrapos does not run; "
+            "it runs full_attention and sliding_attention layers."
+        )
+    return [LAYER_TYPES[t] for t in types]
 
 
 def first(hf: dict, *keys: str, default: Any = None) -> Any:
@@ -110,6 +138,7 @@ def check_hf_config(hf: dict, arch: str, required: Sequence[tuple[str, ...]]) ->
         (POSITIVE_INT, "int"),
         (POSITIVE_FLOAT, "float"),
         (FRACTION, "fraction"),
+        (COUNT, "count"),
         (STRING, "str"),
         (BOOL, "bool"),
     ):

@@ -2,7 +2,10 @@
 and SmolLM3. Flavour llama, RoPE with the config's ``rope_theta`` and ``rope_scaling`` (linear,
 dynamic, yarn, llama3, longrope), grouped-query attention, QKV bias (Qwen2), tied or untied.
 SmolLM3's ``no_rope_layers`` (0: no RoPE) become a layer schedule (``model.positions.layers``: the
-RoPE layers, NoPE on the others). Export writes Llama, or Qwen2 when only Q/K/V have biases."""
+RoPE layers, NoPE on the others). A sliding window (Mistral's ``sliding_window``; Qwen2's and SmolLM3's
+with ``use_sliding_window``, on the layers their ``layer_types`` name) becomes ``model.sliding_window``
+on the same layers, as Hugging Face applies it. Export writes Llama; Mistral for a run without biases
+whose window covers every layer; Qwen2 when only Q/K/V have biases (with its window on any layers)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from typing import Any, ClassVar
 from extrapos.errors import UserError
 from extrapos.integrations.hf.adapter import Adapter, attention_bias
 from extrapos.integrations.hf.architectures.gpt_neox import SIZES
-from extrapos.integrations.hf.config_checks import activation, first
+from extrapos.integrations.hf.config_checks import activation, first, layer_types
 from extrapos.integrations.hf.registry import register
 from extrapos.integrations.hf.rope import rope_export, rope_export_blocker, rope_options_from_hf
 from extrapos.integrations.hf.weight_map import QKVRows, Weight, WeightMap, pair
@@ -55,6 +58,7 @@ class Llama(Adapter):
     required = SIZES
     exports: ClassVar[str | None] = "rope"
     weights = llama_weights(attention_bias)
+    holds_window: ClassVar[bool] = False  # whether the exported config.json can hold a sliding window
 
     def biases(self, hf: dict) -> tuple[bool, bool | None]:
         """(model bias, qkv_bias) from config.json."""
@@ -63,22 +67,21 @@ class Llama(Adapter):
             raise UserError("checkpoints with attention_bias different from mlp_bias are not supported.")
         return attn_bias, None
 
-    def window_in_use(self, hf: dict) -> bool:
-        """Whether config.json's sliding_window applies (Qwen2 and Llama: only with use_sliding_window)."""
-        return bool(hf.get("use_sliding_window"))
+    def window_layers(self, hf: dict, n_layers: int) -> list[int]:
+        """The layers Hugging Face runs with config.json's ``sliding_window``: none for Llama, whose model
+        has no window (a ``sliding_window`` in its config.json is not read)."""
+        return []
 
-    def check_window(self, hf: dict, context: int) -> None:
-        """extrapos has no sliding-window attention: a window shorter than the run's context is refused."""
-        window = hf.get("sliding_window")
-        if window is None or not self.window_in_use(hf):
-            return
-        # a window at least as long as the context covers every earlier token: it is full attention
-        if int(window) < context:
-            raise UserError(
-                f"this {self.model_type} checkpoint attends over a sliding window of {int(window)} tokens, "
-                f"shorter than the context length {context}, and extrapos has only full attention; import "
-                f"it with --context-length {int(window)} (or less)."
-            )
+    def window_options(self, hf: dict, n_layers: int, notes: list[str]) -> dict[str, Any]:
+        """``sliding_window`` (and ``sliding_window_layers`` when not every layer has it) for the model."""
+        layers = self.window_layers(hf, n_layers)
+        if not layers:
+            return {}
+        window = int(hf["sliding_window"])
+        every = len(layers) == n_layers
+        where = "every layer" if every else f"layers {', '.join(map(str, layers))}"
+        notes.append(f"a sliding window of {window} tokens on {where} (each token sees its last {window})")
+        return {"sliding_window": window, "sliding_window_layers": None if every else layers}
 
     def rope_layers(self, hf: dict, positions: dict[str, Any], n_layers: int) -> dict[str, Any]:
         """The positions option of the whole stack (SmolLM3 overrides it)."""
@@ -94,7 +97,6 @@ class Llama(Adapter):
             )
         bias, qkv_bias = self.biases(hf)
         ctx = int(hf["max_position_embeddings"])
-        self.check_window(hf, int(context_length or ctx))
         model: dict[str, Any] = dict(
             flavour="llama",
             n_layers=int(hf["num_hidden_layers"]),
@@ -115,17 +117,25 @@ class Llama(Adapter):
                 "(SwiGLU only)."
             )
         model["positions"] = self.rope_layers(hf, model["positions"], model["n_layers"])
+        model.update(self.window_options(hf, model["n_layers"], notes))
         return model, ctx, "max_position_embeddings"
 
     def claims(self, cfg) -> bool:
-        # Q/K/V biases alone are Qwen2's block; Llama's attention_bias also covers the output projection
+        # Q/K/V biases alone are Qwen2's block; Llama's attention_bias also covers the output projection;
+        # a run without biases and with a window on every layer is Mistral's
         return (
             cfg.positions_plan().name == "rope"
             and cfg.flavour == "llama"
             and not (cfg.use_qkv_bias and not cfg.use_bias)
+            and not (_window_everywhere(cfg) and not cfg.use_qkv_bias)
         )
 
     def export_blocker(self, cfg) -> str | None:
+        if cfg.sliding_window is not None and not self.holds_window:
+            return (
+                "Hugging Face's Llama has no sliding window (Mistral holds one on every layer without "
+                "biases, Qwen2 one on any layers with Q/K/V biases only)"
+            )
         if cfg.act != "silu":
             return "Llama's MLP is SwiGLU, the run uses another activation"
         if cfg.parallel_residual:
@@ -164,17 +174,52 @@ class Llama(Adapter):
 
 
 class Mistral(Llama):
-    """Llama's block with a sliding window (used when it is at least the context length)."""
+    """Llama's block without biases, with a sliding window on every layer (``sliding_window``; none when
+    it is null)."""
 
     model_type = "mistral"
     label = "Mistral"
-    exports = None
+    exports = "rope"
+    holds_window = True
 
-    def window_in_use(self, hf: dict) -> bool:
-        return True  # Mistral has no use_sliding_window switch: a sliding_window set is in use
+    def window_layers(self, hf: dict, n_layers: int) -> list[int]:
+        # Mistral has no use_sliding_window switch: a sliding_window set is in use, on every layer
+        return list(range(n_layers)) if hf.get("sliding_window") is not None else []
 
     def claims(self, cfg) -> bool:
-        return False
+        rope_llama = cfg.positions_plan().name == "rope" and cfg.flavour == "llama"
+        return rope_llama and _window_everywhere(cfg) and not cfg.use_bias and not cfg.use_qkv_bias
+
+    def config_for(self, cfg, common, context) -> dict[str, Any]:
+        theta, scaling, max_pos = rope_export(cfg, context)
+        return {
+            "architectures": ["MistralForCausalLM"],
+            "model_type": "mistral",
+            **common,
+            **self.layer_sizes(cfg),
+            "max_position_embeddings": max_pos,
+            "sliding_window": cfg.sliding_window,
+            "rope_theta": theta,
+            "rope_scaling": scaling,
+            "attention_dropout": cfg.dropout,
+        }
+
+
+def _window_everywhere(cfg) -> bool:
+    """A sliding window on every layer of the run."""
+    layers = cfg.sliding_window_layers
+    return cfg.sliding_window is not None and (layers is None or set(layers) == set(range(cfg.n_layers)))
+
+
+def _typed_window_layers(hf: dict, n_layers: int, default: list[int]) -> list[int]:
+    """The sliding layers of a config with ``use_sliding_window``: those its ``layer_types`` name
+    ``sliding_attention``, or ``default`` when it has none (Hugging Face derives them the same way)."""
+    if not hf.get("use_sliding_window") or hf.get("sliding_window") is None:
+        return []
+    types = layer_types(hf, n_layers)
+    if types is None:
+        return default
+    return [i for i, kind in enumerate(types) if kind == "sliding_attention"]
 
 
 class Qwen2(Llama):
@@ -183,13 +228,34 @@ class Qwen2(Llama):
     model_type = "qwen2"
     label = "Qwen2"
     weights = llama_weights(_never)
+    holds_window = True
 
     def biases(self, hf: dict) -> tuple[bool, bool | None]:
         return False, True
 
+    def window_layers(self, hf: dict, n_layers: int) -> list[int]:
+        # Hugging Face's default: the layers from max_window_layers on (28 when config.json has none)
+        first_sliding = int(first(hf, "max_window_layers", default=28))
+        return _typed_window_layers(hf, n_layers, list(range(first_sliding, n_layers)))
+
     def claims(self, cfg) -> bool:
         rope_llama = cfg.positions_plan().name == "rope" and cfg.flavour == "llama"
         return rope_llama and bool(cfg.use_qkv_bias and not cfg.use_bias)
+
+    @staticmethod
+    def window_config(cfg) -> dict[str, Any]:
+        """Qwen2's window keys: the layer of each type, and max_window_layers where the sliding layers are
+        the last ones (which is how versions of transformers that predate layer_types read it)."""
+        if cfg.sliding_window is None:
+            return {"use_sliding_window": False, "sliding_window": None}
+        sliding = set(range(cfg.n_layers) if cfg.sliding_window_layers is None else cfg.sliding_window_layers)
+        out: dict[str, Any] = {"use_sliding_window": True, "sliding_window": cfg.sliding_window}
+        if sliding == set(range(min(sliding), cfg.n_layers)):
+            out["max_window_layers"] = min(sliding)
+        out["layer_types"] = [
+            "sliding_attention" if i in sliding else "full_attention" for i in range(cfg.n_layers)
+        ]
+        return out
 
     def config_for(self, cfg, common, context) -> dict[str, Any]:
         theta, scaling, max_pos = rope_export(cfg, context)
@@ -197,8 +263,7 @@ class Qwen2(Llama):
             "architectures": ["Qwen2ForCausalLM"],
             "model_type": "qwen2",
             **common,
-            "use_sliding_window": False,
-            "sliding_window": None,
+            **self.window_config(cfg),
             **self.layer_sizes(cfg),
             "max_position_embeddings": max_pos,
             "rope_theta": theta,
@@ -216,6 +281,11 @@ class SmolLM3(Llama):
 
     def claims(self, cfg) -> bool:
         return False
+
+    def window_layers(self, hf: dict, n_layers: int) -> list[int]:
+        # Hugging Face's default: the NoPE layers (no_rope_layers 0)
+        flags = hf.get("no_rope_layers") or [1] * n_layers
+        return _typed_window_layers(hf, n_layers, [i for i, flag in enumerate(flags) if not flag])
 
     def rope_layers(self, hf: dict, positions: dict[str, Any], n_layers: int) -> dict[str, Any]:
         flags = hf.get("no_rope_layers")
