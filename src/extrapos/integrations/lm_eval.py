@@ -41,6 +41,10 @@ import torch.nn.functional as F
 from extrapos.errors import UserError
 
 try:
+    # lm-eval fills its registry with its own models (hf, vllm, ...) only when the registry is empty at
+    # the first lookup; registering ``extrapos`` first would leave them unknown ("no model for this name
+    # found"), so its model list is loaded before ours is added
+    import lm_eval.models  # noqa: F401
     from lm_eval import utils as lm_utils
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
