@@ -255,3 +255,13 @@ def test_lm_eval_hf_backend_equals_extrapos_lm_eval(tmp_path):
                     rx, ry = (list(rx), list(ry)) if isinstance(rx, (list, tuple)) else ([rx], [ry])
                     assert float(rx[0]) == pytest.approx(float(ry[0]), abs=1e-4)
                     assert rx[1:] == ry[1:]
+
+
+def test_a_failed_registration_warns_instead_of_failing_the_import():
+    from extrapos.integrations.hf_remote.registration import run_safely
+
+    def broken():
+        raise AttributeError("AutoConfig has no attribute register")
+
+    with pytest.warns(UserWarning, match="trust_remote_code=True"):
+        run_safely(broken)

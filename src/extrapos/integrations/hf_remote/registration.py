@@ -51,6 +51,22 @@ def register_models() -> None:
 REGISTRATIONS: dict[str, Callable[[], None]] = {CONFIG_AUTO: register_config, MODELING_AUTO: register_models}
 
 
+def run_safely(register: Callable[[], None]) -> None:
+    """A registration that fails (a transformers release that changed its Auto classes) must not fail
+    the user's own import of transformers: it warns, and exported folders still load with
+    trust_remote_code=True."""
+    try:
+        register()
+    except Exception as e:  # noqa: BLE001 - any failure here is reported, never raised into an import
+        import warnings
+
+        warnings.warn(
+            f"extrapos could not register its model classes with transformers ({type(e).__name__}: {e}); "
+            "load exported extrapos folders with trust_remote_code=True.",
+            stacklevel=2,
+        )
+
+
 class _RunAfter:
     """The module's own loader, then ``after()`` (an importlib Loader by its methods)."""
 
@@ -62,7 +78,7 @@ class _RunAfter:
 
     def exec_module(self, module: ModuleType) -> None:
         self.loader.exec_module(module)
-        self.after()
+        run_safely(self.after)
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... as the wrapped loader
         return getattr(self.loader, name)
@@ -97,7 +113,7 @@ def install() -> None:
     pending = {}
     for module, register in REGISTRATIONS.items():
         if module in sys.modules:
-            register()
+            run_safely(register)
         else:
             pending[module] = register
     if pending and not any(isinstance(f, AfterImportFinder) for f in sys.meta_path):
