@@ -258,7 +258,7 @@ def test_lm_eval_hf_backend_equals_extrapos_lm_eval(tmp_path):
 
 
 def test_a_failed_registration_warns_instead_of_failing_the_import():
-    from extrapos.integrations.hf_remote.registration import run_safely
+    from extrapos.auto_registration import run_safely
 
     def broken():
         raise AttributeError("AutoConfig has no attribute register")

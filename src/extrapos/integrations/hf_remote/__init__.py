@@ -12,8 +12,9 @@ is built by the library itself and every encoding and layer schedule exports.
 - ``modeling.py``: ``ExtraposModel`` (hidden states), ``ExtraposForCausalLM``, ``ExtraposForMaskedLM``
 - ``files.py``: the Python files written into an exported folder, and their ``auto_map``
 - ``export.py``: ``export_remote_code(RUN, DIR)``
-- ``registration.py``: the Auto classes learn ``model_type = "extrapos"`` once transformers loads them
-  after ``import extrapos``, so the folder also loads without ``trust_remote_code``
+- ``registration.py``: the Auto classes learn ``model_type = "extrapos"``; ``extrapos/auto_registration.py``
+  runs it once transformers loads them after ``import extrapos``, so the folder also loads without
+  ``trust_remote_code``
 
 Kept apart from ``integrations/hf/`` because ``registration.py`` imports ``configuration.py`` while
 transformers is still importing itself: this package's ``__init__`` imports nothing.

@@ -1,31 +1,13 @@
-"""``import extrapos`` teaches transformers' Auto classes the ``extrapos`` model type, without importing
-transformers itself (slow, and optional).
-
-transformers keeps no plugin list: a model type is known once ``AutoConfig.register`` and
-``AutoModel*.register`` have been called in the process. ``install()`` (run by ``extrapos/__init__.py``)
-therefore waits for transformers' own auto modules: if they are loaded already it registers at once,
-otherwise a finder on ``sys.meta_path`` wraps the loading of each of the two modules and registers
-right after it runs (the config when ``configuration_auto`` has loaded, the models when
-``modeling_auto`` has), so ``AutoModelForCausalLM.from_pretrained(DIR)`` of an exported folder works
-without ``trust_remote_code`` in any process that imported extrapos, whichever was imported first.
-"""
+"""The two registrations that make transformers' Auto classes load an exported folder without
+``trust_remote_code``; ``extrapos/auto_registration.py`` runs each as soon as the transformers module it
+needs has loaded (``import extrapos`` installs it)."""
 
 from __future__ import annotations
 
-import sys
-
-TYPE_CHECKING = False  # typing itself, or importlib.abc, would cost more than the rest of `import extrapos`
-if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
-    from importlib.machinery import ModuleSpec
-    from types import ModuleType
-    from typing import Any
-
-CONFIG_AUTO = "transformers.models.auto.configuration_auto"
-MODELING_AUTO = "transformers.models.auto.modeling_auto"
-
 
 def register_config() -> None:
+    """Run once ``transformers.models.auto.configuration_auto`` has loaded; imports nothing of
+    transformers beyond what that module already did (configuration.py needs only PreTrainedConfig)."""
     from transformers.models.auto.configuration_auto import AutoConfig
 
     from extrapos.integrations.hf_remote.configuration import MODEL_TYPE, ExtraposConfig
@@ -34,6 +16,7 @@ def register_config() -> None:
 
 
 def register_models() -> None:
+    """Run once ``transformers.models.auto.modeling_auto`` has loaded."""
     from transformers.models.auto import modeling_auto as auto
 
     from extrapos.integrations.hf_remote.configuration import ExtraposConfig
@@ -46,75 +29,3 @@ def register_models() -> None:
     auto.AutoModel.register(ExtraposConfig, ExtraposModel, exist_ok=True)
     auto.AutoModelForCausalLM.register(ExtraposConfig, ExtraposForCausalLM, exist_ok=True)
     auto.AutoModelForMaskedLM.register(ExtraposConfig, ExtraposForMaskedLM, exist_ok=True)
-
-
-REGISTRATIONS: dict[str, Callable[[], None]] = {CONFIG_AUTO: register_config, MODELING_AUTO: register_models}
-
-
-def run_safely(register: Callable[[], None]) -> None:
-    """A registration that fails (a transformers release that changed its Auto classes) must not fail
-    the user's own import of transformers: it warns, and exported folders still load with
-    trust_remote_code=True."""
-    try:
-        register()
-    except Exception as e:  # noqa: BLE001 - any failure here is reported, never raised into an import
-        import warnings
-
-        warnings.warn(
-            f"extrapos could not register its model classes with transformers ({type(e).__name__}: {e}); "
-            "load exported extrapos folders with trust_remote_code=True.",
-            stacklevel=2,
-        )
-
-
-class _RunAfter:
-    """The module's own loader, then ``after()`` (an importlib Loader by its methods)."""
-
-    def __init__(self, loader: Any, after: Callable[[], None]) -> None:
-        self.loader, self.after = loader, after
-
-    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self.loader.exec_module(module)
-        run_safely(self.after)
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... as the wrapped loader
-        return getattr(self.loader, name)
-
-
-class AfterImportFinder:
-    """An importlib MetaPathFinder that finds nothing itself: for the modules in ``pending`` it asks
-    the finders after it and wraps the loader of the spec they return, once."""
-
-    def __init__(self, pending: dict[str, Callable[[], None]]) -> None:
-        self.pending = pending
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> ModuleSpec | None:
-        after = self.pending.pop(fullname, None)
-        if after is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _RunAfter(spec.loader, after)  # type: ignore[assignment]  # a Loader by its methods
-                return spec
-        return None
-
-
-def install() -> None:
-    """Register now for what transformers has loaded, and after it loads the rest (module docstring)."""
-    pending = {}
-    for module, register in REGISTRATIONS.items():
-        if module in sys.modules:
-            run_safely(register)
-        else:
-            pending[module] = register
-    if pending and not any(isinstance(f, AfterImportFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, AfterImportFinder(pending))
