@@ -291,3 +291,38 @@ def test_the_cli_entry_point_registers_the_model():
     import extrapos.integrations.lm_eval as adapter
 
     assert get_model("extrapos") is adapter.ExtraposLM
+
+
+@pytest.mark.slow  # lm-eval's evaluator twice: about 10 s on top of the fixtures
+def test_stderr_is_computed_as_lm_eval_does_by_default(tiny_run, task_dir, capsys):
+    """`extrapos lm-eval` asks lm-eval for its default bootstrap_iters, so acc has its stderr (it used to
+    say N/A); a result saved without stderr is scored again under the same name, not refused."""
+    from extrapos.integrations.lm_eval import LM_EVAL_BOOTSTRAP_ITERS
+
+    common = dict(include_path=task_dir, include_defaults=False, max_length=128, name="se", quiet=True)
+    old = run_lm_eval(tiny_run, ["xp_choice"], bootstrap_iters=0, **common)
+    assert old["results"]["xp_choice"]["acc_stderr,none"] == "N/A"
+    new = run_lm_eval(tiny_run, ["xp_choice"], **common)
+    assert new["request"]["bootstrap_iters"] == LM_EVAL_BOOTSTRAP_ITERS == 100_000
+    stderr = new["results"]["xp_choice"]["acc_stderr,none"]
+    acc = new["results"]["xp_choice"]["acc,none"]
+    assert isinstance(stderr, float) and stderr == pytest.approx(math.sqrt(acc * (1 - acc) / 2), rel=1e-6)
+    assert "no stderr (bootstrap_iters 0); scoring it again" in capsys.readouterr().out
+
+
+def test_lm_eval_help_shows_the_routes_that_work(capsys):
+    from extrapos.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["lm-eval", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "extrapos-lm-eval run --model extrapos --model_args run=RUN" in text
+    assert "lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True" in text
+    assert "--bootstrap-iters" in text
+
+
+def test_metrics_are_shown_with_their_stderr():
+    from extrapos.cli.tasks import shown_metrics
+
+    shown = shown_metrics({"alias": "x", "acc,none": 0.5, "acc_stderr,none": 0.25, "ppl,none": 3.0})
+    assert shown == "acc,none 0.5000 ± 0.2500, ppl,none 3.0000"

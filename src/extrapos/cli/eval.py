@@ -36,7 +36,9 @@ def add_position_flags(p) -> None:
     p.add_argument(
         "--interpolate",
         action="store_true",
-        help="interpolate a learned table to each evaluated window (none at ev=1)",
+        help="interpolate a learned table to each evaluated window longer than the table (none at ev=1; an "
+        "extended run's L_e-row table is read as trained up to L_e): the same flag for a parent and its "
+        "extension",
     )
     p.add_argument(
         "--position-option",

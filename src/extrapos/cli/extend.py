@@ -12,15 +12,23 @@ def register(sub) -> None:
     )
     p.add_argument("run", help="the run directory to extend")
     p.add_argument(
+        "--preset",
+        default=None,
+        metavar="NAME",
+        help="a published recipe: sets --method, --alpha and --factor (`extrapos presets` lists them; "
+        "segmented-chunk-x4: the segmented-sequences paper's chunk-0.25 to 4 x L_t)",
+    )
+    p.add_argument(
         "--method",
-        required=True,
+        default=None,
         metavar="METHOD",
-        help="chunk, prefix, full, randompos, pose, or continue (the domain-adaptation control)",
+        help="chunk, prefix, full, randompos, pose, or continue (the domain-adaptation control); "
+        "required without --preset",
     )
     p.add_argument(
         "--alpha", type=float, default=None, help="segment fraction for chunk / prefix (default 0.25)"
     )
-    p.add_argument("--factor", type=int, default=2, help="L_e / L_t (default 2)")
+    p.add_argument("--factor", type=int, default=None, help="L_e / L_t (default 2)")
     p.add_argument("--out", default=None, help="the new run directory (default: RUN-<method>-x<factor>)")
     p.add_argument(
         "--tokens",
@@ -50,17 +58,40 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def recipe(args) -> tuple[str, int, float | None]:
+    """--method, --factor, --alpha as given, or as --preset sets them (not both)."""
+    from extrapos.errors import UserError
+
+    if args.preset is None:
+        if args.method is None:
+            raise UserError("extend needs --method METHOD or --preset NAME (`extrapos presets` lists them).")
+        return args.method, 2 if args.factor is None else args.factor, args.alpha
+    from extrapos.training.extension_presets import extension_preset
+
+    preset = extension_preset(args.preset)
+    given = [
+        f for f, v in (("--method", args.method), ("--alpha", args.alpha), ("--factor", args.factor)) if v
+    ]
+    if given:
+        raise UserError(
+            f"--preset {preset.name} sets the method ({preset.method}), alpha and factor ({preset.factor}); "
+            f"drop {given[0]} or drop --preset."
+        )
+    return preset.method, preset.factor, preset.alpha
+
+
 def run(args) -> int:
     from extrapos.files import check_text
     from extrapos.training.extend import extend
 
     check_text(args.out, "--out")
 
+    method, factor, alpha = recipe(args)
     result = extend(
         args.run,
-        args.method,
-        args.factor,
-        args.alpha,
+        method,
+        factor,
+        alpha,
         args.out,
         args.tokens,
         args.rope_interpolation,
@@ -68,8 +99,20 @@ def run(args) -> int:
         resume=args.resume,
         progress=not args.no_progress,
         rope_scaling=args.rope_scaling,
+        preset=args.preset,
     )
     print(
         f"done: {result.steps} steps, {result.tokens:,} tokens in {result.wall_time:.1f}s -> {result.run_dir}"
     )
+    summary(args.run, result)
     return 0
+
+
+def summary(parent: str, result) -> None:
+    import json
+
+    from extrapos.training.extension_plan import summary_lines
+
+    record_file = result.run_dir / "parent.json"
+    if record_file.is_file():
+        print("  " + "\n  ".join(summary_lines(result, json.loads(record_file.read_text()), parent)))

@@ -30,6 +30,9 @@ def register(sub) -> None:
         help="export a run as a Hugging Face or sentence-transformers model directory",
         description="--format hf (default): a directory transformers.AutoModelForCausalLM.from_pretrained "
         "loads with equal logits (learned -> GPT-2, RoPE -> GPT-NeoX / Llama, ALiBi -> Bloom). "
+        "--format remote-code: any run (every encoding, layer schedules, encoders) as a directory the Auto "
+        "classes load with trust_remote_code=True, or without it after import extrapos; its model is built "
+        "by the installed extrapos (docs/huggingface.md). "
         "--format sentence-transformers: an encoder run (any encoding) as a model "
         "SentenceTransformer(DIR, trust_remote_code=True) loads, with mean or [CLS] pooling "
         "(docs/encoder.md).",
@@ -38,7 +41,10 @@ def register(sub) -> None:
     e.add_argument("--out", required=True, help="the directory to write")
     e.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     e.add_argument(
-        "--format", choices=["hf", "sentence-transformers"], default="hf", help="what to write (default hf)"
+        "--format",
+        choices=["hf", "remote-code", "sentence-transformers"],
+        default="hf",
+        help="what to write (default hf: a native Hugging Face architecture)",
     )
     e.add_argument(
         "--pooling",
@@ -145,6 +151,12 @@ def run_export(args) -> int:
         )
     from extrapos.integrations.hf import export_pretrained
 
-    out = export_pretrained(args.run, args.out, step=args.step)
+    remote = args.format == "remote-code"
+    out = export_pretrained(args.run, args.out, step=args.step, remote_code=remote)
     print(f"exported {args.run} -> {out}")
+    if remote:
+        print(
+            f"  load it with AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True) "
+            "(AutoModelForMaskedLM for an encoder); extrapos must be installed where it loads"
+        )
     return 0

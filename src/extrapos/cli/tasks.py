@@ -112,7 +112,12 @@ def register(sub) -> None:
         "lm-eval",
         help="lm-evaluation-harness tasks on a run (hellaswag, arc_easy, ...)",
         description="Run lm-evaluation-harness tasks through the registered `extrapos` model; results "
-        "land in RUN/eval/lm-eval-*.json. Needs `pip install 'extrapos[eval]'`.",
+        "land in RUN/eval/lm-eval-*.json, with stderr as lm-eval computes it by default. Needs `pip install "
+        "'extrapos[eval]'`. lm-eval's own command cannot find `--model extrapos` (its model list is fixed; "
+        "a model is known only once the module registering it is imported): use `extrapos-lm-eval run "
+        "--model extrapos --model_args run=RUN --tasks ...` (lm-eval's command with extrapos imported), or "
+        "export the run (`extrapos export RUN --format remote-code --out DIR`) and run plain `lm_eval "
+        "--model hf --model_args pretrained=DIR,trust_remote_code=True --tasks ...` (docs/tasks.md).",
     )
     m.add_argument("run", help="a run directory")
     m.add_argument("--tasks", required=True, help="comma-separated lm-eval task names")
@@ -126,6 +131,13 @@ def register(sub) -> None:
     m.add_argument("--include-path", default=None, help="a directory of extra task YAMLs")
     m.add_argument(
         "--metadata", default=None, help="JSON task metadata (e.g. '{\"max_seq_lengths\": [4096]}')"
+    )
+    m.add_argument(
+        "--bootstrap-iters",
+        type=int,
+        default=None,
+        help="lm-eval's bootstrap resamples for the stderr of metrics without a closed form (default "
+        "100000, lm-eval's; 0: no stderr)",
     )
     m.add_argument("--log-samples", action="store_true")
     m.add_argument("--name", default=None, help="result name in RUN/eval/")
@@ -247,11 +259,26 @@ def run_synthetic(args) -> int:
     return 0
 
 
+def shown_metrics(metrics: dict) -> str:
+    """``acc,none 0.5000 ± 0.0300, ...``: each metric with its stderr (lm-eval's ``NAME_stderr,FILTER``)."""
+    shown = []
+    for key, value in metrics.items():
+        name, _, filt = key.partition(",")
+        if not isinstance(value, float) or name.endswith("_stderr"):
+            continue
+        stderr = metrics.get(f"{name}_stderr,{filt}" if filt else f"{name}_stderr")
+        shown.append(f"{key} {value:.4f}" + (f" ± {stderr:.4f}" if isinstance(stderr, float) else ""))
+    return ", ".join(shown)
+
+
 def run_lm_eval(args) -> int:
     from extrapos.errors import UserError
+    from extrapos.integrations.lm_eval import LM_EVAL_BOOTSTRAP_ITERS
     from extrapos.integrations.lm_eval import run_lm_eval as lm_eval
     from extrapos.run.runtime import resolve_device
 
+    if args.bootstrap_iters is not None and args.bootstrap_iters < 0:
+        raise UserError(f"--bootstrap-iters must be 0 (no stderr) or more, got {args.bootstrap_iters}.")
     try:
         metadata = json.loads(args.metadata) if args.metadata else None
     except ValueError:
@@ -269,12 +296,12 @@ def run_lm_eval(args) -> int:
         factor=args.factor,
         include_path=args.include_path,
         metadata=metadata,
+        bootstrap_iters=LM_EVAL_BOOTSTRAP_ITERS if args.bootstrap_iters is None else args.bootstrap_iters,
         log_samples=args.log_samples,
         name=_name(args),
         step=args.step,
         overwrite=args.overwrite,
     )
     for task, metrics in (result.get("results") or {}).items():
-        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
-        print(f"{task}: {shown}")
+        print(f"{task}: {shown_metrics(metrics)}")
     return 0

@@ -29,7 +29,10 @@ def register(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
-    ps = sub.add_parser("presets", help="list the shipped config presets")
+    ps = sub.add_parser(
+        "presets",
+        help="list the shipped config presets, then the extension presets (extrapos extend --preset)",
+    )
     ps.set_defaults(func=run_presets)
 
 
@@ -64,6 +67,12 @@ def run(args) -> int:
 
 def run_presets(args) -> int:
     from extrapos.presets import preset_names
+    from extrapos.training.extension_presets import PRESETS
 
     print("\n".join(preset_names()))
+    print("\nextension presets (extrapos extend RUN --preset NAME):")
+    width = max(map(len, PRESETS))
+    for p in PRESETS.values():
+        alpha = f"-{p.alpha:g}" if p.alpha is not None else ""
+        print(f"{p.name:<{width}}  {p.method}{alpha} x{p.factor}: {p.summary} ({p.source})")
     return 0

@@ -68,6 +68,7 @@ from extrapos.evaluate.slot import (
     scored_checkpoint,
     slug,
 )
+from extrapos.evaluate.window_options import per_window_options
 
 DEFAULT_LENGTHS = (1, 2, 4, 8, 16)
 PROTOCOLS = ("documents", "stream")
@@ -673,7 +674,7 @@ def _score_documents(
     bar = tqdm(total=n_targets * len(lengths), unit="tok", disable=not progress, desc=f"eval {run_dir.name}")
     for k, window in zip(lengths, inputs.windows):
         if per_window:  # e.g. a learned table interpolated to each evaluated window, as §3.2 does per L_e
-            run.model.pos.set_options(**{name: (window if window > L else None) for name in per_window})
+            run.model.pos.set_options(**per_window_options(run.model.pos, per_window, window, L))
         losses = score_windows(run.model, spans, window, batch_tokens, req.precision, req.stride, bar)
         tail = losses.view(spans.shape[0], -1, window)[:, :, -L:] if req.stride is None else losses[:, -L:]
         mean = float(losses.mean())

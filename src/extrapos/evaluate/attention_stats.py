@@ -49,6 +49,7 @@ from torch import Tensor
 from extrapos.attention import bias_block, document_visible
 from extrapos.errors import UserError
 from extrapos.evaluate.slot import ResultSlot, check_result_name, open_slot, scored_checkpoint
+from extrapos.evaluate.window_options import per_window_options
 from extrapos.files import atomic_write
 from extrapos.positions.base import FoldedBias, LogitBias, PairwiseBias
 
@@ -411,7 +412,7 @@ def diagnose(
     documents, span_group = np.unique(inputs.owners, return_inverse=True)  # each span's document, 0..n-1
     for k, window in zip(inputs.lengths, windows):
         if inputs.per_window:  # as the evaluator: e.g. a learned table interpolated to each window
-            model.pos.set_options(**{o: (window if window > L else None) for o in inputs.per_window})
+            model.pos.set_options(**per_window_options(model.pos, inputs.per_window, window, L))
         # the evaluator's windows: each span cut into non-overlapping windows, each starting at position 0
         windows = spans[:, :-1].reshape(-1, window)
         per_span = windows.shape[0] // spans.shape[0]

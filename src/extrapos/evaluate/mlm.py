@@ -39,6 +39,7 @@ from extrapos.evaluate import (
     load_eval_inputs,
     result_slot,
 )
+from extrapos.evaluate.window_options import per_window_options
 from extrapos.report.stats import length_interval
 
 
@@ -149,7 +150,7 @@ def evaluate_mlm(
     rows, per_position = [], None
     for k, window in zip(lengths, inputs.windows):
         if per_window:  # as evaluate: e.g. a learned table interpolated to each window (none at L_t)
-            run.model.pos.set_options(**{o: (window if window > L else None) for o in per_window})
+            run.model.pos.set_options(**per_window_options(run.model.pos, per_window, window, L))
         losses, correct = score_masked(run.model, corrupted, text, window, batch_tokens, req.precision)
         mean = float(losses[selected].double().mean())
         tail = selected.view(len(text), -1, window)[:, :, -L:]

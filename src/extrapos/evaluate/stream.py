@@ -54,6 +54,7 @@ import torch.nn.functional as F
 
 from extrapos.errors import UserError
 from extrapos.evaluate import EvalRequest, Scored, _bucketed, load_scored_run, per_document, targets_digest
+from extrapos.evaluate.window_options import per_window_options
 
 
 class TokenStream:
@@ -249,7 +250,7 @@ def score_stream(
     bar = tqdm(total=total, unit="tok", disable=not progress, desc=f"eval {Path(run_dir).name} (stream)")
     for k, window in zip(lengths, scored.windows):
         if per_window:  # as the documents protocol: e.g. a learned table interpolated to each window
-            run.model.pos.set_options(**{name: (window if window > L else None) for name in per_window})
+            run.model.pos.set_options(**per_window_options(run.model.pos, per_window, window, L))
         losses = score_blocks(run.model, stream, ends, block, window, batch_tokens, req.precision, mask, bar)
         mean = float(losses.mean())
         rows.append(

@@ -41,6 +41,10 @@ import torch.nn.functional as F
 from extrapos.errors import UserError
 
 try:
+    # lm-eval fills its registry with its own models (hf, vllm, ...) only when the registry is empty at
+    # the first lookup; registering ``extrapos`` first would leave them unknown ("no model for this name
+    # found"), so its model list is loaded before ours is added
+    import lm_eval.models  # noqa: F401
     from lm_eval import utils as lm_utils
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
@@ -73,6 +77,11 @@ def position_options(
     elif factor is not None:
         raise UserError("factor needs rope_scaling (linear, ntk, dynamic or yarn).")
     return options
+
+
+# lm-eval's own default (simple_evaluate, and its CLI's --bootstrap_iters): stderr for every metric that
+# has one, closed-form where lm-eval has it (accuracy), bootstrapped otherwise
+LM_EVAL_BOOTSTRAP_ITERS = 100_000
 
 
 @register_model("extrapos")
@@ -274,7 +283,7 @@ class LmEvalOptions:
     include_path: str | Path | None = None
     include_defaults: bool = True
     metadata: dict[str, Any] | None = None
-    bootstrap_iters: int = 0
+    bootstrap_iters: int = 0  # a sweep's lm-eval columns (compare/tasks.py); run_lm_eval: lm-eval's default
     log_samples: bool = False
     seed: int = 1234
     step: int | None = None
@@ -326,7 +335,11 @@ def lm_eval_slot(
     # a result of an older extrapos (no ``checkpoint`` recorded) of the same request is scored again and
     # replaced: nothing says which weights it scored
     older = {"checkpoint": ABSENT, "request": jsonable({k: request[k] for k in _OLDER_REQUEST})}
-    return task_slot(run_dir, name, request, opts.step, overwrite, older=[(older, None)]), request
+    again: list[tuple[dict[str, Any], str | None]] = [(older, None)]
+    if request["bootstrap_iters"]:  # a result of the earlier default (no stderr) is scored again, not refused
+        without = {"request": jsonable({**request, "bootstrap_iters": 0})}
+        again.append((without, f"{name} has no stderr (bootstrap_iters 0); scoring it again with them"))
+    return task_slot(run_dir, name, request, opts.step, overwrite, older=again), request
 
 
 def run_lm_eval(
@@ -343,7 +356,7 @@ def run_lm_eval(
     include_path: str | Path | None = None,
     include_defaults: bool = True,
     metadata: dict[str, Any] | None = None,
-    bootstrap_iters: int = 0,
+    bootstrap_iters: int = LM_EVAL_BOOTSTRAP_ITERS,
     log_samples: bool = False,
     seed: int = 1234,
     name: str | None = None,

@@ -145,7 +145,8 @@ class LearnedAbsolute(PositionalEncoding):
         if target is not None and target < self.length:
             raise UserError(
                 f"interpolate_to={target} is shorter than the learned position table ({self.length} rows); "
-                f"set interpolate_to to a length of at least {self.length} or leave it unset."
+                f"give --position-option interpolate_to={self.length} or more, or pass --interpolate, which "
+                "stretches the table only to windows longer than it."
             )
 
     def interpolated(self, new_length: int) -> Tensor:
@@ -180,10 +181,10 @@ class LearnedAbsolute(PositionalEncoding):
                 raise UserError("learned absolute positions must be non-negative.")
             if hi >= limit:
                 raise UserError(
-                    f"position {hi} is beyond the learned position table ({limit} positions); set the "
-                    "encoding option interpolate_to to a longer length (e.g. "
-                    f"{max(2 * self.length, hi + 1)}) "
-                    "or extend the table with extend_table before training longer."
+                    f"position {hi} is beyond the learned position table ({limit} positions); pass "
+                    "--interpolate to stretch the table to each longer window (or --position-option "
+                    f"interpolate_to={max(2 * self.length, hi + 1)}), or train a longer table with "
+                    "extrapos extend RUN --factor K."
                 )
         if self.options.interpolate_to is None or self.options.interpolate_to == self.length:
             p = self.table[positions]

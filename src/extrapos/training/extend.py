@@ -246,8 +246,10 @@ def extension_config(
     rope_interpolation: bool = False,
     overrides: list[str] | None = None,
     rope_scaling: str | None = None,
+    preset: str | None = None,
 ) -> tuple[RunConfig, dict[str, Any]]:
-    """The extension run's config and its ``parent.json`` record (nothing is written)."""
+    """The extension run's config and its ``parent.json`` record (nothing is written); ``preset``: the
+    extension preset that chose method, alpha and factor (training/extension_presets.py), recorded."""
     from extrapos.data.segmented import compute_equivalent_tokens, segment_length
 
     parent = Path(parent)
@@ -307,6 +309,7 @@ def extension_config(
         "rope_interpolation": rope_interpolation,
         # only when set, so the records of runs without it stay as they were
         **({"rope_scaling": rope_scaling} if rope_scaling is not None else {}),
+        **({"preset": preset} if preset is not None else {}),
         "encoding": pcfg.model.positions_plan().name,  # the parent's: extended_positions keeps the name
         "changes": changes,
     }
@@ -325,8 +328,10 @@ def extend(
     resume: bool = False,
     progress: bool = True,
     rope_scaling: str | None = None,
+    preset: str | None = None,
 ):
-    """Create (or with ``resume`` continue) the extension run ``out``; returns train's TrainResult."""
+    """Create (or with ``resume`` continue) the extension run ``out``; returns train's TrainResult. With
+    ``progress`` it prints its plan first (training/extension_plan.py)."""
     import torch
 
     from extrapos.model import Decoder
@@ -336,8 +341,9 @@ def extend(
     parent = Path(parent)
     out = Path(out) if out is not None else default_out(parent, method, factor, alpha)
     cfg, record = extension_config(
-        parent, method, factor, alpha, tokens, rope_interpolation, overrides, rope_scaling=rope_scaling
-    )
+        parent, method, factor, alpha, tokens, rope_interpolation, overrides, rope_scaling=rope_scaling,
+        preset=preset,
+    )  # fmt: skip
     init = out / "init" / "model.safetensors"
     # under torchrun (a sweep's extension rows): every process looks at ``out`` before rank 0 writes
     is_main = init_distributed(resolve_device(cfg.train.device))[0] == 0
@@ -393,10 +399,15 @@ def extend(
         atomic_write(out / "parent.json", json.dumps(record, indent=1))
     barrier()  # the record and the resized weights are on disk before any process reads them
     if progress and is_main:
+        from extrapos.training.extension_plan import plan_lines, seconds_per_micro_batch
+
+        lines = plan_lines(cfg, record, parent, seconds_per_micro_batch(cfg))
         print(
             f"extrapos extend: {record['method']} x{factor} of {parent} (step {record['step']}): L_t "
             f"{record['train_length']} -> L_e {record['extended_length']}\n  "
-            + "\n  ".join(record["changes"]),
+            + "\n  ".join(lines + ["changes:"])
+            + "\n    "
+            + "\n    ".join(record["changes"]),
             flush=True,
         )
     return train(cfg, out, resume=False, progress=progress, init_from=init_from)

@@ -20,20 +20,26 @@ from extrapos.files import fresh_output_dir
 from extrapos.integrations.hf.failures import write_failure
 from extrapos.integrations.hf.registry import adapter_for, adapters, exporting_adapter
 
+# what every refusal of a native export offers instead (integrations/hf_remote/)
+REMOTE_CODE_HINT = (
+    "export it with --format remote-code, which any run exports to (loaded with trust_remote_code=True, "
+    "or after import extrapos)."
+)
+
 
 def export_architecture(cfg) -> str:
     """The Hugging Face model_type a run's ModelConfig exports to, or a UserError saying why none fits."""
     if cfg.flavour == "encoder":
         raise UserError(
             "an encoder run has no Hugging Face causal-LM architecture; export it with --format "
-            "sentence-transformers."
+            "sentence-transformers, or with --format remote-code (AutoModel, AutoModelForMaskedLM)."
         )
     plan = cfg.positions_plan()
     name = plan.name
     if plan.layers is not None:
         raise UserError(
             "a layer schedule (model.positions.layers) has no Hugging Face architecture export "
-            "covers; export runs with one encoding on every layer."
+            f"covers; {REMOTE_CODE_HINT}"
         )
     adapter = exporting_adapter(cfg)
     if adapter is None:
@@ -44,7 +50,7 @@ def export_architecture(cfg) -> str:
         raise UserError(
             f"positional encoding {name!r} has no Hugging Face architecture; export covers "
             + ", ".join(f"{enc} ({', '.join(labels)})" for enc, labels in covered.items())
-            + "."
+            + f"; {REMOTE_CODE_HINT}"
         )
     adapter.check_export(cfg)
     return adapter.model_type
@@ -76,11 +82,14 @@ def hf_state_dict(model, arch: str) -> dict[str, Tensor]:
     return adapter_for(arch).weights.export(state, model.cfg)
 
 
-def export_pretrained(run_dir: str | Path, out: str | Path, *, step: int | None = None) -> Path:
+def export_pretrained(
+    run_dir: str | Path, out: str | Path, *, step: int | None = None, remote_code: bool = False
+) -> Path:
     """Write ``out``: config.json, model.safetensors and the run's tokenizer, for transformers.
 
     ``step`` picks a checkpoint (default: the latest). UserError when the run's encoding or block has
-    no Hugging Face architecture (see ``export_architecture``). ``out`` is written atomically.
+    no Hugging Face architecture (see ``export_architecture``), unless ``remote_code``: then any run is
+    written with extrapos' own model classes (integrations/hf_remote/). ``out`` is written atomically.
     """
     from safetensors.torch import save_file
 
@@ -88,16 +97,24 @@ def export_pretrained(run_dir: str | Path, out: str | Path, *, step: int | None 
     from extrapos.run.directory import load_run
 
     out = Path(out)
-    arch = export_architecture(load_run_config(Path(run_dir)).model)  # fail before loading any weights
+    if not remote_code:
+        arch = export_architecture(load_run_config(Path(run_dir)).model)  # fail before loading any weights
     run = load_run(run_dir, step=step)
     tmp = fresh_output_dir(out, "export")
     try:
         tokenizer: Any = run.tokenizer  # any of data/tokenizer.py's kinds: all decode
         eot = getattr(tokenizer, "eot_id", None)
         context = export_context(run.cfg)
-        config = hf_config_for(run.cfg.model, eot, context)
-        (tmp / "config.json").write_text(json.dumps(config, indent=1))
-        save_file(hf_state_dict(run.model, arch), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if remote_code:
+            from extrapos.integrations.hf_remote.export import write_remote_model
+
+            write_remote_model(run.model, tmp, context, eot)
+        else:
+            config = hf_config_for(run.cfg.model, eot, context)
+            (tmp / "config.json").write_text(json.dumps(config, indent=1))
+            save_file(
+                hf_state_dict(run.model, arch), str(tmp / "model.safetensors"), metadata={"format": "pt"}
+            )
         for name in ("tokenizer.json", "tokenizer.model"):
             if (run.path / name).is_file():
                 shutil.copyfile(run.path / name, tmp / name)
