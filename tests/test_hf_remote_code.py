@@ -193,9 +193,14 @@ def test_the_cli_exports_remote_code_and_the_default_names_it(tmp_path, capsys):
     from extrapos.cli import main
 
     make_run(tmp_path / "run", positions={"name": "cable"})
-    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "native")]) == 2
+    hf = ["--format", "hf"]
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "native"), *hf]) == 2
     assert "export it with --format remote-code" in capsys.readouterr().err
     assert not (tmp_path / "native").exists()
+    # the default (auto) writes remote code where no native architecture holds the run, and says so
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "auto")]) == 0
+    assert "no native Hugging Face architecture" in capsys.readouterr().out
+    assert json.loads((tmp_path / "auto" / "config.json").read_text())["model_type"] == "extrapos"
     remote = ["--format", "remote-code"]
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf"), *remote]) == 0
     assert "trust_remote_code=True" in capsys.readouterr().out

@@ -262,7 +262,10 @@ def test_export_of_an_encoding_hugging_face_lacks(tiny_data, scratch, cache):
         progress=False,
     )
     assert_user_error(
-        ["export", str(run), "--out", str(scratch / "hf")], cache=cache, watch=[run], fragments=["expe"]
+        ["export", str(run), "--out", str(scratch / "hf"), "--format", "hf"],
+        cache=cache,
+        watch=[run],
+        fragments=["expe"],
     )
     assert not (scratch / "hf").exists()
 

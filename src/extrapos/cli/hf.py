@@ -28,8 +28,10 @@ def register(sub) -> None:
     e = sub.add_parser(
         "export",
         help="export a run as a Hugging Face or sentence-transformers model directory",
-        description="--format hf (default): a directory transformers.AutoModelForCausalLM.from_pretrained "
-        "loads with equal logits (learned -> GPT-2, RoPE -> GPT-NeoX / Llama, ALiBi -> Bloom). "
+        description="--format auto (default): hf where a native architecture holds the run, remote-code "
+        "otherwise (it says which). --format hf: a directory that "
+        "transformers.AutoModelForCausalLM.from_pretrained loads with equal logits (learned -> GPT-2, "
+        "RoPE -> GPT-NeoX / Llama, ALiBi -> Bloom), no remote code. "
         "--format remote-code: any run (every encoding, layer schedules, encoders) as a directory the Auto "
         "classes load with trust_remote_code=True, or without it after import extrapos; its model is built "
         "by the installed extrapos (docs/huggingface.md). "
@@ -42,9 +44,10 @@ def register(sub) -> None:
     e.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     e.add_argument(
         "--format",
-        choices=["hf", "remote-code", "sentence-transformers"],
-        default="hf",
-        help="what to write (default hf: a native Hugging Face architecture)",
+        choices=["auto", "hf", "remote-code", "sentence-transformers"],
+        default="auto",
+        help="what to write (default auto: a native Hugging Face architecture where one holds the run, "
+        "else remote code; hf refuses a run no native architecture holds)",
     )
     e.add_argument(
         "--pooling",
@@ -152,6 +155,13 @@ def run_export(args) -> int:
     from extrapos.integrations.hf import export_pretrained
 
     remote = args.format == "remote-code"
+    if args.format == "auto":
+        remote = native_refusal(args.run) is not None
+        if remote:
+            print(
+                f"no native Hugging Face architecture holds {args.run} ({native_refusal(args.run)}): "
+                "exporting with remote code (--format hf refuses instead)"
+            )
     out = export_pretrained(args.run, args.out, step=args.step, remote_code=remote)
     print(f"exported {args.run} -> {out}")
     if remote:
@@ -160,3 +170,23 @@ def run_export(args) -> int:
             "(AutoModelForMaskedLM for an encoder); extrapos must be installed where it loads"
         )
     return 0
+
+
+def native_refusal(run_dir: str) -> str | None:
+    """Why no native Hugging Face architecture holds the run (its first clause), or None when one does; a
+    run that cannot be read at all is left to the export itself to refuse."""
+    from pathlib import Path
+
+    from extrapos.errors import UserError
+    from extrapos.integrations.hf.exporter import export_architecture
+    from extrapos.run.config import load_run_config
+
+    try:
+        cfg = load_run_config(Path(run_dir))
+    except UserError:
+        return None
+    try:
+        export_architecture(cfg.model)
+    except UserError as e:
+        return str(e).split(";")[0]
+    return None
