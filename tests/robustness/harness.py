@@ -23,8 +23,8 @@ every file that existed before has the same bytes after. Three pieces serve it:
     e.g. ``extrapos.data.shards:SplitWriter.add``) by a wrapper that sends the signal to its own
     process before (or after) the nth call, or, with ``error=errno.ENOSPC``, raises that
     ``OSError`` there instead (a full disk without filling one), or, with ``sleep=2.0``, waits
-    there that long (so two processes are surely inside the same step at once). Patch the name where it is looked
-    up: a function imported with ``from x import f`` into ``y`` is ``y:f``.
+    there that long (so two processes are surely inside the same step at once). Patch the name
+    where it is looked up: a function imported with ``from x import f`` into ``y`` is ``y:f``.
 
 ``snapshot(*roots)`` and ``assert_unchanged(before)`` are the file-digest half on its own.
 """
