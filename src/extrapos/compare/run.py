@@ -56,7 +56,10 @@ _OUT_NAMES = {
 
 def check_out_dir(out: Path) -> None:
     """Refuse ``out`` unless it is new, empty, or a comparison directory (it holds ``OUT_MARKER``, or only
-    what an older extrapos compare wrote): the user's own files are never replaced."""
+    what an older extrapos compare wrote), outside every run's tree: the user's files are never replaced."""
+    from extrapos.owned import refuse_inside_run
+
+    refuse_inside_run(out, "--out")
     if not out.exists():
         return
     if not out.is_dir():

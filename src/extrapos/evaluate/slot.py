@@ -168,7 +168,9 @@ def open_slot(
     ensure_writable_dir(out_path.parent, writes)
     slot.lock = _lock(out_path)
     try:
-        saved = None if overwrite or not out_path.is_file() else _read(out_path)  # once a concurrent write is done
+        saved = (
+            None if overwrite or not out_path.is_file() else _read(out_path)
+        )  # once a concurrent write is done
         _decide(slot, saved, result, request, refusal, older, stale)
     except BaseException:
         slot.release()

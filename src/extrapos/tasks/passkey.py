@@ -36,6 +36,7 @@ import torch
 
 from extrapos.errors import UserError
 from extrapos.evaluate.slot import check_result_name, slug, task_slot
+from extrapos.owned import check_owned_file
 from extrapos.tasks.common import (
     MAX_CANDIDATES,
     MAX_KEY_DIGITS,
@@ -466,6 +467,16 @@ def check_passkey_memory(
     )
 
 
+def is_matplotlib_png(path: Path) -> bool:
+    """A PNG that matplotlib saved (its header's text chunk names it), as every extrapos plot is."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return False
+    return head.startswith(b"\x89PNG") and b"Matplotlib" in head
+
+
 def check_plot_path(run_dir: str | Path, path: str | Path) -> Path:
     """``--plot`` checked before any work: a .png file that is not a directory and, inside the run, only
     under RUN/plots/ (a run's own files are never replaced by a picture)."""
@@ -481,6 +492,8 @@ def check_plot_path(run_dir: str | Path, path: str | Path) -> Path:
             f"--plot {path} is inside the run {run_dir}, whose files a plot never replaces; write it "
             f"under {run_dir / 'plots'} or outside the run."
         )
+    if not where.is_relative_to(run_dir):  # another run's files, or a picture of the user's, are kept
+        check_owned_file(path, "--plot", "an extrapos plot", is_matplotlib_png)
     return path
 
 

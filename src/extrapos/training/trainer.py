@@ -30,6 +30,7 @@ from extrapos.errors import UserError
 from extrapos.files import atomic_write, ensure_writable_dir
 from extrapos.losses import model_loss_sum
 from extrapos.model import Decoder, count_parameters, flops_per_token
+from extrapos.owned import refuse_inside_run
 from extrapos.run import checkpoint as ckpt_io
 from extrapos.run.config import RunConfig, load_run_config
 from extrapos.run.lock import RunLock
@@ -301,6 +302,8 @@ def train(
     """
     run_dir = Path(run_dir)
     existing = (run_dir / "config.toml").is_file()
+    if not existing:  # the other run's pruning, resumes and evaluations would delete or replace it
+        refuse_inside_run(run_dir, "--out")
     # a run that stopped before its first checkpoint (e.g. a loss that was NaN at step 1) holds nothing
     # trained: the same command, or one with a corrected config, starts it over
     restart = existing and cfg is not None and stopped_before_first_checkpoint(run_dir)
