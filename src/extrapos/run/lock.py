@@ -72,19 +72,29 @@ class ResultLock:
                 f"{self.result} is already being scored in this process; give the second request another "
                 "name."
             )
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
-            if not wait:
-                os.close(fd)
-                raise UserError(
-                    f"{self.result} is being scored by {holder}; wait for it to finish, then ask again (the "
-                    "same request is then reused)."
-                ) from None
-            say(f"extrapos: waiting for {holder}, which is scoring {self.result}.")
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        said = False
+        while True:  # the holder removes the file as it lets go: lock the file that is at the path now
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
+                if not wait:
+                    os.close(fd)
+                    raise UserError(
+                        f"{self.result} is being scored by {holder}; wait for it to finish, then ask again "
+                        "(the same request is then reused)."
+                    ) from None
+                if not said:
+                    say(f"extrapos: waiting for {holder}, which is scoring {self.result}.")
+                    said = True
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # it was removed while we waited: take the next one
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"process {os.getpid()}".encode(), 0)
         self._fd = fd
@@ -92,8 +102,10 @@ class ResultLock:
         return self
 
     def release(self) -> None:
+        """Remove the file, then let go (a waiter on the removed file takes the next one), so a run keeps
+        no lock files."""
         if self._fd is not None:
-            os.ftruncate(self._fd, 0)
+            self.path.unlink(missing_ok=True)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
