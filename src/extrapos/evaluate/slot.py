@@ -30,11 +30,18 @@ from extrapos.files import atomic_write, ensure_writable_dir, finite_json
 #: a field a saved result must not hold (an older result's missing field)
 ABSENT = object()
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,119}")
+MAX_NAME = 120  # with .json and a lock's prefix and suffix, well within a file name's 255 bytes
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]*")
 
 
 def check_result_name(name: str) -> str:
-    """A result name is one file name inside RUN/eval/: no path separators, no leading dot."""
+    """A result name is one file name inside RUN/eval/: no path separators, no leading dot, at most 120
+    characters."""
+    if len(name) > MAX_NAME:
+        raise UserError(
+            f"result name of {len(name)} characters is too long (at most {MAX_NAME}); choose a shorter "
+            "--name."
+        )
     if not _NAME.fullmatch(name) or ".." in name:
         raise UserError(
             f"result name {name!r} must be a plain file name (letters, digits, . _ + = -), with no "
