@@ -30,7 +30,7 @@ def trained(tmp_path_factory, tiny_data):
 
 @pytest.fixture
 def home(trained, scratch):
-    """``scratch/home`` holding a copy of the run (``home/run``) and a file of the user's (``home/mine.json``)."""
+    """``scratch/home``: a copy of the run (``home/run``) and two files of the user (mine.json, mine.png)."""
     folder = scratch / "home"
     shutil.copytree(trained, folder / "run")
     (folder / "mine.json").write_text('{"mine": true}\n')
