@@ -52,6 +52,22 @@ def test_generation_past_a_day_is_refused(run_copy, scratch, cache):
     )
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["eval", "{run}", "--lengths", "1024", "--stride", "1", "--no-progress"],
+        ["passkey", "{run}", "--lengths", "4096", "--trials", "100", "--no-progress"],
+    ],
+    ids=["eval", "passkey"],
+)
+def test_scoring_past_a_day_is_refused(command, run_copy, cache):
+    args = [part.replace("{run}", str(run_copy)) for part in command]
+    assert_user_error(
+        args, cache=cache, watch=[run_copy], fragments=["would take at least", "days", "--force"]
+    )
+    assert not list(run_copy.glob("eval/*.json"))  # nothing scored, nothing saved
+
+
 @pytest.fixture
 def peak(monkeypatch):
     """A machine whose matrix multiply reaches 1 TFLOP/s (no timing in the test)."""

@@ -337,13 +337,15 @@ def passkey(
     device: str = "cpu",
     batch_tokens: int = 16_384,
     progress: bool = False,
+    force: bool = False,
     **fields: Any,
 ) -> dict[str, Any]:
     """Score a run on passkey retrieval over ``options.lengths`` x ``options.depths`` (``PasskeyOptions``,
     any of whose fields may be given as keywords instead); write RUN/eval/NAME.json.
 
     Returns the result dict (also written, atomically); the same request is reused, a different one
-    under the same name is a UserError unless ``overwrite``.
+    under the same name is a UserError unless ``overwrite``; scoring estimated past a day is refused
+    unless ``force`` (``check_passkey_time``).
     """
     from tqdm.auto import tqdm
 
@@ -361,6 +363,7 @@ def passkey(
     check_passkey_memory(
         run_dir, lengths, trials, mode, opts.candidates, opts.base_length, device, batch_tokens
     )
+    check_passkey_time(run_dir, opts, device, force)
 
     t0 = time.perf_counter()
     run, L, options_applied = load_task_run(
@@ -465,6 +468,24 @@ def check_passkey_memory(
         f"({trials} per cell)",
         advice,
     )
+
+
+def check_passkey_time(run_dir: Path, opts: PasskeyOptions, device: str, force: bool) -> None:
+    """Print the least time the cells take when past a minute and refuse them past a day unless ``force``
+    (``run.timing``): every trial of every (length, depth) cell runs its prompt once per candidate in rank
+    mode and once, with a few new tokens, in generate mode, each token seeing half the prompt."""
+    from extrapos.run.config import load_run_config
+    from extrapos.run.timing import check_time, forward_flops
+
+    model = load_run_config(Path(run_dir)).model
+    L = opts.base_length or model.train_length
+    runs = (opts.candidates if opts.mode in ("rank", "both") else 0) + (opts.mode in ("generate", "both"))
+    flops = sum(
+        forward_flops(model, len(opts.depths) * opts.trials * runs * (k * L + opts.key_digits), k * L / 2)
+        for k in opts.lengths
+    )
+    what = f"passkey cells up to {max(opts.lengths)} x {L} tokens"
+    check_time(flops, device, what, "ask for shorter --lengths or fewer --trials", force)
 
 
 def is_matplotlib_png(path: Path) -> bool:
