@@ -136,3 +136,25 @@ IMPORTED = [
 def test_imported_values_are_bounded_naming_the_field(model, scratch, capsys, config, field):  # noqa: F811
     (model / "config.json").write_text(json.dumps(config))
     _refused(model, scratch, capsys, "config.json's " + field, "must be within")
+
+
+def test_the_docs_table_is_the_declared_bounds():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "robustness.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[1].startswith("`"):
+            for encoding in cells[0].replace(" (and its ablations)", "").split(", "):
+                rows[(encoding, cells[1].strip("`"))] = cells[2]
+    documented = {}  # an Options class -> the name the table lists it under (expe's ablations share one)
+    for name in names():
+        if any(encoding == name for encoding, _ in rows):
+            documented.setdefault(spec(name).cls.Options, name)
+    for name in names():
+        options = spec(name).cls.Options
+        for key, bound in options.BOUNDS.items():
+            listed = documented.get(options)
+            assert listed is not None, f"docs/robustness.md lists no bounds of {name}"
+            assert rows.get((listed, key)) == bound.range, (
+                f"docs/robustness.md: {name} {key} is not {bound.range}"
+            )
