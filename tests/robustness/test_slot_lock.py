@@ -83,3 +83,17 @@ def test_two_identical_requests_at_once_score_once(run_copy, cache):
     mtime = (run_copy / "eval" / "same.json").stat().st_mtime_ns
     again = _eval(run_copy, "1", cache)
     assert _finish(again)[0] == 0 and (run_copy / "eval" / "same.json").stat().st_mtime_ns == mtime
+
+
+def test_a_failed_evaluation_in_this_process_does_not_block_the_next(tmp_path):
+    """An evaluation that raised keeps its slot (and lock) alive in the exception's traceback; the next
+    request of the name in the same process takes the lock over instead of waiting on itself."""
+    from extrapos.run.lock import ResultLock
+
+    result = tmp_path / "eval" / "same.json"
+    result.parent.mkdir()
+    stale = ResultLock(result).acquire(wait=False)  # never released, as after an exception
+    again = ResultLock(result).acquire(wait=False)  # would raise "being scored by process N" otherwise
+    assert stale._fd is None and again._fd is not None
+    again.release()
+    assert not result.with_name(".same.json.lock").exists()  # no lock file is left behind

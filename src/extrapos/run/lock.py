@@ -48,8 +48,8 @@ class RunLock:
             self._fd = None
 
 
-#: result locks this process holds (a second slot of one name in one process would wait on itself)
-_HELD: set[Path] = set()
+#: result locks this process holds, by path: a second slot of one name in one process would wait on itself
+_HELD: dict[Path, ResultLock] = {}
 
 
 class ResultLock:
@@ -67,11 +67,11 @@ class ResultLock:
     def acquire(self, wait: bool = True, say=print) -> ResultLock:
         if fcntl is None:  # pragma: no cover - no advisory locks
             return self
-        if self.path in _HELD:
-            raise UserError(
-                f"{self.result} is already being scored in this process; give the second request another "
-                "name."
-            )
+        stale = _HELD.get(self.path)
+        if stale is not None:
+            # one process scores one result at a time, so a lock it still holds belongs to an evaluation
+            # that failed and whose slot an exception's traceback keeps alive: let it go
+            stale.release()
         said = False
         while True:  # the holder removes the file as it lets go: lock the file that is at the path now
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -98,7 +98,7 @@ class ResultLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"process {os.getpid()}".encode(), 0)
         self._fd = fd
-        _HELD.add(self.path)
+        _HELD[self.path] = self
         return self
 
     def release(self) -> None:
@@ -109,7 +109,8 @@ class ResultLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
-            _HELD.discard(self.path)
+            if _HELD.get(self.path) is self:
+                del _HELD[self.path]
 
     def __del__(self) -> None:  # a slot dropped without writing (its evaluation failed) lets go
         self.release()
