@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 from test_import_inputs import _refused, base, model  # noqa: F401 (fixtures)
+from test_sweep_inputs import refused
 
 from extrapos.errors import UserError
 from extrapos.evaluate.slot import check_result_name
+from tests.conftest import encoder_overrides
 
 
 def test_a_long_name_is_refused_for_its_length():
@@ -31,3 +33,17 @@ def test_a_config_json_link_loop_is_named(model, scratch, capsys):  # noqa: F811
 def test_the_rehearsal_config_does_not_call_gpt2_bundled():
     text = (Path(__file__).resolve().parents[2] / "configs" / "cpu" / "rehearsal.toml").read_text()
     assert "(bundled)" not in text and "not bundled" in text
+
+
+def test_an_encoder_row_with_the_stream_protocol_is_refused_before_training(tiny_data, scratch, cache):
+    """It was refused by the evaluation, after the first row had trained (42 s of a tiny sweep)."""
+    overrides = [s.replace('"', '\\"') for s in encoder_overrides(tiny_data)]
+    sweep = scratch / "sweep.toml"
+    sweep.write_text(
+        'train = "cpu/tiny"\nlengths = [1]\nprotocol = "stream"\n'
+        + "set = ["
+        + ", ".join(f'"{o}"' for o in overrides)
+        + "]\n"
+        + '[[rows]]\nname = "enc"\npositions = { name = "rope" }\n'
+    )
+    refused(sweep, tiny_data, scratch, cache, ["row 'enc' is an encoder", "documents protocol only"])
