@@ -47,3 +47,14 @@ def test_an_encoder_row_with_the_stream_protocol_is_refused_before_training(tiny
         + '[[rows]]\nname = "enc"\npositions = { name = "rope" }\n'
     )
     refused(sweep, tiny_data, scratch, cache, ["row 'enc' is an encoder", "documents protocol only"])
+
+
+def test_report_of_a_compare_killed_before_its_first_result(scratch, cache):
+    from harness import assert_user_error
+
+    folder = scratch / "cmp"
+    (folder / "runs").mkdir(parents=True)
+    (folder / ".extrapos-compare").write_text("")
+    assert_user_error(
+        ["report", str(folder)], cache=cache, watch=[folder], fragments=["stopped before it wrote rows.json"]
+    )
