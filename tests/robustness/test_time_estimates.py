@@ -57,8 +57,9 @@ def test_generation_past_a_day_is_refused(run_copy, scratch, cache):
     [
         ["eval", "{run}", "--lengths", "1024", "--stride", "1", "--no-progress"],
         ["passkey", "{run}", "--lengths", "4096", "--trials", "100", "--no-progress"],
+        ["attention", "{run}", "--lengths", "1024", "--max-tokens", "1000000000", "--no-progress"],
     ],
-    ids=["eval", "passkey"],
+    ids=["eval", "passkey", "attention"],
 )
 def test_scoring_past_a_day_is_refused(command, run_copy, cache):
     args = [part.replace("{run}", str(run_copy)) for part in command]
