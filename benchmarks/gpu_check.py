@@ -116,16 +116,54 @@ class Sizes:
     world2: bool  # the 2-process torchrun checks
 
 
+#: the family runs compare the mean of the first and of the last LOSS_WINDOW logged losses: fewer than
+#: 2 x LOSS_WINDOW steps make the two windows overlap, and "the loss fell" fails by construction
+LOSS_WINDOW = 3
+#: the fewest steps of each section: two loss windows; a killed run with checkpoints every quarter
+#: (steps // 4 >= 1) killed after its second; one parallel step
+MIN_STEPS = {"--steps": 2 * LOSS_WINDOW, "--resume-steps": 4, "--parallel-steps": 1, "--eval-tokens": 1}
+#: written into --out; a later gpu-check replaces only what is inside a directory that holds it
+OUT_MARKER = ".gpu-check"
+OUT_NAMES = {"summary.json", "summary.md", "runs", "resume", "parallel", OUT_MARKER}
+
+
+def check_args(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line (one sentence), or None: a size below its minimum (0 is refused,
+    never taken for the default), or an --out that holds files gpu-check did not write."""
+    for flag, least in MIN_STEPS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and value < least:
+            return f"{flag} must be at least {least}, got {value}; leave it out for the default."
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        return f"--out {out} is a file; give a new directory or one an earlier gpu-check wrote."
+    entries = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    if entries and OUT_MARKER not in entries and not (entries <= OUT_NAMES and _older_summary(out)):
+        return (
+            f"--out {out} holds files gpu-check did not write (it has no {OUT_MARKER}), and gpu-check "
+            "replaces summary.md, summary.json, runs/, resume/ and parallel/ there; give a new directory."
+        )
+    return None
+
+
+def _older_summary(out: Path) -> bool:
+    """``out`` holds the summary.json of a gpu-check from before the marker."""
+    try:
+        return "verdicts" in json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def sizes(args: argparse.Namespace, cuda: bool) -> Sizes:
     import torch
 
     world2 = {"yes": True, "no": False}.get(args.world2, torch.cuda.device_count() >= 2 if cuda else True)
     return Sizes(
-        steps=args.steps or (200 if cuda else 20),
-        resume_steps=args.resume_steps or (40 if cuda else 12),
-        parallel_steps=args.parallel_steps or (10 if cuda else 5),
+        steps=args.steps if args.steps is not None else (200 if cuda else 20),
+        resume_steps=args.resume_steps if args.resume_steps is not None else (40 if cuda else 12),
+        parallel_steps=args.parallel_steps if args.parallel_steps is not None else (10 if cuda else 5),
         eval_lengths=[int(k) for k in args.eval_lengths.split(",")],
-        eval_tokens=args.eval_tokens or (32_768 if cuda else 4_096),
+        eval_tokens=args.eval_tokens if args.eval_tokens is not None else (32_768 if cuda else 4_096),
         world2=world2,
     )
 
@@ -237,7 +275,7 @@ def family_run(name: str, out: Path, steps: int, cuda: bool, extra: dict[str, st
         load_config("cpu/tiny", run_sets(name, steps, cuda, extra or {})), fresh(out / name), progress=False
     )
     losses = [loss for _, loss in logged_losses(out / name)]  # training lines, not eval lines
-    head, tail = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+    head, tail = sum(losses[:LOSS_WINDOW]) / LOSS_WINDOW, sum(losses[-LOSS_WINDOW:]) / LOSS_WINDOW
     return {
         "encoding": name,
         "steps": steps,
@@ -813,6 +851,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-doctor-speed", action="store_true", help="skip doctor's timed GPT-2-small step")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="to every training run")
     args = ap.parse_args(argv)
+    problem = check_args(args)
+    if problem is not None:  # before any work: nothing of --out is touched
+        print(f"gpu_check.py: error: {problem}", file=sys.stderr)
+        return 2
 
     if importlib.util.find_spec("extrapos") is None and (ROOT / "src" / "extrapos").is_dir():
         sys.path.insert(0, str(ROOT / "src"))  # a source checkout that was never installed
@@ -827,6 +869,9 @@ def main(argv: list[str] | None = None) -> int:
     families = [f for f in args.families.split(",") if f]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / OUT_MARKER).write_text(
+        "made by benchmarks/gpu_check.py: a later gpu-check replaces what is here\n"
+    )
     mode = "GPU" if cuda else "STAND-IN (no CUDA device: CPU paths only; nothing here is about a GPU)"
     print(f"gpu-check: {mode}", file=sys.stderr)
     deps = guarded(dependencies)

@@ -116,8 +116,11 @@ def describe_os_error(e: OSError) -> str:
 def fresh_output_dir(out: Path, what: str) -> Path:
     """A new, empty temporary directory beside ``out`` to build ``out`` in (then ``os.replace`` it into
     place, so ``out`` appears whole or not at all); a UserError when ``out`` already exists."""
+    from extrapos.owned import refuse_inside_run
+
     if out.exists():
         raise UserError(f"{out} already exists; choose another output directory or remove it first.")
+    refuse_inside_run(out, "--out")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".tmp-{what}-{out.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

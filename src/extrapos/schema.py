@@ -19,6 +19,7 @@ import types
 import typing
 from typing import Any
 
+from extrapos.bounds import BoundError
 from extrapos.errors import UserError
 
 # The largest magnitude of an int value: what an int64 holds.
@@ -125,6 +126,8 @@ def build(cls: type, values: dict[str, Any], where: str, unknown: str | None = N
         kwargs[key] = check(hints[key], value, where.format(key=key))
     try:
         return cls(**kwargs)
+    except BoundError as e:  # outside the option's plausible range (an Options checks itself)
+        raise UserError(f"{where.format(key=e.key)} must be {e.rule}, got {e.value!r}.") from None
     except TypeError:  # a required field is missing
         missing = [
             f.name

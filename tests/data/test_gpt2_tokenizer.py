@@ -134,3 +134,10 @@ def test_prepare_with_gpt2_is_prepare_with_its_file(stand_in, hub, text_dir, tmp
     for name in ("train.bin", "val.bin", "test.bin", "train.offsets.npy", "tokenizer.tiktoken"):
         assert (named / name).read_bytes() == (by_path / name).read_bytes()
     assert open_split(named, "train").num_tokens > 0
+
+
+def test_gpt2_and_its_file_share_one_cache_directory(stand_in, hub, text_dir, isolated_cache):
+    """Issue 37, item 10: the path of the same rank file prepared again into a second cache folder."""
+    named = prepare_data(str(text_dir), "gpt2", split_fractions=(0.5, 0.25, 0.25), progress=False)
+    by_path = prepare_data(str(text_dir), str(stand_in), split_fractions=(0.5, 0.25, 0.25), progress=False)
+    assert by_path == named and [d.name for d in (isolated_cache / "data").iterdir()] == [named.name]

@@ -18,12 +18,13 @@ every file that existed before has the same bytes after. Three pieces serve it:
     Snapshots the sha256 of every file under ``watch`` and ``cache``, runs, and asserts the
     contract above plus that each fragment appears in the sentence. Returns the sentence.
 
-``Fault("module:attr", signal.SIGKILL, when="before" | "after", nth=1, error=None)``
+``Fault("module:attr", signal.SIGKILL, when="before" | "after", nth=1, error=None, sleep=None)``
     A named point of the code: the child replaces ``module.attr`` (dotted attributes allowed,
     e.g. ``extrapos.data.shards:SplitWriter.add``) by a wrapper that sends the signal to its own
     process before (or after) the nth call, or, with ``error=errno.ENOSPC``, raises that
-    ``OSError`` there instead (a full disk without filling one). Patch the name where it is looked
-    up: a function imported with ``from x import f`` into ``y`` is ``y:f``.
+    ``OSError`` there instead (a full disk without filling one), or, with ``sleep=2.0``, waits
+    there that long (so two processes are surely inside the same step at once). Patch the name
+    where it is looked up: a function imported with ``from x import f`` into ``y`` is ``y:f``.
 
 ``snapshot(*roots)`` and ``assert_unchanged(before)`` are the file-digest half on its own.
 """
@@ -60,6 +61,7 @@ class Fault:
     when: str = "before"
     nth: int = 1
     error: int | None = None
+    sleep: float | None = None  # wait this many seconds there instead (two processes overlap for sure)
 
     def spec(self) -> str:
         return json.dumps(
@@ -69,6 +71,7 @@ class Fault:
                 "when": self.when,
                 "nth": self.nth,
                 "error": self.error,
+                "sleep": self.sleep,
             }
         )
 
@@ -86,6 +89,10 @@ if spec:
     original = getattr(owner, name)
     calls = [0]
     def strike():
+        if spec.get("sleep") is not None:
+            import time
+            time.sleep(spec["sleep"])
+            return
         if spec["error"] is not None:
             raise OSError(spec["error"], os.strerror(spec["error"]))
         os.kill(os.getpid(), spec["signal"])

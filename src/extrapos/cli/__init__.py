@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import traceback
 
@@ -97,6 +98,10 @@ def internal_error_line(command: str, error: BaseException) -> str:
     )
 
 
+#: the status of a process killed by SIGPIPE (128 + 13), what `yes | head -1` leaves for `yes`
+BROKEN_PIPE = 141
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -105,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+    except BrokenPipeError:  # the reader left (`extrapos encodings | head -1`): stop quietly like Unix tools
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return BROKEN_PIPE
     except UserError as e:
         print(f"extrapos: error: {e}", file=sys.stderr)
         return 2

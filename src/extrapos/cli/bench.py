@@ -31,6 +31,16 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def check_bench_out(out: Path) -> None:
+    """``--out`` and the JSON beside it: new, or a table and JSON a bench wrote (its JSON holds the
+    settings and the machine)."""
+    from extrapos.owned import check_owned_file, json_with_keys
+
+    bench_json = json_with_keys("settings", "machine")
+    check_owned_file(out.with_suffix(".json"), "--out", "extrapos bench", bench_json)
+    check_owned_file(out, "--out", "extrapos bench", lambda _: bench_json(out.with_suffix(".json")))
+
+
 def run(args) -> int:
     from extrapos.bench import format_bench, run_bench
     from extrapos.bench.resolution import (
@@ -46,6 +56,8 @@ def run(args) -> int:
         if args.bf16_runs:
             print(format_bf16_delta(bf16_eval_delta(args.bf16_runs, progress=not args.no_progress)))
         return 0
+    if args.out:  # before the measurements: the table and its JSON replace only a bench's own files
+        check_bench_out(Path(args.out))
     names = [n.strip() for n in args.encodings.split(",")] if args.encodings else None
     device = resolve_device(args.device, "--device")
     r = run_bench(args.quick, names, progress=not args.no_progress, device=device)

@@ -24,10 +24,13 @@ def run(args) -> int:
 
     from extrapos.errors import UserError
     from extrapos.files import atomic_write, check_text
+    from extrapos.owned import check_owned_file, json_with_keys
     from extrapos.positions.registry import spec
     from extrapos.tools.doctor import doctor, format_report
 
     check_text(args.json, "--json")
+    if args.json:  # before the checks run: a run's file or the user's own is never replaced
+        check_owned_file(args.json, "--json", "extrapos doctor", json_with_keys("machine", "checks"))
     encodings = None
     if args.encodings is not None:
         encodings = [e.strip() for e in args.encodings.split(",") if e.strip()]

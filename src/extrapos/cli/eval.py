@@ -106,6 +106,7 @@ def register(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing different result")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--force", action="store_true", help="score even when it is estimated past a day")
     p.set_defaults(func=run)
 
 
@@ -278,6 +279,7 @@ def run(args) -> int:
         overwrite=args.overwrite,
         device=str(device),
         progress=not args.no_progress and rank == 0,
+        force=args.force,
     )
     if rank == 0:
         print(format_result(result))

@@ -20,6 +20,7 @@ def register(sub) -> None:
     p.add_argument("--no-cache", action="store_true", help="recompute the whole prefix every token (slow)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--no-progress", action="store_true", help="no bar while a long prompt is prefilled")
+    p.add_argument("--force", action="store_true", help="run even when the work is estimated past a day")
     p.set_defaults(func=run)
 
 
@@ -91,6 +92,7 @@ def run(args) -> int:
         device=str(device),
         on_text=show,
         progress=not args.no_progress,
+        force=args.force,
     )
     sys.stdout.write("\n")
     return 0

@@ -52,8 +52,28 @@ def check_result_files(paths: list[str]) -> None:
             )
 
 
+#: written into a report directory ``report --out`` made; a later report replaces files only where it is
+REPORT_MARKER = ".extrapos-report"
+COMPARE_MARKER = ".extrapos-compare"
+#: what a report writes (a directory of an older extrapos, before the marker, holds only these)
+REPORT_NAMES = {"report.md", "results.csv", "results.json", "tasks.csv", "plots"}
+
+
+def check_report_out(out: Path) -> None:
+    """``--out``: new, empty, a report or compare directory, never inside a run, never the user's own."""
+    from extrapos.owned import check_marked_dir
+
+    if (out / COMPARE_MARKER).is_file():
+        return
+    check_marked_dir(out, "--out", REPORT_MARKER, "extrapos report", _older_report)
+
+
+def _older_report(entries: set[str]) -> bool:
+    return "report.md" in entries and entries <= REPORT_NAMES
+
+
 def run(args) -> int:
-    from extrapos.files import check_text
+    from extrapos.files import atomic_write, check_text
 
     for flag in ("out", "title", "baseline"):
         check_text(getattr(args, flag), f"--{flag}")
@@ -62,6 +82,8 @@ def run(args) -> int:
     check_result_files(args.paths)
     rows, compare_dir = collect_rows(args.paths)
     out = Path(args.out) if args.out else (compare_dir or Path("report"))
+    if compare_dir is None or out.resolve() != compare_dir.resolve():
+        check_report_out(out)
     facts, settings = None, {}
     if compare_dir is not None and (compare_dir / "facts.json").is_file():
         facts = json.loads((compare_dir / "facts.json").read_text())
@@ -77,6 +99,8 @@ def run(args) -> int:
         baseline=args.baseline or settings.get("baseline"),
         sequence_ppl=bool(settings.get("sequence_ppl", False)),
     )
+    if not (out / COMPARE_MARKER).exists():
+        atomic_write(out / REPORT_MARKER, "made by extrapos report: a later report may replace its files\n")
     if loss_rows(rows):
         print(markdown_table(loss_rows(rows)))
     print(f"-> {report}")

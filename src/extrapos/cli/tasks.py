@@ -55,6 +55,7 @@ def register(sub) -> None:
     add_position_flags(p)
     _add_result_flags(p)
     p.add_argument("--plot", default=None, help="write the length x depth heatmap here (PNG)")
+    p.add_argument("--force", action="store_true", help="score even when it is estimated past a day")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_passkey)
 
@@ -187,7 +188,13 @@ def run_passkey(args) -> int:
     )
     progress = not args.no_progress and rank == 0
     result = passkey(
-        args.run, options, name=_name(args), overwrite=args.overwrite, device=str(device), progress=progress
+        args.run,
+        options,
+        name=_name(args),
+        overwrite=args.overwrite,
+        device=str(device),
+        progress=progress,
+        force=args.force,
     )
     if rank != 0:
         return 0

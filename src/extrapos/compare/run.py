@@ -59,7 +59,10 @@ _OUT_NAMES = {
 
 def check_out_dir(out: Path) -> None:
     """Refuse ``out`` unless it is new, empty, or a comparison directory (it holds ``OUT_MARKER``, or only
-    what an older extrapos compare wrote): the user's own files are never replaced."""
+    what an older extrapos compare wrote), outside every run's tree: the user's files are never replaced."""
+    from extrapos.owned import refuse_inside_run
+
+    refuse_inside_run(out, "--out")
     if not out.exists():
         return
     if not out.is_dir():
@@ -225,7 +228,7 @@ def _check_row_options(sweep: Sweep, path: Path, specs: TaskSpecs, extra: list[s
 
     by_name = {r.name: r for r in sweep.rows}
     for row in sweep.rows:
-        if not row.eval and not specs.enabled():
+        if not row.eval and not specs.enabled() and sweep.protocol == "documents":
             continue
         source = by_name[row.reuse] if row.reuse else row
         if source.extend is not None:
@@ -240,6 +243,11 @@ def _check_row_options(sweep: Sweep, path: Path, specs: TaskSpecs, extra: list[s
                 f"{path}: row '{row.name}' is an encoder (objective mlm) and the task columns "
                 f"({', '.join(specs.enabled())}) score a decoder's next-token predictions; drop tasks or "
                 "that row."
+            )
+        if cfg.train.objective == "mlm" and sweep.loss and sweep.protocol != "documents":
+            raise UserError(  # refused by the evaluation only after the row trained (42 s of a tiny sweep)
+                f"{path}: row '{row.name}' is an encoder (objective mlm), whose masked-LM evaluation uses "
+                f"the documents protocol only; drop protocol = {sweep.protocol!r} or that row."
             )
         check_encoding_options(cfg, dict(row.eval), f"{path}: row '{row.name}' eval options")
         unsupported = set(row.eval) - {"scale", "scaling", "factor"}

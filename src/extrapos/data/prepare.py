@@ -97,6 +97,18 @@ def parse_split_fractions(value: str | Sequence[float]) -> tuple[float, float, f
     return parts[0], parts[1], parts[2]
 
 
+def _cached(corpus: str, tokenizer: str, key: str) -> Path:
+    """The cache directory of these inputs: one already prepared under this key whichever way the corpus
+    or the tokenizer was spelled (``gpt2`` and the path of its rank file are one vocabulary, one key),
+    else ``<corpus>-<tokenizer>-<key>``."""
+    root = cache_root() / "data"
+    spelled = root / f"{_slug(corpus)}-{_slug(tokenizer)}-{key}"
+    if spelled.is_dir() or not root.is_dir():
+        return spelled
+    same = sorted(d for d in root.glob(f"*-{key}") if d.is_dir() and not d.is_symlink())
+    return same[0] if same else spelled
+
+
 def prepare_data(
     corpus: str, tokenizer: str, out: str | Path | None = None, *, progress: bool = True, **options
 ) -> Path:
@@ -182,11 +194,7 @@ def prepare(
         "split_gap": split_gap if split_rule == "within" else None,
     }
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
-    target = (
-        Path(out).expanduser()
-        if out is not None
-        else cache_root() / "data" / f"{_slug(corpus)}-{_slug(tokenizer)}-{key}"
-    )
+    target = Path(out).expanduser() if out is not None else _cached(corpus, tokenizer, key)
     try:
         if _reusable(target, key):
             return target, True

@@ -569,8 +569,10 @@ def evaluate(
     device: str = "cpu",
     batch_tokens: int = 16_384,
     progress: bool = True,
+    force: bool = False,
 ) -> dict[str, Any]:
-    """Evaluate a run at every length of ``req``; writes and returns ``RUN/eval/<name>.json``."""
+    """Evaluate a run at every length of ``req``; writes and returns ``RUN/eval/<name>.json``. Scoring
+    estimated past a day is refused unless ``force`` (``check_eval_time``)."""
     req = resolve_request(req or EvalRequest())
     check_request(req)
     run_dir = Path(run_dir)
@@ -585,6 +587,7 @@ def evaluate(
         return slot.previous  # the same evaluation of the same weights was done: reuse it
 
     check_eval_memory(run_dir, req, device, batch_tokens)
+    check_eval_time(run_dir, req, device, force)
     t0 = time.perf_counter()
     if req.protocol == "stream":
         from extrapos.evaluate.stream import score_stream
@@ -640,6 +643,24 @@ def check_eval_memory(run_dir: Path, req: EvalRequest, device: str, batch_tokens
         f"evaluation windows of {longest.ev} x {L} = {window} tokens",
         "ask for shorter --lengths",
     )
+
+
+def check_eval_time(run_dir: Path, req: EvalRequest, device: str, force: bool) -> None:
+    """Print the least time the scoring takes when past a minute and refuse it past a day unless ``force``
+    (``run.timing``): each length runs about ``max_tokens`` targets through windows of its length (with a
+    ``stride``, ``window / stride`` tokens computed per target), each token seeing half its window."""
+    from extrapos.run.config import load_run_config
+    from extrapos.run.timing import check_time, forward_flops
+
+    model = load_run_config(run_dir).model
+    L = req.base_length or model.train_length
+    lengths = request_lengths(req, L)
+    flops = sum(
+        forward_flops(model, req.max_tokens * x.window // min(req.stride or x.window, x.window), x.window / 2)
+        for x in lengths
+    )
+    what = f"scoring {len(lengths)} length(s) up to {lengths[-1].window:,} tokens"
+    check_time(flops, device, what, "ask for shorter --lengths or fewer --max-tokens", force)
 
 
 @dataclass

@@ -361,15 +361,18 @@ def diagnose(
     device: str = "cpu",
     batch_tokens: int = 16_384,
     progress: bool = True,
+    force: bool = False,
 ) -> dict[str, Any]:
     """The attention statistics of a run at every length of ``req`` (an ``evaluate.EvalRequest``, documents
     protocol), on the windows `extrapos eval` scores; writes and returns ``RUN/attention/<name>.json``
-    (reused when it holds this request of these weights) and the plot beside it."""
+    (reused when it holds this request of these weights) and the plot beside it. Work estimated past a
+    day is refused unless ``force`` (``evaluate.check_eval_time``)."""
     from tqdm.auto import tqdm
 
     from extrapos.evaluate import (
         EvalRequest,
         check_eval_memory,
+        check_eval_time,
         check_request,
         load_eval_inputs,
         request_lengths,
@@ -398,6 +401,7 @@ def diagnose(
             plot(slot.previous, slot.out_path.with_suffix(".png"))
         return slot.previous
     check_eval_memory(run_dir, req, device, batch_tokens)
+    check_eval_time(run_dir, req, device, force)
     t0 = time.perf_counter()
     inputs = load_eval_inputs(run_dir, req, slot.ckpt, device, progress)
     run, L = inputs.run, inputs.L

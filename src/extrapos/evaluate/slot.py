@@ -30,11 +30,18 @@ from extrapos.files import atomic_write, ensure_writable_dir, finite_json
 #: a field a saved result must not hold (an older result's missing field)
 ABSENT = object()
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,119}")
+MAX_NAME = 120  # with .json and a lock's prefix and suffix, well within a file name's 255 bytes
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]*")
 
 
 def check_result_name(name: str) -> str:
-    """A result name is one file name inside RUN/eval/: no path separators, no leading dot."""
+    """A result name is one file name inside RUN/eval/: no path separators, no leading dot, at most 120
+    characters."""
+    if len(name) > MAX_NAME:
+        raise UserError(
+            f"result name of {len(name)} characters is too long (at most {MAX_NAME}); choose a shorter "
+            "--name."
+        )
     if not _NAME.fullmatch(name) or ".." in name:
         raise UserError(
             f"result name {name!r} must be a plain file name (letters, digits, . _ + = -), with no "
@@ -88,6 +95,7 @@ class ResultSlot:
     digest: str
     key: str = ""
     request_key: str = ""
+    lock: Any = None  # run.lock.ResultLock, held from the decision to score until the result is written
 
     @property
     def checkpoint(self) -> dict[str, Any]:
@@ -101,10 +109,19 @@ class ResultSlot:
         process waits until it is on disk before looking for it again."""
         from extrapos.run.runtime import barrier, process_group
 
-        text = finite_json(result, options, what)
-        if process_group()[0] == 0:
-            atomic_write(self.out_path, text)
+        try:
+            text = finite_json(result, options, what)
+            if process_group()[0] == 0:
+                atomic_write(self.out_path, text)
+        finally:
+            self.release()
         barrier()
+
+    def release(self) -> None:
+        """Let the next request of this name go on (it then reads what was written)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
 
 def _holds(saved: dict[str, Any], fields: dict[str, Any]) -> bool:
@@ -142,24 +159,71 @@ def open_slot(
     older extrapos wrote; its note printed when given); refused with ``{path} <refusal>`` when it does not
     hold ``request``; scored again otherwise (``stale``: the note printed then). ``overwrite`` replaces
     whatever is there. A slot to be written gets a writable directory now, before the work (``writes``
-    names what goes there)."""
+    names what goes there).
+
+    A slot that will score holds the name's lock (``run.lock.ResultLock``) until its result is written: a
+    second request of the same name waits for it, then reads the result again, so it is reused or
+    refused, never written over (under torchrun rank 0 refuses at once instead of waiting)."""
     out_path = results_dir(run_dir, folder) / f"{check_result_name(name)}.json"
     slot = ResultSlot(out_path, None, ckpt, digest, key, request_key)
     saved = None if overwrite or not out_path.is_file() else _read(out_path)
+    # a result is written whole (atomically), so what is there now decides without a lock: reused even in
+    # a read-only run, another request refused before anything is written
+    _decide(slot, saved, result, request, refusal, older, stale, notes=False)
+    if slot.previous is not None:
+        return slot
+    ensure_writable_dir(out_path.parent, writes)
+    slot.lock = _lock(out_path)
+    try:
+        saved = (
+            None if overwrite or not out_path.is_file() else _read(out_path)
+        )  # once a concurrent write is done
+        _decide(slot, saved, result, request, refusal, older, stale)
+    except BaseException:
+        slot.release()
+        raise
+    if slot.previous is not None:
+        slot.release()
+    return slot
+
+
+def _lock(out_path: Path) -> Any:
+    """The result's lock, waited for in a single process; under torchrun rank 0 alone takes it, and
+    refuses at once (the other ranks cannot wait with it), the others none."""
+    from extrapos.run.lock import ResultLock
+    from extrapos.run.runtime import process_group
+
+    rank, world = process_group()
+    if rank != 0:
+        return None
+    return ResultLock(out_path).acquire(wait=world == 1, say=lambda line: print(line, flush=True))
+
+
+def _decide(
+    slot: ResultSlot,
+    saved: dict[str, Any] | None,
+    result: dict[str, Any],
+    request: dict[str, Any],
+    refusal: str,
+    older: Sequence[tuple[dict[str, Any], str | None]],
+    stale: Callable[[dict[str, Any]], str] | None,
+    notes: bool = True,
+) -> None:
+    """Reuse ``saved`` (``slot.previous``), score again (printing the note of ``older`` or ``stale`` when
+    ``notes``) or refuse with ``{path} <refusal>``."""
+    out_path = slot.out_path
     if saved is not None:
         if _holds(saved, result):
             slot.previous = saved
-            return slot
+            return
         again = next(((fields, note) for fields, note in older if _holds(saved, fields)), None)
         if again is not None:
-            if again[1]:
+            if again[1] and notes:
                 print(again[1], flush=True)
         elif not _holds(saved, request):
             raise UserError(f"{out_path} {refusal}")
-        elif stale is not None:
+        elif stale is not None and notes:
             print(stale(saved), flush=True)
-    ensure_writable_dir(out_path.parent, writes)
-    return slot
 
 
 #: what a task result under a name that holds another request says

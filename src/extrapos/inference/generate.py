@@ -130,6 +130,31 @@ def check_prompt_memory(model_cfg, tokens: int, use_cache: bool, device: str) ->
     )
 
 
+def check_generation_time(
+    model_cfg, prompt: int, new: int, use_cache: bool, device: str, force: bool
+) -> None:
+    """Print the least time the prefill and the continuation take when past a minute, and refuse them past
+    a day unless ``force`` (``run.timing``: a 5 MB prompt ran for hours): with a KV cache the prompt once
+    and each new token against the keys before it; without one, every new token runs the whole prefix
+    again."""
+    import sys
+
+    from extrapos.run.timing import check_time, forward_flops
+
+    if use_cache:
+        flops = forward_flops(model_cfg, prompt, prompt / 2) + forward_flops(model_cfg, new, prompt + new / 2)
+    else:
+        flops = forward_flops(model_cfg, prompt + new * (prompt + new // 2), (prompt + new) / 2)
+    check_time(
+        flops,
+        device,
+        f"a prompt of {prompt:,} tokens and {new:,} new ones",
+        "give a shorter prompt or fewer --max-new-tokens",
+        force,
+        say=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+
+
 def generate_text(
     run_dir: str | Path,
     prompt: str,
@@ -143,9 +168,10 @@ def generate_text(
     device: str = "cpu",
     on_text: Callable[[str], None] | None = None,
     progress: bool = False,
+    force: bool = False,
 ) -> str:
     """Generate a continuation of ``prompt``; ``on_text`` receives each new piece of text as it appears;
-    ``progress`` shows the prefill of a long prompt on stderr."""
+    ``progress`` shows the prefill of a long prompt on stderr; ``force`` runs work estimated past a day."""
     from extrapos.run.directory import load_run
 
     check_sampling(max_new_tokens, temperature, top_k, top_p, seed)
@@ -154,6 +180,7 @@ def generate_text(
         run.model.pos.set_options(**position_options)
     ids = run.tokenizer.encode(prompt)
     check_prompt_memory(run.cfg.model, len(ids) + max_new_tokens, use_cache, device)
+    check_generation_time(run.cfg.model, len(ids), max_new_tokens, use_cache, device, force)
     out: list[int] = []
     shown = ""
     for tok in generate_tokens(

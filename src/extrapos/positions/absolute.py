@@ -13,10 +13,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from extrapos.bounds import BASE_WHY, MAX_POSITION, Bound, CheckedOptions
 from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, PositionalEncoding
 from extrapos.positions.registry import register
@@ -49,7 +51,8 @@ class Sinusoidal(PositionalEncoding):
         return True
 
     @dataclass
-    class Options:
+    class Options(CheckedOptions):
+        BOUNDS: ClassVar[dict[str, Bound]] = {"base": Bound(2, 1e10, why=BASE_WHY)}
         base: float = 10000.0
         scale_embeddings: bool = True  # h * sqrt(d_model) + p (§3.4); False: h + p
 
@@ -125,7 +128,12 @@ class LearnedAbsolute(PositionalEncoding):
         return True
 
     @dataclass
-    class Options:
+    class Options(CheckedOptions):
+        BOUNDS: ClassVar[dict[str, Bound]] = {
+            "max_length": Bound(1, MAX_POSITION),
+            "interpolate_to": Bound(1, MAX_POSITION),
+            "init_std": Bound(0, 10),
+        }
         max_length: int | None = None  # rows of the table; None: L_t
         interpolate_to: int | None = None  # L_e: read the table linearly interpolated to this length
         init_std: float = 0.02

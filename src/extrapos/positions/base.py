@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from extrapos.bounds import CheckedOptions
 from extrapos.errors import UserError
 
 
@@ -143,7 +144,7 @@ class PositionalEncoding(nn.Module):
     registry_name: str
 
     @dataclass
-    class Options:
+    class Options(CheckedOptions):
         pass
 
     def __init__(self, ctx: EncodingContext, options: Any = None):

@@ -27,11 +27,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from extrapos.bounds import MAX_POSITION, Bound, BoundError, CheckedOptions
 from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, FoldedBias, PairwiseBias, PositionalEncoding
 from extrapos.positions.registry import register
@@ -160,7 +162,7 @@ class Kerple(PositionalEncoding):
     EPS = 1e-2
 
     @dataclass
-    class Options:
+    class Options(CheckedOptions):
         form: str = "log"  # "log" or "power"
         per_layer: bool = True
 
@@ -252,13 +254,25 @@ class FIRE(PositionalEncoding):
     )
 
     @dataclass
-    class Options:
+    class Options(CheckedOptions):
+        BOUNDS: ClassVar[dict[str, Bound]] = {
+            "mlp_width": Bound(1, 4096),
+            "init_c": Bound(0, 1e3, low_open=True),
+            "init_L": Bound(0, MAX_POSITION, low_open=True),
+            "eps": Bound(0, 1, low_open=True, high_open=True),
+            "grid": Bound(None, 2**20),  # and 0 or at least 2 (check)
+        }
         mlp_width: int = 32
         init_c: float = 0.1
         init_L: float | None = None  # None: the training length L_t
         eps: float = 1e-6
         grid: int = 0  # 0: the exact MLP; G >= 2: f on G nodes of [0, 1], linearly interpolated
         piecewise: bool = False  # the exact MLP as its piecewise-linear form under autograd too
+
+        def check(self) -> None:
+            grid = self.grid
+            if isinstance(grid, int) and not isinstance(grid, bool) and grid != 0 and grid < 2:
+                raise BoundError("grid", "0 (the exact MLP) or a number of grid nodes >= 2", grid)
 
     def __init__(self, ctx: EncodingContext, options=None):
         super().__init__(ctx, options)
@@ -526,7 +540,12 @@ class T5Bias(PositionalEncoding):
     )
 
     @dataclass
-    class Options:
+    class Options(CheckedOptions):
+        BOUNDS: ClassVar[dict[str, Bound]] = {
+            "num_buckets": Bound(2, 4096),
+            "max_distance": Bound(1, MAX_POSITION),
+            "init_std": Bound(0, 10),
+        }
         num_buckets: int = 32
         max_distance: int = 128
         init_std: float = 0.0

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from extrapos.bounds import CheckedOptions
 from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, FoldedBias, PairwiseBias, PositionalEncoding
 from extrapos.positions.bias import gate_projection, running_sum
@@ -113,7 +114,7 @@ class CABLE(PositionalEncoding):
     paper = "CABLE: Context-aware Biases for Length Extrapolation (anonymous EMNLP submission)"
 
     @dataclass
-    class Options:
+    class Options(CheckedOptions):
         weighted: bool = True  # g = Softplus(X w_s); false: g = 1 (CABLE-NW)
         kernel: bool = False  # K-CABLE: -log(1 + (g_i (S_i - S_j))^2)
         variant: str = "paper"  # "paper" or "official" (the authors' public code)

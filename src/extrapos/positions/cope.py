@@ -25,10 +25,12 @@ and segmented / random-position training does not change it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from extrapos.bounds import Bound, CheckedOptions
 from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, LogitBias, PositionalEncoding
 from extrapos.positions.registry import register
@@ -60,7 +62,8 @@ class CoPE(PositionalEncoding):
     )
 
     @dataclass
-    class Options:
+    class Options(CheckedOptions):
+        BOUNDS: ClassVar[dict[str, Bound]] = {"npos_max": Bound(2, 65536), "init_std": Bound(0, 10)}
         npos_max: int = 64  # rows of the position table; contextual positions are clamped below it
         init_std: float = 0.0  # 0: zeros, as the authors' code
 

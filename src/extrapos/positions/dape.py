@@ -22,10 +22,12 @@ the KV cache concatenates, so cached decoding needs no state. Shift invariant wh
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from extrapos.bounds import Bound, CheckedOptions
 from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, LogitBias, PairwiseBias, PositionalEncoding
 from extrapos.positions.registry import build_encoding, register
@@ -40,7 +42,8 @@ class DAPE(PositionalEncoding):
     paper = "Zheng et al. 2024, DAPE: Data-Adaptive Positional Encoding for Length Extrapolation"
 
     @dataclass
-    class Options:
+    class Options(CheckedOptions):
+        BOUNDS: ClassVar[dict[str, Bound]] = {"mlp_width": Bound(1, 4096)}
         base: str = "kerple-log"  # the static bias B
         mlp_width: int = 32
 

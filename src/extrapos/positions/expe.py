@@ -26,10 +26,12 @@ Q/K inputs hold bf16-rounded positions, which is exactly the effect ExQPE is des
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from extrapos.bounds import Bound, CheckedOptions
 from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, PositionalEncoding
 from extrapos.positions.registry import register
@@ -81,7 +83,13 @@ class ExPE(_Override):
     paper = "Datseris et al., ExPE: Exact Positional Encodings (§2.1; ablations Table 7)"
 
     @dataclass
-    class Options:
+    class Options(CheckedOptions):
+        BOUNDS: ClassVar[dict[str, Bound]] = {
+            "S": Bound(-1e3, 1e3),
+            "theta": Bound(0, 1e3, low_open=True),
+            "l": Bound(1, 65536),
+            "scale": Bound(0, 1e3, low_open=True),
+        }
         S: float = 0.0
         theta: float | None = None  # None: 1 / (4 L_t), the paper's 1/2048 at L_t = 512
         l: int | None = None  # None: d_model / 8
@@ -144,7 +152,14 @@ class ExQPE(_Override):
     paper = "Datseris et al., ExPE paper, ExQPE (§2.3)"
 
     @dataclass
-    class Options:
+    class Options(CheckedOptions):
+        BOUNDS: ClassVar[dict[str, Bound]] = {
+            "S": Bound(-1e3, 1e3),
+            "theta1": Bound(0, 1e3, low_open=True),
+            "theta2": Bound(0, 1e3, low_open=True),
+            "l": Bound(1, 65536),
+            "scale": Bound(0, 1e3, low_open=True),
+        }
         S: float = 0.0
         theta1: float = 1.0 / 2048
         theta2: float = 1.0 / 16

@@ -34,11 +34,13 @@ other projections and b = ``bias_init`` (0: f ~ 0.5 per token at the start).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from extrapos.bounds import Bound, CheckedOptions
 from extrapos.positions.base import EncodingContext, FoldedBias, PairwiseBias, PositionalEncoding
 from extrapos.positions.bias import gate_projection, running_sum
 from extrapos.positions.registry import register
@@ -54,7 +56,8 @@ class ForgettingAttention(PositionalEncoding):
     paper = "Lin et al. 2025, Forgetting Transformer: softmax attention with a forget gate (FoX)"
 
     @dataclass
-    class Options:
+    class Options(CheckedOptions):
+        BOUNDS: ClassVar[dict[str, Bound]] = {"bias_init": Bound(-100, 100)}
         bias_init: float = 0.0  # b at init: sigmoid(b) is the typical forget gate of an untrained model
 
     def __init__(self, ctx: EncodingContext, options=None):

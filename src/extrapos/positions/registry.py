@@ -71,8 +71,9 @@ def spec(name: str) -> EncodingSpec:
     return _REGISTRY[name]
 
 
-def build_options(name: str, options: dict[str, Any] | None = None) -> Any:
-    """The encoding's Options dataclass from registry defaults + user options, type-checked."""
+def build_options(name: str, options: dict[str, Any] | None = None, table: str = "model.positions") -> Any:
+    """The encoding's Options dataclass from registry defaults + user options, type-checked and within
+    their plausible bounds (``bounds.py``); an error names the option as ``table.KEY``."""
     s = spec(name)
     merged = {**s.defaults, **(options or {})}
     fields = {f.name: f for f in dataclasses.fields(s.cls.Options)}
@@ -82,7 +83,7 @@ def build_options(name: str, options: dict[str, Any] | None = None) -> Any:
             f"encoding {name!r} has no option {', '.join(unknown)}; its options are: "
             f"{', '.join(sorted(fields)) or '(none)'}."
         )
-    return schema.build(s.cls.Options, merged, where=f"option {{key!r}} of encoding {name!r}")
+    return schema.build(s.cls.Options, merged, where=f"{table}.{{key}} (an option of encoding {name!r})")
 
 
 def build_encoding(

@@ -38,11 +38,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
+from extrapos.bounds import BASE_WHY, MAX_POSITION, Bound, BoundError, CheckedOptions
 from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, PositionalEncoding
 from extrapos.positions.registry import register
@@ -123,7 +124,20 @@ class RoPE(PositionalEncoding):
     paper = "Su et al. 2021, RoFormer; scalings: Chen et al. 2023 (PI), bloc97 (NTK), Peng et al. 2023 (YaRN)"
 
     @dataclass
-    class Options:
+    class Options(CheckedOptions):
+        # plausible ranges (docs/robustness.md): a base past 1e10 leaves every frequency below 1e-10 (the
+        # longest-context checkpoints use a few 1e9); a factor past 1024 or betas <= 0 mean nothing
+        BOUNDS: ClassVar[dict[str, Bound]] = {
+            "base": Bound(2, 1e10, why=BASE_WHY),
+            "rotary_fraction": Bound(0, 1, low_open=True),
+            "factor": Bound(0, 1024, low_open=True),
+            "original_length": Bound(1, MAX_POSITION),
+            "beta_fast": Bound(0, 1e4, low_open=True),
+            "beta_slow": Bound(0, 1e4, low_open=True),
+            "low_freq_factor": Bound(0, 1024, low_open=True),
+            "high_freq_factor": Bound(0, 1024, low_open=True),
+            "attention_factor": Bound(0, 16, low_open=True),
+        }
         base: float = 10000.0
         rotary_fraction: float = 1.0
         scaling: str | None = None  # None | "linear" | "ntk" | "dynamic" | "yarn"
@@ -136,6 +150,20 @@ class RoPE(PositionalEncoding):
         long_factor: Any = None  # longrope: d_rot / 2 rescale factors past L
         short_factor: Any = None  # longrope: d_rot / 2 rescale factors within L
         attention_factor: float | None = None  # yarn / longrope: None -> the method's default
+
+        def check(self) -> None:
+            if self.scaling is not None and self.factor < 1:
+                raise BoundError("factor", f"at least 1 with {self.scaling} scaling", self.factor)
+            # YaRN's ramp runs from the dims of beta_fast rotations down to beta_slow (Peng et al. 2023,
+            # sec. 3.2): the reverse order divides by zero or inverts the ramp
+            if self.scaling == "yarn" and not self.beta_fast > self.beta_slow:
+                raise BoundError("beta_fast", f"greater than beta_slow = {self.beta_slow:g}", self.beta_fast)
+            if self.scaling == "llama3" and not self.high_freq_factor > self.low_freq_factor:
+                raise BoundError(
+                    "high_freq_factor",
+                    f"greater than low_freq_factor = {self.low_freq_factor:g}",
+                    self.high_freq_factor,
+                )
 
     def __init__(self, ctx: EncodingContext, options=None):
         super().__init__(ctx, options)
@@ -161,13 +189,6 @@ class RoPE(PositionalEncoding):
             raise UserError(
                 f"rotary_fraction={o.rotary_fraction} leaves no pair of dims to rotate in heads of "
                 f"{self.ctx.head_dim}; use a value in (0, 1] covering at least 2 dims."
-            )
-        if o.factor <= 0 or (o.scaling is not None and o.factor < 1):
-            raise UserError(f"RoPE scaling factor must be >= 1, got {o.factor}.")
-        if o.scaling == "llama3" and not o.high_freq_factor > o.low_freq_factor > 0:
-            raise UserError(
-                f"llama3 scaling needs high_freq_factor > low_freq_factor > 0, got "
-                f"{o.high_freq_factor} and {o.low_freq_factor}."
             )
         if o.scaling == "longrope":
             for name in ("long_factor", "short_factor"):

@@ -135,6 +135,7 @@ def plan_positions(positions: dict[str, Any], n_layers: int) -> Plan:
             "model.positions.others cannot have a schedule of its own; give layers and others once, "
             "in model.positions."
         )
+    build_options(others_name, others_options, "model.positions.others")
     for n, o, where in ((name, options, "model.positions"), (others_name, others_options, "others")):
         if spec(n).cls.acts_on_embeddings(build_options(n, o)):
             raise UserError(

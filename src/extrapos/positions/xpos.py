@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
+from extrapos.bounds import MAX_POSITION, Bound
 from extrapos.errors import UserError
 from extrapos.positions.base import PairwiseBias
 from extrapos.positions.bias import feature_dtype
@@ -65,6 +67,13 @@ class XPos(RoPE):
 
     @dataclass
     class Options(RoPE.Options):
+        # zeta = (2i/d + gamma) / (1 + gamma): gamma 0 makes zeta_0 = 0 and its key factor infinite
+        BOUNDS: ClassVar[dict[str, Bound]] = {
+            **RoPE.Options.BOUNDS,
+            "scale_base": Bound(0, 1e9, low_open=True),
+            "gamma": Bound(0, 1e3, low_open=True),
+            "block_length": Bound(1, MAX_POSITION),
+        }
         scale_base: float = 512.0
         gamma: float = 0.4
         blockwise: bool = False  # blockwise causal attention (an inference-time option in the paper)

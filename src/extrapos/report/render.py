@@ -813,6 +813,11 @@ def collect_rows(paths: list[str | Path]) -> tuple[list[Row], Path | None]:
                     p.parent.parent if in_run else None,
                 )
             )
+        elif (p / ".extrapos-compare").is_file():  # made by compare, stopped before its first result
+            raise UserError(
+                f"{p} is a compare directory whose sweep stopped before it wrote rows.json; run the same "
+                "extrapos compare again to resume it, then report."
+            )
         else:
             raise UserError(
                 f"{p} is neither a compare directory, a run with eval/ results, nor an eval JSON file."

@@ -72,6 +72,24 @@ def list_checkpoints(run_dir: Path) -> list[Checkpoint]:
     return sorted(found, key=lambda c: c.step)
 
 
+def untrusted_entries(run_dir: Path) -> list[str]:
+    """What ``checkpoints/`` holds that ``list_checkpoints`` skips (a step folder without state.json, a
+    renamed folder, a stray file), as ``checkpoints/NAME`` phrases; temporary ``.tmp-*`` folders of an
+    interrupted save are not counted (the next save removes them)."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = []
+    for p in sorted(root.iterdir()):
+        if p.name.startswith(".tmp-"):
+            continue
+        if not _STEP_DIR.match(p.name):
+            found.append(f"checkpoints/{p.name} (not a step-N folder)")
+        elif not (p / "state.json").is_file():
+            found.append(f"checkpoints/{p.name} (no state.json)")
+    return found
+
+
 def latest_checkpoint(run_dir: Path) -> Checkpoint | None:
     found = list_checkpoints(run_dir)
     return found[-1] if found else None

@@ -246,24 +246,14 @@ def _validate_model_sizes(m: ModelConfig) -> None:
 
 
 def _validate_model(m: ModelConfig) -> None:
-    """Values the model accepts but that make the first step's loss NaN (checked before anything runs)."""
-    from extrapos.positions.registry import build_options
-
+    """Values the model accepts but that make the first step's loss NaN (checked before anything runs); an
+    encoding's options check their own bounds (``bounds.py``: RoPE's base within [2, 1e10], ...)."""
     _require(
         math.isfinite(m.norm_eps) and 0 < m.norm_eps < 1,
         "model.norm_eps",
         "a small positive number (e.g. 1e-5)",
         m.norm_eps,
     )
-    plan = m.positions_plan()  # the model's own checks planned it already (cached)
-    pairs = [(plan.name, plan.options, "model.positions")]
-    if plan.layers is not None:
-        pairs.append((plan.others_name, plan.others_options or {}, "model.positions.others"))
-    for name, options, where in pairs:
-        base = getattr(build_options(name, options), "base", None)
-        if isinstance(base, (int, float)) and not isinstance(base, bool):
-            # frequencies base^(-2i/d) (Vaswani et al. 2017; Su et al. 2021): base 0 makes them infinite
-            _require(math.isfinite(base) and base > 1, f"{where}.base", "a number greater than 1", base)
 
 
 def _validate_train(t: TrainConfig) -> None:

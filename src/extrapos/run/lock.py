@@ -46,3 +46,71 @@ class RunLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+#: result locks this process holds, by path: a second slot of one name in one process would wait on itself
+_HELD: dict[Path, ResultLock] = {}
+
+
+class ResultLock:
+    """``RUN/<folder>/.<name>.json.lock`` (flock, as ``RunLock``): held by a result slot from the moment it
+    decides to score until its result is on disk, so two requests of one result name take turns and the
+    second reads what the first wrote (reused when it is the same request, refused when it is another)
+    instead of writing over it. ``wait`` False refuses at once instead of waiting (under torchrun, where
+    the other ranks cannot wait with rank 0)."""
+
+    def __init__(self, result: Path):
+        self.result = Path(result)
+        self.path = self.result.parent / f".{self.result.name}.lock"
+        self._fd: int | None = None
+
+    def acquire(self, wait: bool = True, say=print) -> ResultLock:
+        if fcntl is None:  # pragma: no cover - no advisory locks
+            return self
+        stale = _HELD.get(self.path)
+        if stale is not None:
+            # one process scores one result at a time, so a lock it still holds belongs to an evaluation
+            # that failed and whose slot an exception's traceback keeps alive: let it go
+            stale.release()
+        said = False
+        while True:  # the holder removes the file as it lets go: lock the file that is at the path now
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
+                if not wait:
+                    os.close(fd)
+                    raise UserError(
+                        f"{self.result} is being scored by {holder}; wait for it to finish, then ask again "
+                        "(the same request is then reused)."
+                    ) from None
+                if not said:
+                    say(f"extrapos: waiting for {holder}, which is scoring {self.result}.")
+                    said = True
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # it was removed while we waited: take the next one
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"process {os.getpid()}".encode(), 0)
+        self._fd = fd
+        _HELD[self.path] = self
+        return self
+
+    def release(self) -> None:
+        """Remove the file, then let go (a waiter on the removed file takes the next one), so a run keeps
+        no lock files."""
+        if self._fd is not None:
+            self.path.unlink(missing_ok=True)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+            if _HELD.get(self.path) is self:
+                del _HELD[self.path]
+
+    def __del__(self) -> None:  # a slot dropped without writing (its evaluation failed) lets go
+        self.release()

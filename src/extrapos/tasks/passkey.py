@@ -36,6 +36,7 @@ import torch
 
 from extrapos.errors import UserError
 from extrapos.evaluate.slot import check_result_name, slug, task_slot
+from extrapos.owned import check_owned_file
 from extrapos.tasks.common import (
     MAX_CANDIDATES,
     MAX_KEY_DIGITS,
@@ -336,13 +337,15 @@ def passkey(
     device: str = "cpu",
     batch_tokens: int = 16_384,
     progress: bool = False,
+    force: bool = False,
     **fields: Any,
 ) -> dict[str, Any]:
     """Score a run on passkey retrieval over ``options.lengths`` x ``options.depths`` (``PasskeyOptions``,
     any of whose fields may be given as keywords instead); write RUN/eval/NAME.json.
 
     Returns the result dict (also written, atomically); the same request is reused, a different one
-    under the same name is a UserError unless ``overwrite``.
+    under the same name is a UserError unless ``overwrite``; scoring estimated past a day is refused
+    unless ``force`` (``check_passkey_time``).
     """
     from tqdm.auto import tqdm
 
@@ -360,6 +363,7 @@ def passkey(
     check_passkey_memory(
         run_dir, lengths, trials, mode, opts.candidates, opts.base_length, device, batch_tokens
     )
+    check_passkey_time(run_dir, opts, device, force)
 
     t0 = time.perf_counter()
     run, L, options_applied = load_task_run(
@@ -466,6 +470,34 @@ def check_passkey_memory(
     )
 
 
+def check_passkey_time(run_dir: Path, opts: PasskeyOptions, device: str, force: bool) -> None:
+    """Print the least time the cells take when past a minute and refuse them past a day unless ``force``
+    (``run.timing``): every trial of every (length, depth) cell runs its prompt once per candidate in rank
+    mode and once, with a few new tokens, in generate mode, each token seeing half the prompt."""
+    from extrapos.run.config import load_run_config
+    from extrapos.run.timing import check_time, forward_flops
+
+    model = load_run_config(Path(run_dir)).model
+    L = opts.base_length or model.train_length
+    runs = (opts.candidates if opts.mode in ("rank", "both") else 0) + (opts.mode in ("generate", "both"))
+    flops = sum(
+        forward_flops(model, len(opts.depths) * opts.trials * runs * (k * L + opts.key_digits), k * L / 2)
+        for k in opts.lengths
+    )
+    what = f"passkey cells up to {max(opts.lengths)} x {L} tokens"
+    check_time(flops, device, what, "ask for shorter --lengths or fewer --trials", force)
+
+
+def is_matplotlib_png(path: Path) -> bool:
+    """A PNG that matplotlib saved (its header's text chunk names it), as every extrapos plot is."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return False
+    return head.startswith(b"\x89PNG") and b"Matplotlib" in head
+
+
 def check_plot_path(run_dir: str | Path, path: str | Path) -> Path:
     """``--plot`` checked before any work: a .png file that is not a directory and, inside the run, only
     under RUN/plots/ (a run's own files are never replaced by a picture)."""
@@ -481,6 +513,8 @@ def check_plot_path(run_dir: str | Path, path: str | Path) -> Path:
             f"--plot {path} is inside the run {run_dir}, whose files a plot never replaces; write it "
             f"under {run_dir / 'plots'} or outside the run."
         )
+    if not where.is_relative_to(run_dir):  # another run's files, or a picture of the user's, are kept
+        check_owned_file(path, "--plot", "an extrapos plot", is_matplotlib_png)
     return path
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from extrapos.errors import UserError
 from extrapos.files import atomic_write
+from extrapos.owned import refuse_inside_run
 from extrapos.run import checkpoint as ckpt_io
 from extrapos.run.config import (
     DataConfig,
@@ -340,6 +341,8 @@ def extend(
 
     parent = Path(parent)
     out = Path(out) if out is not None else default_out(parent, method, factor, alpha)
+    if not (out / "config.toml").is_file():  # RUN/checkpoints/step-22 would be pruned with its weights
+        refuse_inside_run(out, "--out")
     cfg, record = extension_config(
         parent, method, factor, alpha, tokens, rope_interpolation, overrides, rope_scaling=rope_scaling,
         preset=preset,

@@ -30,6 +30,7 @@ from extrapos.errors import UserError
 from extrapos.files import atomic_write, ensure_writable_dir
 from extrapos.losses import model_loss_sum
 from extrapos.model import Decoder, count_parameters, flops_per_token
+from extrapos.owned import refuse_inside_run
 from extrapos.run import checkpoint as ckpt_io
 from extrapos.run.config import RunConfig, load_run_config
 from extrapos.run.lock import RunLock
@@ -221,13 +222,60 @@ def stopped_before_first_checkpoint(run_dir: Path) -> bool:
         and not (run_dir / "source.json").exists()
         and not ckpt_io.list_checkpoints(run_dir)
         and not any((run_dir / "checkpoints").glob("*"))
+        and not trained_without_checkpoint(run_dir, _saved_checkpoint_every(run_dir))
     )
 
 
-def _checkpoint_to_resume(run_dir: Path, say) -> ckpt_io.Checkpoint | None:
-    """The newest intact checkpoint a resume continues from (None: the run has none yet); a UserError when
-    every checkpoint is damaged, as training again from step 0 would replace the run's metrics."""
+def _saved_checkpoint_every(run_dir: Path) -> int:
+    """The run's saved ``train.checkpoint_every`` (0, checkpoints at the end only, when unreadable)."""
+    try:
+        return load_run_config(run_dir).train.checkpoint_every
+    except UserError:
+        return 0
+
+
+def _last_logged_step(run_dir: Path) -> int:
+    """The highest step metrics.jsonl logs (0 when it logs none; a torn line ends the reading)."""
+    last = 0
+    path = Path(run_dir) / "metrics.jsonl"
+    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    for line in lines:
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            break
+        if isinstance(step, int):
+            last = max(last, step)
+    return last
+
+
+def trained_without_checkpoint(run_dir: Path, checkpoint_every: int) -> list[str]:
+    """What shows that ``run_dir`` was trained past a checkpoint it no longer has (nothing when it was
+    not): ``summary.json`` (written after the final checkpoint), ``metrics.jsonl`` logging a step past
+    ``checkpoint_every`` (a step is logged before its checkpoint is saved, so a later step means the save
+    returned), and what ``checkpoints/`` holds that is not a checkpoint. A run that has none of these
+    stopped before its first checkpoint was due, and starting it over loses nothing."""
+    run_dir = Path(run_dir)
+    found = ["summary.json"] if (run_dir / "summary.json").is_file() else []
+    last = _last_logged_step(run_dir)
+    if last and (found or (checkpoint_every and last > checkpoint_every)):
+        found.append(f"metrics.jsonl up to step {last}")
+    return found + ckpt_io.untrusted_entries(run_dir)
+
+
+def _checkpoint_to_resume(run_dir: Path, checkpoint_every: int, say) -> ckpt_io.Checkpoint | None:
+    """The newest intact checkpoint a resume continues from (None: the run stopped before its first
+    checkpoint was due); a UserError when the run was trained further than that and has no checkpoint to
+    trust, or every checkpoint is damaged, as training again from step 0 would replace its metrics and
+    summary."""
     if not ckpt_io.list_checkpoints(run_dir):
+        found = trained_without_checkpoint(run_dir, checkpoint_every)
+        if found:
+            raise UserError(
+                f"{run_dir} holds {', '.join(found)} but no checkpoint a resume can trust, so --resume would "
+                "train it again from step 0 and replace them; restore checkpoints/ from a copy, or start a "
+                "new run with another --out."
+            )
         return None
     last = ckpt_io.latest_intact(run_dir, say=say)
     if last is None:
@@ -254,6 +302,8 @@ def train(
     """
     run_dir = Path(run_dir)
     existing = (run_dir / "config.toml").is_file()
+    if not existing:  # the other run's pruning, resumes and evaluations would delete or replace it
+        refuse_inside_run(run_dir, "--out")
     # a run that stopped before its first checkpoint (e.g. a loss that was NaN at step 1) holds nothing
     # trained: the same command, or one with a corrected config, starts it over
     restart = existing and cfg is not None and stopped_before_first_checkpoint(run_dir)
@@ -279,7 +329,9 @@ def train(
     with RunLock(run_dir, enabled=is_main):
         restore_from = None
         if resume and not complete and not restart:
-            restore_from = _checkpoint_to_resume(run_dir, say=_say if is_main else lambda _: None)
+            restore_from = _checkpoint_to_resume(
+                run_dir, _saved_checkpoint_every(run_dir), say=_say if is_main else lambda _: None
+            )
         if restart and is_main:
             print(
                 f"extrapos train: {run_dir} stopped before its first checkpoint; starting it over.",

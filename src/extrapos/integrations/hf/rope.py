@@ -153,7 +153,7 @@ def rope_options_from_hf(hf: dict, head_dim: int, partial: float = 1.0) -> dict[
     if partial != 1.0:
         opts["rotary_fraction"] = float(partial)
     if kind == "default":
-        return opts
+        return _within_bounds(opts, hf, section)
     if kind not in _SCALINGS:
         raise UserError(
             f"RoPE type {kind!r} is not supported; extrapos has default, linear, dynamic, yarn, llama3, "
@@ -166,7 +166,46 @@ def rope_options_from_hf(hf: dict, head_dim: int, partial: float = 1.0) -> dict[
     for key in ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
         if params.get(key) is not None:
             check_value(f"{section}.{key}", params[key], "float")
-    return {**opts, **_SCALINGS[kind](_Scaling(params, section, factor, original, max_pos))}
+    return _within_bounds(
+        {**opts, **_SCALINGS[kind](_Scaling(params, section, factor, original, max_pos))}, hf, section
+    )
+
+
+def _within_bounds(opts: dict[str, Any], hf: dict, section: str) -> dict[str, Any]:
+    """``opts`` once the ``rope`` encoding's own bounds accept them (``bounds.py``: a factor of 1e30 or a
+    rope_theta of 1e308 imports with exit 0 and makes every later evaluation blame options the user never
+    gave); a refusal names the config.json field the value came from."""
+    from extrapos.bounds import BoundError
+    from extrapos.positions.rotary import RoPE
+
+    try:
+        RoPE.Options(**{k: v for k, v in opts.items() if k != "name"})
+    except BoundError as e:
+        raise bad(_hf_field(e.key, hf, section), e.rule, e.value) from None
+    return opts
+
+
+def _hf_field(option: str, hf: dict, section: str) -> str:
+    """The config.json field a ``rope`` option was read from."""
+    if option == "base":
+        params = hf.get(section) or {}
+        inside = isinstance(params, dict) and params.get("rope_theta") is not None
+        return (
+            f"{section}.rope_theta"
+            if inside
+            else "rotary_emb_base"
+            if "rotary_emb_base" in hf
+            else "rope_theta"
+        )
+    if option == "rotary_fraction":
+        return "partial_rotary_factor" if "partial_rotary_factor" in hf else "rotary_pct"
+    if option == "original_length":
+        return "original_max_position_embeddings"
+    if option == "attention_factor" and (hf.get(section) or {}).get("attention_factor") is None:
+        return f"{section}.mscale / mscale_all_dim"
+    if option == "factor" and (hf.get(section) or {}).get("factor") is None:
+        return "max_position_embeddings / original_max_position_embeddings"
+    return f"{section}.{option}"
 
 
 def rope_export(cfg, context: int) -> tuple[float, dict | None, int]:

@@ -73,6 +73,10 @@ def read_json(f: Path) -> Any:
 
 def read_hf_config(directory: Path) -> dict[str, Any]:
     f = Path(directory) / "config.json"
+    if f.is_symlink() and not f.exists():  # a dangling link or a loop: the file is there but unreadable
+        raise UserError(
+            f"{f} is a symlink that leads nowhere (dangling or a loop); replace it with the file."
+        )
     if not f.is_file():
         raise UserError(f"{directory} has no config.json; pass the directory save_pretrained wrote.")
     hf = read_json(f)

@@ -1,0 +1,72 @@
+"""Time estimates made before long work, as ``run/memory.py`` makes memory estimates (issue 37, item 8).
+
+A command that can be asked for arbitrarily much work (``generate`` of a 5 MB prompt, ``eval`` or
+``passkey`` at a length no model was trained for) estimates its floating-point operations from the run's
+config before loading the model: a no-grad forward is a third of ``model.flops_per_token`` (6 N + 12 L d T
+per trained token, PaLM's count, Chowdhery et al. 2022, App. B), over the number of tokens it scores and
+the keys each attends to. Divided by the FLOP/s this machine's matrix multiply reaches (measured,
+``perf.matmul_peak_flops``; the kernels of a real forward reach a fraction of it), this is a lower bound
+on the wall time: the command prints it when it is past a minute and refuses work bound to take past a
+day unless ``--force`` is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from extrapos.errors import UserError
+
+#: work estimated past this is refused without --force
+DAY_SECONDS = 86_400.0
+#: estimates below this are not printed
+SAY_ABOVE_SECONDS = 60.0
+#: FLOP/s beyond any device of the kind (fp32: a many-core CPU reaches a few 1e11, an H100's dense bf16
+#: peak is 1e15): work that takes under a second even at this speed is not worth measuring the machine for
+CEILING_FLOPS = {"cpu": 1e12, "cuda": 1e16}
+
+
+def forward_flops(model_cfg, tokens: int, keys: float) -> float:
+    """FLOPs of no-grad forwards over ``tokens`` tokens, each attending to ``keys`` keys on average (a
+    causal window of T: T / 2)."""
+    from extrapos.model import flops_per_token
+
+    return tokens * flops_per_token(model_cfg, max(1, round(keys))) / 3
+
+
+def duration(seconds: float) -> str:
+    """3 s, 4.2 min, 3.1 h, 12 days."""
+    for unit, size in (("days", 86_400.0), ("h", 3_600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:,.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def check_time(
+    flops: float,
+    device: str | torch.device,
+    what: str,
+    advice: str,
+    force: bool,
+    say: Callable[[str], None] = print,
+) -> float | None:
+    """Refuse ``what`` (its estimate past a day, unless ``force``) in one sentence naming ``advice``, or
+    print its estimate when it is past a minute; returns the estimate in seconds (None: too small to
+    measure the machine for)."""
+    from extrapos.run.perf import matmul_peak_flops
+
+    dev = torch.device(device)
+    if flops < CEILING_FLOPS.get(dev.type, 1e16):
+        return None
+    peak = matmul_peak_flops(str(dev), "fp32")
+    seconds = flops / peak
+    where = f"{dev.type} (whose matrix multiply reaches {peak / 1e9:,.0f} GFLOP/s)"
+    if seconds > DAY_SECONDS and not force:
+        raise UserError(
+            f"{what} would take at least {duration(seconds)} on {where}; {advice}, or pass --force to run "
+            "it anyway."
+        )
+    if seconds > SAY_ABOVE_SECONDS:
+        say(f"extrapos: {what} will take at least {duration(seconds)} on {where}.")
+    return seconds
