@@ -109,6 +109,8 @@ def bench_peer(rounds: int = 7, progress=None) -> dict[str, Any] | None:
         **{f"{n}_ms": med[n] * 1e3 for n in names},
         **{f"{n}_spread": _spread(times[n]) for n in names},
         "ratio": med["extrapos"] / med["transformers"],
+        # the same rounds on both sides: the per-round ratios are the verdict's noise (bench/noise.py)
+        "ratio_rounds": [a / b for a, b in zip(times["extrapos"], times["transformers"])],
     }
 
 

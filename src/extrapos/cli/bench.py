@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+#: more torch threads than this is a typo, not a machine (torch refuses far larger counts with a traceback)
+MAX_THREADS = 1024
+
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="speed and memory of every encoding, as ratios to nope")
@@ -27,6 +30,22 @@ def register(sub) -> None:
         help="auto (CUDA when present), cpu, cuda or cuda:N; on a GPU: GPT-2 small, absolute times, "
         "max_memory_allocated, MFU against the GPU's bf16 peak",
     )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads for the run (default: torch's, one per core); on a shared machine a step "
+        "with as many threads as cores waits for the other processes, so 1 gives steadier ratios",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time the training step under torch.compile (CPU: inductor's C++ backend; compiling "
+        "takes a minute or more per encoding)",
+    )
+    p.add_argument(
+        "--size", default=None, help="model preset (default cpu-small; gpt2-tiny is the d 512 x 6 model)"
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
@@ -39,8 +58,15 @@ def run(args) -> int:
         format_resolution,
         position_resolution,
     )
+    from extrapos.errors import UserError
+    from extrapos.model import model_config
     from extrapos.run.runtime import resolve_device
 
+    # the flags are checked before minutes of measurement, and whatever the run measures
+    if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
+        raise UserError(f"--threads must be between 1 and {MAX_THREADS}, got {args.threads}.")
+    if args.size is not None:
+        model_config(args.size)  # an unknown preset is one sentence naming the known ones
     if args.resolution_only:
         print(format_resolution(position_resolution()))
         if args.bf16_runs:
@@ -48,7 +74,15 @@ def run(args) -> int:
         return 0
     names = [n.strip() for n in args.encodings.split(",")] if args.encodings else None
     device = resolve_device(args.device, "--device")
-    r = run_bench(args.quick, names, progress=not args.no_progress, device=device)
+    r = run_bench(
+        args.quick,
+        names,
+        progress=not args.no_progress,
+        device=device,
+        threads=args.threads,
+        compile=args.compile,
+        size=args.size,
+    )
     if args.bf16_runs:
         r["bf16_eval"] = bf16_eval_delta(args.bf16_runs, progress=not args.no_progress)
     text = format_bench(r)
