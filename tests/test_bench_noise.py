@@ -21,21 +21,22 @@ NOISY = {
 CLEAN = NOISY | {"kerple-log": [10.0, 10.2, 10.3, 10.1, 10.4, 10.2]}
 
 
-def synthetic_steps(monkeypatch, schedule: dict[str, list[float]]):
-    """bench_steps on a tiny model whose clock advances by the schedule's time at every real step."""
-    clock = [0.0]
+def synthetic_steps(monkeypatch, schedule: dict[str, list[float]], clock: str = "wall"):
+    """bench_steps on a tiny model whose clock (wall, or the thread's CPU time) advances by the schedule's
+    time at every real step."""
+    now, clock_name = [0.0], clock
     calls = {name: itertools.count() for name in schedule}
 
     def timed_loss(model, *args):
         name = model.cfg.positions["name"]
-        clock[0] += schedule[name][next(calls[name])] / 1e3
+        now[0] += schedule[name][next(calls[name])] / 1e3
         return model_loss_sum(model, *args)
 
     monkeypatch.setattr(measure, "model_loss_sum", timed_loss)
-    monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(measure.time, measure.CLOCKS[clock_name], lambda: now[0])
     monkeypatch.setattr(measure, "_matmul_rate", lambda precision, **size: 1e9)
     s = bench.BenchSettings(
-        size="cpu-tiny", vocab=64, train_length=16, batch=2, repeats=5, steps_per_repeat=1
+        size="cpu-tiny", vocab=64, train_length=16, batch=2, repeats=5, steps_per_repeat=1, clock=clock
     )
     return measure.bench_steps(list(schedule), s, [("fp32", False)], lambda: None)
 
@@ -59,8 +60,9 @@ def test_a_noisy_timing_withholds_the_verdict_its_median_would_give(monkeypatch)
     assert verdicts["training step vs NoPE: T5 bias"] == "no"  # every round above: noise cannot save it
 
 
-def test_a_clean_timing_gets_its_verdict(monkeypatch):
-    steps = synthetic_steps(monkeypatch, CLEAN)
+@pytest.mark.parametrize("clock", ["wall", "cpu"])
+def test_a_clean_timing_gets_its_verdict(monkeypatch, clock):
+    steps = synthetic_steps(monkeypatch, CLEAN, clock)
     verdicts = {label: met for label, _, _, met in bench.target_rows(result_of(steps))}
     assert verdicts["training step vs NoPE: Kerple log / power"] == "yes"
     assert verdicts["training step vs NoPE: T5 bias"] == "no"
@@ -99,6 +101,8 @@ def test_threads_apply_to_the_run_alone(monkeypatch):
     [
         (["--threads", "0"], "--threads must be between 1 and 1024, got 0."),
         (["--size", "d512"], "unknown model preset 'd512'"),
+        (["--clock", "cpu"], "--clock cpu times the calling thread's CPU time"),
+        (["--clock", "cpu", "--threads", "2"], "add --threads 1."),
     ],
 )
 def test_bad_bench_flags_are_refused_before_measuring(flags, message, capsys):

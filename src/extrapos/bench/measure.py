@@ -33,8 +33,10 @@ class BenchSettings:
     repeats: int = 5
     steps_per_repeat: int = 2
     quick: bool = False
+    d_model: int | None = None  # the preset's width unless set (benchmarks/bench_precision.py)
     threads: int | None = None  # torch intra-op threads (None: torch's default, one per core)
     compile: bool = False  # also time the training step under torch.compile
+    clock: str = "wall"  # wall | cpu: the timings' clock (CLOCKS)
 
     @classmethod
     def for_mode(cls, quick: bool) -> BenchSettings:
@@ -51,6 +53,17 @@ class BenchSettings:
         return cls()
 
 
+#: what a timing reads: "wall" (``perf_counter``), or "cpu": the calling thread's CPU time, which at one
+#: thread (torch's kernels and the autograd engine then run on the calling thread) is the work itself,
+#: without the time the step waited for a core that other processes held: on a shared machine the wall
+#: clock mostly measures them (issue 39: a 2-thread step 5.4x slower than a 1-thread one at load ~5)
+CLOCKS = {"wall": "perf_counter", "cpu": "thread_time"}
+
+
+def _now(clock: str = "wall") -> float:
+    return getattr(time, CLOCKS[clock])()
+
+
 def _model(name: str, s: BenchSettings, seed: int = 0) -> Decoder:
     torch.manual_seed(seed)
     options = (
@@ -58,8 +71,9 @@ def _model(name: str, s: BenchSettings, seed: int = 0) -> Decoder:
         if name == "learned"
         else {}
     )
+    width = {"d_model": s.d_model} if s.d_model else {}
     cfg = model_config(
-        s.size, vocab_size=s.vocab, train_length=s.train_length, positions={"name": name, **options}
+        s.size, vocab_size=s.vocab, train_length=s.train_length, positions={"name": name, **options}, **width
     )
     return Decoder(cfg)
 
@@ -92,21 +106,28 @@ _PEAK = "__matmul_peak__"
 PEAK_SIZES = (1024, 2048)
 
 
-def _matmul_rate(precision: str, n: int = 1024, reps: int = 4) -> float:
+def _matmul_rate(precision: str, n: int = 1024, reps: int = 4, clock: str = "wall") -> float:
     """FLOP/s of ``reps`` n x n matmuls right now (one sample of the peak, see bench_training)."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
     a @ b
-    t0 = time.perf_counter()
+    t0 = _now(clock)
     for _ in range(reps):
         a @ b
-    return 2 * n**3 * reps / (time.perf_counter() - t0)
+    return 2 * n**3 * reps / max(_now(clock) - t0, 1e-9)
 
 
-def _peak_sample(precision: str) -> float:
+def _peak_sample(precision: str, clock: str = "wall") -> float:
     """The best rate over PEAK_SIZES right now: fp32 and bf16 sampled alike (issue 39: a bf16 peak taken
     at one size understated what AMX reaches)."""
-    return max(_matmul_rate(precision, n=n, reps=max(1, 4 * (1024 // n) ** 3)) for n in PEAK_SIZES)
+    return max(
+        _matmul_rate(precision, n=n, reps=max(1, 4 * (1024 // n) ** 3), clock=clock) for n in PEAK_SIZES
+    )
+
+
+def machine_peak(precision: str, clock: str = "wall", samples: int = 5) -> float:
+    """The matmul peak in FLOP/s: the best of ``samples`` peak samples, fp32 and bf16 alike."""
+    return max(_peak_sample(precision, clock) for _ in range(samples))
 
 
 def variant_key(precision: str, compiled: bool = False) -> str:
@@ -140,7 +161,7 @@ def bench_steps(
     def step(run: str) -> float:
         name, precision, use_compiled = runs[run]
         m, opt = (compiled if use_compiled else models)[name], opts[name]
-        t0 = time.perf_counter()
+        t0 = _now(s.clock)
         for _ in range(s.steps_per_repeat):
             with _precision_ctx(precision):
                 loss = model_loss_sum(m, x, pos, y, mask) / mask.numel()
@@ -148,7 +169,7 @@ def bench_steps(
             opt.step()
             opt.zero_grad(set_to_none=True)
         progress()
-        return (time.perf_counter() - t0) / s.steps_per_repeat
+        return (_now(s.clock) - t0) / s.steps_per_repeat
 
     # the matmul peak is sampled between the steps too, and each round's MFU is that round's step against
     # the best sample of the run: a peak taken once, at a quiet (or busy) moment, says little on a shared
@@ -160,7 +181,7 @@ def bench_steps(
     def step_or_peak(run: str) -> float:
         if run not in peaks:
             return step(run)
-        rates[peaks[run]].append(_peak_sample(peaks[run]))
+        rates[peaks[run]].append(_peak_sample(peaks[run], s.clock))
         return 0.0
 
     for run in runs:  # warm-up: first-call allocations, lazy inits and compilation out of the timings
@@ -208,10 +229,10 @@ def bench_eval_time(names: list[str], s: BenchSettings, progress) -> dict[str, d
         pos = torch.arange(T).unsqueeze(0)
 
         def run(name: str, tokens=tokens, pos=pos) -> float:
-            t0 = time.perf_counter()
+            t0 = _now(s.clock)
             models[name].hidden_states(tokens, pos)
             progress()
-            return time.perf_counter() - t0
+            return _now(s.clock) - t0
 
         for n in names:
             run(n)
@@ -303,20 +324,20 @@ def bench_generation(names: list[str], s: BenchSettings, progress) -> dict[str, 
         warm = 4
         for i in range(warm + s.new_tokens):
             if i == warm:
-                t0 = time.perf_counter()
+                t0 = _now(s.clock)
             logits = m(tok, torch.tensor([[s.context + i]]), cache)
             tok = logits[:, -1:].argmax(-1)
         progress()
-        return (time.perf_counter() - t0) / s.new_tokens
+        return (_now(s.clock) - t0) / s.new_tokens
 
     def recompute(name: str) -> float:
-        t0 = time.perf_counter()
+        t0 = _now(s.clock)
         for _ in generate_tokens(
             models[name], prompt, max(4, s.new_tokens // 4), temperature=0, use_cache=False
         ):
             pass
         progress()
-        return (time.perf_counter() - t0) / max(4, s.new_tokens // 4)
+        return (_now(s.clock) - t0) / max(4, s.new_tokens // 4)
 
     for n in names:
         cached_decode(n)

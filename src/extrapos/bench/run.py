@@ -10,19 +10,19 @@ import torch
 from extrapos.bench.gpu import CudaDevice, gpu_settings, run_bench_gpu
 from extrapos.bench.llama_peer import bench_peer
 from extrapos.bench.measure import (
-    PEAK_SIZES,
+    CLOCKS,
     BenchSettings,
     bench_eval_memory,
     bench_eval_time,
     bench_generation,
     bench_steps,
+    machine_peak,
     variant_key,
 )
 from extrapos.bench.noise import load_average, load_facts, load_warning, usable_cores
 from extrapos.errors import UserError
 from extrapos.model import model_config
 from extrapos.positions import registry
-from extrapos.run.perf import matmul_peak_flops
 from extrapos.run.precision import cpu_bf16_units
 from extrapos.run.runtime import cpu_has_fast_bf16
 
@@ -37,10 +37,21 @@ def bench_names(encodings: list[str] | None = None) -> list[str]:
     return names if "nope" in names else ["nope"] + names
 
 
-def machine_peak(precision: str) -> float:
-    """The matmul peak in FLOP/s: the best of timed bursts over the sizes a peak sample tries, fp32 and bf16
-    alike."""
-    return max(matmul_peak_flops("cpu", precision, n=n) for n in PEAK_SIZES)
+#: more torch threads than this is a typo, not a machine (torch refuses far larger counts with a traceback)
+MAX_THREADS = 1024
+
+
+def check_cpu_options(threads: int | None, clock: str) -> None:
+    """The CPU bench's --threads and --clock, checked before any measurement."""
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise UserError(f"--threads must be between 1 and {MAX_THREADS}, got {threads}.")
+    if clock not in CLOCKS:
+        raise UserError(f"--clock must be one of {', '.join(CLOCKS)}, got {clock!r}.")
+    if clock == "cpu" and threads != 1:
+        raise UserError(
+            "--clock cpu times the calling thread's CPU time, which is the whole step only when torch runs "
+            "one thread; add --threads 1."
+        )
 
 
 def run_bench(
@@ -51,9 +62,11 @@ def run_bench(
     threads: int | None = None,
     compile: bool = False,
     size: str | None = None,
+    clock: str = "wall",
 ) -> dict[str, Any]:
     """One bench; on the CPU ``threads`` sets torch's intra-op threads for the run (restored after),
-    ``compile`` adds the torch.compile'd step beside the eager one, ``size`` a model preset."""
+    ``compile`` adds the torch.compile'd step beside the eager one, ``size`` a model preset, ``clock``
+    what the timings read (measure.CLOCKS; "cpu" needs one thread)."""
     names = bench_names(encodings)
     if torch.device(device).type == "cuda":
         from tqdm.auto import tqdm
@@ -65,19 +78,24 @@ def run_bench(
             )
         finally:
             bar.close()
+    check_cpu_options(threads, clock)
     before = torch.get_num_threads()
     if threads is not None:
-        if threads < 1:
-            raise UserError(f"--threads must be at least 1, got {threads}.")
         torch.set_num_threads(threads)
     try:
-        return _run_bench_cpu(names, quick, progress, threads, compile, size)
+        return _run_bench_cpu(names, quick, progress, threads, compile, size, clock)
     finally:
         torch.set_num_threads(before)
 
 
 def _run_bench_cpu(
-    names: list[str], quick: bool, progress: bool, threads: int | None, compile: bool, size: str | None
+    names: list[str],
+    quick: bool,
+    progress: bool,
+    threads: int | None,
+    compile: bool,
+    size: str | None,
+    clock: str = "wall",
 ) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
@@ -85,7 +103,7 @@ def _run_bench_cpu(
 
     loads = [load_average()]  # before anything runs: the other processes' load alone
     s = BenchSettings.for_mode(quick)
-    s.threads, s.compile = threads, compile
+    s.threads, s.compile, s.clock = threads, compile, clock
     if size is not None:
         model_config(size)  # an unknown preset is one sentence naming the known ones
         s.size = size
@@ -109,7 +127,7 @@ def _run_bench_cpu(
     if warning:  # said now, so a user can stop a run that would measure the other processes
         bar.write(f"extrapos bench: {warning}")
     t0 = time.perf_counter()
-    peaks = {p: machine_peak(p) for p in precisions}
+    peaks = {p: machine_peak(p, clock) for p in precisions}
     steps = bench_steps(names, s, variants, tick, peak_floor=peaks)
     loads.append(load_average())
     for p in precisions:  # the best sample of the run, when it beat the bursts before it
@@ -132,7 +150,7 @@ def _run_bench_cpu(
         "eval_memory": bench_eval_memory(names, s, tick),
         "generation": bench_generation(names, s, tick),
         "resolution": position_resolution(train_length=512, multiples=(1, 2, 4, 8, 16)),
-        "peer": bench_peer(7, tick),
+        "peer": bench_peer(7, tick, clock),
     }
     loads.append(load_average())
     result["load"] = load_facts(loads, n_threads)

@@ -192,6 +192,7 @@ def format_bench(r: dict[str, Any]) -> str:
         f"{s['threads']} threads, torch {s['torch']}, CPU capability {m.get('cpu_capability', '?')}"
         + _units(m.get("bf16_units"))
         + _load(r.get("load"))
+        + ("; times are the thread's CPU time (--clock cpu)" if s.get("clock") == "cpu" else "")
         + "; matmul peak (best of timed bursts at 1024 and 2048 and of the samples between the steps) "
         f"{m['matmul_peak_gflops_fp32']:.0f} GFLOP/s fp32"
         + (f", {bf16_peak:.0f} GFLOP/s bf16" if bf16_peak else "")
