@@ -4,22 +4,28 @@ On a GPU with bf16 the choice is bf16 (tensor cores; every GPU run of extrapos u
 pays only where the CPU multiplies bf16 natively (AMX tiles or AVX-512 BF16's dot products; on AVX2
 alone bf16 is emulated and ~20x slower than fp32) *and* the model is wide enough: autocast casts every
 weight and activation that enters a matmul, work that grows with d_model while the matmuls grow with
-d_model^2, so on a narrow model the casts cost more than the faster products save. Measured side by
-side (docs/results/cpu-profile.md, issue 39): at d 128 (cpu-small) bf16's step is slower than fp32's on
-both an AMX Xeon and an AVX-512 BF16 EPYC; at d 512 (gpt2-tiny, 6 layers) it is faster on both.
+d_model^2, so on a narrow model the casts cost what the faster products save, or more. Measured side
+by side, fp32 and bf16 steps interleaved (``benchmarks/bench_precision.py``, docs/results/cpu-profile.md):
+on an AVX-512 BF16 EPYC (no AMX, 1 thread, the thread's CPU time) the bf16 step is 1.01x the fp32 one
+at d 128 (cpu-small), 0.74x at d 256 and faster still at d 512; on an AMX Xeon (issue 39, 2 threads)
+1.17-1.38x slower at d 128 and 1.66x faster at d 512. So auto takes bf16 from d_model 256 up.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from extrapos.run.config import RunConfig
 
 #: the precisions train.precision accepts
 PRECISIONS = ("fp32", "bf16", "auto")
 
 #: auto picks bf16 on a native-bf16 CPU from this model width up (the measurement in the module's text)
-AUTO_BF16_MIN_D_MODEL = 512
+AUTO_BF16_MIN_D_MODEL = 256
 
 
 def _cpuinfo_flags() -> set[str]:
@@ -69,12 +75,14 @@ def auto_precision(device: torch.device, d_model: int) -> tuple[str, str]:
     capability = torch.backends.cpu.get_cpu_capability()
     if not cpu_has_fast_bf16():
         return "fp32", f"this CPU ({capability}) emulates bf16 (~20x slower than fp32)"
+    units = [name for name, key in (("AMX", "amx"), ("AVX-512 BF16", "avx512_bf16")) if cpu_bf16_units()[key]]
+    cpu = f"{capability}, {' + '.join(units) or 'bf16 by its capability'}"
     if d_model < AUTO_BF16_MIN_D_MODEL:
         return "fp32", (
-            f"d_model {d_model} < {AUTO_BF16_MIN_D_MODEL}: bf16's casts cost more than its matmuls save "
-            f"on a model this narrow, even on this native-bf16 CPU ({capability})"
+            f"d_model {d_model} < {AUTO_BF16_MIN_D_MODEL}: bf16's casts cost what its matmuls save, or "
+            f"more, on a model this narrow, even on this native-bf16 CPU ({cpu})"
         )
-    return "bf16", f"a native-bf16 CPU ({capability}) and d_model {d_model} >= {AUTO_BF16_MIN_D_MODEL}"
+    return "bf16", f"a native-bf16 CPU ({cpu}) and d_model {d_model} >= {AUTO_BF16_MIN_D_MODEL}"
 
 
 def resolve_precision(requested: str, device: torch.device, d_model: int) -> str:
@@ -82,7 +90,24 @@ def resolve_precision(requested: str, device: torch.device, d_model: int) -> str
     return auto_precision(device, d_model)[0] if requested == "auto" else requested
 
 
-def precision_facts(device: torch.device, d_model: int) -> dict[str, Any]:
-    """What `extrapos doctor` reports about the choice of auto for a model of width d_model."""
-    precision, why = auto_precision(device, d_model)
-    return {"d_model": d_model, "auto": precision, "why": why}
+def with_resolved_precision(cfg: RunConfig, device: torch.device) -> tuple[RunConfig, str | None]:
+    """``cfg`` with train.precision = "auto" replaced by the precision it picks on ``device`` (config.toml
+    then records what the run computed in, and a resume on another machine kind is refused rather than
+    silently switching precision mid-run), and a line saying the choice; ``cfg`` itself otherwise."""
+    if cfg.train.precision != "auto":
+        return cfg, None
+    precision, why = auto_precision(device, cfg.model.d_model)
+    resolved = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
+    return resolved, f"train.precision = auto -> {precision}: {why}"
+
+
+#: the models `extrapos doctor` reports auto's choice for: cpu-small and the d 512 x 6 model
+DOCTOR_MODELS = {"cpu-small": 128, "gpt2-tiny": 512}
+
+
+def precision_facts(device: torch.device) -> dict[str, Any]:
+    """What `extrapos doctor` reports: auto's choice on this device for each of DOCTOR_MODELS."""
+    return {
+        f"{name} (d_model {d})": dict(zip(("precision", "why"), auto_precision(device, d)))
+        for name, d in DOCTOR_MODELS.items()
+    }
