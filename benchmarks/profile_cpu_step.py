@@ -6,16 +6,17 @@ activations, casts, embedding, head + loss, optimizer, data, elementwise, the re
         --encodings nope kerple-log t5 fire fox
 
 Each step is the bench's (``extrapos bench``: vocab 8192, L_t 256, batch 8, fused AdamW, the trainer's
-head fused with the loss; bf16 is autocast) plus the batch cut from an in-memory token array, as the
-trainer's sampler does. ``torch.profiler`` records a few steps after a warm-up; every aten op's self CPU
-time goes to the family its name belongs to (FAMILIES), so the families add up to the profiled ops'
-time; what no op covers (the Python of the step and the autograd engine) is "untracked". The step is
-also timed without the profiler: the *CPU time of the calling thread* (``time.thread_time``) at one
-thread, because on a shared machine the wall clock mostly measures the other processes (a step waiting
-for a core is not a slower step); the wall time is printed beside it. The matmul peak is measured the
-same way (best of several bursts at n = 1024 and 2048, this thread's CPU time), and the step's model
-FLOP/s (``flops_per_token``) is given as a fraction of it. The CPU capability, its bf16 units and the
-load average head the output.
+head fused with the loss in fp32; under bf16 autocast the plain head and loss) plus the batch cut from
+an in-memory token array, as the trainer's sampler does. ``torch.profiler`` records a few steps after a
+warm-up. The model's attention call, its head + loss, the optimizer and the batch are labelled ranges:
+an op inside one, or run by the backward node such an op created (the same autograd sequence number),
+is charged to it; a cast (``aten::to`` and its backward) to "casts"; every other op by its name
+(FAMILIES). The step is timed without the profiler on the *CPU time of the calling thread*
+(``time.thread_time``) at one thread, because on a shared machine the wall clock mostly measures the
+other processes; the profiler's op times are wall times, so the table gives each family's share of
+the profiled op time and that share of the step's CPU time. The matmul peak is measured on the same
+clock (best of several bursts at n = 1024 and 2048), and the step's model FLOP/s (``flops_per_token``)
+is given as a fraction of it. The CPU capability, its bf16 units and the load average head the output.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import time
 from collections import defaultdict
 
 import torch
+from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
 from extrapos.bench.measure import BenchSettings, _model
@@ -38,19 +40,15 @@ from extrapos.model import flops_per_token
 from extrapos.run.precision import cpu_bf16_units
 from extrapos.run.runtime import autocast
 
-#: (family, pattern on the aten op's name): the first match wins
+#: (family, pattern on the aten op's name), for the ops outside every labelled range: first match wins
 FAMILIES = [
     (
         "GEMMs",
         r"^aten::(mm|addmm|bmm|baddbmm|addbmm|_addmm_activation|linear|matmul)$|mkldnn.*(matmul|linear)",
     ),
-    ("attention", r"scaled_dot_product|flash_attention|_efficient_attention|softmax(?!.*log)|masked_fill"),
     ("norms / activations", r"layer_norm|rms_norm|gelu|silu|tanh|sigmoid"),
     ("casts", r"^aten::(to|_to_copy|type_as)$"),
     ("embedding", r"embedding"),
-    ("head + loss", r"log_softmax|nll_loss|cross_entropy|logsumexp"),
-    ("optimizer", r"adam|Optimizer|zero_grad|_foreach"),
-    ("data", r"^data$"),
     ("autograd engine", r"^autograd::|Backward\d*$"),
     (
         "copies / layout",
@@ -62,7 +60,11 @@ FAMILIES = [
         r"clamp.*|round|where|sum|mean|fill_|zero_|ones_like|zeros_like|full|empty.*|arange|cumsum|max|min)$",
     ),
 ]
-ORDER = [f for f, _ in FAMILIES] + ["other ops", "untracked (Python)"]
+#: the labelled ranges: every op run inside one (forward) or by the backward node it created is charged
+#: to it whole, whatever its name
+RANGES = ["attention", "head + loss", "optimizer", "data"]
+ORDER = RANGES[:1] + [f for f, _ in FAMILIES] + RANGES[1:] + ["other ops"]
+CASTS = ("aten::to", "aten::_to_copy", "autograd::engine::evaluate_function: ToCopyBackward0")
 
 
 def family(name: str) -> str:
@@ -70,6 +72,83 @@ def family(name: str) -> str:
         if re.search(pattern, name):
             return fam
     return "other ops"
+
+
+def labelled(fn, label: str):
+    def wrapped(*args, **kwargs):
+        with record_function("r:" + label):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+def label_ranges() -> None:
+    """The model's attention call and its head + loss in labelled ranges (the names model.py calls; the
+    head's own matmul too, which under autocast runs before the loss)."""
+    import extrapos.model as model_module
+
+    if not getattr(model_module.Decoder.logits, "labelled", False):
+        head = labelled(model_module.Decoder.logits, "head + loss")
+        head.labelled = True  # type: ignore[attr-defined]
+        model_module.Decoder.logits = head  # type: ignore[method-assign]
+
+    for name, label in (
+        ("attention", "attention"),
+        ("linear_cross_entropy_sum", "head + loss"),
+        ("masked_loss_sum", "head + loss"),
+    ):
+        fn = getattr(model_module, name)
+        if not getattr(fn, "labelled", False):
+            wrapped = labelled(fn, label)
+            wrapped.labelled = True  # type: ignore[attr-defined]
+            setattr(model_module, name, wrapped)
+
+
+def _range_of(event) -> str | None:
+    """The innermost labelled range (or cast) around a forward op, else None."""
+    e = event
+    while e is not None:
+        if e.name.startswith("r:"):
+            return e.name[2:]
+        if e.name in CASTS:
+            return "casts"
+        if e.name.startswith("Optimizer."):
+            return "optimizer"
+        e = e.cpu_parent
+    return None
+
+
+def _backward_node(event):
+    e = event
+    while e is not None:
+        if e.name.startswith("autograd::engine::evaluate_function"):
+            return e
+        e = e.cpu_parent
+    return None
+
+
+def attribute(events, steps: int) -> dict[str, float]:
+    """ms per step by family: each op's self time to its range (forward: the range around it; backward: the
+    range of the forward op that created its node, by autograd sequence number), else its name's family."""
+    by_seq: dict[int, str | None] = {}
+    # an op that creates no node records the next sequence number too: the last one in start order wins
+    for e in sorted(events, key=lambda e: e.time_range.start):
+        if _backward_node(e) is None and getattr(e, "sequence_nr", -1) >= 0:
+            by_seq[e.sequence_nr] = _range_of(e)
+    out: dict[str, float] = defaultdict(float)
+    for e in events:
+        if e.name.startswith("r:"):
+            out[e.name[2:]] += e.self_cpu_time_total
+            continue
+        node = _backward_node(e)
+        if node is None:
+            label = _range_of(e)
+        elif node.name in CASTS:
+            label = "casts"
+        else:
+            label = by_seq.get(getattr(node, "sequence_nr", -1))
+        out[label or family(e.name)] += e.self_cpu_time_total
+    return {k: v / 1e3 / steps for k, v in out.items()}
 
 
 def load() -> float | None:
@@ -109,7 +188,7 @@ class Step:
         self.n = 0
 
     def batch(self):
-        with torch.profiler.record_function("data"):
+        with record_function("r:data"):
             i = self.starts[self.n * self.s.batch : (self.n + 1) * self.s.batch].tolist()
             self.n = (self.n + 1) % (len(self.starts) // self.s.batch)
             rows = torch.stack([self.stream[j : j + self.s.train_length + 1] for j in i]).long()
@@ -132,26 +211,12 @@ class Step:
 
 
 def profile_step(step: Step, steps: int) -> dict[str, float]:
-    """ms per step by family (the ops' self CPU time; the "data" range whole), and the untracked rest of the
-    profiled thread's CPU time."""
+    """ms per step by family (``attribute``) over ``steps`` profiled steps. The profiler's op times are
+    wall times, so they are reported as shares and scaled to the step's CPU time by the caller."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        t0 = time.thread_time()
         for _ in range(steps):
             step()
-        total = time.thread_time() - t0
-    by: dict[str, float] = defaultdict(float)
-    for evt in prof.events():
-        parent, in_data = evt.cpu_parent, False
-        while parent is not None and not in_data:
-            in_data, parent = parent.name == "data", parent.cpu_parent
-        if in_data:  # counted whole in its "data" range
-            continue
-        if evt.name == "data":
-            by["data"] += evt.cpu_time_total / 1e3 / steps
-        else:
-            by[family(evt.name)] += evt.self_cpu_time_total / 1e3 / steps
-    by["untracked (Python)"] = max(0.0, total * 1e3 / steps - sum(by.values()))
-    return dict(by)
+    return attribute(prof.events(), steps)
 
 
 def time_steps(step: Step, rounds: int) -> tuple[list[float], list[float]]:
@@ -175,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    label_ranges()
     loads = [load()]
     peaks = {p: matmul_peak(p) for p in args.precisions}
     print(
@@ -223,20 +289,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def format_families(results: list[dict]) -> str:
+    """One column per profiled step: each family's share of the profiled op time, and that share of the
+    step's CPU time in ms."""
     heads = [f"{r['model']} {r['encoding']} {r['precision']}" for r in results]
     lines = [
-        "| family, ms per step (share of the profiled step) | " + " | ".join(heads) + " |",
+        "| family: ms of the step (share) | " + " | ".join(heads) + " |",
         "|---|" + "---:|" * len(results),
     ]
     for fam in ORDER:
         cells = []
         for r in results:
-            v = r["families_ms"].get(fam, 0.0)
-            total = sum(r["families_ms"].values())
-            cells.append(f"{v:.0f} ({v / total:.0%})")
+            share = r["families_ms"].get(fam, 0.0) / sum(r["families_ms"].values())
+            cells.append(f"{share * r['step_cpu_ms']:.0f} ({share:.0%})")
         lines.append(f"| {fam} | " + " | ".join(cells) + " |")
     lines.append(
-        "| **step, thread CPU time (median of the timed steps)** | "
+        "| **step, thread CPU time (median)** | "
         + " | ".join(f"{r['step_cpu_ms']:.0f}" for r in results)
         + " |"
     )
