@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             return f"{med:.2f} ({min(rounds):.2f}-{max(rounds):.2f})"
 
         print(
-            "\n| encoding | then ms | now ms | now / then (rounds) | then x nope (rounds) | now x nope (rounds) |"
+            "\n| encoding | then ms | now ms | now / then (rounds) | then x nope (rounds) "
+            "| now x nope (rounds) |"
         )
         print("|---|---:|---:|---:|---:|---:|")
         for e in args.encodings:

@@ -6,9 +6,11 @@ alone bf16 is emulated and ~20x slower than fp32) *and* the model is wide enough
 weight and activation that enters a matmul, work that grows with d_model while the matmuls grow with
 d_model^2, so on a narrow model the casts cost what the faster products save, or more. Measured side
 by side, fp32 and bf16 steps interleaved (``benchmarks/bench_precision.py``, docs/results/cpu-profile.md):
-on an AVX-512 BF16 EPYC (no AMX, 1 thread, the thread's CPU time) the bf16 step is 1.01x the fp32 one
-at d 128 (cpu-small), 0.74x at d 256 and faster still at d 512; on an AMX Xeon (issue 39, 2 threads)
-1.17-1.38x slower at d 128 and 1.66x faster at d 512. So auto takes bf16 from d_model 256 up.
+on an AMX Xeon (issue 39, 2 threads) bf16 was 1.17-1.38x slower at d 128 (cpu-small) and 1.66x faster
+at d 512; on an AVX-512 BF16 EPYC (no AMX, 1 thread, the thread's CPU time) 1.01x at d 128, 0.74x at
+d 256 and 0.58x at d 512, and, once the head was fused with the loss under autocast too, 0.72x, 0.62x
+and 0.56x. The Xeon's d 128 figure predates that fusion and d 256 was not measured there, so auto takes
+bf16 from d_model 256 up and keeps cpu-small in fp32 until the Xeon says otherwise.
 """
 
 from __future__ import annotations
