@@ -22,7 +22,7 @@ def test_the_default_bench_covers_the_registry():
 
 def test_every_stage_runs_for_the_new_encodings(monkeypatch):
     # the machine's peak is not tested here (patched where bench_training looks it up)
-    monkeypatch.setattr(bench.measure, "_matmul_rate", lambda precision: 1e9)
+    monkeypatch.setattr(bench.measure, "_matmul_rate", lambda precision, **size: 1e9)
     s = bench.BenchSettings(
         size="cpu-tiny",
         vocab=64,

@@ -37,19 +37,34 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, h: Tensor, weight: Tensor, targets: Tensor, mask: Tensor, chunk: int, grads: bool
+        ctx,
+        h: Tensor,
+        weight: Tensor,
+        targets: Tensor,
+        mask: Tensor,
+        chunk: int,
+        grads: bool,
+        matmul_dtype: torch.dtype | None = None,
     ) -> Tensor:
         n = h.shape[0]
         need_h, need_w = grads and ctx.needs_input_grad[0], grads and ctx.needs_input_grad[1]
         grad_h = torch.empty_like(h) if need_h else None
-        grad_w = torch.zeros_like(weight) if need_w else None
+        # with matmul_dtype the weight's gradient sums the blocks in fp32 (bf16 weights too: FSDP2's
+        # bf16 parameters), rounded to the weight's dtype once at the end
+        acc = weight.dtype if matmul_dtype is None else _loss_dtype(weight.dtype)
+        grad_w = torch.zeros_like(weight, dtype=acc) if need_w else None
         dtype = _loss_dtype(h.dtype)
         total = h.new_zeros((), dtype=dtype)
         rows = torch.arange(min(chunk, n), device=h.device)
+        # matmul_dtype (bf16 autocast): the three matmuls in it, as autocast would run the head's linear,
+        # the weight cast once; the loss, its gradient and the accumulated gradients stay in h's dtype
+        w = weight if matmul_dtype is None else weight.to(matmul_dtype)
         for s in range(0, n, chunk):
             e = min(s + chunk, n)
             hc, y, m = h[s:e], targets[s:e], mask[s:e].to(dtype)
-            logits = (hc @ weight.t()).to(dtype)  # (c, V)
+            if matmul_dtype is not None:
+                hc = hc.to(matmul_dtype)
+            logits = (hc @ w.t()).to(dtype)  # (c, V)
             lse = torch.logsumexp(logits, dim=-1)
             r = rows[: e - s]
             total += ((lse - logits[r, y]) * m).sum()
@@ -58,11 +73,19 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 grad = logits.sub_(lse.unsqueeze(-1)).exp_()
                 grad[r, y] -= 1
                 grad.mul_(m.unsqueeze(-1))
-                grad = grad.to(h.dtype)
-                if grad_h is not None:
-                    torch.mm(grad, weight, out=grad_h[s:e])
-                if grad_w is not None:
-                    grad_w.addmm_(grad.t(), hc)
+                grad = grad.to(hc.dtype)
+                if matmul_dtype is None:  # the fp32 / fp64 path, into the gradients' own memory
+                    if grad_h is not None:
+                        torch.mm(grad, weight, out=grad_h[s:e])
+                    if grad_w is not None:
+                        grad_w.addmm_(grad.t(), hc)
+                else:  # the products in matmul_dtype, accumulated in the gradients' dtype
+                    if grad_h is not None:
+                        grad_h[s:e] = grad @ w
+                    if grad_w is not None:
+                        grad_w += grad.t() @ hc
+        if grad_w is not None and grad_w.dtype != weight.dtype:
+            grad_w = grad_w.to(weight.dtype)
         ctx.save_for_backward(grad_h, grad_w)
         return total
 
@@ -77,20 +100,27 @@ class _LinearCrossEntropy(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
 def linear_cross_entropy_sum(
-    h: Tensor, weight: Tensor, targets: Tensor, mask: Tensor, chunk: int = CHUNK_ROWS
+    h: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    mask: Tensor,
+    chunk: int = CHUNK_ROWS,
+    matmul_dtype: torch.dtype | None = None,
 ) -> Tensor:
     """``masked_loss_sum(h @ weight.T, targets, mask)`` without materializing the logits.
 
-    h (..., d), weight (V, d), targets and mask (...). fp32 and fp64 only: under autocast use the
-    plain path, which casts the head's matmul as autocast does.
+    h (..., d), weight (V, d), targets and mask (...), fp32 or fp64. ``matmul_dtype`` (bf16): the head's
+    matmuls in it, their logits rounded to it as autocast rounds the head's linear, everything else in
+    fp32; call it with autocast off (``model.Decoder.forward`` does, under bf16 autocast on a CPU).
     """
     grads = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)  # none in validation
     return _LinearCrossEntropy.apply(
-        h.reshape(-1, h.shape[-1]), weight, targets.reshape(-1), mask.reshape(-1), chunk, grads
+        h.reshape(-1, h.shape[-1]), weight, targets.reshape(-1), mask.reshape(-1), chunk, grads, matmul_dtype
     )
 
 

@@ -628,9 +628,19 @@ class Decoder(nn.Module):
             return self.logits(h)
         if loss_mask is None:
             raise ValueError("a loss needs loss_mask beside targets")
-        head = self.lm_head
-        if fused and self.cfg.causal and head.bias is None and not torch.is_autocast_enabled(h.device.type):
-            return linear_cross_entropy_sum(h, head.weight, targets, loss_mask)
+        head, device = self.lm_head, h.device.type
+        if fused and self.cfg.causal and head.bias is None:
+            if not torch.is_autocast_enabled(device):
+                return linear_cross_entropy_sum(h, head.weight, targets, loss_mask)
+            bf16 = torch.get_autocast_dtype(device) == torch.bfloat16
+            if device == "cpu" and bf16 and h.dtype != torch.float64:
+                # bf16 autocast on a CPU: the head's matmuls in bf16 as autocast would run them, without
+                # the (B, T, V) fp32 logits, their log-softmax and its backward, which made the head + loss
+                # as slow as fp32's on cpu-small (docs/results/cpu-profile.md)
+                with torch.autocast(device, enabled=False):
+                    return linear_cross_entropy_sum(
+                        h.float(), head.weight, targets, loss_mask, matmul_dtype=torch.bfloat16
+                    )
         return masked_loss_sum(self.logits(h), targets, loss_mask)
 
 

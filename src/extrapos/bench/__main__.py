@@ -4,6 +4,8 @@
 import argparse
 import json
 
+import torch
+
 from extrapos.bench.measure import BenchSettings, _child_memory
 
 ap = argparse.ArgumentParser()
@@ -12,4 +14,7 @@ ap.add_argument("--settings", required=True)
 a = ap.parse_args()
 raw = json.loads(a.settings)
 raw["eval_lengths"] = tuple(raw["eval_lengths"])
-print(json.dumps(_child_memory(a.memory_child, BenchSettings(**raw))))
+settings = BenchSettings(**raw)
+if settings.threads:  # the parent's --threads: the same kernels' scratch buffers as in its timings
+    torch.set_num_threads(settings.threads)
+print(json.dumps(_child_memory(a.memory_child, settings)))

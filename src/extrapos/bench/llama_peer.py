@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any
 
 import torch
 
-from extrapos.bench.measure import _interleaved, _spread
+from extrapos.bench.measure import _interleaved, _now, _spread
 from extrapos.losses import model_loss_sum
 from extrapos.model import Decoder, model_config
 
@@ -25,7 +24,7 @@ PEER_SHAPE = {
 }
 
 
-def bench_peer(rounds: int = 7, progress=None) -> dict[str, Any] | None:
+def bench_peer(rounds: int = 7, progress=None, clock: str = "wall") -> dict[str, Any] | None:
     """extrapos llama + RoPE vs Hugging Face ``LlamaForCausalLM`` of the same shape, one training step
     each (fp32, fused AdamW on both sides), interleaved rounds, medians; None without transformers.
 
@@ -80,7 +79,7 @@ def bench_peer(rounds: int = 7, progress=None) -> dict[str, Any] | None:
     }
 
     def step(name: str) -> float:
-        t0 = time.perf_counter()
+        t0 = _now(clock)
         if name == "extrapos":
             loss = model_loss_sum(ours, x, pos, y, mask) / mask.numel()
         else:
@@ -91,7 +90,7 @@ def bench_peer(rounds: int = 7, progress=None) -> dict[str, Any] | None:
         opts[name].zero_grad(set_to_none=True)
         if progress:
             progress()
-        return time.perf_counter() - t0
+        return _now(clock) - t0
 
     names = ["extrapos", "transformers"]
     for n in names:  # warm-up
@@ -109,6 +108,8 @@ def bench_peer(rounds: int = 7, progress=None) -> dict[str, Any] | None:
         **{f"{n}_ms": med[n] * 1e3 for n in names},
         **{f"{n}_spread": _spread(times[n]) for n in names},
         "ratio": med["extrapos"] / med["transformers"],
+        # the same rounds on both sides: the per-round ratios are the verdict's noise (bench/noise.py)
+        "ratio_rounds": [a / b for a, b in zip(times["extrapos"], times["transformers"])],
     }
 
 

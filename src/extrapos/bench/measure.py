@@ -12,9 +12,11 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from extrapos.bench.noise import round_ratios
 from extrapos.losses import model_loss_sum
 from extrapos.model import Decoder, flops_per_token, model_config
 
@@ -31,6 +33,10 @@ class BenchSettings:
     repeats: int = 5
     steps_per_repeat: int = 2
     quick: bool = False
+    d_model: int | None = None  # the preset's width unless set (benchmarks/bench_precision.py)
+    threads: int | None = None  # torch intra-op threads (None: torch's default, one per core)
+    compile: bool = False  # also time the training step under torch.compile
+    clock: str = "wall"  # wall | cpu: the timings' clock (CLOCKS)
 
     @classmethod
     def for_mode(cls, quick: bool) -> BenchSettings:
@@ -47,6 +53,17 @@ class BenchSettings:
         return cls()
 
 
+#: what a timing reads: "wall" (``perf_counter``), or "cpu": the calling thread's CPU time, which at one
+#: thread (torch's kernels and the autograd engine then run on the calling thread) is the work itself,
+#: without the time the step waited for a core that other processes held: on a shared machine the wall
+#: clock mostly measures them (issue 39: a 2-thread step 5.4x slower than a 1-thread one at load ~5)
+CLOCKS = {"wall": "perf_counter", "cpu": "thread_time"}
+
+
+def _now(clock: str = "wall") -> float:
+    return getattr(time, CLOCKS[clock])()
+
+
 def _model(name: str, s: BenchSettings, seed: int = 0) -> Decoder:
     torch.manual_seed(seed)
     options = (
@@ -54,8 +71,9 @@ def _model(name: str, s: BenchSettings, seed: int = 0) -> Decoder:
         if name == "learned"
         else {}
     )
+    width = {"d_model": s.d_model} if s.d_model else {}
     cfg = model_config(
-        s.size, vocab_size=s.vocab, train_length=s.train_length, positions={"name": name, **options}
+        s.size, vocab_size=s.vocab, train_length=s.train_length, positions={"name": name, **options}, **width
     )
     return Decoder(cfg)
 
@@ -83,33 +101,67 @@ def _interleaved(names: list[str], repeats: int, fn) -> dict[str, list[float]]:
 
 _PEAK = "__matmul_peak__"
 
+#: the sizes a peak sample tries: AMX's bf16 tiles reach their rate at 2048 (~940 vs ~420 GFLOP/s at
+#: 1024 on one Xeon thread, issue 39), AVX-512 fp32 at 1024 and below
+PEAK_SIZES = (1024, 2048)
 
-def _matmul_rate(precision: str, n: int = 1024, reps: int = 4) -> float:
+
+def _matmul_rate(precision: str, n: int = 1024, reps: int = 4, clock: str = "wall") -> float:
     """FLOP/s of ``reps`` n x n matmuls right now (one sample of the peak, see bench_training)."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
     a @ b
-    t0 = time.perf_counter()
+    t0 = _now(clock)
     for _ in range(reps):
         a @ b
-    return 2 * n**3 * reps / (time.perf_counter() - t0)
+    return 2 * n**3 * reps / max(_now(clock) - t0, 1e-9)
 
 
-def bench_training(
-    names: list[str], s: BenchSettings, precision: str, progress
-) -> dict[str, dict[str, float | None]]:
+def _peak_sample(precision: str, clock: str = "wall") -> float:
+    """The best rate over PEAK_SIZES right now: fp32 and bf16 sampled alike (issue 39: a bf16 peak taken
+    at one size understated what AMX reaches)."""
+    return max(
+        _matmul_rate(precision, n=n, reps=max(1, 4 * (1024 // n) ** 3), clock=clock) for n in PEAK_SIZES
+    )
+
+
+def machine_peak(precision: str, clock: str = "wall", samples: int = 5) -> float:
+    """The matmul peak in FLOP/s: the best of ``samples`` peak samples, fp32 and bf16 alike."""
+    return max(_peak_sample(precision, clock) for _ in range(samples))
+
+
+def variant_key(precision: str, compiled: bool = False) -> str:
+    """The result key of one training variant: train_fp32, train_bf16, train_fp32_compiled, ..."""
+    return f"train_{precision}" + ("_compiled" if compiled else "")
+
+
+def bench_steps(
+    names: list[str],
+    s: BenchSettings,
+    variants: list[tuple[str, bool]],
+    progress,
+    peak_floor: dict[str, float] | None = None,
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """The training step of every encoding in every (precision, compiled) variant, all interleaved in the
+    same rounds (so fp32 / bf16 and eager / compiled ratios are paired like the encodings' ratios), with
+    matmul peak samples of each precision in every round; ``peak_floor``: FLOP/s by precision measured
+    before (the peak is the best of those and the samples). By variant_key, then encoding."""
     models = {n: _model(n, s) for n in names}
-    # what the trainer runs: fused AdamW, the head fused with the loss in fp32 (losses.py)
+    # what the trainer runs: fused AdamW, the head fused with the loss in fp32 (losses.py); one model and
+    # optimizer per encoding serve every variant (the values do not change a step's time)
     opts = {n: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True) for n, m in models.items()}
+    compiled = {n: torch.compile(m) for n, m in models.items()} if any(c for _, c in variants) else {}
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, s.vocab, (s.batch, s.train_length + 1), generator=g)
     x, y = tokens[:, :-1], tokens[:, 1:]
     pos = torch.arange(s.train_length).expand(s.batch, -1)
     mask = torch.ones(y.shape)
+    runs = {f"{variant_key(p, c)}/{n}": (n, p, c) for p, c in variants for n in names}
 
-    def step(name: str) -> float:
-        m, opt = models[name], opts[name]
-        t0 = time.perf_counter()
+    def step(run: str) -> float:
+        name, precision, use_compiled = runs[run]
+        m, opt = (compiled if use_compiled else models)[name], opts[name]
+        t0 = _now(s.clock)
         for _ in range(s.steps_per_repeat):
             with _precision_ctx(precision):
                 loss = model_loss_sum(m, x, pos, y, mask) / mask.numel()
@@ -117,62 +169,77 @@ def bench_training(
             opt.step()
             opt.zero_grad(set_to_none=True)
         progress()
-        return (time.perf_counter() - t0) / s.steps_per_repeat
+        return (_now(s.clock) - t0) / s.steps_per_repeat
 
-    # the matmul peak is measured between the steps too: on a shared machine a peak taken once, at a
-    # quiet (or busy) moment, would put MFU above 100 % (or below 30 %); the median of these is the peak
-    rates: list[float] = []
+    # the matmul peak is sampled between the steps too, and each round's MFU is that round's step against
+    # the best sample of the run: a peak taken once, at a quiet (or busy) moment, says little on a shared
+    # machine, and the best sample is the closest to what the machine can do
+    precisions = sorted({p for p, _ in variants})
+    rates: dict[str, list[float]] = {p: [] for p in precisions}
+    peaks = {f"{_PEAK}/{p}": p for p in precisions}
 
-    def step_or_peak(name: str) -> float:
-        if name != _PEAK:
-            return step(name)
-        rates.append(_matmul_rate(precision))
+    def step_or_peak(run: str) -> float:
+        if run not in peaks:
+            return step(run)
+        rates[peaks[run]].append(_peak_sample(peaks[run], s.clock))
         return 0.0
 
-    step_names = list(names)
-    for n in step_names:  # warm-up: first-call allocations and lazy inits out of the timings
-        step(n)
-    times = _interleaved(step_names + [_PEAK], s.repeats, step_or_peak)
-    peak = max(statistics.median(rates), 1.0)
-    out: dict[str, dict[str, float | None]] = {}  # ratio is None without a NoPE row
-    for n in names:
-        sec = statistics.median(times[n])
+    for run in runs:  # warm-up: first-call allocations, lazy inits and compilation out of the timings
+        step(run)
+    times = _interleaved(list(runs) + list(peaks), s.repeats, step_or_peak)
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for run, (n, p, c) in runs.items():
+        peak = max(max(rates[p]), (peak_floor or {}).get(p, 0.0), 1.0)
+        per_token = flops_per_token(models[n].cfg, s.train_length)
+        rounds_ms = [t * 1e3 for t in times[run]]
+        sec = statistics.median(times[run])
         tok_s = s.batch * s.train_length / sec
-        out[n] = {
+        out.setdefault(variant_key(p, c), {})[n] = {
             "step_ms": sec * 1e3,
+            "rounds_ms": rounds_ms,
             "tokens_per_s": tok_s,
-            "spread": _spread(times[n]),
+            "spread": _spread(times[run]),
             "peak_gflops": peak / 1e9,
-            "mfu": flops_per_token(models[n].cfg, s.train_length) * tok_s / peak,
+            "mfu": per_token * tok_s / peak,
+            "mfu_rounds": [per_token * s.batch * s.train_length / t / peak for t in times[run]],
         }
-    base = out["nope"]["step_ms"] if "nope" in out else None
-    for row in out.values():
-        ms = row["step_ms"]
-        row["ratio"] = ms / base if base and ms is not None else None
+    for rows in out.values():  # ratio is None without a NoPE row
+        base = rows["nope"] if "nope" in rows else None
+        for row in rows.values():
+            row["ratio"] = row["step_ms"] / base["step_ms"] if base else None
+            row["ratio_rounds"] = round_ratios(row["rounds_ms"], base["rounds_ms"]) if base else None
     return out
 
 
+def bench_training(
+    names: list[str], s: BenchSettings, precision: str, progress, compiled: bool = False
+) -> dict[str, dict[str, Any]]:
+    """The training step of every encoding in one precision (see bench_steps)."""
+    return bench_steps(names, s, [(precision, compiled)], progress)[variant_key(precision, compiled)]
+
+
 @torch.no_grad()
-def bench_eval_time(names: list[str], s: BenchSettings, progress) -> dict[str, dict[str, float]]:
+def bench_eval_time(names: list[str], s: BenchSettings, progress) -> dict[str, dict[str, Any]]:
     models = {n: _model(n, s).eval() for n in names}
     g = torch.Generator().manual_seed(1)
-    result: dict[str, dict[str, float]] = {n: {} for n in names}
+    result: dict[str, dict[str, Any]] = {n: {} for n in names}
     for k in s.eval_lengths:
         T = k * s.train_length
         tokens = torch.randint(0, s.vocab, (1, T), generator=g)
         pos = torch.arange(T).unsqueeze(0)
 
         def run(name: str, tokens=tokens, pos=pos) -> float:
-            t0 = time.perf_counter()
+            t0 = _now(s.clock)
             models[name].hidden_states(tokens, pos)
             progress()
-            return time.perf_counter() - t0
+            return _now(s.clock) - t0
 
         for n in names:
             run(n)
         times = _interleaved(names, max(2, s.repeats - 2), run)
         for n in names:
             result[n][f"time_ms_{k}x"] = statistics.median(times[n]) * 1e3
+            result[n][f"rounds_ms_{k}x"] = [t * 1e3 for t in times[n]]  # the rounds, for the verdicts
     return result
 
 
@@ -240,7 +307,7 @@ def bench_eval_memory(names: list[str], s: BenchSettings, progress) -> dict[str,
 
 
 @torch.no_grad()
-def bench_generation(names: list[str], s: BenchSettings, progress) -> dict[str, dict[str, float]]:
+def bench_generation(names: list[str], s: BenchSettings, progress) -> dict[str, dict[str, Any]]:
     from extrapos.inference.generate import generate_tokens
 
     g = torch.Generator().manual_seed(2)
@@ -257,20 +324,20 @@ def bench_generation(names: list[str], s: BenchSettings, progress) -> dict[str, 
         warm = 4
         for i in range(warm + s.new_tokens):
             if i == warm:
-                t0 = time.perf_counter()
+                t0 = _now(s.clock)
             logits = m(tok, torch.tensor([[s.context + i]]), cache)
             tok = logits[:, -1:].argmax(-1)
         progress()
-        return (time.perf_counter() - t0) / s.new_tokens
+        return (_now(s.clock) - t0) / s.new_tokens
 
     def recompute(name: str) -> float:
-        t0 = time.perf_counter()
+        t0 = _now(s.clock)
         for _ in generate_tokens(
             models[name], prompt, max(4, s.new_tokens // 4), temperature=0, use_cache=False
         ):
             pass
         progress()
-        return (time.perf_counter() - t0) / max(4, s.new_tokens // 4)
+        return (_now(s.clock) - t0) / max(4, s.new_tokens // 4)
 
     for n in names:
         cached_decode(n)
@@ -284,5 +351,6 @@ def bench_generation(names: list[str], s: BenchSettings, progress) -> dict[str, 
             "recompute_tok_s": 1 / r,
             "cache_speedup": r / c,
             "decode_ms": c * 1e3,
+            "decode_rounds_ms": [t * 1e3 for t in cached[n]],
         }
     return out

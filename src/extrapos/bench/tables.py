@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from extrapos.bench.llama_peer import format_peer
+from extrapos.bench.noise import WITHHELD, round_ratios, verdict
 
 #: the figures of issues 15 and 28 and their targets: (label, what, encodings, target, higher is better)
 TARGETS = [
@@ -39,41 +40,73 @@ TARGETS = [
 ]
 
 
-def target_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    """(figure, measured, target, met) for every figure of TARGETS this run measured."""
-    rows = []
+def _paired(rows: dict[str, Any], n: str, key: str) -> list[float] | None:
+    """An encoding's per-round ratios to NoPE from the rounds' times under ``key``, when both were kept."""
+    mine, base = rows[n].get(key), rows.get("nope", {}).get(key)
+    return round_ratios(mine, base) if mine and base and len(mine) == len(base) else None
+
+
+Figure = tuple[float, list[float] | None]  # a median and its rounds (None: not kept)
+
+
+def _figures(r: dict[str, Any], what: str, names: tuple[str, ...]) -> dict[str, Figure]:
+    """(median figure, per-round figures or None) of every encoding a target names that this run measured."""
     k = max(r["settings"]["eval_lengths"])
+    if what == "peer":
+        return {"": (r["peer"]["ratio"], r["peer"].get("ratio_rounds"))} if r.get("peer") else {}
+    if what == "mfu":  # on a GPU fp32 has no MFU (format_bench)
+        tf = r["train_fp32"]
+        return {
+            n: (tf[n]["mfu"], tf[n].get("mfu_rounds")) for n in names if tf.get(n, {}).get("mfu") is not None
+        }
+    if what == "train":
+        tf = r["train_fp32"]
+        return {n: (tf[n]["ratio"], tf[n].get("ratio_rounds")) for n in names if n in tf}
+    if what == "decode":
+        gen = r["generation"]
+        return {
+            n: (gen[n]["decode_ms"] / gen["nope"]["decode_ms"], _paired(gen, n, "decode_rounds_ms"))
+            for n in names
+            if n in gen
+        }
+    et = r["eval_time"]
+    return {
+        n: (et[n][f"time_ms_{k}x"] / et["nope"][f"time_ms_{k}x"], _paired(et, n, f"rounds_ms_{k}x"))
+        for n in names
+        if n in et
+    }
+
+
+def target_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(figure, measured, target, met) for every figure of TARGETS this run measured. Met is "yes" or "no"
+    when every round's figure is on that side of the target (``noise.verdict``), else ``~`` and the
+    rounds' range that holds the target; a run saved without its rounds is judged on its medians."""
+    rows = []
     for label, what, names, target, higher in TARGETS:
-        if what == "peer":
-            if not r.get("peer"):
-                continue
-            vals = {"": r["peer"]["ratio"]}
-        elif what == "mfu":  # on a GPU fp32 has no MFU (format_bench)
-            vals = {
-                n: r["train_fp32"][n]["mfu"]
-                for n in names
-                if r["train_fp32"].get(n, {}).get("mfu") is not None
-            }
-        elif what == "train":
-            vals = {n: r["train_fp32"][n]["ratio"] for n in names if n in r["train_fp32"]}
-        elif what == "decode":
-            gen = r["generation"]
-            vals = {n: gen[n]["decode_ms"] / gen["nope"]["decode_ms"] for n in names if n in gen}
-        else:
-            et = r["eval_time"]
-            vals = {n: et[n][f"time_ms_{k}x"] / et["nope"][f"time_ms_{k}x"] for n in names if n in et}
-        if not vals:
+        figures = _figures(r, what, names)
+        if not figures:
             continue
-        worst = min(vals.values()) if higher else max(vals.values())
         fmt = (lambda v: f"{v:.1%}") if what == "mfu" else (lambda v: f"{v:.2f}")
-        shown = ", ".join(f"{n} {fmt(v)}" if n else fmt(v) for n, v in vals.items())
-        met = worst >= target if higher else worst <= target
-        rows.append((label, shown, ("> " if higher else "<= ") + fmt(target), "yes" if met else "no"))
+        shown = ", ".join(f"{n} {fmt(v)}" if n else fmt(v) for n, (v, _) in figures.items())
+        rounds = {n: rs if rs else [v] for n, (v, rs) in figures.items()}
+        met = verdict(rounds, target, higher)
+        if met == WITHHELD:
+            held = [
+                f"{n} {fmt(min(rs))}-{fmt(max(rs))}".strip()
+                for n, rs in rounds.items()
+                if min(rs) <= target <= max(rs)
+            ]
+            met = f"{WITHHELD} (rounds {', '.join(held)})"
+        rows.append((label, shown, ("> " if higher else "<= ") + fmt(target), met))
     return rows
 
 
 def format_targets(r: dict[str, Any]) -> str:
-    lines = ["| figure (issues 15, 28) | measured | target | met |", "|---|---|---|---|"]
+    lines = [
+        "| figure (issues 15, 28) | measured (medians) | target "
+        "| met (`~`: the rounds' range holds the target) |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in target_rows(r)]
     return "\n".join(lines)
 
@@ -105,6 +138,49 @@ def _percent(x: float | None) -> str:
     return f"{x:.1%}" if x is not None else "–"
 
 
+def _units(units: dict[str, bool] | None) -> str:
+    if units is None:
+        return ""
+    have = [name for name, key in (("AMX", "amx"), ("AVX-512 BF16", "avx512_bf16")) if units.get(key)]
+    return f" ({', '.join(have)})" if have else " (no native bf16 unit)"
+
+
+def _load(load: dict[str, Any] | None) -> str:
+    if not load:
+        return ""
+    known = [f"{v:.1f}" for v in load["load_samples"] if v is not None]
+    return f", load average {' / '.join(known) or '?'} (before, during, after) on {load['cores']} cores"
+
+
+def _compiled_cells(r: dict[str, Any], n: str) -> list[str]:
+    """The compiled steps' cells: ms (x nope) and x eager, per precision measured compiled."""
+    cells = []
+    for precision in ("fp32", "bf16"):
+        rows = r.get(f"train_{precision}_compiled")
+        if rows:
+            row, eager = rows[n], r[f"train_{precision}"][n]
+            cells += [
+                f"{row['step_ms']:.1f} ({_num(row['ratio'])})",
+                f"{row['step_ms'] / eager['step_ms']:.2f}",
+            ]
+    return cells
+
+
+def _num(x: float | None) -> str:
+    return f"{x:.2f}" if x is not None else "–"
+
+
+def _paired_line(label: str, rows: dict[str, Any], base: dict[str, Any]) -> str:
+    """One step over another per encoding, median ratio and the range of the per-round ratios."""
+    parts = []
+    for n in rows:
+        rounds = round_ratios(rows[n]["rounds_ms"], base[n]["rounds_ms"]) if "rounds_ms" in rows[n] else None
+        ratio = rows[n]["step_ms"] / base[n]["step_ms"]
+        span = f" ({min(rounds):.2f}-{max(rounds):.2f})" if rounds else ""
+        parts.append(f"{n} {ratio:.2f}{span}")
+    return f"{label}: " + ", ".join(parts)
+
+
 def format_bench(r: dict[str, Any]) -> str:
     s, m = r["settings"], r["machine"]
     bf16_peak = m.get("matmul_peak_gflops_bf16")
@@ -113,8 +189,11 @@ def format_bench(r: dict[str, Any]) -> str:
         _gpu_header(r)
         if gpu
         else f"Model {s['size']} (vocab {s['vocab']}), L_t = {s['train_length']}, batch {s['batch']}, "
-        f"{s['threads']} threads, torch {s['torch']}, CPU capability {m.get('cpu_capability', '?')}; matmul "
-        "peak "
+        f"{s['threads']} threads, torch {s['torch']}, CPU capability {m.get('cpu_capability', '?')}"
+        + _units(m.get("bf16_units"))
+        + _load(r.get("load"))
+        + ("; times are the thread's CPU time (--clock cpu)" if s.get("clock") == "cpu" else "")
+        + "; matmul peak (best of timed bursts at 1024 and 2048 and of the samples between the steps) "
         f"{m['matmul_peak_gflops_fp32']:.0f} GFLOP/s fp32"
         + (f", {bf16_peak:.0f} GFLOP/s bf16" if bf16_peak else "")
         + ". Ratios are to `nope` (lower is better, except speedup)."
@@ -125,6 +204,7 @@ def format_bench(r: dict[str, Any]) -> str:
             "(emulated bf16 runs ~20x slower than fp32 and would measure nothing a user runs)."
         )
     )
+    compiled_columns = len(_compiled_cells(r, next(iter(r["train_fp32"]))))
     lines = [
         header,
         "",
@@ -133,8 +213,13 @@ def format_bench(r: dict[str, Any]) -> str:
         + " | ".join(f"eval {k}x ms (x)" for k in s["eval_lengths"])
         + " | "
         + " | ".join(f"peak MB {k}x (x)" for k in s["eval_lengths"])
-        + " | decode ms/token (x) | cached tok/s | recompute tok/s | cache speedup |",
-        "|---|" + "---:|" * (4 + 2 * gpu + 2 * len(s["eval_lengths"]) + 4),
+        + " | decode ms/token (x) | cached tok/s | recompute tok/s | cache speedup |"
+        + "".join(
+            f" train {p} compiled ms (x nope) | compiled / eager {p} |"
+            for p in ("fp32", "bf16")
+            if r.get(f"train_{p}_compiled")
+        ),
+        "|---|" + "---:|" * (4 + 2 * gpu + 2 * len(s["eval_lengths"]) + 4 + compiled_columns),
     ]
     tf, tb, et, em, gen = r["train_fp32"], r["train_bf16"], r["eval_time"], r["eval_memory"], r["generation"]
     for n in tf:
@@ -162,6 +247,7 @@ def format_bench(r: dict[str, Any]) -> str:
             f"{gen[n]['recompute_tok_s']:.1f}",
             f"{gen[n]['cache_speedup']:.1f}x",
         ]
+        cells += _compiled_cells(r, n)
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     if "cable" in gen and "alibi" in gen:
         lines += [
@@ -176,6 +262,11 @@ def format_bench(r: dict[str, Any]) -> str:
         "Spread of the training repeats ((max - min) / median), fp32: "
         + ", ".join(f"{n} {tf[n]['spread']:.0%}" for n in tf if "spread" in tf[n]),
     ]
+    if tb and not gpu:  # the precisions ran in the same rounds: their ratio is paired like the encodings'
+        lines += ["", _paired_line("bf16 step / fp32 step (per-round range)", tb, tf)]
+    load = r.get("load")
+    if load and load.get("warning"):
+        lines += ["", f"**Warning**: {load['warning']}"]
     if r.get("peer"):
         lines += ["", format_peer(r["peer"])]
     lines += ["", format_targets(r)]

@@ -27,6 +27,29 @@ def register(sub) -> None:
         help="auto (CUDA when present), cpu, cuda or cuda:N; on a GPU: GPT-2 small, absolute times, "
         "max_memory_allocated, MFU against the GPU's bf16 peak",
     )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads for the run (default: torch's, one per core); on a shared machine a step "
+        "with as many threads as cores waits for the other processes, so 1 gives steadier ratios",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time the training step under torch.compile (CPU: inductor's C++ backend; compiling "
+        "takes a minute or more per encoding)",
+    )
+    p.add_argument(
+        "--clock",
+        default="wall",
+        choices=["wall", "cpu"],
+        help="what the CPU timings read: wall time, or (with --threads 1) the thread's CPU time, which on a "
+        "busy machine leaves out the time a step waited for a core",
+    )
+    p.add_argument(
+        "--size", default=None, help="model preset (default cpu-small; gpt2-tiny is the d 512 x 6 model)"
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
@@ -49,8 +72,14 @@ def run(args) -> int:
         format_resolution,
         position_resolution,
     )
+    from extrapos.bench.run import check_cpu_options
+    from extrapos.model import model_config
     from extrapos.run.runtime import resolve_device
 
+    # the flags are checked before minutes of measurement, and whatever the run measures
+    check_cpu_options(args.threads, args.clock)
+    if args.size is not None:
+        model_config(args.size)  # an unknown preset is one sentence naming the known ones
     if args.resolution_only:
         print(format_resolution(position_resolution()))
         if args.bf16_runs:
@@ -60,7 +89,16 @@ def run(args) -> int:
         check_bench_out(Path(args.out))
     names = [n.strip() for n in args.encodings.split(",")] if args.encodings else None
     device = resolve_device(args.device, "--device")
-    r = run_bench(args.quick, names, progress=not args.no_progress, device=device)
+    r = run_bench(
+        args.quick,
+        names,
+        progress=not args.no_progress,
+        device=device,
+        threads=args.threads,
+        compile=args.compile,
+        size=args.size,
+        clock=args.clock,
+    )
     if args.bf16_runs:
         r["bf16_eval"] = bf16_eval_delta(args.bf16_runs, progress=not args.no_progress)
     text = format_bench(r)

@@ -31,6 +31,7 @@ from extrapos.data.segmented import POSE_CHUNKS
 from extrapos.errors import UserError
 from extrapos.model import ModelConfig, model_config
 from extrapos.presets import PRESETS_DIR, find_config, parse_toml_value, preset_names, read_toml
+from extrapos.run.precision import PRECISIONS
 
 __all__ = [
     "PRESETS_DIR",
@@ -91,7 +92,7 @@ class TrainConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0  # 0 disables
-    precision: str = "fp32"  # fp32 | bf16 (autocast)
+    precision: str = "fp32"  # fp32 | bf16 (autocast) | auto (by device and width: run/precision.py)
     compile: bool = False
     parallel: str = "ddp"  # ddp | fsdp (FSDP2) across torchrun processes
     activation_checkpointing: bool = False  # recompute each block's activations in the backward
@@ -266,7 +267,7 @@ def _validate_train(t: TrainConfig) -> None:
     _require(t.batch_size >= 1, "train.batch_size", "a positive integer", t.batch_size)
     # numpy's generators (data order, masks) refuse a negative seed
     _require(t.seed >= 0, "train.seed", "a non-negative integer", t.seed)
-    _require(t.precision in ("fp32", "bf16"), "train.precision", "'fp32' or 'bf16'", t.precision)
+    _require(t.precision in PRECISIONS, "train.precision", "'fp32', 'bf16' or 'auto'", t.precision)
     _require(t.parallel in ("ddp", "fsdp"), "train.parallel", "'ddp' or 'fsdp'", t.parallel)
     _require(
         t.schedule in ("cosine", "linear", "constant"),

@@ -355,10 +355,10 @@ def step_plan(cfg: RunConfig, windows_per_epoch: int, world: int = 1) -> StepPla
 
 
 def cpu_has_fast_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (AVX-512 BF16 / AMX); on AVX2 alone bf16 matmuls are
-    emulated and about 20x slower than fp32."""
-    capability = torch.backends.cpu.get_cpu_capability().upper()
-    return "AMX" in capability or "BF16" in capability or capability == "AVX512"
+    """Whether this CPU computes bf16 natively (AVX-512 BF16 / AMX): run/precision.py's answer."""
+    from extrapos.run.precision import cpu_has_fast_bf16 as native
+
+    return native()
 
 
 def warn_slow_bf16(device: torch.device, precision: str) -> None:

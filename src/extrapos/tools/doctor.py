@@ -66,6 +66,7 @@ class Report:
 
 
 def machine_facts(device: torch.device) -> dict[str, Any]:
+    from extrapos.run.precision import cpu_bf16_units, precision_facts
     from extrapos.run.runtime import cpu_has_fast_bf16
 
     facts: dict[str, Any] = {
@@ -83,6 +84,8 @@ def machine_facts(device: torch.device) -> dict[str, Any]:
         }
     else:
         facts["bf16"] = "native" if cpu_has_fast_bf16() else "emulated (about 20x slower than fp32)"
+        facts["bf16_units"] = cpu_bf16_units()
+    facts["auto_precision"] = precision_facts(device)  # what train.precision = "auto" picks here
     return facts
 
 
@@ -204,6 +207,12 @@ def format_report(report: Report) -> str:
         f"torch {m['torch']}; bf16 {m['bf16']}",
         f"fast path: {report.precision}; reference: float64 on the CPU; tolerance "
         f"{TOLERANCE[report.precision]:g} relative",
+    ]
+    lines += [
+        f"train.precision = auto on {model}: {choice['precision']} ({choice['why']})"
+        for model, choice in m.get("auto_precision", {}).items()
+    ]
+    lines += [
         "",
         "| encoding | loss | logits | gradients | cached decode | ok |",
         "|---|---:|---:|---:|---:|---|",

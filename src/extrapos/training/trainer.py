@@ -37,11 +37,13 @@ from extrapos.run.lock import RunLock
 from extrapos.run.metrics import MetricsLog, read_metrics
 from extrapos.run.parallelize import Parallel
 from extrapos.run.perf import matmul_peak_flops
+from extrapos.run.precision import with_resolved_precision
 from extrapos.run.runtime import (
     autocast,
     barrier,
     build_sampler,
     coverage_note,
+    distributed_env,
     init_distributed,
     prepare_run_data,
     resolve_device,
@@ -301,6 +303,10 @@ def train(
     the run directory is created or changed.
     """
     run_dir = Path(run_dir)
+    if cfg is not None:  # "auto" becomes what it picks here before a saved run's config is compared with it
+        cfg, note = with_resolved_precision(cfg, resolve_device(cfg.train.device))
+        if note and distributed_env()[0] == 0:
+            _say(f"extrapos train: {note}")
     existing = (run_dir / "config.toml").is_file()
     if not existing:  # the other run's pruning, resumes and evaluations would delete or replace it
         refuse_inside_run(run_dir, "--out")
@@ -377,6 +383,7 @@ class Trainer:
         parallel: Parallel | None = None,
     ):
         """``parallel``: the launch's plan, when the caller has checked it already (``train``)."""
+        cfg = with_resolved_precision(cfg, device)[0]  # ``train`` resolved it already; direct callers
         self.cfg, self.run_dir, self.device, self.rank, self.world = cfg, run_dir, device, rank, world
         self.is_main = rank == 0
         self.progress = progress and self.is_main
