@@ -605,9 +605,7 @@ def _chunk(
             # a zero-copy Toeplitz view whose row r belongs to query tq - 1 - r: flip the queries
             out = F.scaled_dot_product_attention(q.flip(2), k, v, attn_mask=block, scale=scale)
             return out.flip(2)
-        # the scale on q (tq x d_h) rather than on the scores (tq x Tk): one pass over the block fewer,
-        # forward and backward (~10 % of a bias encoding's attention time at L_t 256, issue 39)
-        scores = ((q * scale) @ k.transpose(-1, -2)).to(dtype)
+        scores = (q @ k.transpose(-1, -2)).to(dtype) / math.sqrt(q.shape[-1])
         weights = torch.softmax(scores + block, dim=-1).to(v.dtype)
         if dropout_p:
             weights = torch.dropout(weights, dropout_p, train=True)
@@ -632,7 +630,7 @@ def _chunk(
         weights = torch.softmax(scores, dim=-1, dtype=dtype)
         del scores
         return weights.to(v.dtype) @ v
-    scores = ((q * scale) @ k.transpose(-1, -2)).to(dtype)  # the scale on q, as above
+    scores = (q @ k.transpose(-1, -2)).to(dtype) / math.sqrt(q.shape[-1])
     scores = scores + fn(qf, kf).to(dtype)
     scores = scores.masked_fill(future, float("-inf"))
     weights = torch.softmax(scores, dim=-1).to(v.dtype)
