@@ -48,7 +48,7 @@ class Essay:
     """An essay-like haystack in tokens, cut into windows at sentence starts: the text is split into
     sentences and each is encoded after a space, so every sentence start is a token boundary."""
 
-    def __init__(self, tokenizer, text: str, source: str):
+    def __init__(self, tokenizer: Any, text: str, source: str):
         sentences = [s for s in _SENTENCE_END.split(" ".join(text.split())) if s]
         if not sentences:
             raise UserError(f"the essay haystack {source} holds no text; pass another --essay.")
@@ -123,7 +123,15 @@ class RulerBuilder:
             self.qa.get(spec.dataset),
         )  # fmt: skip
 
-    def _finish(self, task, text, tokens, target, depth, decoys) -> RulerPrompt | None:
+    def _finish(
+        self,
+        task: str,
+        text: RulerText,
+        tokens: list[int],
+        target: list[int],
+        depth: float | None,
+        decoys: int,
+    ) -> RulerPrompt | None:
         wrong = [
             w
             for w in (self.encode(x) for x in text.wrong)
@@ -188,7 +196,9 @@ class RulerBuilder:
         written = self.tok.decode(hay)
         return any(self.reference(a) in written for a in text.answers)
 
-    def _fits(self, task: str, seed: int, units: int, length: int, decoys: int):
+    def _fits(
+        self, task: str, seed: int, units: int, length: int, decoys: int
+    ) -> tuple[RulerText, list[list[int]], list[int], int]:
         text = self._text(task, seed, units, length, decoys)
         pieces = [
             self.encode(text.prefix),

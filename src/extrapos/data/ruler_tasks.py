@@ -174,7 +174,9 @@ def _distinct(kind: str, rng: np.random.Generator, shape: RulerShape, n: int, ta
     )
 
 
-def _substituted(answers: list[str], pool: list[str], n: int, rng: np.random.Generator, same: SameLength):
+def _substituted(
+    answers: list[str], pool: list[str], n: int, rng: np.random.Generator, same: SameLength
+) -> list[str]:
     """Up to ``n`` wrong answers: the answers with one of them replaced by a value of ``pool`` (in the
     prompt, of the replaced one's token length), joined as the target is; distinct, in random order."""
     options = [(p, v) for p in range(len(answers)) for v in pool if v not in answers and same(answers[p], v)]
@@ -194,7 +196,15 @@ def _substituted(answers: list[str], pool: list[str], n: int, rng: np.random.Gen
 # ---- the families ---------------------------------------------------------------------------------------
 
 
-def _niah(task, spec, shape, rng, units, decoys, same) -> RulerText:
+def _niah(
+    task: str,
+    spec: TaskSpec,
+    shape: RulerShape,
+    rng: np.random.Generator,
+    units: int,
+    decoys: int,
+    same: SameLength,
+) -> RulerText:
     k = shape.needles if spec.many in ("keys", "queries") else 1
     v = shape.needles if spec.many == "values" else 1
     q = shape.needles if spec.many == "queries" else 1
@@ -252,18 +262,27 @@ def singular(text: str) -> str:
     return W.singular(text)
 
 
-def _chain(rng, shape, names: list[str], value: str) -> list[str]:
+def _chain(names: list[str], value: str) -> list[str]:
     return [f"VAR {names[0]} = {value}"] + [
         f"VAR {names[i]} = VAR {names[i - 1]}" for i in range(1, len(names))
     ]
 
 
-def _vt(task, spec, shape, rng, units, decoys, same, icl: bool = True) -> RulerText:
+def _vt(
+    task: str,
+    spec: TaskSpec,
+    shape: RulerShape,
+    rng: np.random.Generator,
+    units: int,
+    decoys: int,
+    same: SameLength,
+    icl: bool = True,
+) -> RulerText:
     n = shape.hops + 1
     taken: set[str] = set()
     names = _distinct_vars(rng, shape, n, taken)
     value = W.number(rng, shape.vt_digits)
-    steps = _chain(rng, shape, names, value)
+    steps = _chain(names, value)
     wrong: list[str] = []
     if decoys:  # the ranking form: a second chain of another value (RULER's num_chains = 2)
         other_value = value
@@ -276,7 +295,7 @@ def _vt(task, spec, shape, rng, units, decoys, same, icl: bool = True) -> RulerT
                 "vt has too few wrong answers of the answer's token length; use fewer --candidates."
             )
         # interleave the chains at random, each in its own order (RULER's shuffle of chains)
-        other_steps = _chain(rng, shape, other, other_value)
+        other_steps = _chain(other, other_value)
         take = rng.permutation([0] * len(steps) + [1] * len(other_steps))
         a, b, merged = iter(steps), iter(other_steps), []
         for t in take:
@@ -287,6 +306,8 @@ def _vt(task, spec, shape, rng, units, decoys, same, icl: bool = True) -> RulerT
     question = " ".join(x for x in (ques.format(**fill), ans.format(**fill)) if x)
     if pre and icl:  # RULER's one solved example first: a shorter chain in a little noise
         example = _vt(task, spec, shape, rng, 0, 0, same, icl=False)
+        while example.question == question or set(example.answers) & set(names):  # another value and names
+            example = _vt(task, spec, shape, rng, 0, 0, same, icl=False)
         noise = " ".join([W.NOISE] * 2)
         solved = [example.prefix, noise, *example.needles, noise, example.question, example.target]
         pre = " ".join([*solved, pre])
@@ -295,8 +316,8 @@ def _vt(task, spec, shape, rng, units, decoys, same, icl: bool = True) -> RulerT
     return out
 
 
-def _distinct_vars(rng, shape, n: int, taken: set[str]) -> list[str]:
-    out = []
+def _distinct_vars(rng: np.random.Generator, shape: RulerShape, n: int, taken: set[str]) -> list[str]:
+    out: list[str] = []
     while len(out) < n:
         name = W.variable(rng, shape.var_letters)
         if name not in taken:
@@ -315,7 +336,9 @@ def _numbered(words: list[str]) -> str:
     return " ".join(f"{i + 1}. {w}" for i, w in enumerate(words))
 
 
-def _cwe_list(rng, distinct: int, common: int, counts: tuple[int, int]) -> tuple[list[str], list[str]]:
+def _cwe_list(
+    rng: np.random.Generator, distinct: int, common: int, counts: tuple[int, int]
+) -> tuple[list[str], list[str]]:
     pool = W.word_pool(max(distinct, len(W.LIST_WORDS)))
     chosen = [pool[int(i)] for i in rng.permutation(len(pool))[:distinct]]
     listed = chosen[:common] * counts[0] + chosen[common:] * counts[1]
@@ -323,7 +346,16 @@ def _cwe_list(rng, distinct: int, common: int, counts: tuple[int, int]) -> tuple
     return listed, chosen[:common]
 
 
-def _cwe(task, spec, shape, rng, units, decoys, same, length) -> RulerText:
+def _cwe(
+    task: str,
+    spec: TaskSpec,
+    shape: RulerShape,
+    rng: np.random.Generator,
+    units: int,
+    decoys: int,
+    same: SameLength,
+    length: int,
+) -> RulerText:
     counts = cwe_counts(length)
     if units <= shape.common:
         raise UserError(f"a cwe list needs more than {shape.common} distinct words; use longer lengths.")
@@ -360,8 +392,17 @@ def fwe_vocab(length: int) -> int:
     return max(5, length // 50)
 
 
-def _fwe(task, spec, shape, rng, units, decoys, same, length) -> RulerText:
-    vocab_n = fwe_vocab(length)
+def _fwe(
+    task: str,
+    spec: TaskSpec,
+    shape: RulerShape,
+    rng: np.random.Generator,
+    units: int,
+    decoys: int,
+    same: SameLength,
+    length: int,
+) -> RulerText:
+    vocab_n = min(fwe_vocab(length), 26**shape.coded_letters)  # no more words than such words exist
     units = max(units, least_units(task, shape, length))
     counts = fwe_counts(units, vocab_n)
     while counts[3] <= counts[4]:  # the 4th word must stand above the 5th: the next size where it does
@@ -386,11 +427,20 @@ def _fwe(task, spec, shape, rng, units, decoys, same, length) -> RulerText:
     return out
 
 
-def _qa(task, spec, shape, rng, units, decoys, same, qa) -> RulerText:
+def _qa(
+    task: str,
+    spec: TaskSpec,
+    shape: RulerShape,
+    rng: np.random.Generator,
+    units: int,
+    decoys: int,
+    same: SameLength,
+    qa: Any,
+) -> RulerText:
     if qa is None:
         raise UserError(
-            f"{task} needs the {spec.dataset} data, which must be provided: pass --qa-file with "
-            f"{'SQuAD' if spec.dataset == 'squad' else 'HotpotQA'}'s published JSON."
+            f"{task} needs the {'SQuAD' if spec.dataset == 'squad' else 'HotpotQA'} data, which must be "
+            f"provided: pass --{spec.dataset} FILE in its published JSON format."
         )
     record = qa.records[int(rng.integers(len(qa.records)))]
     docs = qa.documents(record, units, rng)
@@ -402,12 +452,8 @@ def _qa(task, spec, shape, rng, units, decoys, same, qa) -> RulerText:
         present = set(docs)
         pool = [a for r in qa.records if r is not record and set(r.context) & present for a in r.answers[:1]]
         pool = [a for a in dict.fromkeys(pool) if a.lower() not in {x.lower() for x in record.answers}]
+        # as many as the prompt's documents answer: the builder redraws when too few
         out.wrong = [pool[int(i)] for i in rng.permutation(len(pool))][:decoys]
-        if len(out.wrong) < decoys:
-            raise UserError(
-                f"{task} has {len(out.wrong)} other answers among a prompt's documents, fewer than "
-                f"{decoys}; use fewer --candidates or more data."
-            )
     return out
 
 

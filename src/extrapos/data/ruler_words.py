@@ -175,7 +175,7 @@ def synthetic_essay(sentences: int = 4000, seed: int = 0) -> str:
     noise haystack's repeated five sentences), the same text every call."""
     rng = np.random.default_rng(seed)
 
-    def pick(pool):
+    def pick(pool: list[str]) -> str:
         return pool[int(rng.integers(len(pool)))]
 
     out = []

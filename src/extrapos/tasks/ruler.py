@@ -151,8 +151,8 @@ def check_tasks(tasks: Sequence[str], flag: str = "--tasks") -> list[str]:
 
 
 def generate_prompts(
-    model, builder: RulerBuilder, prompts: Sequence[RulerPrompt], budget: int, batch_tokens: int
-):
+    model: Any, builder: RulerBuilder, prompts: Sequence[RulerPrompt], budget: int, batch_tokens: int
+) -> list[str]:
     """Greedy continuations of ``budget`` tokens (stopped at end-of-text), decoded and cleaned as RULER
     cleans predictions; equal-length prompts are decoded together."""
     device = next(model.parameters()).device
@@ -175,7 +175,7 @@ def generate_prompts(
     return out
 
 
-def rank_prompts(model, prompts: Sequence[RulerPrompt], batch_tokens: int) -> np.ndarray:
+def rank_prompts(model: Any, prompts: Sequence[RulerPrompt], batch_tokens: int) -> np.ndarray:
     """The true target's rank among it and the prompt's wrong targets (ties count against it); QA by the
     mean per-token log-likelihood (its answers differ in length), the others by the sum (equal lengths)."""
     ranks = np.zeros(len(prompts), dtype=np.int64)
@@ -192,7 +192,14 @@ def rank_prompts(model, prompts: Sequence[RulerPrompt], batch_tokens: int) -> np
     return ranks
 
 
-def score_cell(model, builder, gen_prompts, rank_prompts_, budget: int, batch_tokens: int) -> dict[str, Any]:
+def score_cell(
+    model: Any,
+    builder: RulerBuilder,
+    gen_prompts: Sequence[RulerPrompt],
+    rank_prompts_: Sequence[RulerPrompt],
+    budget: int,
+    batch_tokens: int,
+) -> dict[str, Any]:
     """One task and length: recall of the generated text and/or the ranking form's rank, per example."""
     out: dict[str, Any] = {}
     per: dict[str, list[list[float]]] = {}
@@ -232,7 +239,7 @@ def score_cell(model, builder, gen_prompts, rank_prompts_, budget: int, batch_to
 # ---- the command ---------------------------------------------------------------------------------------
 
 
-def load_essay(tokenizer, essay: str, synthetic: bool, longest: int) -> Essay:
+def load_essay(tokenizer: Any, essay: str, synthetic: bool, longest: int) -> Essay:
     """The essay-like haystack: the built-in prose of the pools' words, the State of the Union addresses
     (enough of them for 4 prompts of the longest length) or a text file."""
     from extrapos.data import ruler_words
@@ -289,7 +296,8 @@ def ruler(
         run_dir, slot, device, opts.base_length, opts.position_options, max(opts.lengths)
     )
     synthetic = str(run.cfg.data.corpus).startswith("synthetic:ruler")
-    essay = load_essay(run.tokenizer, opts.essay, synthetic, max(opts.lengths) * L)
+    needs_essay = any(TASKS[t].haystack == "essay" for t in opts.tasks)
+    essay = load_essay(run.tokenizer, opts.essay, synthetic, max(opts.lengths) * L) if needs_essay else None
     builder = RulerBuilder(run.tokenizer, opts.shape, essay, qa)
     decoys = opts.candidates - 1
     # every task must fit the shortest length: one example each before any scoring
@@ -318,7 +326,7 @@ def ruler(
     metric = primary_metric(opts.mode)
     result = {
         **task_result(name, "ruler", run_dir, request, run, applied, L, slot),
-        "essay_source": essay.source,
+        "essay_source": None if essay is None else essay.source,
         "metric": metric,
         "metrics": [m for m in ("recall", "rank_accuracy") if m in cells[0]],
         "examples": {t: _example(run.tokenizer, builder, t, min(opts.lengths) * L) for t in opts.tasks},
@@ -338,7 +346,7 @@ def default_name(mode: str, template: str, position_options: dict[str, Any] | No
     return "-".join(slug(str(p)) for p in parts)
 
 
-def _example(tokenizer, builder: RulerBuilder, task: str, length: int) -> dict[str, Any]:
+def _example(tokenizer: Any, builder: RulerBuilder, task: str, length: int) -> dict[str, Any]:
     p = builder.build(task, length, np.random.default_rng(0))
     return {
         "prompt": tokenizer.decode(p.tokens),

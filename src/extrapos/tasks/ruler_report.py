@@ -17,7 +17,7 @@ DEPTH_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 _LABELS = {"recall": "string-match recall", "rank_accuracy": "rank accuracy (ranking form)"}
 
 
-def cell_interval(cell: dict[str, Any], metric: str):
+def cell_interval(cell: dict[str, Any], metric: str) -> Any:
     """The 95% bootstrap interval of one cell's metric over its examples (``stats.loss_interval`` with the
     example as unit: the resampling the report's task tables use); None when the cell lacks the metric."""
     from extrapos.report import stats
