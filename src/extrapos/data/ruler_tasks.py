@@ -225,15 +225,16 @@ def _niah(
         others += [x for _, x in hay_needles]
     extra: list[tuple[str, str]] = []
     if decoys:  # the ranking form: more needles under other keys until every wrong answer is in the prompt
-        while len(_substituted(answers, others, decoys, rng, same)) < decoys:
-            if len(extra) > 4 * decoys + 16:
-                raise UserError(
-                    f"could not draw {decoys} wrong answers of the answer's token length for {task}; use "
-                    "fewer --candidates."
-                )
-            key = _distinct(spec.key, rng, shape, 1, taken_keys)[0]
-            x = _distinct(kind, rng, shape, 1, taken_values)[0]
-            extra.append((key, x))
+        while len(_substituted(answers, others, decoys, rng, same)) < decoys and len(extra) < decoys + 8:
+            # a value of the token length of the answer it replaces (drawn again until it is)
+            like = answers[len(extra) % len(answers)]
+            for _ in range(200):
+                x = _distinct(kind, rng, shape, 1, taken_values)[0]
+                if same(like, x):
+                    break
+            else:
+                break  # too few: the builder draws the example again
+            extra.append((_distinct(spec.key, rng, shape, 1, taken_keys)[0], x))
             others.append(x)
     text = [W.NEEDLE.format(type=typ, key=a, value=b) for a, b in needle + extra]
     order = [int(i) for i in rng.permutation(len(text))]
@@ -290,10 +291,6 @@ def _vt(
             other_value = W.number(rng, shape.vt_digits)
         other = _distinct_vars(rng, shape, n, taken)
         wrong = [x.replace(", ", " ") for x in _substituted(names, other, decoys, rng, same)]
-        if len(wrong) < decoys:
-            raise UserError(
-                "vt has too few wrong answers of the answer's token length; use fewer --candidates."
-            )
         # interleave the chains at random, each in its own order (RULER's shuffle of chains)
         other_steps = _chain(other, other_value)
         take = rng.permutation([0] * len(steps) + [1] * len(other_steps))
