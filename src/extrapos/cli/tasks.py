@@ -67,7 +67,7 @@ def register(sub) -> None:
         + ", ".join(TASK_NAMES)
         + " in haystacks of each length and score each task: string-match recall of the greedy output "
         "(RULER's metric) and/or the rank of the true answer among candidates made of in-context values "
-        "(the ranking form small models need), with 95%% intervals and a needle depth x length table. "
+        "(the ranking form small models need), with 95% intervals and a needle depth x length table. "
         "qa_1 / qa_2 need SQuAD / HotpotQA files (--squad / --hotpotqa), which must be provided.",
     )
     r.add_argument("run", help="a run directory")
