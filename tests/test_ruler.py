@@ -184,6 +184,11 @@ def test_copying_an_in_context_value_scores_chance_in_the_ranking_form(task):
     hits = np.mean([copy_rank(p, rng) == 1 for p in prompts])
     # chance 1/5 over 300 examples: standard deviation 0.023
     assert 0.12 <= hits <= 0.28, hits
+    # a scorer that reads the asked key's value(s) from the context ranks the true answer first every time
+    for p in prompts:
+        right = sorted(solve(task, context_of(p.text), p.text.question))
+        assert sorted(values_of(TOK.decode(p.target).replace(" , ", ", "), task)) == right
+        assert all(sorted(values_of(TOK.decode(w).replace(" , ", ", "), task)) != right for w in p.wrong)
     assert all(len(w) == len(p.target) for p in prompts for w in p.wrong)
     # RULER's own form holds no wrong answer to copy: a copier would be right every time there
     plain = [b.build(task, 256, rng) for _ in range(20)]
