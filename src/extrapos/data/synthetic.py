@@ -69,6 +69,8 @@ VALUE_IDS = np.array([ID[v] for v in VALUES])
 FILLER_IDS = np.array([ID[f] for f in FILLER])
 SYMBOL_IDS = np.concatenate([KEY_IDS, VALUE_IDS])  # the alphabet copied by the copy task
 STREAMS = {"train": 0, "val": 1, "test": 2, "eval": 3}
+#: the SyntheticTask fields only ``ruler`` reads
+RULER_FIELDS = ("needles", "hops", "vt_digits", "var_letters", "common", "coded_letters", "uuid_hex")
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,15 @@ class SyntheticTask:
     digits: int = 5
     pairs: int = 4
     queries: int = 2
+    # ruler only (None: RULER's default; ``extrapos.data.ruler_tasks.RulerShape``), kept out of the other
+    # tasks' specs and cache keys
+    needles: int | None = None
+    hops: int | None = None
+    vt_digits: int | None = None
+    var_letters: int | None = None
+    common: int | None = None
+    coded_letters: int | None = None
+    uuid_hex: int | None = None
 
     @classmethod
     def parse(cls, spec: str) -> SyntheticTask:
@@ -114,6 +125,12 @@ class SyntheticTask:
         for name in ("length", "train", "val", "test", "digits", "pairs", "queries"):
             if getattr(self, name) < (0 if name in ("train", "val", "test") else 1):
                 raise UserError(f"synthetic option {name} must be positive, got {getattr(self, name)}.")
+        if self.task != "ruler" and any(getattr(self, k) is not None for k in RULER_FIELDS):
+            raise UserError(
+                f"synthetic:{self.task} takes none of {', '.join(RULER_FIELDS)}; they size ruler only."
+            )
+        if self.task == "ruler":
+            self.ruler_shape  # noqa: B018 (checks the sizes)
         if self.pairs > len(KEYS):
             raise UserError(f"kv-recall has {len(KEYS)} distinct keys; use pairs <= {len(KEYS)}.")
         if self.queries > self.pairs:
@@ -139,7 +156,7 @@ class SyntheticTask:
             "passkey": ("pairs", "queries"),
             "kv-recall": ("digits",),
             "copy": ("digits", "pairs", "queries"),
-            "ruler": (),
+            "ruler": ("pairs", "queries"),
         }
         return (
             PREFIX
@@ -155,17 +172,10 @@ class SyntheticTask:
             return 2 * (self.digits + 1)
         if self.task == "kv-recall":
             return 3 * (self.pairs + self.queries)
-        if self.task == "ruler":  # every RULER task must fit: its needles (or list), question and answer
-            return max(
-                ruler_min_words(t, self.pairs, self.queries, self.digits)
-                + len(
-                    ruler_content(
-                        t, np.random.default_rng(0), 64, self.pairs, self.queries, self.digits
-                    ).answer
-                )
-                - 1
-                for t in RULER_TASKS
-            )
+        if self.task == "ruler":  # every RULER task must fit (the end-of-text token after the answer)
+            from extrapos.data.ruler_synthetic import shortest
+
+            return shortest(self.ruler_shape) + 1
         return 3
 
     @property
@@ -216,27 +226,20 @@ class SyntheticTask:
             answer[-m:] = True
         return ids.astype(np.int64), answer
 
+    @property
+    def ruler_shape(self):
+        """The RULER task sizes of this spec (``digits`` and the ruler-only fields; the short template)."""
+        from extrapos.data.ruler_tasks import RulerShape
+
+        given = {k: getattr(self, k) for k in RULER_FIELDS if getattr(self, k) is not None}
+        return RulerShape(digits=self.digits, template="short", **given).check()
+
     def _ruler_example(self, total: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """A RULER task drawn uniformly, its prompt in the word vocabulary with the filler haystack, then its
-        answer; ``total`` tokens in all, the answer flagged."""
-        task = RULER_TASKS[int(rng.integers(0, len(RULER_TASKS)))]
-        answer_len = len(
-            ruler_content(task, np.random.default_rng(0), 64, self.pairs, self.queries, self.digits).answer
-        )
-        _, prompt, answer, _ = assemble_ruler(
-            task,
-            total - answer_len,
-            rng,
-            ruler_word_ids,
-            ruler_filler_hay,
-            ruler_filler_boundary,
-            pairs=self.pairs,
-            queries=self.queries,
-            digits=self.digits,
-        )
-        flags = np.zeros(total, dtype=bool)
-        flags[-len(answer) :] = True
-        return np.asarray(prompt + answer, dtype=np.int64), flags
+        """A RULER task drawn uniformly (``ruler_synthetic``): its prompt, answer and end-of-text token,
+        ``total`` tokens in all, the answer and end-of-text flagged."""
+        from extrapos.data.ruler_synthetic import example
+
+        return example(self.ruler_shape, total, rng)
 
     def split_examples(self, split: str) -> list[tuple[np.ndarray, np.ndarray]]:
         """The examples of a prepared split: train lengths uniform in [min_length, L_t], val/test exactly
@@ -263,14 +266,18 @@ def is_synthetic(spec: str) -> bool:
 
 def build_tokenizer(task: str | None = None):
     """The fixed word-level tokenizer of the synthetic vocabulary (one token per space-separated word); the
-    ``ruler`` task has its own (``RULER_VOCAB``: the words of its templates, pools and filler)."""
+    ``ruler`` task has its own (``ruler_prompts.synthetic_tokenizer``: RULER's words whole, the rest
+    spelled)."""
     from tokenizers import Tokenizer as RustTokenizer
     from tokenizers import models, pre_tokenizers
 
     from extrapos.data.tokenizer import HFTokenizer
 
-    vocab = RULER_ID if task == "ruler" else ID
-    backend = RustTokenizer(models.WordLevel(dict(vocab), unk_token="<|mask|>"))
+    if task == "ruler":
+        from extrapos.data.ruler_prompts import synthetic_tokenizer
+
+        return synthetic_tokenizer()
+    backend = RustTokenizer(models.WordLevel(dict(ID), unk_token="<|mask|>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.add_special_tokens(SPECIALS)
     return HFTokenizer(backend, source="synthetic")
@@ -296,7 +303,8 @@ def prepare_synthetic(
             f"(data.tokenizer = \"synthetic\" or --tokenizer synthetic), not '{tokenizer}'."
         )
     task = SyntheticTask.parse(corpus)
-    inputs = {"format": FORMAT, "recipe": RECIPE, "synthetic": dataclasses.asdict(task)}
+    fields = {k: v for k, v in dataclasses.asdict(task).items() if k not in RULER_FIELDS or v is not None}
+    inputs = {"format": FORMAT, "recipe": RECIPE, "synthetic": fields}
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
     target = (
         Path(out).expanduser() if out is not None else cache_root() / "data" / f"synthetic-{task.task}-{key}"
@@ -309,11 +317,12 @@ def prepare_synthetic(
         started = time.perf_counter()
         tok = build_tokenizer(task.task)
         tok.save(tmp)
-        words = RULER_VOCAB if task.task == "ruler" else VOCAB
+        ruler = task.task == "ruler"
+        words = VOCAB if not ruler else [tok.decode([i]) for i in range(tok.vocab_size)]
         word_bytes = np.array([len(w.encode()) + 1 for w in words])  # the text is space-separated words
         splits = {}
         for split in SPLITS:
-            writer = SplitWriter(tmp, split, "uint8")
+            writer = SplitWriter(tmp, split, "uint16" if ruler else "uint8")  # ruler's vocabulary > 255
             examples = task.split_examples(split)
             for ids, _ in examples:
                 writer.add(ids, int(word_bytes[ids].sum()))
@@ -332,7 +341,7 @@ def prepare_synthetic(
                 "vocab_size": tok.vocab_size,
                 "eot_id": tok.eot_id,
             },
-            "dtype": "uint8",
+            "dtype": "uint16" if ruler else "uint8",
             "documents_read": sum(s["num_docs"] for s in splits.values()),
             "splits": splits,
             "synthetic": dataclasses.asdict(task),
@@ -405,336 +414,3 @@ class SyntheticSampler(Sampler):
             positions=torch.arange(self.seq_len).repeat(rows, 1),
             loss_mask=torch.from_numpy(answer[:, 1:].copy()),
         )
-
-
-# ---- RULER-style tasks (Hsieh et al. 2024) ---------------------------------------------------------------
-#
-# The content of the seven RULER tasks as words: which sentences ("needles") go into the haystack, which
-# question ends the prompt and which words answer it. The words are joined by spaces, so a run's own
-# tokenizer turns them into a prompt (``extrapos.tasks.ruler``: haystack = filler text or held-out corpus)
-# and the fixed word-level vocabulary below turns them into training examples (``synthetic:ruler``): the
-# same generator makes both. Keys, values and listed words are drawn from small pools of words that are
-# one token each in the word-level vocabulary, so every candidate answer has the answer's token length.
-
-RULER_TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe")
-#: keys of the needles, names of the variables, and the listed words of cwe / fwe
-RULER_WORDS = (
-    "apple river candle forest silver button garden rocket pillow marble violin lemon castle anchor "
-    "feather bridge tiger window copper meadow puzzle lantern saddle harbor pepper glacier thunder wagon "
-    "orchid falcon compass velvet"
-).split()
-RULER_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-NUMBER = ["the", "magic", "number", "for"]
-RULER_SENTENCES = (
-    "The magic number for is are and numbers . ? What Which variables equal VAR = They most common frequent "
-    "words in the list : Answer"
-).split()
-RULER_VOCAB = SPECIALS + sorted(set(RULER_WORDS + DIGITS + RULER_SENTENCES + RULER_FILLER.split()))
-RULER_ID = {w: i for i, w in enumerate(RULER_VOCAB)}
-#: how many of the listed words the cwe and fwe questions ask for (RULER asks for 10 and 3)
-RULER_TOP = 3
-#: variable-tracking chains: each assigns a value, then passes it on ``RULER_HOPS`` times
-RULER_HOPS = 2
-
-
-@dataclass
-class RulerContent:
-    """One RULER example as words: ``needles`` (sentences hidden in the haystack in this order), or
-    ``listing`` (cwe / fwe: the words that make up the whole context), then ``question``; ``answer``
-    continues the question. ``distractors`` are wrong answers found in the context (the other keys'
-    values, the other chain's variables): ranked first among the candidates. ``kind`` and ``size`` say
-    how a random alternative answer is drawn (``size`` values of ``digits`` digits, or ``size`` distinct
-    pool words)."""
-
-    task: str
-    needles: list[list[str]]
-    listing: list[str] | None
-    question: list[str]
-    answer: list[str]
-    distractors: list[list[str]]
-    kind: str  # "values" or "words"
-    size: int
-    digits: int
-
-    def alternative(self, rng: np.random.Generator) -> list[str]:
-        """A random answer of the same shape: exchangeable with the true one under a model that ignores the
-        context, so such a model ranks the true answer first 1 / candidates of the time."""
-        if self.kind == "values":
-            return [w for _ in range(self.size) for w in _value(rng, self.digits)]
-        return [RULER_WORDS[i] for i in rng.permutation(len(RULER_WORDS))[: self.size]]
-
-
-def _value(rng: np.random.Generator, digits: int) -> list[str]:
-    return [DIGITS[i] for i in rng.integers(0, 10, digits)]
-
-
-def _needle(key: str, value: list[str]) -> list[str]:
-    return ["The", "magic", "number", "for", key, "is", *value, "."]
-
-
-def ruler_content(
-    task: str, rng: np.random.Generator, words: int = 0, pairs: int = 4, queries: int = 2, digits: int = 4
-) -> RulerContent:
-    """The words of one example of ``task`` (one of ``RULER_TASKS``). ``pairs``: needles of niah_multikey and
-    niah_multiquery, values of niah_multivalue; ``queries``: keys asked by niah_multiquery; ``digits``: per
-    value; ``words``: how many words cwe / fwe list (the context they fill)."""
-    keys = [RULER_WORDS[i] for i in rng.permutation(len(RULER_WORDS))]
-    if task in ("niah_single", "niah_multikey"):
-        n = 1 if task == "niah_single" else pairs
-        values = [_value(rng, digits) for _ in range(n)]
-        needles = [_needle(k, v) for k, v in zip(keys, values)]
-        asked = int(rng.integers(0, n))
-        order = rng.permutation(n)
-        return RulerContent(
-            task,
-            [needles[i] for i in order],
-            None,
-            [
-                "What",
-                "is",
-                "the",
-                "magic",
-                "number",
-                "for",
-                keys[asked],
-                "?",
-                "The",
-                *NUMBER[1:],
-                keys[asked],
-                "is",
-            ],
-            values[asked],
-            [v for i, v in enumerate(values) if i != asked],
-            "values",
-            1,
-            digits,
-        )
-    if task == "niah_multivalue":
-        values = [_value(rng, digits) for _ in range(pairs)]
-        k = keys[0]
-        q = [
-            "What",
-            "are",
-            "the",
-            "magic",
-            "numbers",
-            "for",
-            k,
-            "?",
-            "The",
-            "magic",
-            "numbers",
-            "for",
-            k,
-            "are",
-        ]
-        return RulerContent(
-            task,
-            [_needle(k, v) for v in values],
-            None,
-            q,
-            [w for v in values for w in v],
-            [],
-            "values",
-            pairs,
-            digits,
-        )
-    if task == "niah_multiquery":
-        values = [_value(rng, digits) for _ in range(pairs)]
-        needles = [_needle(k, v) for k, v in zip(keys, values)]
-        asked = rng.permutation(pairs)[:queries].tolist()
-        names = [w for i, j in enumerate(asked) for w in ([keys[j]] if i == 0 else ["and", keys[j]])]
-        q = [
-            "What",
-            "are",
-            "the",
-            "magic",
-            "numbers",
-            "for",
-            *names,
-            "?",
-            "The",
-            "magic",
-            "numbers",
-            "for",
-            *names,
-            "are",
-        ]
-        return RulerContent(
-            task, needles, None, q, [w for j in asked for w in values[j]], [], "values", queries, digits
-        )
-    if task == "vt":
-        # two chains: VAR a = 1234 . VAR b = a . VAR c = b . ; the question asks for the first chain's names
-        chains, values = [], []
-        for c in range(2):
-            names = keys[c * (RULER_HOPS + 1) : (c + 1) * (RULER_HOPS + 1)]
-            values.append(_value(rng, digits))
-            steps = [["VAR", names[0], "=", *values[-1], "."]]
-            steps += [["VAR", names[i], "=", names[i - 1], "."] for i in range(1, len(names))]
-            chains.append((names, steps))
-        # interleave the chains' steps, each chain's in its own order
-        take = rng.permutation([0] * len(chains[0][1]) + [1] * len(chains[1][1]))
-        pos, needles = [0, 0], []
-        for c in take:
-            needles.append(chains[c][1][pos[c]])
-            pos[c] += 1
-        q = ["Which", "variables", "equal", *values[0], "?", "They", "are"]
-        return RulerContent(
-            task, needles, None, q, chains[0][0], [chains[1][0]], "words", RULER_HOPS + 1, digits
-        )
-    if task in ("cwe", "fwe"):
-        listing, answer = (_common_words if task == "cwe" else _frequent_words)(rng, words, keys)
-        what = "common" if task == "cwe" else "frequent"
-        q = [
-            "What",
-            "are",
-            "the",
-            DIGITS[RULER_TOP],
-            "most",
-            what,
-            "words",
-            "in",
-            "the",
-            "list",
-            "?",
-            "They",
-            "are",
-        ]
-        return RulerContent(task, [], listing, q, answer, [], "words", RULER_TOP, digits)
-    raise UserError(f"unknown RULER task {task!r}; choose from {', '.join(RULER_TASKS)}.")
-
-
-def _common_words(rng: np.random.Generator, n: int, pool: list[str]) -> tuple[list[str], list[str]]:
-    """cwe (RULER's common words extraction): ``RULER_TOP`` words appear ``c`` times each, every other pool
-    word at most ``c - 1`` times, ``n`` words in all, shuffled; the answer lists the common words in the order
-    they first appear. ``c`` is three times the rare words' share (RULER: 30 to 3), more when the rare words
-    could not fill the list otherwise."""
-    common, rare = pool[:RULER_TOP], pool[RULER_TOP:]
-    R = len(rare)
-    c = max(3 * max(1, n // (R + 3 * RULER_TOP)), -(-(n + R) // (RULER_TOP + R)))
-    counts = {w: c for w in common}
-    room = n - RULER_TOP * c
-    for i, w in enumerate(rare):  # the rare words fill the rest, evenly, each below c
-        counts[w] = room // R + (1 if i < room % R else 0)
-    listing = [w for w, k in counts.items() for _ in range(k)]
-    listing = [listing[i] for i in rng.permutation(len(listing))]
-    return listing, sorted(common, key=listing.index)
-
-
-def _zipf_counts(n: int, size: int) -> np.ndarray:
-    """Counts of ``size`` words in a list of ``n``, following Zipf's law with exponent 2 (RULER's alpha)."""
-    weights = 1.0 / np.arange(1, size + 1) ** 2
-    counts = np.floor(n * weights / weights.sum()).astype(int)
-    counts[0] += n - counts.sum()  # exactly n words
-    return counts
-
-
-def _frequent_words(rng: np.random.Generator, n: int, pool: list[str]) -> tuple[list[str], list[str]]:
-    """fwe (RULER's frequent words extraction): ``n`` words with Zipf counts over the pool, shuffled; the
-    answer is the ``RULER_TOP`` most frequent words, most frequent first."""
-    counts = _zipf_counts(n, len(pool))
-    listing = [pool[i] for i in range(len(pool)) for _ in range(counts[i])]
-    listing = [listing[i] for i in rng.permutation(len(listing))]
-    return listing, pool[:RULER_TOP]
-
-
-def ruler_min_listing(task: str) -> int:
-    """The fewest words a cwe / fwe list needs: every rare word once beside the common ones (cwe), the asked
-    words' counts strictly above the next word's, which appears (fwe), so the answer is the only right one."""
-    if task == "cwe":
-        return 3 * RULER_TOP + len(RULER_WORDS) - RULER_TOP
-    n = RULER_TOP + 1
-    while True:
-        counts = _zipf_counts(n, len(RULER_WORDS))[: RULER_TOP + 1]
-        if counts[-1] >= 1 and np.all(np.diff(counts) < 0):  # the next word is there, and below them
-            return n
-        n += 1
-
-
-def ruler_min_words(task: str, pairs: int = 4, queries: int = 2, digits: int = 4) -> int:
-    """The fewest words an example of ``task`` holds: its needles and question (cwe / fwe: a list long enough
-    that the asked words stand out, then the question)."""
-    if task in ("cwe", "fwe"):
-        return ruler_min_listing(task) + len(ruler_content(task, np.random.default_rng(0), 64).question)
-    c = ruler_content(task, np.random.default_rng(0), 0, pairs, queries, digits)
-    return sum(len(s) for s in c.needles) + len(c.question)
-
-
-def assemble_ruler(
-    task: str,
-    length: int,
-    rng: np.random.Generator,
-    encode,
-    hay,
-    boundary,
-    word_tokens: int = 1,
-    pairs: int = 4,
-    queries: int = 2,
-    digits: int = 4,
-) -> tuple[RulerContent, list[int], list[int], list[int]]:
-    """One prompt of exactly ``length`` tokens: ``(content, prompt, answer tokens, needle starts)``.
-
-    ``encode(words)``: token ids of words joined by spaces; ``hay(n, rng)``: n haystack tokens;
-    ``boundary(hay, target)``: the insertion point between sentences (words) nearest to ``target``;
-    ``word_tokens``: the most tokens a pool word takes. Needles go at uniformly random depths, in their
-    order; a cwe / fwe list fills the prompt (haystack tokens before it make up what a word cannot).
-    """
-    if task in ("cwe", "fwe"):
-        question = encode(ruler_content(task, np.random.default_rng(0), 64).question)
-        budget = length - len(question)
-        words = budget // word_tokens
-        least = ruler_min_listing(task)
-        if words < least:
-            raise UserError(
-                f"a {task} prompt of {length} tokens cannot hold a list of {least} words and the question "
-                f"({least * word_tokens + len(question)} tokens); use longer lengths."
-            )
-        content = ruler_content(task, rng, words, pairs, queries, digits)
-        listing = encode(content.listing)  # at most words x word_tokens <= budget tokens
-        prompt = hay(budget - len(listing), rng) + listing + question
-        return content, prompt, encode(content.answer), []
-    content = ruler_content(task, rng, 0, pairs, queries, digits)
-    needles = [encode(n) for n in content.needles]
-    question = encode(content.question)
-    hay_len = length - sum(map(len, needles)) - len(question)
-    if hay_len < 0:
-        raise UserError(
-            f"a {task} prompt of {length} tokens cannot hold its needles and question "
-            f"({length - hay_len} tokens); use longer lengths."
-        )
-    hay_tokens = hay(hay_len, rng)
-    points = sorted(boundary(hay_tokens, int(round(t))) for t in np.sort(rng.random(len(needles))) * hay_len)
-    prompt, starts, prev = [], [], 0
-    for at, needle in zip(points, needles):
-        prompt += hay_tokens[prev:at]
-        starts.append(len(prompt))
-        prompt += needle
-        prev = at
-    prompt += hay_tokens[prev:] + question
-    return content, prompt, encode(content.answer), starts
-
-
-def ruler_word_ids(words: list[str]) -> list[int]:
-    """Token ids of words in the RULER word-level vocabulary (one token per word)."""
-    return [RULER_ID[w] for w in words]
-
-
-_RULER_FILLER_IDS = ruler_word_ids(RULER_FILLER.split())
-#: where a sentence of the filler starts (offsets into one copy)
-_RULER_FILLER_STARTS = [0] + [i + 1 for i, w in enumerate(RULER_FILLER.split()) if w.endswith(".")][:-1]
-
-
-def ruler_filler_hay(n: int, rng: np.random.Generator) -> list[int]:
-    """n tokens of the filler, repeated (the passkey haystack of Mohtashami & Jaggi 2023, in words)."""
-    reps = n // len(_RULER_FILLER_IDS) + 1
-    return (_RULER_FILLER_IDS * reps)[:n]
-
-
-def ruler_filler_boundary(hay: list[int], target: int) -> int:
-    """The start of the filler sentence nearest to ``target`` (0 always qualifies, ``len(hay)`` only as the
-    target itself)."""
-    F = len(_RULER_FILLER_IDS)
-    base = target - target % F
-    points = [b + s for b in (base - F, base, base + F) for s in _RULER_FILLER_STARTS]
-    points = [p for p in points if 0 <= p < len(hay)] + [0] + ([len(hay)] if target >= len(hay) else [])
-    return min(points, key=lambda p: (abs(p - target), p))

@@ -47,7 +47,7 @@ def length_metrics(task: str, rows) -> list[tuple[str, str]]:
             continue
         result = row.tasks[task]
         both = ["exact_match"] if result.get("request", {}).get("mode") == "both" else []
-        for m in [result.get("metric")] + both:
+        for m in result.get("metrics") or [result.get("metric")] + both:  # a RULER result lists its metrics
             if m and m not in [x for x, _ in metrics]:
                 metrics.append((m, m.replace("_", " ")))
     return metrics
@@ -209,11 +209,12 @@ def _describe(task: str, rows) -> str:
         )
     if task == "ruler":
         req = first["request"]
-        chance = f"; chance {1 / req['candidates']:.2f}" if first.get("metric") == "rank_accuracy" else ""
+        chance = f"; ranking form's chance {1 / req['candidates']:.2f}" if req["mode"] != "generate" else ""
         return (
-            f"RULER tasks ({req['mode']}, haystack {req['haystack']}): accuracy per length, the mean over "
-            f"the tasks {', '.join(req['tasks'])} ({req['trials']} examples per task and length{chance}); "
-            "the per-task table follows."
+            f"RULER tasks ({req['mode']}: string-match recall of the greedy output and/or rank accuracy, "
+            f"template {req.get('template', 'ruler')}, essay {first.get('essay_source', req.get('essay'))}): "
+            f"per length, the mean over the tasks {', '.join(req['tasks'])} ({req['trials']} examples per "
+            f"task and length{chance}); the per-task table follows."
         )
     if task == "attention":
         req = first.get("request", {})
