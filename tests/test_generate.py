@@ -69,6 +69,11 @@ def test_generate_cli_streams_a_continuation(tiny_data, tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert out.startswith("Fellow citizens, ") and len(out) > len("Fellow citizens, " * 20)
+    # into a pipe or a file: exactly the prompt and the generated text, no newline of the command's own
+    from extrapos.inference.generate import generate_text
+
+    again = generate_text(str(tmp_path / "run"), "Fellow citizens, " * 20, 16, seed=1, progress=False)
+    assert out == "Fellow citizens, " * 20 + again
     assert main(["generate", str(tmp_path / "run")]) == 2
 
 

@@ -94,5 +94,6 @@ def run(args) -> int:
         progress=not args.no_progress,
         force=args.force,
     )
-    sys.stdout.write("\n")
+    if sys.stdout.isatty():  # end the line for a terminal; a pipe or file gets exactly the text
+        sys.stdout.write("\n")
     return 0
