@@ -131,6 +131,9 @@ def plot(results: list[tuple[str, dict[str, Any]]], evs: list[Any], path: Path) 
             mean = float((centres * counts).sum() / counts.sum())
             ax.axvline(mean, color=colour, linestyle=":", linewidth=1)
         ax.axvline(1.0, color="grey", linestyle="--", linewidth=0.8)
+        histograms = [h for h in (_histogram(_rows(r)[ev]) for _, r in results) if h is not None]
+        occupied = [edges[np.flatnonzero(counts)[-1] + 1] for edges, counts in histograms if counts.any()]
+        ax.set_xlim(0, max([1.1, *occupied]))  # the bins up to 2 are mostly empty: show where queries lie
         ax.set_title(f"queries past L_t at ev={ev}", fontsize=10)
         ax.set_xlabel("median attention weight x visible keys (1 = even)")
         ax.set_ylabel("density (queries x layers x heads)")
