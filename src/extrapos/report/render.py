@@ -570,6 +570,12 @@ def _uncertainty_note(cells: dict[tuple[str, int], Cell]) -> list[str]:
                 "deviations rescaled by sqrt(S/(S-1))); the number is the mean over seeds"
             )
         lines.append(f"[a, b] = {round(stats.LEVEL * 100)}% interval from {how}.")
+        if seeds == [1]:
+            lines.append(
+                "One training seed per row: the intervals cover the choice of held-out documents, not "
+                "training noise (another seed, data order or machine can move a row by more than a "
+                "difference printed here; `seeds = [0, 1, 2]` in the sweep measures it)."
+            )
         if docs[0] < 10:
             lines.append(
                 f"Few documents ({docs[0]}): a bootstrap over so few units is rough and tends to be too "
