@@ -14,7 +14,10 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "extrapos"
 # Units (a top-level module or a folder of extrapos) by layer, bottom first; docs/architecture.md
 # draws the same picture. A unit may import units of its own layer or below, never above.
 LAYERS = [
-    ("foundation", {"extrapos", "errors", "schema", "presets", "files", "auto_registration"}),
+    (
+        "foundation",
+        {"extrapos", "errors", "schema", "presets", "files", "auto_registration", "bounds", "owned"},
+    ),
     ("data", {"data"}),
     ("positions", {"positions"}),
     ("attention", {"attention"}),

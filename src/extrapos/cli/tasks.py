@@ -59,7 +59,7 @@ def register(sub) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_passkey)
 
-    from extrapos.data.ruler_tasks import SYNTHETIC_TASKS, TASK_NAMES
+    from extrapos.data.ruler_names import SYNTHETIC_TASKS, TASK_NAMES
 
     r = sub.add_parser(
         "ruler",

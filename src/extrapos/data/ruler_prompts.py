@@ -277,7 +277,7 @@ def synthetic_tokenizer():
     from tokenizers import Tokenizer as RustTokenizer
     from tokenizers import decoders, models, pre_tokenizers
 
-    from extrapos.data.synthetic import SPECIALS
+    from extrapos.data.special_tokens import SPECIALS
     from extrapos.data.tokenizer import HFTokenizer
 
     chars = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from extrapos.data import ruler_words as W
+from extrapos.data.ruler_names import SYNTHETIC_TASKS, TASK_NAMES
 from extrapos.errors import UserError
 
 
@@ -65,9 +66,11 @@ TASKS: dict[str, TaskSpec] = {
     "qa_1": TaskSpec("qa", "documents", dataset="squad"),
     "qa_2": TaskSpec("qa", "documents", dataset="hotpotqa"),
 }
-TASK_NAMES = tuple(TASKS)
+if tuple(TASKS) != TASK_NAMES:  # the names the CLI lists without importing this module
+    raise AssertionError(f"ruler_names.TASK_NAMES {TASK_NAMES} differs from the task table {tuple(TASKS)}")
 #: the tasks a model is trained on by ``synthetic:ruler`` (QA needs data that must be provided)
-SYNTHETIC_TASKS = tuple(t for t, s in TASKS.items() if s.family != "qa")
+if SYNTHETIC_TASKS != tuple(t for t, s in TASKS.items() if s.family != "qa"):
+    raise AssertionError("ruler_names.SYNTHETIC_TASKS differs from the task table's data-free tasks")
 #: RULER's needle depths (percent): 40 evenly spaced, drawn without replacement for the essay haystack
 DEPTHS = np.round(np.linspace(0, 100, num=40, endpoint=True)).astype(int)
 #: RULER's token budgets for the answer (tokens_to_generate)

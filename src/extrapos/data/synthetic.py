@@ -47,13 +47,13 @@ import torch
 from extrapos.data.batch import Batch
 from extrapos.data.sampling import Sampler
 from extrapos.data.shards import FORMAT, SPLITS, SplitWriter, TokenSplit, write_manifest
+from extrapos.data.special_tokens import SPECIALS
 from extrapos.errors import UserError
 
 PREFIX = "synthetic:"
 TASKS = ("passkey", "kv-recall", "copy", "ruler")
 RECIPE = "extrapos-synthetic/1"  # bump when a generator changes, to invalidate prepared data
 
-SPECIALS = ["<|endoftext|>", "<|pad|>", "<|mask|>"]
 MARKERS = ["<key>", "<query>", "<copy>", "<sep>"]
 DIGITS = [str(i) for i in range(10)]
 KEYS = [f"k{i:02d}" for i in range(16)]

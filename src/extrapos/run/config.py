@@ -31,7 +31,6 @@ from extrapos.data.segmented import POSE_CHUNKS
 from extrapos.errors import UserError
 from extrapos.model import ModelConfig, model_config
 from extrapos.presets import PRESETS_DIR, find_config, parse_toml_value, preset_names, read_toml
-from extrapos.run.precision import PRECISIONS
 
 __all__ = [
     "PRESETS_DIR",
@@ -51,6 +50,9 @@ __all__ = [
     "validate",
     "with_overrides",
 ]
+
+#: the precisions train.precision accepts ("auto": run/precision.py picks per device and model)
+PRECISIONS = ("fp32", "bf16", "auto")
 
 
 @dataclass
