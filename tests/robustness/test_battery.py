@@ -241,7 +241,7 @@ def _bases(w: dict, case: Path) -> dict[str, list[str]]:
             "attention", run, "--lengths", "1,2", "--max-tokens", "64", "--no-progress", "--device", "cpu",
         ],
         "ruler": [
-            "ruler", run, "--tasks", "niah_single_1", "--lengths", "8", "--trials", "1", "--candidates", "2",
+            "ruler", run, "--tasks", "niah_single_1", "--lengths", "16", "--trials", "1", "--candidates", "2",
             "--no-progress", "--device", "cpu",
         ],
         "import": ["import", str(w["hf"]), "--out", out],

@@ -44,9 +44,11 @@ def run(tmp_path_factory, tiny_data):
     return out
 
 
-def test_eval_refuses_to_save_a_nan_loss(run, capsys):
+def test_eval_refuses_an_option_that_would_overflow_before_scoring(run, capsys):
+    """YaRN's attention_factor = 1e30 overflowed the logits to a NaN loss, which the result slot refused
+    to save (finite_json, above); the option's plausibility bound now refuses it before any scoring."""
     args = ["eval", str(run), "--lengths", "1", "--max-tokens", "64", "--no-progress", "--name", "overflow"]
     code = main([*args, "--rope-scaling", "yarn", "--position-option", "attention_factor=1e30"])
     err = capsys.readouterr().err
     assert not (run / "eval" / "overflow.json").exists()
-    assert code == 2 and "attention_factor" in err and "NaN" in err
+    assert code == 2 and "attention_factor" in err and "(0, 16]" in err

@@ -283,7 +283,10 @@ def encoder(tmp_path_factory, tiny_data):
 
 ENCODER_MISTAKES = [
     (["eval", "{encoder}", "--stride", "8"], ["drop --stride"]),
-    (["export", "{encoder}", "--out", "{out}"], ["encoder run", "--format sentence-transformers"]),
+    (
+        ["export", "{encoder}", "--out", "{out}", "--format", "hf"],
+        ["encoder run", "--format sentence-transformers"],
+    ),
     (["export", "{trained}", "--out", "{out}", "--format", "sentence-transformers"], ["decoder run"]),
     (["export", "{trained}", "--out", "{out}", "--pooling", "cls"], ["--pooling applies to --format"]),
     (["export", "{encoder}", "--out", "{encoder}", "--format", "sentence-transformers"], ["already exists"]),

@@ -109,6 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        return _run(args)
+    finally:  # a refused or failed evaluation leaves no result lock in the run
+        if "extrapos.run.lock" in sys.modules:
+            sys.modules["extrapos.run.lock"].release_result_locks()
+
+
+def _run(args) -> int:
+    try:
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
     except BrokenPipeError:  # the reader left (`extrapos encodings | head -1`): stop quietly like Unix tools

@@ -389,89 +389,98 @@ def run_lm_eval(
                 f"extrapos lm-eval: {slot.out_path} holds this request on these weights; reused.", flush=True
             )
         return slot.previous
-    run_dir, name, limit, options = Path(run_dir), slot.out_path.stem, request["limit"], request["options"]
-    t0 = time.perf_counter()
-    lm = ExtraposLM(
-        run=str(run_dir),
-        max_length=max_length,
-        batch_size=batch_size,
-        device=device,
-        step=slot.ckpt.step,
-        scale=scale,
-        rope_scaling=rope_scaling,
-        factor=factor,
-    )
-    manager = TaskManager(
-        include_path=str(include_path) if include_path else None,
-        include_defaults=include_defaults or not include_path,
-        metadata=metadata,
-    )
-    unknown = [t for t in tasks if t not in manager.all_tasks]
-    if unknown:
-        raise UserError(
-            f"lm-eval knows no task {', '.join(unknown)}; check the name (lm_eval ls tasks) or pass "
-            "include_path=DIR holding its YAML."
-        )
     try:
-        raw = lm_eval.simple_evaluate(
-            model=lm,
-            tasks=list(tasks),
-            num_fewshot=num_fewshot,
-            limit=limit,
-            task_manager=manager,
-            bootstrap_iters=bootstrap_iters,
-            log_samples=log_samples,
-            random_seed=seed,
-            numpy_random_seed=seed,
-            torch_random_seed=seed,
-            fewshot_random_seed=seed,
+        run_dir, name, limit, options = (
+            Path(run_dir),
+            slot.out_path.stem,
+            request["limit"],
+            request["options"],
+        )
+        t0 = time.perf_counter()
+        lm = ExtraposLM(
+            run=str(run_dir),
+            max_length=max_length,
+            batch_size=batch_size,
+            device=device,
+            step=slot.ckpt.step,
+            scale=scale,
+            rope_scaling=rope_scaling,
+            factor=factor,
+        )
+        manager = TaskManager(
+            include_path=str(include_path) if include_path else None,
+            include_defaults=include_defaults or not include_path,
             metadata=metadata,
         )
-    except OSError as e:
-        if not _unreachable(e):
-            raise
-        # datasets / huggingface_hub say "Couldn't reach ..." with a ConnectionError (an OSError): left to
-        # the command line's file-system sentence it read as a path or free-space problem
-        reason = str(e).strip().splitlines()[0].rstrip(".").replace(". ", "; ") if str(e).strip() else ""
-        raise UserError(
-            f"lm-eval could not fetch the dataset of {', '.join(tasks)} ({reason or type(e).__name__}): "
-            "without a network it must already be in the Hugging Face datasets cache, so fetch it once where "
-            "there is one (then copy ~/.cache/huggingface, or point HF_HOME at the copy, and set "
-            "HF_DATASETS_OFFLINE=1) or give a local task with --include-path DIR."
-        ) from None
-    except ValueError as e:
-        # the harness draws the few-shot examples with random.sample from the task's own split
-        if num_fewshot and "larger than population" in str(e):
+        unknown = [t for t in tasks if t not in manager.all_tasks]
+        if unknown:
             raise UserError(
-                f"--num-fewshot {num_fewshot} (num_fewshot) asks for more few-shot examples than "
-                f"{', '.join(tasks)} can draw from; lower --num-fewshot."
+                f"lm-eval knows no task {', '.join(unknown)}; check the name (lm_eval ls tasks) or pass "
+                "include_path=DIR holding its YAML."
+            )
+        try:
+            raw = lm_eval.simple_evaluate(
+                model=lm,
+                tasks=list(tasks),
+                num_fewshot=num_fewshot,
+                limit=limit,
+                task_manager=manager,
+                bootstrap_iters=bootstrap_iters,
+                log_samples=log_samples,
+                random_seed=seed,
+                numpy_random_seed=seed,
+                torch_random_seed=seed,
+                fewshot_random_seed=seed,
+                metadata=metadata,
+            )
+        except OSError as e:
+            if not _unreachable(e):
+                raise
+            # datasets / huggingface_hub say "Couldn't reach ..." with a ConnectionError (an OSError): left to
+            # the command line's file-system sentence it read as a path or free-space problem
+            reason = str(e).strip().splitlines()[0].rstrip(".").replace(". ", "; ") if str(e).strip() else ""
+            raise UserError(
+                f"lm-eval could not fetch the dataset of {', '.join(tasks)} ({reason or type(e).__name__}): "
+                "without a network it must already be in the Hugging Face datasets cache, so fetch it once "
+                "where there is one (then copy ~/.cache/huggingface, or point HF_HOME at the copy, and set "
+                "HF_DATASETS_OFFLINE=1) or give a local task with --include-path DIR."
             ) from None
+        except ValueError as e:
+            # the harness draws the few-shot examples with random.sample from the task's own split
+            if num_fewshot and "larger than population" in str(e):
+                raise UserError(
+                    f"--num-fewshot {num_fewshot} (num_fewshot) asks for more few-shot examples than "
+                    f"{', '.join(tasks)} can draw from; lower --num-fewshot."
+                ) from None
+            raise
+        if raw is None:  # pragma: no cover - only non-zero ranks get None
+            raise UserError("lm-eval returned no results.")
+        result = {
+            "name": name,
+            "task": "lm-eval",
+            "run": str(run_dir),
+            "tasks": list(tasks),
+            "encoding": lm.run.cfg.model.positions_plan().name,
+            "applied": lm.options,
+            "max_length": lm.max_length,
+            "train_length": lm.train_length,
+            "checkpoint_step": lm.run.step,
+            "checkpoint": slot.checkpoint,
+            "request": request,
+            "results": raw.get("results", {}),
+            "n-shot": raw.get("n-shot", {}),
+            "versions": raw.get("versions", {}),
+            "n-samples": raw.get("n-samples", {}),
+            "wall_time": time.perf_counter() - t0,
+        }
+        if log_samples:
+            result["samples"] = raw.get("samples", {})
+        result = jsonable(result)
+        slot.write(result, options)  # rank 0 writes; every process waits until it is on disk
+        return result
+    except BaseException:  # a failed evaluation lets the next request of this name go on
+        slot.release()
         raise
-    if raw is None:  # pragma: no cover - only non-zero ranks get None
-        raise UserError("lm-eval returned no results.")
-    result = {
-        "name": name,
-        "task": "lm-eval",
-        "run": str(run_dir),
-        "tasks": list(tasks),
-        "encoding": lm.run.cfg.model.positions_plan().name,
-        "applied": lm.options,
-        "max_length": lm.max_length,
-        "train_length": lm.train_length,
-        "checkpoint_step": lm.run.step,
-        "checkpoint": slot.checkpoint,
-        "request": request,
-        "results": raw.get("results", {}),
-        "n-shot": raw.get("n-shot", {}),
-        "versions": raw.get("versions", {}),
-        "n-samples": raw.get("n-samples", {}),
-        "wall_time": time.perf_counter() - t0,
-    }
-    if log_samples:
-        result["samples"] = raw.get("samples", {})
-    result = jsonable(result)
-    slot.write(result, options)  # rank 0 writes; every process waits until it is on disk
-    return result
 
 
 def _unreachable(error: OSError) -> bool:

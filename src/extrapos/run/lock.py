@@ -114,3 +114,10 @@ class ResultLock:
 
     def __del__(self) -> None:  # a slot dropped without writing (its evaluation failed) lets go
         self.release()
+
+
+def release_result_locks() -> None:
+    """Let go of every result lock this process still holds: a command that stopped between deciding to
+    score and writing (a refusal, an error) leaves no lock file in the run."""
+    for lock in list(_HELD.values()):
+        lock.release()
