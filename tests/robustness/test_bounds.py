@@ -171,3 +171,30 @@ def test_eval_length_beyond_memory(trained, cache):
         cache,
         ["evaluation windows of 100000000 x 32 = 3200000000 tokens", "of memory", "--lengths"],
     )
+
+
+def test_ruler_names_its_own_prompts_when_refused_for_memory(trained, cache):
+    """`ruler R --lengths 1000000` was refused as "passkey prompts of ..." (issue 37, item 10): the
+    sentence names RULER's prompts and the flag to change, before the model is loaded."""
+    refused_quickly(
+        ["ruler", trained, "--tasks", "niah_single_1", "--lengths", "1000000", "--no-progress"],
+        trained,
+        cache,
+        ["RULER prompts of 1000000 x", "of memory", "--lengths"],
+    )
+
+
+def test_ruler_estimates_its_time_and_refuses_past_a_day(trained, monkeypatch):
+    """RULER's cells are timed before they run, like passkey's: work estimated past a day is refused
+    (naming --force), with the machine's measured FLOP/s replaced by a slow one."""
+    import extrapos.run.perf as perf
+    from extrapos.errors import UserError
+    from extrapos.run import timing
+    from extrapos.tasks.ruler import RulerOptions, check_ruler_time
+
+    monkeypatch.setattr(timing, "CEILING_FLOPS", {"cpu": 0.0})  # too small to time otherwise
+    monkeypatch.setattr(perf, "matmul_peak_flops", lambda device, precision: 1e3)  # a very slow machine
+    opts = RulerOptions(tasks=["niah_single_1"], lengths=[4], trials=5).checked()
+    with pytest.raises(UserError, match="--force"):
+        check_ruler_time(trained, opts, "cpu", force=False)
+    check_ruler_time(trained, opts, "cpu", force=True)  # --force goes on

@@ -109,6 +109,7 @@ def register(sub) -> None:
     add_position_flags(r)
     _add_result_flags(r)
     r.add_argument("--plot", default=None, help="write the task x length heatmap here (PNG)")
+    r.add_argument("--force", action="store_true", help="score even when it is estimated past a day")
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(func=run_ruler)
 
@@ -262,7 +263,15 @@ def run_ruler(args) -> int:
     name = _name(args)
     device = str(resolve_device(args.device, "--device"))
     progress = not args.no_progress
-    result = ruler(args.run, options, name=name, overwrite=args.overwrite, device=device, progress=progress)
+    result = ruler(
+        args.run,
+        options,
+        name=name,
+        overwrite=args.overwrite,
+        device=device,
+        progress=progress,
+        force=args.force,
+    )
     print(format_all(result))
     if args.plot:
         print(f"-> {plot_grid(result, args.plot)}")

@@ -445,8 +445,10 @@ def check_passkey_memory(
     device: str,
     batch_tokens: int = 16_384,
     advice: str = "ask for shorter --lengths or fewer --trials",
+    what: str = "passkey prompts",
 ) -> None:
-    """Refuse before loading the model a request whose longest cell cannot fit in memory: the cell's
+    """Refuse before loading the model a request whose longest cell cannot fit in memory (``what``: the
+    prompts' name in the sentence, e.g. RULER's): the cell's
     ``trials`` prompts (a list of token ids each), rank mode's candidate rows and one forward over
     them, generate mode's batch of prompts with its KV cache (``common.forward_bytes``). ``source``: a
     run directory, or a model config (a sweep's row before it is trained)."""
@@ -464,7 +466,7 @@ def check_passkey_memory(
     check_memory(
         need,
         device,
-        f"passkey prompts of {max(lengths)} x {base_length or model.train_length} = {T} tokens "
+        f"{what} of {max(lengths)} x {base_length or model.train_length} = {T} tokens "
         f"({trials} per cell)",
         advice,
     )

@@ -269,11 +269,12 @@ def ruler(
     device: str = "cpu",
     batch_tokens: int = 16_384,
     progress: bool = False,
+    force: bool = False,
     **fields: Any,
 ) -> dict[str, Any]:
     """Score a run on RULER (``RulerOptions``, any of whose fields may be given as keywords instead); write
     RUN/eval/NAME.json and return it. The same request is reused; a different one under the same name is a
-    UserError unless ``overwrite``."""
+    UserError unless ``overwrite``. Work estimated past a day is refused unless ``force``."""
     from tqdm.auto import tqdm
 
     from extrapos.data.ruler_qa import load_qa
@@ -289,8 +290,9 @@ def ruler(
         return slot.previous
     check_passkey_memory(
         run_dir, opts.lengths, opts.trials, opts.mode, opts.candidates, opts.base_length, device,
-        batch_tokens, advice="ask for shorter --lengths or fewer --trials",
+        batch_tokens, advice="ask for shorter --lengths or fewer --trials", what="RULER prompts",
     )  # fmt: skip
+    check_ruler_time(run_dir, opts, device, force)
     t0 = time.perf_counter()
     run, L, applied = load_task_run(
         run_dir, slot, device, opts.base_length, opts.position_options, max(opts.lengths)
@@ -370,3 +372,20 @@ __all__ = [
     "ruler",
     "score_cell",
 ]
+
+
+def check_ruler_time(run_dir: Path, opts: RulerOptions, device: str, force: bool) -> None:
+    """Print the least time the cells take when past a minute and refuse them past a day unless ``force``
+    (``run.timing``): every example of every (task, length) cell runs its prompt once per candidate in rank
+    mode and once, with its answer's tokens, in generate mode, each token seeing half the prompt."""
+    from extrapos.run.config import load_run_config
+    from extrapos.run.timing import check_time, forward_flops
+
+    model = load_run_config(run_dir).model
+    L = opts.base_length or model.train_length
+    runs = (opts.candidates if opts.mode in ("rank", "both") else 0) + (opts.mode in ("generate", "both"))
+    flops = sum(
+        forward_flops(model, len(opts.tasks) * opts.trials * runs * k * L, k * L / 2) for k in opts.lengths
+    )
+    what = f"RULER cells up to {max(opts.lengths)} x {L} tokens"
+    check_time(flops, device, what, "ask for shorter --lengths or fewer --trials", force)
