@@ -466,8 +466,7 @@ def check_passkey_memory(
     check_memory(
         need,
         device,
-        f"{what} of {max(lengths)} x {base_length or model.train_length} = {T} tokens "
-        f"({trials} per cell)",
+        f"{what} of {max(lengths)} x {base_length or model.train_length} = {T} tokens ({trials} per cell)",
         advice,
     )
 
