@@ -159,7 +159,7 @@ def commands(tasks: Path) -> list[tuple[str, list[str]]]:
                 "ruler",
                 "runs/alibi",
                 "--lengths",
-                "8,16",
+                "12,16",
                 "--trials",
                 "2",
                 "--mode",
