@@ -60,7 +60,9 @@ def check_shards(files: list[Path], adapter, cfg) -> None:
     needed = vocab * d * (1 if cfg.tie_embeddings else 2) + cfg.n_layers * (2 * d * d + 2 * d * cfg.hidden)
     plan = cfg.positions_plan()
     if plan.name == "learned":  # GPT-2's position table: n_positions rows
-        needed += int(plan.options.get("max_length") or cfg.train_length) * d
+        from extrapos.positions.absolute import LearnedAbsolute
+
+        needed += int(plan.options_as(LearnedAbsolute.Options).max_length or cfg.train_length) * d
     if needed > held:
         raise UserError(
             f"config.json describes a model of at least {needed:,} weights but the safetensors files "
