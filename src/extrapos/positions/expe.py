@@ -141,7 +141,7 @@ class ExPE(_Override):
         return p * o.scale if o.scale != 1.0 else p
 
 
-def exqpe_counts(positions: Tensor, l: int) -> Tensor:  # noqa: E741
+def exqpe_counts(positions: Tensor, l: int) -> Tensor:
     """c_k(n) = floor((n - k) / l) + 1 if n >= k else 0, the number of i in [0, n] with i mod l == k; (B, T,
     l)."""
     nk = positions.unsqueeze(-1) - torch.arange(l, device=positions.device)

@@ -30,7 +30,7 @@ def shard_header(file: Path) -> dict[str, tuple[str, int]]:
 
     try:
         with safe_open(str(file), framework="pt", device="cpu") as f:
-            slices = {key: f.get_slice(key) for key in f.keys()}  # noqa: SIM118 - not a dict
+            slices = {key: f.get_slice(key) for key in f.keys()}  # f is a safetensors file, not a dict
             return {key: (t.get_dtype(), math.prod(t.get_shape())) for key, t in slices.items()}
     except OSError:
         raise
