@@ -166,6 +166,9 @@ class ModelConfig:
         return plan_positions(self.positions, self.n_layers)
 
     def validate(self) -> ModelConfig:
+        """Every rule of the model section, so ``model_config`` refuses what the CLI refuses (run/config.py
+        keeps the rules between sections); an encoding's options check their own bounds (bounds.py)."""
+        self._validate_sizes()
         if self.flavour not in FLAVOURS:
             raise UserError(f"unknown model flavour {self.flavour!r}; choose gpt2, llama or encoder.")
         for name in ("n_layers", "d_model", "n_heads", "vocab_size", "train_length"):
@@ -194,7 +197,25 @@ class ModelConfig:
                     f"the encoding {name!r} cannot be used by the encoder flavour "
                     f"(bidirectional attention): {reason}"
                 )
+        # accepted by the model, but the first step's loss would be NaN
+        if not (math.isfinite(self.norm_eps) and 0 < self.norm_eps < 1):
+            raise UserError(
+                f"model.norm_eps must be a small positive number (e.g. 1e-5), got {self.norm_eps!r}."
+            )
         return self
+
+    def _validate_sizes(self) -> None:
+        """The optional sizes and the initial scale, before the other checks divide by them."""
+        for key in ("n_kv_heads", "mlp_hidden"):
+            value = getattr(self, key)
+            if not (value is None or value >= 1):
+                raise UserError(f"model.{key} must be a positive integer (or left unset), got {value!r}.")
+        # the weights are drawn from N(0, init_std^2): a negative deviation is refused by torch mid-build
+        if not self.init_std >= 0:
+            raise UserError(
+                "model.init_std must be a non-negative standard deviation (e.g. 0.02), "
+                f"got {self.init_std!r}."
+            )
 
     def _validate_window(self) -> None:
         if self.sliding_window is None:
