@@ -26,7 +26,7 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -m ""
 
-# ruff, then the type checker over the modules [tool.mypy] lists in pyproject.toml
+# ruff, then the type checker over the package ([tool.mypy] in pyproject.toml: all of src/ but its exclude list)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

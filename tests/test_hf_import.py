@@ -7,10 +7,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from extrapos.errors import UserError  # noqa: E402
-from extrapos.integrations.hf import import_pretrained  # noqa: E402
-from extrapos.run.directory import load_run  # noqa: E402
-from tests.hf_helpers import (  # noqa: E402
+from extrapos.errors import UserError
+from extrapos.integrations.hf import import_pretrained
+from extrapos.run.directory import load_run
+from tests.hf_helpers import (
     CONTEXT,
     VOCAB,
     hf_greedy,

@@ -159,3 +159,35 @@ def test_inference_mode_and_reused_positions_buffer():
             pos.fill_(t)
             steps.append(model(tokens[:, t : t + 1], pos, cache))
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_the_positions_plan_is_typed_frozen_and_built_once():
+    """``ModelConfig.positions`` stays the TOML table; the plan built from it holds the encoding's own
+    Options (typed, frozen), once per config, and the model shares them (issue 38, item 4)."""
+    import dataclasses
+
+    from extrapos.model import ModelConfig
+    from extrapos.positions.absolute import LearnedAbsolute
+    from extrapos.positions.rotary import RoPE
+
+    table = {"name": "rope", "base": 500.0}
+    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=2, vocab_size=16, train_length=8, positions=table)
+    plan = cfg.positions_plan()
+    assert plan is cfg.positions_plan()
+    assert isinstance(plan.options, RoPE.Options) and plan.options_as(RoPE.Options).base == 500.0
+    table["base"] = 5.0  # the caller's dict: the config holds its own copy, the plan stays right
+    assert (
+        cfg.positions == {"name": "rope", "base": 500.0}
+        and cfg.positions_plan().options_as(RoPE.Options).base == 500.0
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.positions = {"name": "nope"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.options.base = 2.0
+    with pytest.raises(TypeError, match="LearnedAbsolute"):
+        plan.options_as(LearnedAbsolute.Options)
+    assert Decoder(cfg).pos.options is plan.options
+    changed = dataclasses.replace(cfg, positions={"name": "alibi"})  # a changed model is a new config
+    assert changed.positions_plan().name == "alibi" and cfg.positions_plan().name == "rope"
+    with pytest.raises(UserError, match="model.positions.base"):
+        ModelConfig(positions={"name": "rope", "base": 0}).positions_plan()

@@ -45,7 +45,7 @@ def run_safely(register: str | Callable[[], None]) -> None:
     exported folders still load with trust_remote_code=True."""
     try:
         (resolve(register) if isinstance(register, str) else register)()
-    except Exception as e:  # noqa: BLE001 - any failure here is reported, never raised into an import
+    except Exception as e:  # any failure here is reported, never raised into an import
         import warnings
 
         warnings.warn(

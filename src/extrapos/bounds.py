@@ -82,6 +82,9 @@ class CheckedOptions:
     ``BOUNDS`` (None, an unset optional, is left to its default) and the rules of ``check``."""
 
     BOUNDS: ClassVar[dict[str, Bound]] = {}
+    # every subclass is a dataclass: declared so the type checker takes any CheckedOptions to
+    # dataclasses.fields / replace / asdict
+    __dataclass_fields__: ClassVar[dict[str, Any]]
 
     def __post_init__(self) -> None:
         for key, bound in self.BOUNDS.items():

@@ -51,7 +51,9 @@ A layer with a sliding window keeps only the keys its window can still reach (``
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -72,8 +74,11 @@ FLAVOURS = ("gpt2", "llama", "encoder")
 ACTIVATIONS = ("gelu_tanh", "gelu", "silu", "relu")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
+    """The model's shape and encoding. Frozen: a changed model is a new config
+    (``dataclasses.replace``), so what is derived from it (the positions plan) is built once."""
+
     flavour: str = "gpt2"  # "gpt2" | "llama" | "encoder" (bidirectional, MLM head)
     n_layers: int = 4
     d_model: int = 128
@@ -85,7 +90,9 @@ class ModelConfig:
     mlp_hidden: int | None = None  # None: gpt2 4d; llama 8d/3 rounded up to a multiple of 256
     bias: bool | None = None  # None: gpt2 yes, llama no
     train_length: int = 64  # L_t, passed to encodings via EncodingContext
-    positions: dict = field(default_factory=lambda: {"name": "rope"})  # {"name": ..., **options}
+    # the TOML table {"name": ..., **options} as written in config.toml (read-only: a copy is taken, and
+    # the typed view of it is ``positions_plan()``)
+    positions: dict[str, Any] = field(default_factory=lambda: {"name": "rope"})
     norm_eps: float = 1e-5
     init_std: float = 0.02
     activation: str | None = None  # None: gpt2 "gelu_tanh", llama "silu" (gated); see ACTIVATIONS
@@ -95,6 +102,12 @@ class ModelConfig:
     post_norm: bool = False  # BERT / original Transformer: norm after each residual add, no final norm
     sliding_window: int | None = None  # W: key j visible from query i iff i - W < j <= i; None: full
     sliding_window_layers: list[int] | None = None  # the layers with the window; None: every layer
+
+    def __post_init__(self) -> None:
+        # the config's own copy of the table: a caller that changes its dict afterwards cannot make the
+        # plan built from it stale
+        if isinstance(self.positions, dict):
+            object.__setattr__(self, "positions", copy.deepcopy(self.positions))
 
     # ---- derived ---------------------------------------------------------------------------
     @property
@@ -141,17 +154,21 @@ class ModelConfig:
         return 256 * math.ceil(int(8 * self.d_model / 3) / 256)  # Llama's multiple_of = 256
 
     def positions_plan(self) -> Plan:
-        """``model.positions`` resolved once (options checked, the layer schedule parsed): validation,
-        the model and the importer all take this plan rather than re-reading the raw table. Kept until
-        the table or the layer count changes (a config is a plain, mutable dataclass)."""
-        key = (repr(self.positions), self.n_layers)
-        cached = self.__dict__.get("_positions_plan")
-        if cached is None or cached[0] != key:
-            cached = (key, plan_positions(self.positions, self.n_layers))
-            self.__dict__["_positions_plan"] = cached
-        return cached[1]
+        """``model.positions`` resolved (each encoding's ``Options`` built and checked, the layer schedule
+        parsed): validation, the model, the exporters and the importer all read this typed plan rather
+        than the raw table. A UserError names a refused option."""
+        return self._positions_plan
+
+    @functools.cached_property
+    def _positions_plan(self) -> Plan:
+        # built on first use (a bad table is refused by validate or by the model, as before) and once per
+        # config: the config is frozen and holds its own copy of the table
+        return plan_positions(self.positions, self.n_layers)
 
     def validate(self) -> ModelConfig:
+        """Every rule of the model section, so ``model_config`` refuses what the CLI refuses (run/config.py
+        keeps the rules between sections); an encoding's options check their own bounds (bounds.py)."""
+        self._validate_sizes()
         if self.flavour not in FLAVOURS:
             raise UserError(f"unknown model flavour {self.flavour!r}; choose gpt2, llama or encoder.")
         for name in ("n_layers", "d_model", "n_heads", "vocab_size", "train_length"):
@@ -180,7 +197,25 @@ class ModelConfig:
                     f"the encoding {name!r} cannot be used by the encoder flavour "
                     f"(bidirectional attention): {reason}"
                 )
+        # accepted by the model, but the first step's loss would be NaN
+        if not (math.isfinite(self.norm_eps) and 0 < self.norm_eps < 1):
+            raise UserError(
+                f"model.norm_eps must be a small positive number (e.g. 1e-5), got {self.norm_eps!r}."
+            )
         return self
+
+    def _validate_sizes(self) -> None:
+        """The optional sizes and the initial scale, before the other checks divide by them."""
+        for key in ("n_kv_heads", "mlp_hidden"):
+            value = getattr(self, key)
+            if not (value is None or value >= 1):
+                raise UserError(f"model.{key} must be a positive integer (or left unset), got {value!r}.")
+        # the weights are drawn from N(0, init_std^2): a negative deviation is refused by torch mid-build
+        if not self.init_std >= 0:
+            raise UserError(
+                "model.init_std must be a non-negative standard deviation (e.g. 0.02), "
+                f"got {self.init_std!r}."
+            )
 
     def _validate_window(self) -> None:
         if self.sliding_window is None:

@@ -129,8 +129,9 @@ def test_a_checkpoint_saved_before_the_scale_option_loads_unscaled(tmp_path):
     from extrapos.model import Decoder, ModelConfig
 
     torch.manual_seed(0)
-    cfg = ModelConfig(n_layers=1, d_model=8, n_heads=2, vocab_size=16, train_length=8)
-    cfg.positions = {"name": "sinusoidal"}
+    cfg = ModelConfig(
+        n_layers=1, d_model=8, n_heads=2, vocab_size=16, train_length=8, positions={"name": "sinusoidal"}
+    )
     save_model(Decoder(cfg), str(tmp_path / "new.safetensors"))
     weights = load_file(str(tmp_path / "new.safetensors"))
     marker = [k for k in weights if k.endswith(Decoder(cfg).pos.MARKER)]

@@ -100,6 +100,56 @@ def test_rules_between_options(name, options, key, tmp_path, capsys):
     assert _cli_refusal(name, options, tmp_path, capsys) == library
 
 
+def _wrong_types() -> list[tuple[str, str, object]]:
+    """One value of the wrong type for every typed option of every encoding (a string for a number or a
+    switch, a number for a string), and an option the encoding does not have."""
+    cases: list[tuple[str, str, object]] = []
+    for name in names():
+        for f in dataclasses.fields(spec(name).cls.Options):
+            kind = str(f.type)
+            if re.fullmatch(r"(int|float|bool)( \| None)?", kind):
+                cases.append((name, f.name, "x"))
+            elif re.fullmatch(r"str( \| None)?", kind):
+                cases.append((name, f.name, 1))
+        cases.append((name, "no_such_option", 1))
+    return cases
+
+
+@pytest.mark.parametrize(
+    "name,key,value", _wrong_types(), ids=[f"{n}-{k}={v!r}" for n, k, v in _wrong_types()]
+)
+def test_library_and_cli_refuse_the_same_types_and_names(name, key, value, tmp_path, capsys):
+    library = _library_refusal(name, {key: value})
+    assert key in library
+    assert _cli_refusal(name, {key: value}, tmp_path, capsys) == library
+
+
+MODEL_VALUES = [  # the model section's own rules (model.py's ModelConfig.validate), not an encoding's
+    ("norm_eps", 0.0),
+    ("norm_eps", 1.5),
+    ("init_std", -0.1),
+    ("n_kv_heads", 0),
+    ("mlp_hidden", 0),
+    ("dropout", 1.0),
+    ("n_layers", 0),
+    ("sliding_window", 0),
+]
+
+
+@pytest.mark.parametrize("key,value", MODEL_VALUES, ids=[f"{k}={v}" for k, v in MODEL_VALUES])
+def test_library_and_cli_refuse_the_same_model_values(key, value, tmp_path, capsys):
+    with pytest.raises(UserError) as caught:
+        Decoder(model_config("cpu-tiny", **{key: value}))
+    library = str(caught.value)
+    assert key in library
+    out = tmp_path / "run"
+    code = main(["train", "--config", "cpu/tiny", "--out", str(out), "--set", f"model.{key}={value}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and not out.exists(), err
+    (line,) = err.strip().splitlines()
+    assert line == PREFIX + library
+
+
 def test_set_options_refuses_and_keeps_the_previous_value():
     decoder = Decoder(model_config("cpu-tiny", positions={"name": "rope"}))
     with pytest.raises(UserError, match="factor"):

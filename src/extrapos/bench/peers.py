@@ -40,6 +40,7 @@ per-round ratio falls on the same side of 1.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 import os
@@ -48,9 +49,9 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +60,10 @@ from torch import Tensor, nn
 from extrapos.errors import UserError
 from extrapos.losses import model_loss_sum
 from extrapos.model import Decoder, count_parameters, model_config
+
+if TYPE_CHECKING:  # the peer libraries are imported when a pair is built (they are optional)
+    from litgpt.model import GPT
+    from transformers import PreTrainedModel
 
 #: how to install each peer library (the line a skipped peer prints)
 INSTALL = {
@@ -156,6 +161,7 @@ class Side:
 
 class ExtraposSide(Side):
     library = "extrapos"
+    module: Decoder
 
     def __init__(self, label: str, module: Decoder):
         super().__init__(label, module)
@@ -186,6 +192,7 @@ class ExtraposSide(Side):
 
 class TransformersSide(Side):
     library = "transformers"
+    module: PreTrainedModel
 
     def logits(self, x: Tensor) -> Tensor:
         return self.module(input_ids=x, use_cache=False).logits
@@ -228,6 +235,7 @@ class XTransformersSide(Side):
 
 class LitGPTSide(Side):
     library = "litgpt"
+    module: GPT  # litgpt ships no type information: Any to the type checker
 
     def logits(self, x: Tensor) -> Tensor:
         return self.module(x)
@@ -264,7 +272,7 @@ def _extrapos(shape: PeerShape, block: str, encoding: str) -> ExtraposSide:
     positions: dict[str, Any] = {"name": encoding}
     if encoding == "learned":
         positions["max_length"] = shape.max_length
-    common = dict(
+    common: dict[str, Any] = dict(
         n_layers=shape.n_layers,
         d_model=shape.d_model,
         n_heads=shape.n_heads,
@@ -273,7 +281,7 @@ def _extrapos(shape: PeerShape, block: str, encoding: str) -> ExtraposSide:
         positions=positions,
         tie_embeddings=True,
     )
-    blocks = {
+    blocks: dict[str, dict[str, Any]] = {
         "llama": dict(flavour="llama", mlp_hidden=shape.mlp_hidden),
         "gpt2": dict(flavour="gpt2"),
         "bloom": dict(flavour="gpt2", embed_norm=True),
@@ -321,6 +329,11 @@ def _hf_gpt2(shape: PeerShape) -> Side:
     return TransformersSide("transformers GPT2LMHeadModel", m)
 
 
+# transformers 4 names the rotated share of a GPT-NeoX head rotary_pct (default 0.25) and 5 reads that name
+# into rope_parameters: passed from a table so the signature of either release takes it
+_WHOLE_HEAD_ROTATED: dict[str, Any] = {"rotary_pct": 1.0}
+
+
 def _hf_neox(shape: PeerShape) -> Side:
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
@@ -330,9 +343,9 @@ def _hf_neox(shape: PeerShape) -> Side:
         num_hidden_layers=shape.n_layers,
         num_attention_heads=shape.n_heads,
         intermediate_size=4 * shape.d_model,
-        rotary_pct=1.0,
         max_position_embeddings=shape.max_length,
         use_parallel_residual=True,
+        **_WHOLE_HEAD_ROTATED,
         hidden_act="gelu",
         attention_dropout=0.0,
         hidden_dropout=0.0,
@@ -363,12 +376,13 @@ def _xt(shape: PeerShape, encoding: str) -> Side:
     from x_transformers import TransformerWrapper
 
     head_dim = shape.d_model // shape.n_heads
-    options = {
+    by_encoding: dict[str, dict[str, Any]] = {
         "rope": dict(rotary_pos_emb=True, rotary_emb_dim=head_dim),  # the whole head rotated, as extrapos
         "alibi": dict(alibi_pos_bias=True, alibi_num_heads=shape.n_heads),
         "t5": dict(rel_pos_bias=True),  # 32 buckets up to distance 128, one table shared by the layers
         "learned": {},
-    }[encoding]
+    }
+    options = by_encoding[encoding]
     layers = XDecoder(
         dim=shape.d_model,
         depth=shape.n_layers,
@@ -418,6 +432,10 @@ def _litgpt(shape: PeerShape) -> Side:
     return LitGPTSide("litgpt GPT (LLaMA blocks)", m)
 
 
+def _xt_builder(encoding: str) -> Callable[[PeerShape], Side]:
+    return lambda shape: _xt(shape, encoding)
+
+
 @dataclass(frozen=True)
 class Pair:
     """An extrapos model (``block`` + ``encoding``) against one peer library's model."""
@@ -444,10 +462,7 @@ PAIRS = [
     Pair("transformers", "alibi", "bloom", _hf_bloom),
     Pair("transformers", "learned", "gpt2", _hf_gpt2),
     Pair("litgpt", "rope", "llama", _litgpt),
-    *(
-        Pair("x-transformers", enc, "llama", lambda s, enc=enc: _xt(s, enc))
-        for enc in ("rope", "alibi", "t5", "learned")
-    ),
+    *(Pair("x-transformers", enc, "llama", _xt_builder(enc)) for enc in ("rope", "alibi", "t5", "learned")),
 ]
 
 
@@ -495,7 +510,7 @@ def build_side(key: str, shape: PeerShape, seed: int = 0) -> Side:
     torch.manual_seed(seed)
     if key.startswith("extrapos/"):
         _, block, encoding = key.split("/")
-        side = _extrapos(shape, block, encoding)
+        side: Side = _extrapos(shape, block, encoding)
     else:
         side = next(p for p in PAIRS if p.name == key).build_peer(shape)
     return side
@@ -667,7 +682,7 @@ def memory_child(key: str, shape: PeerShape, threads: int) -> dict[str, float]:
         side.hidden(torch.randint(0, shape.vocab, (1, 16), generator=g))  # lazy inits out of the peak
         for k in sorted(shape.multiples):
             tokens = torch.randint(0, shape.vocab, (1, k * shape.train_length), generator=g)
-            out[str(k)] = peak_growth_mb(lambda t=tokens: side.hidden(t))
+            out[str(k)] = peak_growth_mb(functools.partial(side.hidden, tokens))
     return out
 
 
@@ -693,7 +708,7 @@ def measure_memory(keys: list[str], shape: PeerShape, threads: int, tick) -> dic
 def library_versions() -> dict[str, str]:
     import importlib.metadata
 
-    out = {"torch": torch.__version__}
+    out = {"torch": str(torch.__version__)}
     for lib in INSTALL:
         try:
             out[lib] = importlib.metadata.version(lib)
@@ -889,7 +904,7 @@ def format_summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def format_peers(result: dict[str, Any], skipped: list[str] = ()) -> str:
+def format_peers(result: dict[str, Any], skipped: Sequence[str] = ()) -> str:
     """The Markdown report: the settings line, one table per measurement, a row per pair."""
     s, m, models = result["shape"], result["machine"], result["models"]
     versions = ", ".join(f"{k} {v}" for k, v in result["versions"].items())

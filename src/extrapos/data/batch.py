@@ -27,12 +27,12 @@ class Batch:
     documents: Tensor | None = None
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        moved = (
+        tokens, targets, positions, loss_mask = (
             t.to(device, non_blocking=non_blocking)
             for t in (self.tokens, self.targets, self.positions, self.loss_mask)
         )
         documents = None if self.documents is None else self.documents.to(device, non_blocking=non_blocking)
-        return Batch(*moved, documents=documents)
+        return Batch(tokens, targets, positions, loss_mask, documents=documents)
 
     @property
     def num_tokens(self) -> int:

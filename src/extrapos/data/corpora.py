@@ -270,6 +270,13 @@ def _format_of(path: Path) -> tuple[str, str] | None:
     return (kind, compression) if kind else None
 
 
+def _known_format(path: Path) -> tuple[str, str]:
+    """``_format_of`` a file already found to be a corpus file."""
+    found = _format_of(path)
+    assert found is not None, path
+    return found
+
+
 def _path_corpus(spec: str, text_field: str) -> Corpus:
     expanded = str(Path(spec).expanduser())
     if any(c in spec for c in "*?["):
@@ -311,7 +318,7 @@ def _path_corpus(spec: str, text_field: str) -> Corpus:
 
     def iterate(corpus: Corpus) -> Iterator[Document]:
         for path in files:
-            kind, compression = _format_of(path)
+            kind, compression = _known_format(path)
             rel = path.relative_to(root).as_posix()
             if kind == ".txt":
                 text = corpus.decode(_read_bytes(path, compression))
@@ -330,7 +337,7 @@ def _path_corpus(spec: str, text_field: str) -> Corpus:
         spec,
         iterate,
         _files_fingerprint(files, root),
-        len(files) if all(_format_of(p)[0] == ".txt" for p in files) else None,
+        len(files) if all(_known_format(p)[0] == ".txt" for p in files) else None,
     )
 
 

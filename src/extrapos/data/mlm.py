@@ -66,7 +66,11 @@ def encoder_special_tokens(tokenizer) -> SpecialTokens:
         for role, names in ALIASES.items():
             if found[role] is None:
                 found[role] = tokenizer.token_id(names[0])
-    return SpecialTokens(eot=tokenizer.eot_id, **found)
+    ids: dict[str, int] = {}
+    for role, i in found.items():
+        assert i is not None, role  # present, or added just above
+        ids[role] = i
+    return SpecialTokens(eot=tokenizer.eot_id, **ids)
 
 
 def mask_tokens(

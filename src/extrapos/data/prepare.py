@@ -35,7 +35,7 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -350,7 +350,9 @@ def _batches(docs: Iterator[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]
         yield batch
 
 
-def _encoded(source: Corpus, tok: Tokenizer, dtype: str) -> Iterator[tuple[list[str], list[int], int, list]]:
+def _encoded(
+    source: Corpus, tok: Tokenizer, dtype: str
+) -> Generator[tuple[list[str], list[int], int, list], None, None]:
     """The corpus in batches, each as (document ids, UTF-8 byte counts, replaced characters, token
     id arrays), in corpus order. While a worker thread encodes one batch on every core
     (``Tokenizer.encode_arrays``), this thread reads and cleans the next, so reading a corpus (JSON

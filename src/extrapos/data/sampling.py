@@ -304,8 +304,8 @@ class ContiguousSampler(Sampler):
                 positions=self._positions.repeat(rows, 1),
                 loss_mask=torch.ones(rows, self.seq_len, dtype=torch.bool),
             )
-        windows, eot, past = self._packed_gather(starts, span)
-        windows = torch.from_numpy(windows)
+        gathered, eot, past = self._packed_gather(starts, span)
+        windows = torch.from_numpy(gathered)
         if self.document_mask or self.document_positions == "restart":
             documents, positions = self._segments(eot)
         else:

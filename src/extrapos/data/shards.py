@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import array
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +54,7 @@ class SplitWriter:
     def add(self, ids, num_bytes: int) -> None:
         """One document's token ids (a list or an integer array) and the UTF-8 byte count of its text."""
         tokens = np.ascontiguousarray(ids, dtype=self.dtype)  # no copy when it is already such an array
-        self._file.write(memoryview(tokens).cast("B"))
+        self._file.write(tokens.data.cast("B"))
         self._lengths.append(len(tokens))
         self.doc_bytes.append(num_bytes)
         self.num_bytes += num_bytes
@@ -84,7 +85,10 @@ class SplitWriter:
 
 
 def rewrite_splits(
-    directory: Path, dtype: str, layout: dict[str, list[tuple[str, int]]], doc_bytes: dict[str, list[int]]
+    directory: Path,
+    dtype: str,
+    layout: dict[str, list[tuple[str, int]]],
+    doc_bytes: Mapping[str, Sequence[int]],
 ) -> dict[str, dict]:
     """Rewrite the closed splits of ``directory`` so split ``s`` holds the documents ``layout[s]``,
     each named ``(old split, index)``, in that order; return the new manifest entries.

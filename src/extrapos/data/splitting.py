@@ -19,7 +19,7 @@ Two rules (``--split-rule``), recorded in the manifest under ``split_rule``:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from extrapos.errors import UserError
@@ -59,7 +59,7 @@ def split_of(doc_id: str, fractions: Sequence[float], seed: int = 0) -> str:
 
 
 def rescue_moves(
-    units: dict[str, list[float]], fractions: Sequence[float]
+    units: Mapping[str, Sequence[float]], fractions: Sequence[float]
 ) -> tuple[dict[tuple[str, int], str], list[str]]:
     """Documents to move so every split with a non-zero fraction holds one, and the splits left empty.
 

@@ -71,7 +71,7 @@ def sweep_stale(parent: Path, pattern: str = f".*{MARKER}*") -> list[Path]:
     Errors (a read-only or vanished directory) are ignored: sweeping is housekeeping, never the
     job at hand.
     """
-    removed = []
+    removed: list[Path] = []
     try:
         found = list(parent.glob(pattern))
         candidates = [p for p in found if p.is_dir() and not p.is_symlink()]

@@ -206,7 +206,8 @@ class SyntheticTask:
             cuts = np.sort(
                 rng.integers(0, n_fill + 1, self.pairs)
             )  # where each pair block goes in the filler
-            parts, prev = [], 0
+            parts: list[np.ndarray | list[int]] = []
+            prev = 0
             for c, k, v in zip(cuts, keys, values):
                 parts += [fill[prev:c], [KEY, k, v]]
                 prev = c

@@ -35,6 +35,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -90,6 +91,7 @@ class Tokenizer:
     kind: str
     vocab_size: int
     eot_id: int
+    _hash: str | None  # the hash, computed on first use (None again when the vocabulary grows)
 
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
@@ -127,9 +129,12 @@ class Tokenizer:
     @property
     def hash(self) -> str:
         """Stable across processes and machines: sha256 of the saved content (first 16 hex)."""
-        if getattr(self, "_hash", None) is None:
-            self._hash = hashlib.sha256(self.kind.encode() + b"\0" + self._canonical_bytes()).hexdigest()[:16]
-        return self._hash
+        digest = getattr(self, "_hash", None)  # unset until the first call
+        if digest is None:
+            digest = self._hash = hashlib.sha256(
+                self.kind.encode() + b"\0" + self._canonical_bytes()
+            ).hexdigest()[:16]
+        return digest
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(vocab_size={self.vocab_size}, eot_id={self.eot_id}, hash={self.hash})"
@@ -145,7 +150,7 @@ class HFTokenizer(Tokenizer):
 
     def __init__(self, tokenizer, source: str = ""):
         self.backend = tokenizer
-        self._mirror: tuple | None = None  # (tiktoken.Encoding or None, why not), built on first use
+        self._mirror: tuple[Any, str] | None = None  # (tiktoken.Encoding or None, why not), on first use
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         vocab = tokenizer.get_vocab(with_added_tokens=True)
         eot = next((vocab[name] for name in EOT_CANDIDATES if name in vocab), None)
@@ -159,18 +164,22 @@ class HFTokenizer(Tokenizer):
     def encode(self, text: str) -> list[int]:
         return self.backend.encode(text, add_special_tokens=False).ids
 
-    def mirror(self):
+    def mirror(self) -> Any:
         """The exact tiktoken mirror (``fast_bpe.tiktoken_mirror``), or None when there is none."""
+        return self._mirror_and_reason()[0]
+
+    def _mirror_and_reason(self) -> tuple[Any, str]:
         if self._mirror is None:
             from extrapos.data.fast_bpe import tiktoken_mirror
 
             self._mirror = tiktoken_mirror(self.backend)
-        return self._mirror[0]
+        return self._mirror
 
     @property
     def encoder(self) -> str:
         """What bulk encoding runs on: ``tiktoken`` (the exact mirror) or ``tokenizers (why)``."""
-        return "tiktoken" if self.mirror() is not None else f"tokenizers ({self._mirror[1]})"
+        mirror, why = self._mirror_and_reason()
+        return "tiktoken" if mirror is not None else f"tokenizers ({why})"
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         if self.mirror() is not None:

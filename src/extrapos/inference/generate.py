@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from extrapos.errors import UserError
 
@@ -59,7 +60,7 @@ def generate_tokens(
     model.eval()
     tokens = torch.tensor(prompt, device=device).unsqueeze(0)
     cache = model.new_cache() if use_cache else None
-    logits = None
+    logits: Tensor | None = None
     if use_cache:
         from tqdm import tqdm
 
@@ -78,6 +79,7 @@ def generate_tokens(
         if not use_cache:
             pos = torch.arange(tokens.shape[1], device=device).unsqueeze(0)
             logits = model(tokens, pos)[0, -1]
+        assert logits is not None  # the prefill or the full forward above set it
         if temperature == 0:
             nxt = int(torch.argmax(logits))
         else:

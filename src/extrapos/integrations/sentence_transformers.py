@@ -30,13 +30,17 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from sentence_transformers.base.modules import InputModule
 from torch import Tensor
 
 from extrapos.errors import UserError
+
+if TYPE_CHECKING:
+    from extrapos.data.tokenizer import Tokenizer
+    from extrapos.model import Decoder
 
 CONFIG_FILE = "extrapos_encoder.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -49,8 +53,14 @@ class ExtraposEncoder(InputModule):
     config_file_name = CONFIG_FILE
     config_keys = ["max_seq_length", "wrap"]
     save_in_root = True
+    model: Decoder
+    # sentence-transformers declares a Hugging Face tokenizer here; this module's is extrapos's own, which
+    # only its preprocess and save use
+    tokenizer: Tokenizer  # type: ignore[assignment]
 
-    def __init__(self, model, tokenizer, max_seq_length: int | None = None, wrap: bool = True):
+    def __init__(
+        self, model: Decoder, tokenizer: Tokenizer, max_seq_length: int | None = None, wrap: bool = True
+    ):
         from extrapos.data.mlm import encoder_special_tokens
         from extrapos.inference.embeddings import check_max_length
 
@@ -80,14 +90,17 @@ class ExtraposEncoder(InputModule):
         return module
 
     # ---- sentence-transformers' interface ------------------------------------------------------
-    def preprocess(self, inputs: Sequence[str], prompt: str | None = None, **kwargs) -> dict[str, Tensor]:
+    def preprocess(
+        self, inputs: Sequence[Any], prompt: str | None = None, **kwargs: Any
+    ) -> dict[str, Tensor]:
         from extrapos.inference.embeddings import text_ids
 
-        if any(not isinstance(x, str) for x in inputs):
+        texts = [x for x in inputs if isinstance(x, str)]
+        if len(texts) != len(inputs):
             raise ValueError("ExtraposEncoder embeds texts (strings) only, not pairs or other inputs.")
         if prompt:
-            inputs = self._prepend_prompt(list(inputs), prompt)
-        ids = text_ids(self.tokenizer, inputs, self.max_seq_length, self.specials, self.wrap)
+            texts = self._prepend_prompt(texts, prompt)
+        ids = text_ids(self.tokenizer, texts, self.max_seq_length, self.specials, self.wrap)
         longest = max((len(x) for x in ids), default=0)
         input_ids = torch.full((len(ids), longest), self.specials.pad, dtype=torch.long)
         mask = torch.zeros((len(ids), longest), dtype=torch.long)
@@ -147,7 +160,8 @@ class ExtraposEncoder(InputModule):
         cache_folder: str | None = None,
         revision: str | None = None,
         local_files_only: bool = False,
-        **kwargs,
+        init_defaults: dict[str, Any] | None = None,
+        **kwargs: Any,
     ) -> ExtraposEncoder:
         from safetensors.torch import load_model
 
@@ -155,7 +169,7 @@ class ExtraposEncoder(InputModule):
         from extrapos.model import Decoder, ModelConfig
         from extrapos.run.config import build_section
 
-        hub = {
+        hub: dict[str, Any] = {
             "subfolder": subfolder,
             "token": token,
             "cache_folder": cache_folder,
@@ -165,9 +179,16 @@ class ExtraposEncoder(InputModule):
         config = cls.load_config(model_name_or_path, **hub)
         if "model" not in config:
             raise ValueError(f"{model_name_or_path} has no {CONFIG_FILE}; it is not an extrapos export.")
-        files = [cls.load_file_path(model_name_or_path, filename=f, **hub) for f in config["tokenizer_files"]]
+
+        def file(name: str) -> str:
+            found = cls.load_file_path(model_name_or_path, filename=name, **hub)
+            if found is None:
+                raise ValueError(f"{model_name_or_path} has no {name}; export the encoder run again.")
+            return found
+
+        files = [file(f) for f in config["tokenizer_files"]]
         model = Decoder(build_section(ModelConfig, dict(config["model"]), "model"))
-        load_model(model, cls.load_file_path(model_name_or_path, filename=WEIGHTS_FILE, **hub))
+        load_model(model, file(WEIGHTS_FILE))
         module = cls(
             model.eval(), load_tokenizer(Path(files[0]).parent), config["max_seq_length"], config["wrap"]
         )
@@ -221,6 +242,7 @@ def export_sentence_transformers(
     tmp = fresh_output_dir(out, "export")
     try:
         model.save(str(tmp))
+        assert encoder.source is not None  # from_run records the run and step
         (tmp / "extrapos.json").write_text(
             json.dumps({**encoder.source, "positions": encoder.model.cfg.positions}, indent=1)
         )

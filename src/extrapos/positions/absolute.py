@@ -47,20 +47,22 @@ class Sinusoidal(PositionalEncoding):
     paper = "Vaswani et al. 2017, Attention is all you need"
 
     @classmethod
-    def acts_on_embeddings(cls, options) -> bool:
+    def acts_on_embeddings(cls, options: CheckedOptions) -> bool:
         return True
 
-    @dataclass
+    @dataclass(frozen=True)
     class Options(CheckedOptions):
         BOUNDS: ClassVar[dict[str, Bound]] = {"base": Bound(2, 1e10, why=BASE_WHY)}
         base: float = 10000.0
         scale_embeddings: bool = True  # h * sqrt(d_model) + p (§3.4); False: h + p
 
+    options: Options
+
     # A checkpoint saved since the option existed holds this marker; one without it was trained with the
     # plain sum h + p, so loading it switches the scale off (an older run evaluates as it was trained).
     MARKER = "scale_option_marker"
 
-    def __init__(self, ctx: EncodingContext, options=None):
+    def __init__(self, ctx: EncodingContext, options: Options | None = None):
         super().__init__(ctx, options)
         self.register_buffer(self.MARKER, torch.ones(()))
 
@@ -124,10 +126,10 @@ class LearnedAbsolute(PositionalEncoding):
     paper = "Radford et al. 2019 (GPT-2); interpolation: Karypis et al., segmented sequences §3.2"
 
     @classmethod
-    def acts_on_embeddings(cls, options) -> bool:
+    def acts_on_embeddings(cls, options: CheckedOptions) -> bool:
         return True
 
-    @dataclass
+    @dataclass(frozen=True)
     class Options(CheckedOptions):
         BOUNDS: ClassVar[dict[str, Bound]] = {
             "max_length": Bound(1, MAX_POSITION),
@@ -138,7 +140,9 @@ class LearnedAbsolute(PositionalEncoding):
         interpolate_to: int | None = None  # L_e: read the table linearly interpolated to this length
         init_std: float = 0.02
 
-    def __init__(self, ctx: EncodingContext, options=None):
+    options: Options
+
+    def __init__(self, ctx: EncodingContext, options: Options | None = None):
         super().__init__(ctx, options)
         length = self.options.max_length or ctx.train_length
         self.table = nn.Parameter(torch.randn(length, ctx.d_model) * self.options.init_std)

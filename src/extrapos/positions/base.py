@@ -15,10 +15,11 @@ Positions are explicit everywhere: ``positions`` is an int64 tensor (batch, time
 position of each *new* token (during cached decoding only the new tokens are passed). No hook may
 assume ``positions == arange(T)``.
 
-Options: every encoding declares a dataclass ``Options``; the registry builds it from the config
-dict, so an unknown option or a wrong type is a clear error. Inference-time changes (ExPE's scale,
-RoPE scalings, learned-table interpolation) are options too, changed without retraining through
-``set_options``.
+Options: every encoding declares a frozen dataclass ``Options`` that checks its own values
+(``bounds.py``); the registry builds it from the config dict, so an unknown option, a wrong type or a
+value out of its range is a clear error, from the library as from the CLI. Inference-time changes
+(ExPE's scale, RoPE scalings, learned-table interpolation) are options too, changed without retraining
+through ``set_options`` (which replaces the frozen Options, checked again).
 """
 
 from __future__ import annotations
@@ -103,7 +104,9 @@ class PairwiseBias:
     q_feat: Tensor
     k_feat: Tensor
     fn: Callable[[Tensor, Tensor], Tensor]
-    pair: Callable[[Tensor, Tensor, Tensor], Tensor] | None = dataclasses.field(default=None, kw_only=True)
+    pair: Callable[[list[Tensor], list[Tensor], Tensor], Tensor] | None = dataclasses.field(
+        default=None, kw_only=True
+    )
 
 
 @dataclass
@@ -143,11 +146,15 @@ class PositionalEncoding(nn.Module):
     #: the name it is registered under, set by ``registry.build_encoding``
     registry_name: str
 
-    @dataclass
+    @dataclass(frozen=True)
     class Options(CheckedOptions):
         pass
 
-    def __init__(self, ctx: EncodingContext, options: Any = None):
+    #: the encoding's options, checked on construction and frozen (``set_options`` replaces them); a
+    #: subclass narrows the annotation to its own ``Options`` so its fields are typed
+    options: CheckedOptions
+
+    def __init__(self, ctx: EncodingContext, options: CheckedOptions | None = None):
         super().__init__()
         if not ctx.causal and self.causal_only:
             raise UserError(f"encoding '{type(self).__name__}' cannot be bidirectional: {self.causal_only}")
@@ -155,7 +162,7 @@ class PositionalEncoding(nn.Module):
         self.options = options if options is not None else self.Options()
 
     @classmethod
-    def acts_on_embeddings(cls, options: Any) -> bool:
+    def acts_on_embeddings(cls, options: CheckedOptions) -> bool:
         """True if, with these options, the encoding changes the token embeddings (the ``embed`` hook,
         once before the first block): a layer schedule cannot confine it to some layers (schedule.py)."""
         return False

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -55,12 +55,13 @@ def feature_dtype(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def gate_projection(lin: nn.Linear, x: Tensor) -> Tensor:
+def gate_projection(lin: nn.Module, x: Tensor) -> Tensor:
     """``lin(x)`` in the feature dtype: the small per-token projections of the data-dependent biases
     (CABLE, FoX). Called as a function, not a module, and without a cast that changes nothing: decoding
     runs it once per layer and token, where the module call's machinery (~4 us on a CPU) costs more
     than the (d, H) matmul itself."""
-    y = F.linear(x, lin.weight, lin.bias)
+    linear = cast(nn.Linear, lin)  # an entry of an nn.ModuleList of nn.Linear
+    y = F.linear(x, linear.weight, linear.bias)
     dtype = feature_dtype(x)
     return y if y.dtype == dtype else y.to(dtype)
 
@@ -113,8 +114,9 @@ class ALiBi(PositionalEncoding):
 
     family = "bias"
     paper = "Press et al. 2022, Train short, test long: attention with linear biases (ALiBi)"
+    slopes: Tensor  # (H,) fp64, a buffer
 
-    def __init__(self, ctx: EncodingContext, options=None):
+    def __init__(self, ctx: EncodingContext, options: CheckedOptions | None = None):
         super().__init__(ctx, options)
         self.register_buffer(
             "slopes", torch.tensor(alibi_slopes(ctx.n_heads), dtype=torch.float64), persistent=False
@@ -161,12 +163,14 @@ class Kerple(PositionalEncoding):
     paper = "Chi et al. 2022, KERPLE: kernelized relative positional embedding for length extrapolation"
     EPS = 1e-2
 
-    @dataclass
+    @dataclass(frozen=True)
     class Options(CheckedOptions):
         form: str = "log"  # "log" or "power"
         per_layer: bool = True
 
-    def __init__(self, ctx: EncodingContext, options=None):
+    options: Options
+
+    def __init__(self, ctx: EncodingContext, options: Options | None = None):
         super().__init__(ctx, options)
         if self.options.form not in ("log", "power"):
             raise UserError(f"kerple option form must be 'log' or 'power', got {self.options.form!r}.")
@@ -253,7 +257,7 @@ class FIRE(PositionalEncoding):
         "transformers (FIRE)"
     )
 
-    @dataclass
+    @dataclass(frozen=True)
     class Options(CheckedOptions):
         BOUNDS: ClassVar[dict[str, Bound]] = {
             "mlp_width": Bound(1, 4096),
@@ -274,7 +278,9 @@ class FIRE(PositionalEncoding):
             if isinstance(grid, int) and not isinstance(grid, bool) and grid != 0 and grid < 2:
                 raise BoundError("grid", "0 (the exact MLP) or a number of grid nodes >= 2", grid)
 
-    def __init__(self, ctx: EncodingContext, options=None):
+    options: Options
+
+    def __init__(self, ctx: EncodingContext, options: Options | None = None):
         super().__init__(ctx, options)
         self.options_changed()
         o, n = self.options, ctx.n_layers
@@ -286,12 +292,18 @@ class FIRE(PositionalEncoding):
         self.l_scale = nn.Parameter(torch.ones(n))
         self.register_buffer("init_L", torch.tensor(float(o.init_L or ctx.train_length)), persistent=False)
 
+    init_L: Tensor  # the initial threshold L, a buffer
+
     def options_changed(self) -> None:
         grid = self.options.grid
         if isinstance(grid, bool) or not isinstance(grid, int) or grid == 1 or grid < 0:
             raise UserError(
                 f"fire option grid must be 0 (the exact MLP) or a number of grid nodes >= 2, got {grid!r}."
             )
+
+    def layer_mlp(self, layer: int) -> nn.Sequential:
+        """The MLP f of layer ``layer`` (an nn.ModuleList entry, typed)."""
+        return cast(nn.Sequential, self.mlps[layer])
 
     def threshold(self, layer: int) -> Tensor:
         """The learnable L of one layer."""
@@ -302,8 +314,8 @@ class FIRE(PositionalEncoding):
         u_k = k / (G - 1), k = 0..G-1, as intercepts A and slopes S (H, G - 1) in x = u (G - 1):
         on cell k (k <= x <= k + 1) it is A_k + S_k x = V_k + (x - k) (V_{k+1} - V_k). The MLP runs
         in full precision (outside autocast) on the G nodes only; the tables are in ``dtype``."""
-        mlp, G = self.mlps[layer], self.options.grid
-        w = mlp[0].weight
+        mlp, G = self.layer_mlp(layer), self.options.grid
+        w = _linears(mlp)[0].weight
         with torch.autocast(w.device.type, enabled=False):
             nodes = torch.arange(G, dtype=w.dtype, device=w.device) / (G - 1)
             V = mlp(nodes.unsqueeze(-1)).t().to(dtype)  # (H, G)
@@ -333,13 +345,14 @@ class FIRE(PositionalEncoding):
         dtype = feature_dtype(x)
         p = _position_features(positions, dtype)
         c, L, eps = self.c[layer].abs().to(dtype), self.threshold(layer).to(dtype), self.options.eps
-        mlp, causal, piecewise = self.mlps[layer], self.ctx.causal, self.options.piecewise
+        mlp, causal, piecewise = self.layer_mlp(layer), self.ctx.causal, self.options.piecewise
+        first, last = _linears(mlp)
         if self.options.grid:
             return self._grid_bias(p, c, L, *self.grid_tables(layer, dtype))
         normalised = self.normalised(c, L)
 
         def fn(qf: Tensor, kf: Tensor) -> Tensor:
-            u = normalised(qf, kf).to(mlp[0].weight.dtype)
+            u = normalised(qf, kf).to(first.weight.dtype)
             if not torch.is_grad_enabled():
                 return _mlp_piecewise(mlp, u) if u.numel() >= PIECEWISE_MIN else _mlp_by_unit(mlp, u)
             if piecewise and u.numel() >= PIECEWISE_MIN:
@@ -353,12 +366,12 @@ class FIRE(PositionalEncoding):
             if qf.numel() == 0 or not bool(qf.max() < L):
                 return None
             d = torch.arange(n, dtype=dtype, device=qf.device)
-            u = (torch.log1p(c * d) / (torch.log1p(c * L) + eps)).to(mlp[0].weight.dtype)
+            u = (torch.log1p(c * d) / (torch.log1p(c * L) + eps)).to(first.weight.dtype)
             return mlp(u.unsqueeze(-1)).transpose(0, 1)  # (H, n)
 
         # the MLP's weights as tensors (a score_mod that captures a module is compiled once per layer),
         # every one read by scalar indexing and the hidden layer unrolled (PairwiseBias.pair)
-        w1, b1, w2, b2 = mlp[0].weight[:, 0], mlp[0].bias, mlp[2].weight, mlp[2].bias
+        w1, b1, w2, b2 = first.weight[:, 0], first.bias, last.weight, last.bias
         c1, L1 = c.reshape(1), L.reshape(1)
 
         def pair(qi: list[Tensor], kj: list[Tensor], h: Tensor) -> Tensor:
@@ -414,12 +427,18 @@ def _grid_interpolate(A: Tensor, S: Tensor, u: Tensor) -> Tensor:
     return out.reshape(-1, B, tq, Tk).transpose(0, 1)
 
 
+def _linears(mlp: nn.Sequential) -> tuple[nn.Linear, nn.Linear]:
+    """The first and last layer of a 1 -> width -> H MLP (Linear, ReLU, Linear); indexing an
+    nn.Sequential gives the type checker a Module only."""
+    return cast(nn.Linear, mlp[0]), cast(nn.Linear, mlp[2])
+
+
 def _mlp_by_unit(mlp: nn.Sequential, u: Tensor) -> Tensor:
     """The 1 -> width -> H ReLU MLP applied to every element of u (B, 1, tq, Tk) without autograd:
     the hidden layer in pieces of ``MLP_PIECE`` elements (each (piece, width), a few MB), both layers
     as matmuls, so memory stays a few (B, H, tq, Tk) blocks instead of (B, tq, Tk, width). Same
     function as ``mlp(u[..., None])``; out of place, because FlexAttention traces it under vmap."""
-    first, last = mlp[0], mlp[2]
+    first, last = _linears(mlp)
     B, _, tq, Tk = u.shape
     flat = u.reshape(-1, 1)
     pieces = [
@@ -451,7 +470,7 @@ def _mlp_piecewise(mlp: nn.Sequential, u: Tensor) -> Tensor:
     are piecewise constant: d f / d w1_m = W2[:, m] u and d f / d b1_m = W2[:, m] on the units active
     at u, as the MLP's); at a breakpoint itself (measure zero) the interval's active set may count a
     unit whose ReLU input is exactly 0, which the MLP's gradient does not."""
-    first, last = mlp[0], mlp[2]
+    first, last = _linears(mlp)
     w1, b1, w2, b2 = first.weight[:, 0], first.bias, last.weight, last.bias
     t = (-b1[w1 != 0] / w1[w1 != 0]).sort().values  # (K,) breakpoints
     if t.numel():
@@ -539,7 +558,7 @@ class T5Bias(PositionalEncoding):
         "transformer (T5)"
     )
 
-    @dataclass
+    @dataclass(frozen=True)
     class Options(CheckedOptions):
         BOUNDS: ClassVar[dict[str, Bound]] = {
             "num_buckets": Bound(2, 4096),
@@ -550,7 +569,9 @@ class T5Bias(PositionalEncoding):
         max_distance: int = 128
         init_std: float = 0.0
 
-    def __init__(self, ctx: EncodingContext, options=None):
+    options: Options
+
+    def __init__(self, ctx: EncodingContext, options: Options | None = None):
         super().__init__(ctx, options)
         self.table = nn.Parameter(torch.zeros(self.options.num_buckets, ctx.n_heads))
         if self.options.init_std > 0:
@@ -573,9 +594,10 @@ class T5Bias(PositionalEncoding):
             rel = (kj[0] - qi[0]).round().to(torch.long)
             return table[t5_bucket(rel, o.num_buckets, o.max_distance, bidirectional=both), h]
 
+        rows: Callable[[Tensor, Tensor], Tensor] = fn
         if state is not None and not both and not torch.is_grad_enabled() and p.device.type == "cpu":
-            fn = remembered_rows(state, by_distance, (self.table._version, table.dtype))
-        return DistanceBias(q_feat=p, k_feat=p, fn=fn, pair=pair, table=by_distance)
+            rows = remembered_rows(state, by_distance, (self.table._version, table.dtype))
+        return DistanceBias(q_feat=p, k_feat=p, fn=rows, pair=pair, table=by_distance)
 
 
 register(

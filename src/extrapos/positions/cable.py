@@ -113,14 +113,16 @@ class CABLE(PositionalEncoding):
     family = "cable"
     paper = "CABLE: Context-aware Biases for Length Extrapolation (anonymous EMNLP submission)"
 
-    @dataclass
+    @dataclass(frozen=True)
     class Options(CheckedOptions):
         weighted: bool = True  # g = Softplus(X w_s); false: g = 1 (CABLE-NW)
         kernel: bool = False  # K-CABLE: -log(1 + (g_i (S_i - S_j))^2)
         variant: str = "paper"  # "paper" or "official" (the authors' public code)
         unscaled_logits: bool = True  # official variant only: replicate its missing 1/sqrt(d_h)
 
-    def __init__(self, ctx: EncodingContext, options=None):
+    options: Options
+
+    def __init__(self, ctx: EncodingContext, options: Options | None = None):
         super().__init__(ctx, options)
         o = self.options
         if o.variant not in ("paper", "official"):

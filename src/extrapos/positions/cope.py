@@ -61,13 +61,15 @@ class CoPE(PositionalEncoding):
         "paper defines no count over keys after the query; use rope, alibi, cable or another encoding."
     )
 
-    @dataclass
+    @dataclass(frozen=True)
     class Options(CheckedOptions):
         BOUNDS: ClassVar[dict[str, Bound]] = {"npos_max": Bound(2, 65536), "init_std": Bound(0, 10)}
         npos_max: int = 64  # rows of the position table; contextual positions are clamped below it
         init_std: float = 0.0  # 0: zeros, as the authors' code
 
-    def __init__(self, ctx: EncodingContext, options=None):
+    options: Options
+
+    def __init__(self, ctx: EncodingContext, options: Options | None = None):
         super().__init__(ctx, options)
         if self.options.npos_max < 2:
             raise UserError(f"cope option npos_max must be at least 2, got {self.options.npos_max}.")

@@ -22,7 +22,7 @@ the KV cache concatenates, so cached decoding needs no state. Shift invariant wh
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -41,13 +41,15 @@ class DAPE(PositionalEncoding):
     family = "dape"
     paper = "Zheng et al. 2024, DAPE: Data-Adaptive Positional Encoding for Length Extrapolation"
 
-    @dataclass
+    @dataclass(frozen=True)
     class Options(CheckedOptions):
         BOUNDS: ClassVar[dict[str, Bound]] = {"mlp_width": Bound(1, 4096)}
         base: str = "kerple-log"  # the static bias B
         mlp_width: int = 32
 
-    def __init__(self, ctx: EncodingContext, options=None):
+    options: Options
+
+    def __init__(self, ctx: EncodingContext, options: Options | None = None):
         super().__init__(ctx, options)
         o, h = self.options, ctx.n_heads
         if o.base not in BASES:
@@ -63,12 +65,13 @@ class DAPE(PositionalEncoding):
     def bias(self, x: Tensor, positions: Tensor, layer: int, state: dict | None) -> LogitBias:
         base = self.base.bias(x, positions, layer, None)
         assert isinstance(base, PairwiseBias)  # every name of BASES is query-chunked
-        mlp, base_fn = self.mlps[layer], base.fn
+        mlp, base_fn = cast(nn.Sequential, self.mlps[layer]), base.fn
+        first = cast(nn.Linear, mlp[0])
 
         def fn(scores: Tensor, q: Tensor, qf: Tensor, kf: Tensor, visible: Tensor) -> Tensor:
             b = base_fn(qf, kf).to(scores.dtype).expand_as(scores)  # (B, H, tq, Tk)
             pairs = torch.cat((scores, b), dim=1).permute(0, 2, 3, 1)  # (B, tq, Tk, 2H)
-            correction = mlp(pairs.to(mlp[0].weight.dtype)).permute(0, 3, 1, 2)
+            correction = mlp(pairs.to(first.weight.dtype)).permute(0, 3, 1, 2)
             return b + correction.to(scores.dtype)
 
         return LogitBias(q_feat=base.q_feat, k_feat=base.k_feat, fn=fn)

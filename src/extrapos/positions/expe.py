@@ -45,9 +45,10 @@ class _Override(PositionalEncoding):
     """Shared placement: override the first l dims of the Q/K (and optionally V) inputs."""
 
     family = "expe"
+    options: ExPE.Options | ExQPE.Options  # both have l and apply_to_value
 
     @classmethod
-    def acts_on_embeddings(cls, options) -> bool:
+    def acts_on_embeddings(cls, options: CheckedOptions) -> bool:
         return bool(getattr(options, "once", False))
 
     @property
@@ -82,7 +83,7 @@ class ExPE(_Override):
 
     paper = "Datseris et al., ExPE: Exact Positional Encodings (§2.1; ablations Table 7)"
 
-    @dataclass
+    @dataclass(frozen=True)
     class Options(CheckedOptions):
         BOUNDS: ClassVar[dict[str, Bound]] = {
             "S": Bound(-1e3, 1e3),
@@ -100,7 +101,9 @@ class ExPE(_Override):
         learned: bool = False  # ablation: S, theta trainable, random init
         learned_init: bool = False  # ablation: S, theta trainable, initialised to the defaults
 
-    def __init__(self, ctx: EncodingContext, options=None):
+    options: Options
+
+    def __init__(self, ctx: EncodingContext, options: Options | None = None):
         super().__init__(ctx, options)
         o = self.options
         if o.learned and o.learned_init:
@@ -138,7 +141,7 @@ class ExPE(_Override):
         return p * o.scale if o.scale != 1.0 else p
 
 
-def exqpe_counts(positions: Tensor, l: int) -> Tensor:  # noqa: E741
+def exqpe_counts(positions: Tensor, l: int) -> Tensor:
     """c_k(n) = floor((n - k) / l) + 1 if n >= k else 0, the number of i in [0, n] with i mod l == k; (B, T,
     l)."""
     nk = positions.unsqueeze(-1) - torch.arange(l, device=positions.device)
@@ -151,7 +154,7 @@ class ExQPE(_Override):
 
     paper = "Datseris et al., ExPE paper, ExQPE (§2.3)"
 
-    @dataclass
+    @dataclass(frozen=True)
     class Options(CheckedOptions):
         BOUNDS: ClassVar[dict[str, Bound]] = {
             "S": Bound(-1e3, 1e3),
@@ -167,7 +170,9 @@ class ExQPE(_Override):
         scale: float = 1.0
         apply_to_value: bool = False
 
-    def __init__(self, ctx: EncodingContext, options=None):
+    options: Options
+
+    def __init__(self, ctx: EncodingContext, options: Options | None = None):
         super().__init__(ctx, options)
         self._check()
 

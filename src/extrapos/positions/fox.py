@@ -55,23 +55,26 @@ class ForgettingAttention(PositionalEncoding):
     family = "forgetting"
     paper = "Lin et al. 2025, Forgetting Transformer: softmax attention with a forget gate (FoX)"
 
-    @dataclass
+    @dataclass(frozen=True)
     class Options(CheckedOptions):
         BOUNDS: ClassVar[dict[str, Bound]] = {"bias_init": Bound(-100, 100)}
         bias_init: float = 0.0  # b at init: sigmoid(b) is the typical forget gate of an untrained model
 
-    def __init__(self, ctx: EncodingContext, options=None):
+    options: Options
+
+    def __init__(self, ctx: EncodingContext, options: Options | None = None):
         super().__init__(ctx, options)
-        self.gates = nn.ModuleList(nn.Linear(ctx.d_model, ctx.n_heads) for _ in range(ctx.n_layers))
-        for lin in self.gates:
+        gates = [nn.Linear(ctx.d_model, ctx.n_heads) for _ in range(ctx.n_layers)]
+        for lin in gates:
             nn.init.normal_(lin.weight, std=0.02)
             nn.init.constant_(lin.bias, self.options.bias_init)
+        self.gates = nn.ModuleList(gates)
 
     def log_gates(self, x: Tensor, layer: int) -> Tensor:
         """log f (B, H, T) <= 0 in the feature dtype."""
         return F.logsigmoid(gate_projection(self.gates[layer], x)).transpose(1, 2)
 
-    def bias(self, x: Tensor, positions: Tensor, layer: int, state: dict | None) -> FoldedBias:
+    def bias(self, x: Tensor, positions: Tensor, layer: int, state: dict | None) -> FoldedBias | PairwiseBias:
         c = running_sum(self.log_gates(x, layer))  # inclusive
         if state is not None:
             if STATE_KEY in state:  # continue the running sum of the cached tokens

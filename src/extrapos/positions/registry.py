@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from extrapos import schema
+from extrapos.bounds import CheckedOptions
 from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, PositionalEncoding
 
@@ -71,7 +72,9 @@ def spec(name: str) -> EncodingSpec:
     return _REGISTRY[name]
 
 
-def build_options(name: str, options: dict[str, Any] | None = None, table: str = "model.positions") -> Any:
+def build_options(
+    name: str, options: dict[str, Any] | None = None, table: str = "model.positions"
+) -> CheckedOptions:
     """The encoding's Options dataclass from registry defaults + user options, type-checked and within
     their plausible bounds (``bounds.py``); an error names the option as ``table.KEY``."""
     s = spec(name)
@@ -83,15 +86,28 @@ def build_options(name: str, options: dict[str, Any] | None = None, table: str =
             f"encoding {name!r} has no option {', '.join(unknown)}; its options are: "
             f"{', '.join(sorted(fields)) or '(none)'}."
         )
-    return schema.build(s.cls.Options, merged, where=f"{table}.{{key}} (an option of encoding {name!r})")
+    built: CheckedOptions = schema.build(
+        s.cls.Options, merged, where=f"{table}.{{key}} (an option of encoding {name!r})"
+    )
+    return built
 
 
 def build_encoding(
-    name: str, ctx: EncodingContext, options: dict[str, Any] | None = None
+    name: str, ctx: EncodingContext, options: dict[str, Any] | CheckedOptions | None = None
 ) -> PositionalEncoding:
-    """Instantiate the encoding registered as ``name`` for a model described by ``ctx``."""
+    """Instantiate the encoding registered as ``name`` for a model described by ``ctx``, from a table of
+    options (checked here) or from its ``Options`` already built (``build_options``; a model's plan)."""
     s = spec(name)
-    enc = s.cls(ctx, build_options(name, options))
+    built: CheckedOptions
+    if isinstance(options, CheckedOptions):
+        if not isinstance(options, s.cls.Options):
+            raise TypeError(
+                f"encoding {name!r} takes {s.cls.Options.__qualname__}, not {type(options).__qualname__}"
+            )
+        built = options
+    else:
+        built = build_options(name, options)
+    enc = s.cls(ctx, built)
     enc.registry_name = name
     return enc
 

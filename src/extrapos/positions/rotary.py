@@ -86,9 +86,8 @@ def yarn_inv_freq(
     extrapolation = default_inv_freq(base, dim)
     interpolation = extrapolation / factor
     low, high = yarn_correction_range(beta_fast, beta_slow, dim, base, length)
-    if low == high:
-        high += 0.001  # a single-dim ramp: avoid dividing by zero
-    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    top: float = high + 0.001 if low == high else high  # a single-dim ramp: avoid dividing by zero
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (top - low)).clamp(0, 1)
     keep = 1 - ramp  # 1: high frequency, extrapolated as is; 0: low frequency, interpolated
     return interpolation * (1 - keep) + extrapolation * keep
 
@@ -123,7 +122,7 @@ class RoPE(PositionalEncoding):
     family = "rotary"
     paper = "Su et al. 2021, RoFormer; scalings: Chen et al. 2023 (PI), bloc97 (NTK), Peng et al. 2023 (YaRN)"
 
-    @dataclass
+    @dataclass(frozen=True)
     class Options(CheckedOptions):
         # plausible ranges (docs/robustness.md): a base past 1e10 leaves every frequency below 1e-10 (the
         # longest-context checkpoints use a few 1e9); a factor past 1024 or betas <= 0 mean nothing
@@ -165,7 +164,11 @@ class RoPE(PositionalEncoding):
                     self.high_freq_factor,
                 )
 
-    def __init__(self, ctx: EncodingContext, options=None):
+    options: Options
+    # the last forward's (positions, their version, dtype, cos, sin): every block rotates with them
+    _memo: tuple[Tensor, int | None, torch.dtype, Tensor, Tensor] | None
+
+    def __init__(self, ctx: EncodingContext, options: Options | None = None):
         super().__init__(ctx, options)
         self.options_changed()
 

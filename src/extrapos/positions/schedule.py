@@ -32,11 +32,12 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
 from extrapos import schema
+from extrapos.bounds import CheckedOptions
 from extrapos.errors import UserError
 from extrapos.positions.base import Bias, EncodingContext, PositionalEncoding
 from extrapos.positions.registry import build_encoding, build_options, spec
@@ -88,20 +89,34 @@ def parse_layers(spec_: Any, n_layers: int) -> tuple[int, ...]:
     return tuple(chosen)
 
 
+O = TypeVar("O", bound=CheckedOptions)
+
+
 @dataclass(frozen=True)
 class Plan:
-    """A ``model.positions`` table resolved: the encoding, its options, and the schedule if any."""
+    """A ``model.positions`` table resolved once: the encoding, its ``Options`` (registry defaults and the
+    table's values, checked, frozen), and the schedule if any. The table itself stays the config's TOML
+    form (``ModelConfig.positions``); everything that reads the encoding's options reads them here."""
 
     name: str
-    options: dict[str, Any]
-    layers: tuple[int, ...] | None  # None: every layer, no schedule
+    options: CheckedOptions
+    layers: tuple[int, ...] | None = None  # None: every layer, no schedule
     others_name: str = "nope"
-    others_options: dict[str, Any] | None = None
+    others_options: CheckedOptions | None = None  # built when there is a schedule
 
     @property
     def names(self) -> list[str]:
         """The registered encodings the model uses."""
         return [self.name] if self.layers is None else [self.name, self.others_name]
+
+    def options_as(self, kind: type[O]) -> O:
+        """The options typed as ``kind`` (e.g. ``RoPE.Options``), for a reader that has checked the
+        encoding's name; a plan of another encoding is a programming error."""
+        if not isinstance(self.options, kind):
+            raise TypeError(
+                f"the encoding {self.name!r} has {type(self.options).__qualname__}, not {kind.__qualname__}"
+            )
+        return self.options
 
 
 def _split(table: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -111,11 +126,11 @@ def _split(table: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 def plan_positions(positions: dict[str, Any], n_layers: int) -> Plan:
     """Resolve and check a ``model.positions`` table: options of both encodings, the layer list, and
     no embedding-level encoding in a schedule."""
-    name, options = _split(positions)
-    schedule = {k: options.pop(k) for k in SCHEDULE_KEYS if k in options}
-    build_options(name, options)  # an unknown or mistyped option is one sentence naming it
+    name, table = _split(positions)
+    schedule = {k: table.pop(k) for k in SCHEDULE_KEYS if k in table}
+    options = build_options(name, table)  # an unknown or mistyped option is one sentence naming it
     if not schedule:
-        return Plan(name, options, None)
+        return Plan(name, options)
     if "layers" not in schedule:
         raise UserError(
             "model.positions.others needs model.positions.layers, the layers the encoding "
@@ -129,15 +144,15 @@ def plan_positions(positions: dict[str, Any], n_layers: int) -> Plan:
         raise UserError(
             'model.positions.others must be a table with a "name" (e.g. others = { name = "nope" }).'
         )
-    others_name, others_options = _split(others)
-    if set(SCHEDULE_KEYS) & set(others_options):
+    others_name, others_table = _split(others)
+    if set(SCHEDULE_KEYS) & set(others_table):
         raise UserError(
             "model.positions.others cannot have a schedule of its own; give layers and others once, "
             "in model.positions."
         )
-    build_options(others_name, others_options, "model.positions.others")
+    others_options = build_options(others_name, others_table, "model.positions.others")
     for n, o, where in ((name, options, "model.positions"), (others_name, others_options, "others")):
-        if spec(n).cls.acts_on_embeddings(build_options(n, o)):
+        if spec(n).cls.acts_on_embeddings(o):
             raise UserError(
                 f"the encoding {n!r} ({where}) acts once on the token embeddings, before the first layer, "
                 "so it cannot be confined to some layers; use it without model.positions.layers."

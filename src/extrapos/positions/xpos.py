@@ -65,7 +65,7 @@ class XPos(RoPE):
         "for keys after it; use rope for a bidirectional rotary encoding."
     )
 
-    @dataclass
+    @dataclass(frozen=True)
     class Options(RoPE.Options):
         # zeta = (2i/d + gamma) / (1 + gamma): gamma 0 makes zeta_0 = 0 and its key factor infinite
         BOUNDS: ClassVar[dict[str, Bound]] = {
@@ -78,6 +78,10 @@ class XPos(RoPE):
         gamma: float = 0.4
         blockwise: bool = False  # blockwise causal attention (an inference-time option in the paper)
         block_length: int | None = None  # None: L_t // 2
+
+    options: Options
+    # the last forward's (positions, their version, dtype, up, down) decays, as RoPE's cos/sin memo
+    _decay_memo: tuple[Tensor, int | None, torch.dtype, Tensor, Tensor] | None
 
     def options_changed(self) -> None:
         super().options_changed()

@@ -32,7 +32,7 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from extrapos.errors import UserError
 from extrapos.files import atomic_write
@@ -46,8 +46,14 @@ class Row:
     tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # task -> the row's task result
     run_dir: Path | None = None  # the run the result belongs to, where the report knows it
 
+    @property
+    def loss(self) -> dict[str, Any]:
+        """The loss result of a row that has one: the functions below take ``loss_rows`` only."""
+        assert self.result is not None, f"row {self.name!r} has no loss evaluation"
+        return self.result
+
     def metric(self, ev: int, metric: str) -> float | None:
-        for r in self.result["results"]:
+        for r in self.loss["results"]:
             if r["ev"] == ev:
                 return r.get(metric)  # None: a field older results do not have (e.g. seq_ppl)
         return None
@@ -55,7 +61,7 @@ class Row:
     @property
     def seeds(self) -> list[dict[str, Any]]:
         """The per-seed results of a row trained once per seed ([] for a single run)."""
-        return self.result.get("seeds") or []
+        return self.loss.get("seeds") or []
 
 
 def loss_rows(rows: list[Row]) -> list[Row]:
@@ -73,7 +79,7 @@ class Cell:
 
 
 def _columns(rows: list[Row]) -> list[int]:
-    return sorted({r["ev"] for row in rows for r in row.result["results"]})
+    return sorted({r["ev"] for row in rows for r in row.loss["results"]})
 
 
 def baseline_row(rows: list[Row], baseline: str | None) -> Row:
@@ -93,12 +99,12 @@ def cell_intervals(rows: list[Row], baseline: str | None = None) -> dict[tuple[s
     base = baseline_row(rows, baseline)
     cells = {}
     for ev in _columns(rows):
-        ref = stats.cell_samples(base.result, ev)
+        ref = stats.cell_samples(base.loss, ev)
         base_finite = is_finite(base.metric(ev, "loss"))
         for row in rows:
             if not is_finite(row.metric(ev, "loss")):
                 continue  # missing, or NaN / infinite: flagged in the tables, no interval nor difference
-            mine = stats.cell_samples(row.result, ev)
+            mine = stats.cell_samples(row.loss, ev)
             interval = stats.loss_interval(mine.sums, mine.counts) if mine is not None else None
             diff = None
             if (
@@ -108,7 +114,7 @@ def cell_intervals(rows: list[Row], baseline: str | None = None) -> dict[tuple[s
                 and ref is not None
                 and mine.doc_index == ref.doc_index
                 and mine.sums.shape == ref.sums.shape
-                and stats.same_targets(row.result, base.result)
+                and stats.same_targets(row.loss, base.loss)
                 and _same_cell_targets(row, ev, base, ev)
                 and (mine.counts == ref.counts).all()
             ):
@@ -130,7 +136,7 @@ HIGHER_IS_BETTER = ("accuracy",)  # the metrics whose best value is the largest 
 def is_mlm(rows: list[Row]) -> bool:
     """Whether every loss row is an encoder's masked-LM evaluation (``evaluate_mlm``): then the tables say
     "masked-token loss" and add the top-1 accuracy."""
-    return bool(rows) and all(row.result.get("objective") == "mlm" for row in rows)
+    return bool(rows) and all(row.loss.get("objective") == "mlm" for row in rows)
 
 
 def _number(v: float, metric: str) -> str:
@@ -142,13 +148,13 @@ def protocol_groups(rows: list[Row]) -> list[list[Row]]:
     protocols score different targets with different contexts, so no table holds two of them."""
     groups: dict[str, list[Row]] = {}
     for row in rows:
-        groups.setdefault(stats.protocol_id(row.result), []).append(row)
+        groups.setdefault(stats.protocol_id(row.loss), []).append(row)
     return list(groups.values())
 
 
 def mixed_protocols_note(groups: list[list[Row]]) -> str:
     """The one sentence a report of several protocols opens with."""
-    names = "; ".join(stats.protocol_name(g[0].result) for g in groups)
+    names = "; ".join(stats.protocol_name(g[0].loss) for g in groups)
     return (
         f"These results were scored under {len(groups)} evaluation protocols ({names}), which score "
         "different targets with different contexts, so each protocol has its own tables and no row is "
@@ -177,7 +183,7 @@ def _protocol_tables(rows: list[Row], metric: str, cells: dict[tuple[str, int], 
     if len(groups) > 1:
         return "\n\n".join(
             [mixed_protocols_note(groups)]
-            + [f"Protocol: {stats.protocol_name(g[0].result)}\n\n" + _table(g, metric, cells) for g in groups]
+            + [f"Protocol: {stats.protocol_name(g[0].loss)}\n\n" + _table(g, metric, cells) for g in groups]
         )
     return _table(rows, metric, cells)
 
@@ -185,7 +191,7 @@ def _protocol_tables(rows: list[Row], metric: str, cells: dict[tuple[str, int], 
 # ---- what a number is: objective, tokenizer, finiteness, checkpoint -----------------------------------
 
 
-def is_finite(v: float | None) -> bool:
+def is_finite(v: float | None) -> TypeGuard[float]:
     return v is not None and math.isfinite(v)
 
 
@@ -216,13 +222,13 @@ def kind_groups(rows: list[Row]) -> list[tuple[str, list[Row]]]:
     loss (MLM) and a next-token loss are different quantities, and losses under different tokenizers are per
     different tokens, so no table holds two kinds. A row whose tokenizer is unknown (its data is gone and
     the result predates the recorded hash) joins the others unless they disagree among themselves."""
-    found = {id(row): tokenizer_of(row.result) for row in rows}
+    found = {id(row): tokenizer_of(row.loss) for row in rows}
     split_tokenizers = len(set(found.values()) - {None}) > 1
     groups: dict[tuple[str, str | None], list[Row]] = {}
     for row in rows:
-        groups.setdefault(
-            (objective_of(row.result), found[id(row)] if split_tokenizers else None), []
-        ).append(row)
+        groups.setdefault((objective_of(row.loss), found[id(row)] if split_tokenizers else None), []).append(
+            row
+        )
     split_objectives = len({objective for objective, _ in groups}) > 1
 
     def label(objective: str, tokenizer: str | None) -> str:
@@ -239,7 +245,7 @@ def kind_groups(rows: list[Row]) -> list[tuple[str, list[Row]]]:
 
 def mixed_kinds_note(kinds: list[tuple[str, list[Row]]]) -> str:
     """The one sentence a report of several kinds of loss opens with, giving the reasons that apply."""
-    objectives = {objective_of(row.result) for _, group in kinds for row in group}
+    objectives = {objective_of(row.loss) for _, group in kinds for row in group}
     reasons = (["a masked-token loss is not a next-token loss"] if len(objectives) > 1 else []) + (
         ["losses under different tokenizers are per different tokens"]
         if any("okenizer" in label for label, _ in kinds)
@@ -254,7 +260,7 @@ def mixed_kinds_note(kinds: list[tuple[str, list[Row]]]) -> str:
 
 def nonfinite_note(rows: list[Row]) -> str | None:
     """One sentence naming the rows with a NaN or infinite loss, or None."""
-    names = [row.name for row in rows if any(not is_finite(r.get("loss")) for r in row.result["results"])]
+    names = [row.name for row in rows if any(not is_finite(r.get("loss")) for r in row.loss["results"])]
     if not names:
         return None
     return (
@@ -279,7 +285,7 @@ def checkpoint_notes(rows: list[Row]) -> tuple[str | None, list[str]]:
     since reached a newer checkpoint (its row shows older weights than the run now holds)."""
     from extrapos.run import checkpoint as ckpt_io
 
-    steps = {row.name: row.result.get("checkpoint_step") for row in rows}
+    steps = {row.name: row.loss.get("checkpoint_step") for row in rows}
     steps = {name: step for name, step in steps.items() if isinstance(step, int)}
     if not steps:
         return None, []
@@ -349,6 +355,7 @@ def difference_table(rows: list[Row], cells: dict[tuple[str, int], Cell]) -> str
                 texts.append("baseline")
             else:
                 d = cell.difference
+                assert d is not None  # the first branch took a non-baseline cell without one
                 text = f"{d.estimate:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
                 texts.append(text + (" within noise" if d.contains(0.0) else ""))
         lines.append(f"| {row.name} | " + " | ".join(texts) + " |")
@@ -370,10 +377,10 @@ def length_change_table(rows: list[Row]) -> str | None:
     ]
     found = False
     for row in rows:
-        ref = stats.cell_samples(row.result, first)
+        ref = stats.cell_samples(row.loss, first)
         texts = []
         for ev in rest:
-            mine = stats.cell_samples(row.result, ev)
+            mine = stats.cell_samples(row.loss, ev)
             if (
                 ref is None
                 or mine is None
@@ -445,14 +452,14 @@ def rows_to_csv(rows: list[Row], cells: dict[tuple[str, int], Cell] | None = Non
         return "" if v is None else format(v, spec)
 
     for row in rows:
-        for r in row.result["results"]:
+        for r in row.loss["results"]:
             cell = (cells or {}).get((row.name, r["ev"]), Cell(None, None))
             iv, d = cell.interval, cell.difference
             w.writerow(
                 [
                     row.name,
-                    row.result["encoding"],
-                    json.dumps(row.result.get("applied") or {}),
+                    row.loss["encoding"],
+                    json.dumps(row.loss.get("applied") or {}),
                     r["ev"],
                     r["window"],
                     r["tokens"],
@@ -469,8 +476,8 @@ def rows_to_csv(rows: list[Row], cells: dict[tuple[str, int], Cell] | None = Non
                     fmt(d.low if d else None),
                     fmt(d.high if d else None),
                     fmt(r.get("accuracy")),
-                    stats.protocol_id(row.result),
-                    row.result.get("checkpoint_step", ""),
+                    stats.protocol_id(row.loss),
+                    row.loss.get("checkpoint_step", ""),
                 ]
             )
     return buf.getvalue()
@@ -494,8 +501,8 @@ def plot(
     cols = _columns(rows)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for row in rows:
-        evs = [r["ev"] for r in row.result["results"]]
-        losses = [r["loss"] for r in row.result["results"]]
+        evs = [r["ev"] for r in row.loss["results"]]
+        losses = [r["loss"] for r in row.loss["results"]]
         (line,) = ax.plot(evs, losses, marker="o", label=row.name)
         bands = [(ev, c.interval) for ev in evs if (c := (cells or {}).get((row.name, ev))) and c.interval]
         if bands:
@@ -531,13 +538,13 @@ def plot(
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for row in rows:
-        pp = row.result.get("per_position")
+        pp = row.loss.get("per_position")
         if not pp:
             continue
         mids = [(a + b) / 2 for a, b in zip(pp["starts"], pp["ends"])]
         # an MLM bucket without a masked token has no loss (None): a gap in the line
         ax.plot(mids, [math.nan if v is None else v for v in pp["loss"]], label=row.name)
-    train_len = rows[0].result["train_length"] if rows else None
+    train_len = rows[0].loss["train_length"] if rows else None
     if train_len:
         ax.axvline(train_len, color="grey", linestyle="--", linewidth=1, label="training length")
     ax.set_xlabel("position in the longest window")
@@ -643,7 +650,7 @@ def write_report(
         _atomic_write(out_dir / "results.csv", rows_to_csv(rows, cells))
         _atomic_write(
             out_dir / "results.json",
-            json.dumps([{**r.result, "eval_name": r.result["name"], "name": r.name} for r in rows], indent=1),
+            json.dumps([{**r.loss, "eval_name": r.loss["name"], "name": r.name} for r in rows], indent=1),
         )
     return report
 
@@ -672,9 +679,9 @@ def _protocol_sections(
     parts = [mixed_protocols_note(groups), ""]
     for group in groups:
         base = baseline if baseline in {row.name for row in group} else None
-        plots = plot_dir / stats.protocol_id(group[0].result)
+        plots = plot_dir / stats.protocol_id(group[0].loss)
         loss_parts, group_cells = _loss_sections(group, out_dir, title, base, sequence_ppl, plots)
-        parts += [f"{heading} Protocol: {stats.protocol_name(group[0].result)}", ""] + loss_parts + [""]
+        parts += [f"{heading} Protocol: {stats.protocol_name(group[0].loss)}", ""] + loss_parts + [""]
         cells.update(group_cells)
     return parts
 
@@ -689,7 +696,7 @@ def _loss_sections(
     plots = plot(rows, plot_dir, title, cells)
     mlm = is_mlm(rows)
     parts = [
-        f"Protocol: {stats.protocol_name(rows[0].result)}.",
+        f"Protocol: {stats.protocol_name(rows[0].loss)}.",
         "",
         (
             "Mean masked-token loss (MLM, nats) on the same masked tokens at every length (encoders, "

@@ -99,9 +99,10 @@ def _as_2d(x) -> np.ndarray:
 
 def _per_seed(parts, weights: np.ndarray) -> np.ndarray:
     """(replicates, seeds): the statistic of each seed under document weights (replicates, documents)."""
-    out = 0.0
+    out: np.ndarray | float = 0.0
     for sign, s, c in parts:
         out = out + sign * (weights @ s.T) / (weights @ c.T)
+    assert isinstance(out, np.ndarray)  # parts holds one term at least (the caller reads parts[0])
     return out
 
 

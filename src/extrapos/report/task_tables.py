@@ -41,7 +41,7 @@ def length_metrics(task: str, rows) -> list[tuple[str, str]]:
     """(result field, label) of the metrics a length table shows for ``task``."""
     if task == "synthetic":
         return [("token_accuracy", "token accuracy"), ("exact_match", "exact match")]
-    metrics = []
+    metrics: list[tuple[str, str]] = []
     for row in rows:
         if task not in row.tasks:
             continue
@@ -59,7 +59,8 @@ def example_samples(result: dict[str, Any], ev: int, metric: str) -> tuple[Any, 
     before cells recorded their examples."""
     import numpy as np
 
-    nums, dens, digests = [], [], None
+    nums, dens = [], []
+    digests: tuple[Any, ...] | None = None
     for one in result.get("seeds") or [result]:
         n, d, g = [], [], []
         for c in one["results"]:
@@ -78,6 +79,7 @@ def example_samples(result: dict[str, Any], ev: int, metric: str) -> tuple[Any, 
         dens.append(d)
     if len({len(n) for n in nums}) != 1:
         return None
+    assert digests is not None  # set by the first seed (there is one at least)
     return np.asarray(nums, dtype=np.float64), np.asarray(dens, dtype=np.float64), digests
 
 
@@ -358,7 +360,7 @@ def plot_tasks(rows, out_dir: Path) -> dict[str, Path]:
         metrics = length_metrics(task, rows)
         fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4.2), squeeze=False)
         for ax, (metric, label) in zip(axes[0], metrics):
-            cols = set()
+            cols: set[int] = set()
             for row in rows:
                 if task not in row.tasks:
                     continue
@@ -371,9 +373,9 @@ def plot_tasks(rows, out_dir: Path) -> dict[str, Path]:
                     low = [bands[(row.name, ev)][0].low for ev in evs]
                     high = [bands[(row.name, ev)][0].high for ev in evs]
                     ax.fill_between(evs, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
-            cols = sorted(cols)
+            ticks = sorted(cols)
             ax.set_xscale("log", base=2)
-            ax.set_xticks(cols, [str(c) for c in cols])
+            ax.set_xticks(ticks, [str(c) for c in ticks])
             ax.axvline(1, color="grey", linestyle="--", linewidth=1)
             ax.set_ylim(-0.02, 1.02)
             ax.set_xlabel("evaluation length / training length (ev)")
@@ -440,7 +442,7 @@ def attention_interval(result: dict[str, Any], ev: float, stat: str):
     for one in result.get("seeds") or [result]:
         row = next((r for r in one["results"] if r["ev"] == ev), None)
         got = None if row is None else _attention_sums(row, stat)
-        if got is None or len(row["doc_index"]) < stats.MIN_DOCUMENTS:
+        if row is None or got is None or len(row["doc_index"]) < stats.MIN_DOCUMENTS:
             return None
         sums.append(got[0])
         counts.append(got[1])

@@ -18,7 +18,6 @@ without the preset it came from.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,9 +192,7 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
 def validate(cfg: RunConfig) -> None:
     """Every value checked before anything is written: a bad one is one sentence naming the key."""
     _validate_text(dataclasses.asdict(cfg), "")
-    _validate_model_sizes(cfg.model)
-    cfg.model.validate()
-    _validate_model(cfg.model)
+    cfg.model.validate()  # the model's own rules (model.py), the library's as the CLI's
     _validate_train(cfg.train)
     _validate_data(cfg.data)
     if (cfg.train.objective == "mlm") != (cfg.model.flavour == "encoder"):
@@ -237,26 +234,6 @@ def _validate_text(value: Any, key: str) -> None:
             raise UserError(
                 f"{key} must be UTF-8 text (it holds bytes that are not), got {value!r}."
             ) from None
-
-
-def _validate_model_sizes(m: ModelConfig) -> None:
-    """The optional sizes and the initial scale, before the model's own checks divide by them."""
-    for key in ("n_kv_heads", "mlp_hidden"):
-        value = getattr(m, key)
-        _require(value is None or value >= 1, f"model.{key}", "a positive integer (or left unset)", value)
-    # the weights are drawn from N(0, init_std^2): a negative deviation is refused by torch mid-build
-    _require(m.init_std >= 0, "model.init_std", "a non-negative standard deviation (e.g. 0.02)", m.init_std)
-
-
-def _validate_model(m: ModelConfig) -> None:
-    """Values the model accepts but that make the first step's loss NaN (checked before anything runs); an
-    encoding's options check their own bounds (``bounds.py``: RoPE's base within [2, 1e10], ...)."""
-    _require(
-        math.isfinite(m.norm_eps) and 0 < m.norm_eps < 1,
-        "model.norm_eps",
-        "a small positive number (e.g. 1e-5)",
-        m.norm_eps,
-    )
 
 
 def _validate_train(t: TrainConfig) -> None:

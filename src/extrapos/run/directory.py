@@ -5,19 +5,24 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from extrapos.run import checkpoint as ckpt_io
 from extrapos.run.config import RunConfig, load_run_config
 
+if TYPE_CHECKING:  # imported where a run is loaded, as the command's --help needs neither
+    from extrapos.data.tokenizer import Tokenizer
+    from extrapos.model import Decoder
+
 
 @dataclass
 class LoadedRun:
     path: Path
     cfg: RunConfig
-    model: torch.nn.Module
-    tokenizer: object
+    model: Decoder
+    tokenizer: Tokenizer
     step: int
     weights_sha256: str = ""
 

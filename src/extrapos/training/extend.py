@@ -103,7 +103,9 @@ def extended_positions(
     pos, changes = dict(pcfg.model.positions), []  # the stored table, rewritten for L_e
     name = plan.name
     if name == "learned":
-        rows = plan.options.get("max_length") or pcfg.model.train_length
+        from extrapos.positions.absolute import LearnedAbsolute
+
+        rows = plan.options_as(LearnedAbsolute.Options).max_length or pcfg.model.train_length
         pos.pop("interpolate_to", None)
         if L_e > rows:
             pos["max_length"] = L_e
@@ -336,6 +338,7 @@ def extend(
     import torch
 
     from extrapos.model import Decoder
+    from extrapos.positions.absolute import LearnedAbsolute
     from extrapos.run.runtime import barrier, init_distributed, resolve_device
     from extrapos.training.trainer import train
 
@@ -377,18 +380,17 @@ def extend(
     out.mkdir(parents=True, exist_ok=True)
     init_from: Path = Path(record["checkpoint"])
     plan = cfg.model.positions_plan()
-    if plan.name == "learned" and plan.options.get("max_length"):
+    rows = plan.options_as(LearnedAbsolute.Options).max_length if plan.name == "learned" else None
+    if rows:
         # resize the learned table: load the parent as it was, interpolate, save the initial weights
         from safetensors.torch import save_model
-
-        from extrapos.positions.absolute import LearnedAbsolute
 
         pcfg = load_run_config(parent)
         model = Decoder(pcfg.model)
         ckpt_io.load_weights(model, init_from)
         assert isinstance(model.pos, LearnedAbsolute)  # the parent's encoding: extension keeps the name
-        if plan.options["max_length"] > model.pos.length:
-            model.pos.extend_table(plan.options["max_length"])
+        if rows > model.pos.length:
+            model.pos.extend_table(rows)
         check = Decoder(cfg.model)
         if check.pos.table.shape != model.pos.table.shape:  # pragma: no cover - a config/table mismatch
             raise UserError("the resized learned table does not match the extension config.")

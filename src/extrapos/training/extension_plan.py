@@ -80,7 +80,9 @@ def plan_lines(
         f"L_t {record['train_length']} -> L_e {record['extended_length']} (factor {record['factor']})",
     ]
     if plan.name == "learned":
-        rows = plan.options.get("max_length") or cfg.model.train_length
+        from extrapos.positions.absolute import LearnedAbsolute
+
+        rows = plan.options_as(LearnedAbsolute.Options).max_length or cfg.model.train_length
         lines.append(f"position table: {rows} rows (learned; interpolated from the parent's when longer)")
     else:
         lines.append(f"position table: none ({plan.name} computes positions at any length)")

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from extrapos.errors import UserError
 from extrapos.integrations.hf.config_checks import bad, check_context_length, check_value, is_number
+
+if TYPE_CHECKING:
+    from extrapos.positions.rotary import RoPE
 
 
 def _rope_number(params: dict, key: str, kind: str, section: str) -> float:
@@ -211,9 +214,7 @@ def _hf_field(option: str, hf: dict, section: str) -> str:
 def rope_export(cfg, context: int) -> tuple[float, dict | None, int]:
     """(rope_theta, rope_scaling or None, max_position_embeddings) for an exported RoPE run whose
     context length is ``context`` (L_t, or L_e for an extended run)."""
-    from extrapos.positions.registry import build_options
-
-    o = build_options("rope", cfg.positions_plan().options)
+    o = rope_options(cfg)
     L = o.original_length or cfg.train_length
     dim = int(cfg.head_dim * o.rotary_fraction) // 2 * 2
     longer = max(context, int(L * o.factor))
@@ -273,9 +274,7 @@ def rope_export(cfg, context: int) -> tuple[float, dict | None, int]:
 def rope_export_blocker(cfg, whole_heads: bool) -> str | None:
     """Why a RoPE run has no faithful Hugging Face config (``whole_heads``: the architecture rotates
     every dim of a head, as Llama does), or None."""
-    from extrapos.positions.registry import build_options
-
-    o = build_options("rope", cfg.positions_plan().options)
+    o = rope_options(cfg)
     rot = int(cfg.head_dim * o.rotary_fraction)
     if whole_heads and rot != cfg.head_dim:
         return "Llama rotates whole heads, the run has rotary_fraction < 1"
@@ -287,6 +286,11 @@ def rope_export_blocker(cfg, whole_heads: bool) -> str | None:
 
 
 def rotary_fraction(cfg) -> float:
-    from extrapos.positions.registry import build_options
+    return rope_options(cfg).rotary_fraction
 
-    return build_options("rope", cfg.positions_plan().options).rotary_fraction
+
+def rope_options(cfg: Any) -> RoPE.Options:
+    """The ``rope`` encoding's options of a run the RoPE adapters claimed (its plan, typed)."""
+    from extrapos.positions.rotary import RoPE
+
+    return cfg.positions_plan().options_as(RoPE.Options)

@@ -30,7 +30,7 @@ def shard_header(file: Path) -> dict[str, tuple[str, int]]:
 
     try:
         with safe_open(str(file), framework="pt", device="cpu") as f:
-            slices = {key: f.get_slice(key) for key in f.keys()}  # noqa: SIM118 - not a dict
+            slices = {key: f.get_slice(key) for key in f.keys()}  # f is a safetensors file, not a dict
             return {key: (t.get_dtype(), math.prod(t.get_shape())) for key, t in slices.items()}
     except OSError:
         raise
@@ -60,7 +60,9 @@ def check_shards(files: list[Path], adapter, cfg) -> None:
     needed = vocab * d * (1 if cfg.tie_embeddings else 2) + cfg.n_layers * (2 * d * d + 2 * d * cfg.hidden)
     plan = cfg.positions_plan()
     if plan.name == "learned":  # GPT-2's position table: n_positions rows
-        needed += int(plan.options.get("max_length") or cfg.train_length) * d
+        from extrapos.positions.absolute import LearnedAbsolute
+
+        needed += int(plan.options_as(LearnedAbsolute.Options).max_length or cfg.train_length) * d
     if needed > held:
         raise UserError(
             f"config.json describes a model of at least {needed:,} weights but the safetensors files "

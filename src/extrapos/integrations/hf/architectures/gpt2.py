@@ -3,7 +3,7 @@ stored (in, out) and are transposed; tied head."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from extrapos.errors import UserError
 from extrapos.integrations.hf.adapter import Adapter
@@ -11,7 +11,17 @@ from extrapos.integrations.hf.config_checks import activation, first
 from extrapos.integrations.hf.registry import register
 from extrapos.integrations.hf.weight_map import TRANSPOSED, Weight, WeightMap, always, pair
 
+if TYPE_CHECKING:
+    from extrapos.positions.absolute import LearnedAbsolute
+
 HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
+
+
+def learned_options(cfg: Any) -> LearnedAbsolute.Options:
+    """The learned table's options of a run this adapter claimed (its plan, typed)."""
+    from extrapos.positions.absolute import LearnedAbsolute
+
+    return cfg.positions_plan().options_as(LearnedAbsolute.Options)
 
 
 def _conv1d(hf: str, ours: str) -> list[Weight]:
@@ -70,7 +80,7 @@ class GPT2(Adapter):
         return cfg.positions_plan().name == "learned"
 
     def check_export(self, cfg) -> None:
-        if cfg.positions_plan().options.get("interpolate_to"):
+        if learned_options(cfg).interpolate_to:
             raise UserError(
                 "GPT-2 reads its position table without interpolation; extend the table first "
                 "(extrapos extend, or LearnedAbsolute.extend_table) and export that run."
@@ -90,7 +100,7 @@ class GPT2(Adapter):
 
     def config_for(self, cfg, common, context) -> dict[str, Any]:
         # the position table's rows are the context (an extended run's table was resized to L_e)
-        rows = cfg.positions_plan().options.get("max_length") or cfg.train_length
+        rows = learned_options(cfg).max_length or cfg.train_length
         return {
             "architectures": ["GPT2LMHeadModel"],
             "model_type": "gpt2",
