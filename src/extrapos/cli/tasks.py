@@ -176,11 +176,22 @@ def _name(args) -> str | None:
 
 
 def _options(args, lengths: list[int]) -> dict[str, Any]:
+    """The inference-time encoding changes the flags ask for, checked against the run (opened once for the
+    command: ``_run``)."""
     from extrapos.cli.eval import check_position_options, position_options
 
     options = position_options(args, lengths)
-    check_position_options(args.run, options)
+    check_position_options(_run(args), options)
     return options
+
+
+def _run(args) -> Any:
+    """The command's run (``cli.eval.open_run``), made once and kept: each file of it is read once."""
+    from extrapos.cli.eval import open_run
+
+    if not hasattr(args, "opened_run"):
+        args.opened_run = open_run(args.run)
+    return args.opened_run
 
 
 def run_passkey(args) -> int:
@@ -208,7 +219,7 @@ def run_passkey(args) -> int:
     )
     progress = not args.no_progress and rank == 0
     result = passkey(
-        args.run,
+        _run(args),
         options,
         name=_name(args),
         overwrite=args.overwrite,
@@ -264,7 +275,7 @@ def run_ruler(args) -> int:
     device = str(resolve_device(args.device, "--device"))
     progress = not args.no_progress
     result = ruler(
-        args.run,
+        _run(args),
         options,
         name=name,
         overwrite=args.overwrite,
@@ -296,7 +307,7 @@ def run_synthetic(args) -> int:
     )
     progress = not args.no_progress
     result = score_synthetic(
-        args.run, options, name=_name(args), overwrite=args.overwrite, device=str(device), progress=progress
+        _run(args), options, name=_name(args), overwrite=args.overwrite, device=str(device), progress=progress
     )
     print(format_synthetic(result))
     return 0
@@ -327,7 +338,7 @@ def run_lm_eval(args) -> int:
     except ValueError:
         raise UserError(f"--metadata must be JSON, got {args.metadata!r}.") from None
     result = lm_eval(
-        args.run,
+        _run(args),
         [t.strip() for t in args.tasks.split(",") if t.strip()],
         num_fewshot=args.num_fewshot,
         limit=args.limit,

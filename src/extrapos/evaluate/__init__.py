@@ -65,10 +65,10 @@ from extrapos.evaluate.slot import (
     check_result_name,
     open_slot,
     results_dir,
-    scored_checkpoint,
     slug,
 )
 from extrapos.evaluate.window_options import per_window_options
+from extrapos.run.handle import Run
 
 DEFAULT_LENGTHS = (1, 2, 4, 8, 16)
 PROTOCOLS = ("documents", "stream")
@@ -326,11 +326,11 @@ class ScoredRun:
     windows: list[int] = field(default_factory=list)  # each length's window in tokens, ascending
 
 
-def load_scored_run(run_dir, req: EvalRequest, ckpt, device, progress: bool) -> ScoredRun:
+def load_scored_run(handle: Run, req: EvalRequest, ckpt, device, progress: bool) -> ScoredRun:
     """Load the run at ``ckpt``, set the request's fixed position options and open the held-out split."""
     from extrapos.run.directory import load_run
 
-    run = load_run(run_dir, device=device, checkpoint=ckpt)
+    run = load_run(handle, device=device, checkpoint=ckpt)
     L = req.base_length or run.cfg.model.train_length
     resolved = request_lengths(req, L)
     lengths, windows = [x.ev for x in resolved], [x.window for x in resolved]
@@ -345,12 +345,10 @@ def load_scored_run(run_dir, req: EvalRequest, ckpt, device, progress: bool) -> 
     return ScoredRun(run, lengths, L, max_len, per_window, split, data_dir, windows)
 
 
-def check_lengths(run_dir: Path, req: EvalRequest) -> list[EvalLength]:
+def check_lengths(run: Run, req: EvalRequest) -> list[EvalLength]:
     """The request's lengths checked against the run's L_t (``request_lengths``) before anything is read or
     written."""
-    from extrapos.run.config import load_run_config
-
-    return request_lengths(req, req.base_length or load_run_config(run_dir).model.train_length)
+    return request_lengths(req, req.base_length or run.cfg.model.train_length)
 
 
 def request_lengths(req: EvalRequest, L: int) -> list[EvalLength]:
@@ -386,7 +384,7 @@ class EvalInputs:
     windows: list[int] = field(default_factory=list)  # each length's window in tokens, ascending
 
 
-def load_eval_inputs(run_dir, req: EvalRequest, ckpt, device, progress: bool) -> EvalInputs:
+def load_eval_inputs(handle: Run, req: EvalRequest, ckpt, device, progress: bool) -> EvalInputs:
     """Load the run at ``ckpt``, set the request's fixed position options and cut the held-out spans of the
     documents protocol: the shared start of the next-token and the masked-LM evaluations."""
     if req.protocol != "documents":
@@ -394,7 +392,7 @@ def load_eval_inputs(run_dir, req: EvalRequest, ckpt, device, progress: bool) ->
             "the stream protocol scores next-token losses of decoders; a masked-LM (encoder) evaluation uses "
             "the documents protocol only, so drop the stream protocol."
         )
-    r = load_scored_run(run_dir, req, ckpt, device, progress)
+    r = load_scored_run(handle, req, ckpt, device, progress)
     spans, docs_used, docs_skipped, owners = collect_spans(
         r.split, r.max_len, req.max_tokens, with_documents=True, selection=req.selection
     )
@@ -414,15 +412,15 @@ def load_eval_inputs(run_dir, req: EvalRequest, ckpt, device, progress: bool) ->
 
 
 def result_slot(
-    run_dir: Path, req: EvalRequest, name: str, overwrite: bool, progress: bool, suffix: str = ""
+    run: Run, req: EvalRequest, name: str, overwrite: bool, progress: bool, suffix: str = ""
 ) -> ResultSlot:
     """The slot (``evaluate.slot``) of ``RUN/eval/<name>.json`` for ``req``, keyed by the request and the
     checkpoint it scores (``suffix`` tells apart evaluations of the same request, e.g. the masked-LM one and
     its mask seed). The same request of an older checkpoint is evaluated again, and so is the same request
     as an older extrapos scored it, with spans from the first documents instead of spread over them."""
-    ckpt, digest = scored_checkpoint(run_dir, req.step)
+    ckpt, digest = run.checkpoint(req.step)
     key, request_key = result_key(req, ckpt.step, digest) + suffix, req.key() + suffix
-    out_path = results_dir(run_dir) / f"{name}.json"
+    out_path = results_dir(run.path) / f"{name}.json"
     older: list[tuple[dict[str, Any], str | None]] = []
     if req.protocol == "documents" and req.selection != "first":
         first = replace(req, selection="first").key() + suffix
@@ -439,7 +437,7 @@ def result_slot(
         )
 
     return open_slot(
-        run_dir,
+        run.path,
         name,
         ckpt,
         digest,
@@ -562,7 +560,7 @@ def score_windows(
 
 
 def evaluate(
-    run_dir: str | Path,
+    run_dir: Run | str | Path,
     req: EvalRequest | None = None,
     name: str | None = None,
     overwrite: bool = False,
@@ -571,34 +569,31 @@ def evaluate(
     progress: bool = True,
     force: bool = False,
 ) -> dict[str, Any]:
-    """Evaluate a run at every length of ``req``; writes and returns ``RUN/eval/<name>.json``. Scoring
-    estimated past a day is refused unless ``force`` (``check_eval_time``)."""
+    """Evaluate a run (a directory, or a ``Run`` already open) at every length of ``req``; writes and
+    returns ``RUN/eval/<name>.json``. Scoring estimated past a day is refused unless ``force``
+    (``check_eval_time``)."""
     req = resolve_request(req or EvalRequest())
     check_request(req)
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.toml").is_file():
-        raise UserError(
-            f"{run_dir} is not a run directory (no config.toml); pass the --out of `extrapos train`."
-        )
-    check_lengths(run_dir, req)
+    handle = Run.of(run_dir)
+    check_lengths(handle, req)
     name = check_result_name(name or default_name(req))
-    slot = result_slot(run_dir, req, name, overwrite, progress)
+    slot = result_slot(handle, req, name, overwrite, progress)
     if slot.previous is not None:
         return slot.previous  # the same evaluation of the same weights was done: reuse it
 
-    check_eval_memory(run_dir, req, device, batch_tokens)
-    check_eval_time(run_dir, req, device, force)
+    check_eval_memory(handle, req, device, batch_tokens)
+    check_eval_time(handle, req, device, force)
     t0 = time.perf_counter()
     if req.protocol == "stream":
         from extrapos.evaluate.stream import score_stream
 
-        scored = score_stream(run_dir, req, slot.ckpt, device, batch_tokens, progress)
+        scored = score_stream(handle, req, slot.ckpt, device, batch_tokens, progress)
     else:
-        scored = _score_documents(run_dir, req, slot.ckpt, device, batch_tokens, progress)
+        scored = _score_documents(handle, req, slot.ckpt, device, batch_tokens, progress)
     run = scored.run
     result = {
         "name": name,
-        "run": str(run_dir),
+        "run": str(handle.path),
         "request": req.written(),
         "request_key": slot.request_key,
         "result_key": slot.key,
@@ -624,14 +619,13 @@ def evaluate(
     return result
 
 
-def check_eval_memory(run_dir: Path, req: EvalRequest, device: str, batch_tokens: int) -> None:
+def check_eval_memory(run: Run, req: EvalRequest, device: str, batch_tokens: int) -> None:
     """Refuse, before the model is loaded, lengths whose windows cannot fit in memory: one batch of the
     longest window (``memory.forward_bytes``) and its chunk of logits with their cross-entropy
     (``token_losses`` forms them 1,024 positions at a time)."""
-    from extrapos.run.config import load_run_config
     from extrapos.run.memory import check_memory, forward_bytes
 
-    model = load_run_config(run_dir).model
+    model = run.cfg.model
     L = req.base_length or model.train_length
     longest = request_lengths(req, L)[-1]  # fractional and token lengths refused here, before any loading
     window = longest.window
@@ -645,14 +639,13 @@ def check_eval_memory(run_dir: Path, req: EvalRequest, device: str, batch_tokens
     )
 
 
-def check_eval_time(run_dir: Path, req: EvalRequest, device: str, force: bool) -> None:
+def check_eval_time(run: Run, req: EvalRequest, device: str, force: bool) -> None:
     """Print the least time the scoring takes when past a minute and refuse it past a day unless ``force``
     (``run.timing``): each length runs about ``max_tokens`` targets through windows of its length (with a
     ``stride``, ``window / stride`` tokens computed per target), each token seeing half its window."""
-    from extrapos.run.config import load_run_config
     from extrapos.run.timing import check_time, forward_flops
 
-    model = load_run_config(run_dir).model
+    model = run.cfg.model
     L = req.base_length or model.train_length
     lengths = request_lengths(req, L)
     flops = sum(
@@ -677,12 +670,12 @@ class Scored:
 
 
 def _score_documents(
-    run_dir: Path, req: EvalRequest, ckpt, device, batch_tokens: int, progress: bool
+    handle: Run, req: EvalRequest, ckpt, device, batch_tokens: int, progress: bool
 ) -> Scored:
     """The documents protocol: the spans of max(lengths) x L_t tokens, split into windows of each length."""
     from tqdm.auto import tqdm
 
-    inputs = load_eval_inputs(run_dir, req, ckpt, device, progress)
+    inputs = load_eval_inputs(handle, req, ckpt, device, progress)
     run, L, max_len = inputs.run, inputs.L, inputs.max_len
     lengths, per_window = inputs.lengths, inputs.per_window
     spans_np, owners = inputs.spans, inputs.owners
@@ -692,7 +685,9 @@ def _score_documents(
     digest = targets_digest(spans_np[:, 1:], owners)
 
     rows, per_position = [], None
-    bar = tqdm(total=n_targets * len(lengths), unit="tok", disable=not progress, desc=f"eval {run_dir.name}")
+    bar = tqdm(
+        total=n_targets * len(lengths), unit="tok", disable=not progress, desc=f"eval {handle.path.name}"
+    )
     for k, window in zip(lengths, inputs.windows):
         if per_window:  # e.g. a learned table interpolated to each evaluated window, as §3.2 does per L_e
             run.model.pos.set_options(**per_window_options(run.model.pos, per_window, window, L))

@@ -41,6 +41,7 @@ from extrapos.evaluate import (
 )
 from extrapos.evaluate.window_options import per_window_options
 from extrapos.report.stats import length_interval
+from extrapos.run.handle import Run
 
 
 def mask_spans(spans: np.ndarray, specials, vocab_size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -100,7 +101,7 @@ def score_masked(
 
 
 def evaluate_mlm(
-    run_dir: str | Path,
+    run_dir: Run | str | Path,
     req: EvalRequest | None = None,
     name: str | None = None,
     overwrite: bool = False,
@@ -114,30 +115,26 @@ def evaluate_mlm(
     Position options as in ``evaluate``: "window" (e.g. a learned table interpolated to each window) and
     "max" (to the longest window) are resolved per length. ``req.stride`` does not apply (a UserError).
     """
-    from extrapos.run.config import load_run_config
-
     req = req or EvalRequest()
     check_request(req)
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.toml").is_file():
-        raise UserError(
-            f"{run_dir} is not a run directory (no config.toml); pass the --out of `extrapos train`."
-        )
-    objective = load_run_config(run_dir).train.objective
+    handle = Run.of(run_dir)
+    objective = handle.cfg.train.objective
     if objective != "mlm":
-        raise UserError(f"{run_dir} is a decoder run (objective {objective}); score it with `extrapos eval`.")
+        raise UserError(
+            f"{handle.path} is a decoder run (objective {objective}); score it with `extrapos eval`."
+        )
     if req.stride is not None:
         raise UserError("the MLM evaluation scores non-overlapping windows only; drop --stride.")
-    check_lengths(run_dir, req)  # fractional and token lengths against L_t, before anything is loaded
+    check_lengths(handle, req)  # fractional and token lengths against L_t, before anything is loaded
     if not isinstance(seed, int) or seed < 0:
         raise UserError(f"the mask seed must be a non-negative integer, got {seed!r}.")
     name = check_result_name(name or f"mlm-{default_name(req)}" + (f"-mask{seed}" if seed else ""))
-    slot = result_slot(run_dir, req, name, overwrite, progress, suffix=f"-mlm{seed}")
+    slot = result_slot(handle, req, name, overwrite, progress, suffix=f"-mlm{seed}")
     if slot.previous is not None:
         return slot.previous
 
     t0 = time.perf_counter()
-    inputs = load_eval_inputs(run_dir, req, slot.ckpt, device, progress)
+    inputs = load_eval_inputs(handle, req, slot.ckpt, device, progress)
     run, L, max_len = inputs.run, inputs.L, inputs.max_len
     lengths, per_window = inputs.lengths, inputs.per_window
     spans_np, owners = inputs.spans, inputs.owners
@@ -175,7 +172,7 @@ def evaluate_mlm(
             print(f"extrapos eval (mlm): ev {k}: loss {mean:.4f}", flush=True)
     result = {
         "name": name,
-        "run": str(run_dir),
+        "run": str(handle.path),
         "objective": "mlm",
         "request": req.written(),
         "request_key": slot.request_key,

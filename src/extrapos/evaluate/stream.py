@@ -46,7 +46,6 @@ Crossing a document boundary (``boundary``, named in every result):
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -55,6 +54,7 @@ import torch.nn.functional as F
 from extrapos.errors import UserError
 from extrapos.evaluate import EvalRequest, Scored, _bucketed, load_scored_run, per_document, targets_digest
 from extrapos.evaluate.window_options import per_window_options
+from extrapos.run.handle import Run
 
 
 class TokenStream:
@@ -228,13 +228,13 @@ def target_bytes(stream: TokenStream, ends: np.ndarray, block: int, tokenizer) -
 
 
 def score_stream(
-    run_dir: Path, req: EvalRequest, ckpt, device, batch_tokens: int = 16_384, progress: bool = True
+    handle: Run, req: EvalRequest, ckpt, device, batch_tokens: int = 16_384, progress: bool = True
 ) -> Scored:
     """The stream protocol's rows of a run (``evaluate`` writes the result): the same blocks of L_t
     targets at every length, each scored by the window of k x L_t tokens ending with it."""
     from tqdm.auto import tqdm
 
-    scored = load_scored_run(run_dir, req, ckpt, device, progress)
+    scored = load_scored_run(handle, req, ckpt, device, progress)
     run, L, lengths, per_window = scored.run, scored.L, scored.lengths, scored.per_window
     stream = TokenStream(scored.split)
     block = L
@@ -247,7 +247,7 @@ def score_stream(
 
     rows, per_position = [], None
     total = len(ends) * block * len(lengths)
-    bar = tqdm(total=total, unit="tok", disable=not progress, desc=f"eval {Path(run_dir).name} (stream)")
+    bar = tqdm(total=total, unit="tok", disable=not progress, desc=f"eval {handle.path.name} (stream)")
     for k, window in zip(lengths, scored.windows):
         if per_window:  # as the documents protocol: e.g. a learned table interpolated to each window
             run.model.pos.set_options(**per_window_options(run.model.pos, per_window, window, L))

@@ -54,6 +54,7 @@ except ImportError as e:  # pragma: no cover - the eval extra is missing
     ) from e
 
 from extrapos.evaluate.slot import ABSENT, ResultSlot, check_result_name, jsonable, slug, task_slot
+from extrapos.run.handle import Run
 from extrapos.tasks.common import check_lm_eval_request, greedy_batch, refuse_encoder
 
 
@@ -91,7 +92,7 @@ class ExtraposLM(TemplateLM):
 
     def __init__(
         self,
-        run: str | None = None,
+        run: Run | str | None = None,
         max_length: int | None = None,
         batch_size: int | str = 8,
         device: str = "cpu",
@@ -290,12 +291,10 @@ class LmEvalOptions:
 
 
 def lm_eval_slot(
-    run_dir: str | Path, opts: LmEvalOptions, name: str | None = None, overwrite: bool = False
+    run_dir: Run | str | Path, opts: LmEvalOptions, name: str | None = None, overwrite: bool = False
 ) -> tuple[ResultSlot, dict[str, Any]]:
     """The request of ``opts`` checked before the run or the harness is loaded, and its result slot
     (``evaluate.slot.task_slot``, default name ``lm-eval-<tasks>``): (the slot, the request it records)."""
-    from extrapos.run.config import load_run_config
-
     tasks, limit = opts.tasks, opts.limit
     if not tasks:
         raise UserError("give at least one lm-eval task, e.g. tasks=['arc_easy'] (--tasks arc_easy).")
@@ -306,16 +305,16 @@ def lm_eval_slot(
         )
     if limit is not None and limit >= 1:  # a count of examples; below 1 it is lm-eval's fraction of each task
         limit = int(limit)
-    run_dir = Path(run_dir)
     if name is not None:
         check_result_name(name)  # before anything is loaded: a name, never a path
-    refuse_encoder(run_dir, "lm-eval")
+    handle = Run.of(run_dir)
+    refuse_encoder(handle, "lm-eval")
     options = position_options(
         opts.scale,
         opts.rope_scaling,
         opts.factor,
         opts.max_length,
-        load_run_config(run_dir).model.train_length,
+        handle.cfg.model.train_length,
     )
     name = name or "lm-eval-" + slug("_".join(tasks)) + "".join(
         f"-{slug(f'{k}{v}')}" for k, v in sorted(options.items())
@@ -339,11 +338,11 @@ def lm_eval_slot(
     if request["bootstrap_iters"]:  # a result of the earlier default (no stderr) is scored again, not refused
         without = {"request": jsonable({**request, "bootstrap_iters": 0})}
         again.append((without, f"{name} has no stderr (bootstrap_iters 0); scoring it again with them"))
-    return task_slot(run_dir, name, request, opts.step, overwrite, older=again), request
+    return task_slot(handle, name, request, opts.step, overwrite, older=again), request
 
 
 def run_lm_eval(
-    run_dir: str | Path,
+    run_dir: Run | str | Path,
     tasks: list[str],
     num_fewshot: int | None = None,
     limit: int | float | None = None,
@@ -382,7 +381,8 @@ def run_lm_eval(
         list(tasks), num_fewshot, limit, max_length, batch_size, scale, rope_scaling, factor, include_path,
         include_defaults, metadata, bootstrap_iters, log_samples, seed, step,
     )  # fmt: skip
-    slot, request = lm_eval_slot(run_dir, opts, name, overwrite)
+    handle = run_dir if isinstance(run_dir, Run) else Run(run_dir)  # read once, where the slot needs it
+    slot, request = lm_eval_slot(handle, opts, name, overwrite)
     if slot.previous is not None:
         if not quiet:
             print(
@@ -391,14 +391,14 @@ def run_lm_eval(
         return slot.previous
     try:
         run_dir, name, limit, options = (
-            Path(run_dir),
+            handle.path,
             slot.out_path.stem,
             request["limit"],
             request["options"],
         )
         t0 = time.perf_counter()
         lm = ExtraposLM(
-            run=str(run_dir),
+            run=handle,
             max_length=max_length,
             batch_size=batch_size,
             device=device,

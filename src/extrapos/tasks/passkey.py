@@ -37,6 +37,7 @@ import torch
 from extrapos.errors import UserError
 from extrapos.evaluate.slot import check_result_name, slug, task_slot
 from extrapos.owned import check_owned_file
+from extrapos.run.handle import Run
 from extrapos.tasks.common import (
     MAX_CANDIDATES,
     MAX_KEY_DIGITS,
@@ -329,7 +330,7 @@ class PasskeyOptions:
 
 
 def passkey(
-    run_dir: str | Path,
+    run_dir: Run | str | Path,
     options: PasskeyOptions | None = None,
     *,
     name: str | None = None,
@@ -353,21 +354,21 @@ def passkey(
 
     opts = given_options(PasskeyOptions, options, fields).checked()
     lengths, depths, trials, mode = opts.lengths, opts.depths, opts.trials, opts.mode
-    run_dir = Path(run_dir)
     name = check_result_name(name or default_name(mode, opts.haystack, opts.position_options))
-    refuse_encoder(run_dir, "passkey")
+    handle = Run.of(run_dir)
+    refuse_encoder(handle, "passkey")
     request = asdict(opts)
-    slot = task_slot(run_dir, name, request, opts.step, overwrite)
+    slot = task_slot(handle, name, request, opts.step, overwrite)
     if slot.previous is not None:
         return slot.previous
     check_passkey_memory(
-        run_dir, lengths, trials, mode, opts.candidates, opts.base_length, device, batch_tokens
+        handle.cfg.model, lengths, trials, mode, opts.candidates, opts.base_length, device, batch_tokens
     )
-    check_passkey_time(run_dir, opts, device, force)
+    check_passkey_time(handle, opts, device, force)
 
     t0 = time.perf_counter()
     run, L, options_applied = load_task_run(
-        run_dir, slot, device, opts.base_length, opts.position_options, max(lengths)
+        handle, slot, device, opts.base_length, opts.position_options, max(lengths)
     )
     # under torchrun the prompts are dealt out to the processes (score_prompts); rank 0 writes
     shard = Shard.of_group(next(run.model.parameters()).device)
@@ -382,7 +383,7 @@ def passkey(
         )
 
     cells = []
-    bar = tqdm(total=len(lengths) * len(depths), disable=not progress, desc=f"passkey {run_dir.name}")
+    bar = tqdm(total=len(lengths) * len(depths), disable=not progress, desc=f"passkey {handle.path.name}")
     for k in lengths:
         for j, depth in enumerate(depths):
             t_cell = time.perf_counter()
@@ -408,7 +409,7 @@ def passkey(
         for k in lengths
     ]
     result = {
-        **task_result(name, "passkey", run_dir, request, run, options_applied, L, slot),
+        **task_result(name, "passkey", handle.path, request, run, options_applied, L, slot),
         "haystack_source": hay_source,
         "metric": metric,
         "example": _example(run.tokenizer, builder, L * lengths[0]),
@@ -471,14 +472,13 @@ def check_passkey_memory(
     )
 
 
-def check_passkey_time(run_dir: Path, opts: PasskeyOptions, device: str, force: bool) -> None:
+def check_passkey_time(run: Run, opts: PasskeyOptions, device: str, force: bool) -> None:
     """Print the least time the cells take when past a minute and refuse them past a day unless ``force``
     (``run.timing``): every trial of every (length, depth) cell runs its prompt once per candidate in rank
     mode and once, with a few new tokens, in generate mode, each token seeing half the prompt."""
-    from extrapos.run.config import load_run_config
     from extrapos.run.timing import check_time, forward_flops
 
-    model = load_run_config(Path(run_dir)).model
+    model = run.cfg.model
     L = opts.base_length or model.train_length
     runs = (opts.candidates if opts.mode in ("rank", "both") else 0) + (opts.mode in ("generate", "both"))
     flops = sum(
