@@ -349,7 +349,7 @@ def result_slot(run: Run, req, name: str, overwrite: bool) -> ResultSlot:
 
 
 def default_name(req) -> str:
-    from extrapos.evaluate import default_name as eval_name
+    from extrapos.evaluate.request import default_name as eval_name
 
     return eval_name(req)
 
@@ -370,15 +370,9 @@ def diagnose(
     day is refused unless ``force`` (``evaluate.check_eval_time``)."""
     from tqdm.auto import tqdm
 
-    from extrapos.evaluate import (
-        EvalRequest,
-        check_eval_memory,
-        check_eval_time,
-        check_request,
-        load_eval_inputs,
-        request_lengths,
-        resolve_request,
-    )
+    from extrapos.evaluate.estimates import check_eval_memory, check_eval_time
+    from extrapos.evaluate.inputs import load_eval_inputs
+    from extrapos.evaluate.request import EvalRequest, check_request, request_lengths, resolve_request
 
     req = resolve_request(req or EvalRequest())
     check_request(req)

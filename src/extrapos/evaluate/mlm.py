@@ -28,17 +28,11 @@ import torch
 
 from extrapos.data.mlm import encoder_special_tokens, mask_tokens, rng_for
 from extrapos.errors import UserError
-from extrapos.evaluate import (
-    INTERVAL_NOTE,
-    EvalRequest,
-    _jsonable,
-    check_lengths,
-    check_request,
-    check_result_name,
-    default_name,
-    load_eval_inputs,
-    result_slot,
-)
+from extrapos.evaluate.format import INTERVAL_NOTE
+from extrapos.evaluate.inputs import load_eval_inputs
+from extrapos.evaluate.next_token import result_slot
+from extrapos.evaluate.request import EvalRequest, check_lengths, check_request, default_name
+from extrapos.evaluate.slot import check_result_name, jsonable
 from extrapos.evaluate.window_options import per_window_options
 from extrapos.report.stats import length_interval
 from extrapos.run.handle import Run
@@ -180,8 +174,8 @@ def evaluate_mlm(
         "weights_sha256": slot.digest,
         "mask_seed": seed,
         "encoding": run.cfg.model.positions_plan().name,
-        "encoding_options": _jsonable(asdict(run.model.pos.options)),
-        "applied": _jsonable(req.position_options),
+        "encoding_options": jsonable(asdict(run.model.pos.options)),
+        "applied": jsonable(req.position_options),
         "train_length": L,
         "checkpoint_step": run.step,
         "data_dir": inputs.data_dir,
