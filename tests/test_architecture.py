@@ -168,9 +168,7 @@ def test_a_submodule_that_imports_its_package_is_a_cycle():
         "extrapos.evaluate": {"extrapos.evaluate.stream"},
         "extrapos.evaluate.stream": {"extrapos.evaluate"},
     }
-    kept = {
-        m: {t for t in targets if not _walks_own_package(m, t)} - {m} for m, targets in graph.items()
-    }
+    kept = {m: {t for t in targets if not _walks_own_package(m, t)} - {m} for m, targets in graph.items()}
     assert find_cycle(kept) == ["extrapos.evaluate", "extrapos.evaluate.stream", "extrapos.evaluate"]
     assert not _walks_own_package("extrapos.evaluate.stream", "extrapos.evaluate")
     assert _walks_own_package("extrapos.positions.registry", "extrapos.positions")

@@ -234,8 +234,9 @@ def open_run(run_dir: str) -> Any:
 
 def run(args) -> int:
     from extrapos.errors import UserError
-    from extrapos.evaluate import EvalRequest, evaluate, format_result
-    from extrapos.run.runtime import init_distributed, resolve_device
+    from extrapos.evaluate import EvalRequest, format_result
+    from extrapos.evaluate.evaluator import Scoring, evaluator
+    from extrapos.run.runtime import Shard, init_distributed, resolve_device
 
     for flag, value in (("--corpus", args.corpus), ("--data", args.data)):
         if value is not None and not str(value).strip():
@@ -269,15 +270,8 @@ def run(args) -> int:
         )
     # under torchrun the windows are scored by all ranks together (each ends with the whole result)
     rank, _, device = init_distributed(resolve_device(args.device, "--device"))
-    result = evaluate(
-        handle,
-        req,
-        name=args.name,
-        overwrite=args.overwrite,
-        device=str(device),
-        progress=not args.no_progress and rank == 0,
-        force=args.force,
-    )
+    how = Scoring(args.name, args.overwrite, str(device), not args.no_progress and rank == 0, args.force)
+    result = evaluator("eval").score(handle, req, Shard.of_group(device), how)
     if rank == 0:
         print(format_result(result))
         print(f"-> {Path(args.run) / 'eval' / (result['name'] + '.json')}")
@@ -287,8 +281,9 @@ def run(args) -> int:
 def run_mlm(args, req, handle) -> int:
     """An encoder run: the masked-LM loss at every length on the same masked tokens (``evaluate_mlm``)."""
     from extrapos.errors import UserError
-    from extrapos.evaluate.mlm import evaluate_mlm, format_mlm_result
-    from extrapos.run.runtime import distributed_env, resolve_device
+    from extrapos.evaluate.evaluator import Scoring, evaluator
+    from extrapos.evaluate.mlm import MaskedLMRequest, format_mlm_result
+    from extrapos.run.runtime import Shard, distributed_env, resolve_device
 
     if args.stride is not None:
         raise UserError(
@@ -304,15 +299,9 @@ def run_mlm(args, req, handle) -> int:
         raise UserError(
             "the MLM evaluation of an encoder runs in one process; run `extrapos eval` without torchrun."
         )
-    result = evaluate_mlm(
-        handle,
-        req,
-        name=args.name,
-        overwrite=args.overwrite,
-        device=str(resolve_device(args.device)),
-        seed=0 if args.mask_seed is None else args.mask_seed,
-        progress=not args.no_progress,
-    )
+    request = MaskedLMRequest(req, 0 if args.mask_seed is None else args.mask_seed)
+    how = Scoring(args.name, args.overwrite, str(resolve_device(args.device)), not args.no_progress)
+    result = evaluator("mlm").score(handle, request, Shard(), how)
     print(format_mlm_result(result))
     print(f"-> {Path(args.run) / 'eval' / (result['name'] + '.json')}")
     return 0

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -48,11 +48,14 @@ from torch import Tensor
 
 from extrapos.attention import bias_block, document_visible
 from extrapos.errors import UserError
+from extrapos.evaluate.evaluator import ColumnAt, Scoring, column_name
+from extrapos.evaluate.request import EvalRequest
 from extrapos.evaluate.slot import ResultSlot, check_result_name, open_slot
 from extrapos.evaluate.window_options import per_window_options
 from extrapos.files import atomic_write
 from extrapos.positions.base import FoldedBias, LogitBias, PairwiseBias
 from extrapos.run.handle import Run
+from extrapos.run.runtime import Shard
 
 SINKS = (1, 4)
 #: the statistics of every (layer, head), in the order of the console table
@@ -372,7 +375,7 @@ def diagnose(
 
     from extrapos.evaluate.estimates import check_eval_memory, check_eval_time
     from extrapos.evaluate.inputs import load_eval_inputs
-    from extrapos.evaluate.request import EvalRequest, check_request, request_lengths, resolve_request
+    from extrapos.evaluate.request import check_request, request_lengths, resolve_request
 
     req = resolve_request(req or EvalRequest())
     check_request(req)
@@ -611,3 +614,35 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
     plt.close(fig)
     atomic_write(path, buf.getvalue())
     return path
+
+
+class AttentionEvaluator:
+    """`extrapos attention` (``diagnose``): what each head attends to at every length, on eval's windows; in
+    one process (the statistics are not dealt out to a group)."""
+
+    name: ClassVar[str] = "attention"
+    request_type: ClassVar[type] = EvalRequest
+
+    def score(self, run: Run, request: EvalRequest, shard: Shard, how: Scoring) -> dict[str, Any]:
+        return diagnose(
+            run,
+            request,
+            name=how.name,
+            overwrite=how.overwrite,
+            device=how.device,
+            progress=how.progress,
+            force=how.force,
+        )
+
+    def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]:
+        """A sweep's attention column (``spec``: max_tokens, split and the statistics its report shows)."""
+        req = EvalRequest(
+            lengths=list(at.lengths),
+            base_length=at.base_length,
+            split=spec.split,
+            max_tokens=spec.max_tokens,
+            position_options=dict(at.position_options),
+        )
+        name = column_name("attention", at.lengths, at.position_options, at.base_length, spec.keyed())
+        result = diagnose(run, req, name=name, device=how.device, progress=how.progress)
+        return {**result, "report_statistics": list(spec.statistics)}  # what the report shows of it

@@ -14,9 +14,12 @@ from extrapos.evaluate.scoring import Scored, bucketed, score_windows
 from extrapos.evaluate.spans import per_document, targets_digest
 from extrapos.evaluate.window_options import per_window_options
 from extrapos.run.handle import Run
+from extrapos.run.runtime import Shard
 
 
-def score_documents(handle: Run, req: EvalRequest, ckpt, device, batch_tokens: int, progress: bool) -> Scored:
+def score_documents(
+    handle: Run, req: EvalRequest, ckpt, device, batch_tokens: int, progress: bool, shard: Shard | None = None
+) -> Scored:
     """The documents protocol: the spans of max(lengths) x L_t tokens, split into windows of each length."""
     from tqdm.auto import tqdm
 
@@ -36,7 +39,7 @@ def score_documents(handle: Run, req: EvalRequest, ckpt, device, batch_tokens: i
     for k, window in zip(lengths, inputs.windows):
         if per_window:  # e.g. a learned table interpolated to each evaluated window, as §3.2 does per L_e
             run.model.pos.set_options(**per_window_options(run.model.pos, per_window, window, L))
-        losses = score_windows(run.model, spans, window, batch_tokens, req.precision, req.stride, bar)
+        losses = score_windows(run.model, spans, window, batch_tokens, req.precision, req.stride, bar, shard)
         tail = losses.view(spans.shape[0], -1, window)[:, :, -L:] if req.stride is None else losses[:, -L:]
         mean = float(losses.mean())
         rows.append(

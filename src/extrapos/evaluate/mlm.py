@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from extrapos.data.mlm import encoder_special_tokens, mask_tokens, rng_for
 from extrapos.errors import UserError
+from extrapos.evaluate.evaluator import Scoring
 from extrapos.evaluate.format import INTERVAL_NOTE
 from extrapos.evaluate.inputs import load_eval_inputs
 from extrapos.evaluate.next_token import result_slot
@@ -36,6 +37,7 @@ from extrapos.evaluate.slot import check_result_name, jsonable
 from extrapos.evaluate.window_options import per_window_options
 from extrapos.report.stats import length_interval
 from extrapos.run.handle import Run
+from extrapos.run.runtime import Shard
 
 
 def mask_spans(spans: np.ndarray, specials, vocab_size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -254,3 +256,31 @@ def format_mlm_result(result: dict[str, Any]) -> str:
             + f" | {length_interval(result, r['ev'])[1]} |"
         )
     return "\n".join([*lines, INTERVAL_NOTE])
+
+
+@dataclass
+class MaskedLMRequest:
+    """The masked-LM evaluation of an encoder: the loss request and the seed of the BERT mask drawn once per
+    span (a result of another seed is another result: ``evaluate_mlm`` keys it)."""
+
+    request: EvalRequest = field(default_factory=EvalRequest)
+    mask_seed: int = 0
+
+
+class MaskedLMEvaluator:
+    """`extrapos eval` of an encoder (``evaluate_mlm``): the masked-LM loss at every length on the same masked
+    tokens. It runs in one process (its callers refuse torchrun), so ``shard`` is a group of one."""
+
+    name: ClassVar[str] = "mlm"
+    request_type: ClassVar[type] = MaskedLMRequest
+
+    def score(self, run: Run, request: MaskedLMRequest, shard: Shard, how: Scoring) -> dict[str, Any]:
+        return evaluate_mlm(
+            run,
+            request.request,
+            name=how.name,
+            overwrite=how.overwrite,
+            device=how.device,
+            seed=request.mask_seed,
+            progress=how.progress,
+        )

@@ -6,10 +6,11 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from extrapos.evaluate.documents import score_documents
 from extrapos.evaluate.estimates import check_eval_memory, check_eval_time
+from extrapos.evaluate.evaluator import Scoring
 from extrapos.evaluate.request import (
     EvalRequest,
     check_lengths,
@@ -21,6 +22,7 @@ from extrapos.evaluate.request import (
 from extrapos.evaluate.slot import ResultSlot, check_result_name, jsonable, open_slot, results_dir
 from extrapos.evaluate.stream import score_stream
 from extrapos.run.handle import Run
+from extrapos.run.runtime import Shard
 
 
 def evaluate(
@@ -32,6 +34,7 @@ def evaluate(
     batch_tokens: int = 16_384,
     progress: bool = True,
     force: bool = False,
+    shard: Shard | None = None,
 ) -> dict[str, Any]:
     """Evaluate a run (a directory, or a ``Run`` already open) at every length of ``req``; writes and
     returns ``RUN/eval/<name>.json``. Scoring estimated past a day is refused unless ``force``
@@ -49,9 +52,9 @@ def evaluate(
     check_eval_time(handle, req, device, force)
     t0 = time.perf_counter()
     if req.protocol == "stream":
-        scored = score_stream(handle, req, slot.ckpt, device, batch_tokens, progress)
+        scored = score_stream(handle, req, slot.ckpt, device, batch_tokens, progress, shard)
     else:
-        scored = score_documents(handle, req, slot.ckpt, device, batch_tokens, progress)
+        scored = score_documents(handle, req, slot.ckpt, device, batch_tokens, progress, shard)
     run = scored.run
     result = {
         "name": name,
@@ -120,3 +123,23 @@ def result_slot(
         key=key,
         request_key=request_key,
     )
+
+
+class NextTokenEvaluator:
+    """`extrapos eval` of a decoder (``evaluate``): the next-token loss at every length, its windows dealt
+    out to the processes of ``shard``."""
+
+    name: ClassVar[str] = "eval"
+    request_type: ClassVar[type] = EvalRequest
+
+    def score(self, run: Run, request: EvalRequest, shard: Shard, how: Scoring) -> dict[str, Any]:
+        return evaluate(
+            run,
+            request,
+            name=how.name,
+            overwrite=how.overwrite,
+            device=how.device,
+            progress=how.progress,
+            force=how.force,
+            shard=shard,
+        )

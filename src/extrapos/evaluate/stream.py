@@ -228,7 +228,13 @@ def target_bytes(stream: TokenStream, ends: np.ndarray, block: int, tokenizer) -
 
 
 def score_stream(
-    handle: Run, req: EvalRequest, ckpt, device, batch_tokens: int = 16_384, progress: bool = True
+    handle: Run,
+    req: EvalRequest,
+    ckpt,
+    device,
+    batch_tokens: int = 16_384,
+    progress: bool = True,
+    shard: Shard | None = None,
 ) -> Scored:
     """The stream protocol's rows of a run (``evaluate`` writes the result): the same blocks of L_t
     targets at every length, each scored by the window of k x L_t tokens ending with it."""
@@ -251,7 +257,9 @@ def score_stream(
     for k, window in zip(lengths, scored.windows):
         if per_window:  # as the documents protocol: e.g. a learned table interpolated to each window
             run.model.pos.set_options(**per_window_options(run.model.pos, per_window, window, L))
-        losses = score_blocks(run.model, stream, ends, block, window, batch_tokens, req.precision, mask, bar)
+        losses = score_blocks(
+            run.model, stream, ends, block, window, batch_tokens, req.precision, mask, bar, shard
+        )
         mean = float(losses.mean())
         rows.append(
             {

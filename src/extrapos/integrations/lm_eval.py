@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -53,8 +53,10 @@ except ImportError as e:  # pragma: no cover - the eval extra is missing
         "the lm-eval integration needs lm-evaluation-harness; run `pip install 'extrapos[eval]'`."
     ) from e
 
+from extrapos.evaluate.evaluator import ColumnAt, Scoring, column_name
 from extrapos.evaluate.slot import ABSENT, ResultSlot, check_result_name, jsonable, slug, task_slot
 from extrapos.run.handle import Run
+from extrapos.run.runtime import Shard
 from extrapos.tasks.common import check_lm_eval_request, greedy_batch, refuse_encoder
 
 
@@ -511,3 +513,47 @@ def cli() -> None:
     from lm_eval.__main__ import cli_evaluate
 
     cli_evaluate()
+
+
+class LmEvalEvaluator:
+    """lm-evaluation-harness tasks (``run_lm_eval``), scored whole by every process (the same numbers)."""
+
+    name: ClassVar[str] = "lm-eval"
+    request_type: ClassVar[type] = LmEvalOptions
+
+    def score(self, run: Run, request: LmEvalOptions, shard: Shard, how: Scoring) -> dict[str, Any]:
+        return run_lm_eval(
+            run,
+            device=how.device,
+            name=how.name,
+            overwrite=how.overwrite,
+            quiet=not how.progress,
+            **asdict(request),
+        )
+
+    def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]:
+        """A sweep's lm-eval column, scored once per row at the run's L_t (unless ``spec.max_length``): the
+        saved result of this request on the run's current weights is reused before the harness starts."""
+        options = at.position_options
+        # a row's eval options use the encoding's names (scale; scaling + factor); the adapter takes them as
+        # scale, rope_scaling and factor and applies them with the same set_options call
+        unsupported = set(options) - {"scale", "scaling", "factor"}
+        if unsupported:
+            raise UserError(
+                f"lm-eval columns take the eval options scale, scaling and factor only, not "
+                f"{', '.join(sorted(unsupported))}; drop lm-eval or that row's option."
+            )
+        asked = LmEvalOptions(
+            scale=options.get("scale"),
+            rope_scaling=options.get("scaling"),
+            factor=options.get("factor"),
+            **asdict(spec),
+        )
+        position_options(asked.scale, asked.rope_scaling, asked.factor)  # before lm-eval starts
+        name = column_name("lm-eval", [], options, None, spec)
+        # the saved result of this request on the run's current weights: a resumed sweep does not even start
+        # the harness
+        slot, _ = lm_eval_slot(run, asked, name)
+        if slot.previous is not None:
+            return slot.previous
+        return run_lm_eval(run, device=how.device, name=name, quiet=True, **asdict(asked))

@@ -29,15 +29,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from extrapos.errors import UserError
+from extrapos.evaluate.evaluator import ColumnAt, Scoring, column_name
 from extrapos.evaluate.slot import check_result_name, slug, task_slot
 from extrapos.owned import check_owned_file
 from extrapos.run.handle import Run
+from extrapos.run.runtime import Shard
 from extrapos.tasks.common import (
     MAX_CANDIDATES,
     MAX_KEY_DIGITS,
@@ -339,6 +341,7 @@ def passkey(
     batch_tokens: int = 16_384,
     progress: bool = False,
     force: bool = False,
+    shard: Shard | None = None,
     **fields: Any,
 ) -> dict[str, Any]:
     """Score a run on passkey retrieval over ``options.lengths`` x ``options.depths`` (``PasskeyOptions``,
@@ -346,11 +349,10 @@ def passkey(
 
     Returns the result dict (also written, atomically); the same request is reused, a different one
     under the same name is a UserError unless ``overwrite``; scoring estimated past a day is refused
-    unless ``force`` (``check_passkey_time``).
+    unless ``force`` (``check_passkey_time``). Under torchrun the prompts are dealt out to the processes
+    of ``shard`` (default: the group this process joined).
     """
     from tqdm.auto import tqdm
-
-    from extrapos.run.runtime import Shard
 
     opts = given_options(PasskeyOptions, options, fields).checked()
     lengths, depths, trials, mode = opts.lengths, opts.depths, opts.trials, opts.mode
@@ -371,7 +373,7 @@ def passkey(
         handle, slot, device, opts.base_length, opts.position_options, max(lengths)
     )
     # under torchrun the prompts are dealt out to the processes (score_prompts); rank 0 writes
-    shard = Shard.of_group(next(run.model.parameters()).device)
+    shard = shard or Shard.of_group(next(run.model.parameters()).device)
     hay_tokens, hay_source = (
         (None, "filler") if opts.haystack == "filler" else _corpus_haystack(run, opts.haystack, opts.split)
     )
@@ -609,3 +611,28 @@ __all__ = [
     "score_prompts",
     "first_number",
 ]
+
+
+class PasskeyEvaluator:
+    """Passkey retrieval (``passkey``; Mohtashami & Jaggi 2023, §4.2), its prompts dealt out to ``shard``."""
+
+    name: ClassVar[str] = "passkey"
+    request_type: ClassVar[type] = PasskeyOptions
+
+    def score(self, run: Run, request: PasskeyOptions, shard: Shard, how: Scoring) -> dict[str, Any]:
+        return passkey(
+            run,
+            request,
+            name=how.name,
+            overwrite=how.overwrite,
+            device=how.device,
+            progress=how.progress,
+            force=how.force,
+            shard=shard,
+        )
+
+    def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]:
+        """A sweep's passkey column: accuracy per length over the depths of ``spec``."""
+        name = column_name(f"passkey-{spec.mode}", at.lengths, at.position_options, at.base_length, spec)
+        opts = PasskeyOptions(**at.where(), **asdict(spec))
+        return passkey(run, opts, name=name, progress=how.progress, device=how.device)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -32,8 +32,10 @@ import torch
 from extrapos.data.ruler_prompts import Essay, RulerBuilder, RulerPrompt
 from extrapos.data.ruler_tasks import GENERATE, METRIC, SYNTHETIC_TASKS, TASK_NAMES, TASKS, RulerShape
 from extrapos.errors import UserError
+from extrapos.evaluate.evaluator import ColumnAt, Scoring, column_name
 from extrapos.evaluate.slot import check_result_name, slug, task_slot
 from extrapos.run.handle import Run
+from extrapos.run.runtime import Shard
 from extrapos.tasks.common import (
     check_seed,
     continuation_logprobs,
@@ -391,3 +393,27 @@ def check_ruler_time(run: Run, opts: RulerOptions, device: str, force: bool) -> 
     )
     what = f"RULER cells up to {max(opts.lengths)} x {L} tokens"
     check_time(flops, device, what, "ask for shorter --lengths or fewer --trials", force)
+
+
+class RulerEvaluator:
+    """RULER's tasks (``ruler``; Hsieh et al. 2024) in one process (its cells are not dealt out)."""
+
+    name: ClassVar[str] = "ruler"
+    request_type: ClassVar[type] = RulerOptions
+
+    def score(self, run: Run, request: RulerOptions, shard: Shard, how: Scoring) -> dict[str, Any]:
+        return ruler(
+            run,
+            request,
+            name=how.name,
+            overwrite=how.overwrite,
+            device=how.device,
+            progress=how.progress,
+            force=how.force,
+        )
+
+    def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]:
+        """A sweep's RULER column: the metric per length, the mean over the tasks of ``spec``."""
+        name = column_name(f"ruler-{spec.mode}", at.lengths, at.position_options, at.base_length, spec)
+        opts = RulerOptions(**at.where(), **asdict(spec))
+        return ruler(run, opts, name=name, progress=how.progress, device=how.device)

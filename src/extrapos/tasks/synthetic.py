@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -21,8 +21,10 @@ import torch.nn.functional as F
 
 from extrapos.data.synthetic import SyntheticTask, build_tokenizer, task_of
 from extrapos.errors import UserError
+from extrapos.evaluate.evaluator import ColumnAt, Scoring, column_name
 from extrapos.evaluate.slot import slug, task_slot
 from extrapos.run.handle import Run
+from extrapos.run.runtime import Shard
 from extrapos.tasks.common import (
     check_memory,
     check_seed,
@@ -221,3 +223,23 @@ def format_synthetic(result: dict[str, Any]) -> str:
             f"{r['answer_loss']:.3f} |"
         )
     return "\n".join(lines)
+
+
+class SyntheticEvaluator:
+    """Accuracy on a synthetic task's answer tokens (``score_synthetic``; Kazemnejad et al. 2023, §4), every
+    process scoring the whole task (the same numbers)."""
+
+    name: ClassVar[str] = "synthetic"
+    request_type: ClassVar[type] = SyntheticOptions
+
+    def score(self, run: Run, request: SyntheticOptions, shard: Shard, how: Scoring) -> dict[str, Any]:
+        return score_synthetic(
+            run, request, name=how.name, overwrite=how.overwrite, device=how.device, progress=how.progress
+        )
+
+    def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]:
+        """A sweep's synthetic column (no progress bar: its lengths are few and quick)."""
+        name = column_name("synthetic", at.lengths, at.position_options, at.base_length, spec)
+        return score_synthetic(
+            run, SyntheticOptions(**at.where(), **asdict(spec)), name=name, device=how.device
+        )
