@@ -233,16 +233,17 @@ SHARDED_EVAL = """
 import json, sys
 import torch.distributed as dist
 from extrapos import evaluate as ev
+from extrapos.evaluate import scoring
 from extrapos.run.runtime import init_distributed
 import torch
 
 rank, world, _ = init_distributed(torch.device("cpu"))
 rows = [0]
-score = ev.token_losses
+score = scoring.token_losses
 def counting(model, tokens, *args, **kw):
     rows[0] += tokens.shape[0]
     return score(model, tokens, *args, **kw)
-ev.token_losses = counting
+scoring.token_losses = counting  # where score_windows looks it up
 result = ev.evaluate(sys.argv[1], ev.EvalRequest(lengths=[1, 2, 4]), name="sharded", batch_tokens=96,
                      progress=False)
 open(f"{sys.argv[2]}/rows-{rank}.json", "w").write(json.dumps({"rows": rows[0], "world": world}))

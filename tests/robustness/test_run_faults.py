@@ -221,7 +221,7 @@ def test_resume_never_writes_through_a_symlink(reference, scratch, cache):
 def test_killed_eval_leaves_no_result_and_reruns(reference, scratch, cache):
     out = _copy(reference, scratch)
     ev = ["eval", str(out), "--lengths", "1,2", "--max-tokens", "256", "--no-progress"]
-    killed = run(ev, cache=cache, fault=Fault("extrapos.evaluate:score_windows", nth=2))
+    killed = run(ev, cache=cache, fault=Fault("extrapos.evaluate.documents:score_windows", nth=2))
     assert killed.returncode == -signal.SIGKILL
     assert not (out / "eval" / "test.json").exists() and not list((out / "eval").glob("*tmp*"))
     assert run(ev, cache=cache).returncode == 0

@@ -58,6 +58,7 @@ def run(args) -> int:
         check_position_options,
         eval_lengths,
         lengths_for_factor,
+        open_run,
         position_options,
     )
     from extrapos.errors import UserError
@@ -78,8 +79,9 @@ def run(args) -> int:
     device = str(resolve_device(args.device, "--device"))
     results = []
     for run_dir in args.run:
-        options = position_options(args, lengths_for_factor(run_dir, lengths, tokens))
-        check_position_options(run_dir, options)
+        handle = open_run(run_dir)  # each run's directory read once
+        options = position_options(args, lengths_for_factor(handle, lengths, tokens))
+        check_position_options(handle, options)
         req = EvalRequest(
             lengths=lengths,
             tokens=tokens,
@@ -90,7 +92,7 @@ def run(args) -> int:
             base_length=args.base_length,
         )
         result = diagnose(
-            run_dir,
+            handle,
             req,
             name=args.name,
             overwrite=args.overwrite,

@@ -170,14 +170,13 @@ def eval_lengths(args) -> tuple[list[int | float], list[int] | None]:
     return parse_eval_lengths(args.lengths), tokens
 
 
-def lengths_for_factor(run_dir: str, lengths: list, tokens: list[int] | None) -> list:
+def lengths_for_factor(run: Any, lengths: list, tokens: list[int] | None) -> list:
     """The multiples of L_t that --rope-scaling's default factor (the longest) is read from: with --tokens,
-    each window over the run's L_t as well (none to read without a run: the evaluation then says so)."""
-    if not tokens or not (Path(run_dir) / "config.toml").is_file():
+    each window over the run's L_t as well (none to read without a run: the evaluation then says so).
+    ``run``: the command's ``run.handle.Run``."""
+    if not tokens or not run.exists:
         return lengths or [1]
-    from extrapos.run.config import load_run_config
-
-    L = load_run_config(Path(run_dir)).model.train_length
+    L = run.cfg.model.train_length
     return [*lengths, *(n / L for n in tokens)]
 
 
@@ -215,31 +214,29 @@ def position_options(args, lengths: list[int]) -> dict[str, Any]:
     return options
 
 
-def check_position_options(run_dir: str, options: dict[str, Any]) -> None:
+def check_position_options(run: Any, options: dict[str, Any]) -> None:
     """The --position-option (and --scale, --rope-scaling) values checked against the run's encoding before
     any work (``tasks.common.check_encoding_options``); nothing to check without a run (the command then
-    says what is missing)."""
-    from extrapos.run.config import load_run_config
+    says what is missing). ``run``: the command's ``run.handle.Run``."""
     from extrapos.tasks.common import check_encoding_options
 
-    if options and (Path(run_dir) / "config.toml").is_file():
-        check_encoding_options(load_run_config(Path(run_dir)), options)
+    if options and run.exists:
+        check_encoding_options(run.cfg, options)
 
 
-def is_encoder_run(run_dir: str) -> bool:
-    """Whether ``run_dir`` holds a run trained with objective mlm (False when it holds no run: the
-    evaluation then says what is missing)."""
-    from extrapos.run.config import load_run_config
+def open_run(run_dir: str) -> Any:
+    """The run in ``run_dir`` as the whole command holds it (``run.handle.Run``): each of its files read
+    once, on first use, so a missing or damaged run is reported where the command always reported it."""
+    from extrapos.run.handle import Run
 
-    if not (Path(run_dir) / "config.toml").is_file():
-        return False
-    return load_run_config(Path(run_dir)).train.objective == "mlm"
+    return Run(run_dir)
 
 
 def run(args) -> int:
     from extrapos.errors import UserError
-    from extrapos.evaluate import EvalRequest, evaluate, format_result
-    from extrapos.run.runtime import init_distributed, resolve_device
+    from extrapos.evaluate import EvalRequest, format_result
+    from extrapos.evaluate.evaluator import Scoring, evaluator
+    from extrapos.run.runtime import Shard, init_distributed, resolve_device
 
     for flag, value in (("--corpus", args.corpus), ("--data", args.data)):
         if value is not None and not str(value).strip():
@@ -247,8 +244,9 @@ def run(args) -> int:
                 f"{flag} is empty; name a corpus spec or a prepared data directory, or drop {flag}."
             )
     lengths, tokens = eval_lengths(args)
-    options = position_options(args, lengths_for_factor(args.run, lengths, tokens))
-    check_position_options(args.run, options)
+    handle = open_run(args.run)
+    options = position_options(args, lengths_for_factor(handle, lengths, tokens))
+    check_position_options(handle, options)
     req = EvalRequest(
         lengths=lengths,
         tokens=tokens,
@@ -264,34 +262,28 @@ def run(args) -> int:
         boundary=args.boundary,
         selection=args.selection,
     )
-    if is_encoder_run(args.run):
-        return run_mlm(args, req)
+    if handle.exists and handle.is_encoder:
+        return run_mlm(args, req, handle)
     if args.mask_seed is not None:
         raise UserError(
             f"--mask-seed applies to encoder runs (objective mlm) only and {args.run} is a decoder; drop it."
         )
     # under torchrun the windows are scored by all ranks together (each ends with the whole result)
     rank, _, device = init_distributed(resolve_device(args.device, "--device"))
-    result = evaluate(
-        args.run,
-        req,
-        name=args.name,
-        overwrite=args.overwrite,
-        device=str(device),
-        progress=not args.no_progress and rank == 0,
-        force=args.force,
-    )
+    how = Scoring(args.name, args.overwrite, str(device), not args.no_progress and rank == 0, args.force)
+    result = evaluator("eval").score(handle, req, Shard.of_group(device), how)
     if rank == 0:
         print(format_result(result))
         print(f"-> {Path(args.run) / 'eval' / (result['name'] + '.json')}")
     return 0
 
 
-def run_mlm(args, req) -> int:
+def run_mlm(args, req, handle) -> int:
     """An encoder run: the masked-LM loss at every length on the same masked tokens (``evaluate_mlm``)."""
     from extrapos.errors import UserError
-    from extrapos.evaluate.mlm import evaluate_mlm, format_mlm_result
-    from extrapos.run.runtime import distributed_env, resolve_device
+    from extrapos.evaluate.evaluator import Scoring, evaluator
+    from extrapos.evaluate.mlm import MaskedLMRequest, format_mlm_result
+    from extrapos.run.runtime import Shard, distributed_env, resolve_device
 
     if args.stride is not None:
         raise UserError(
@@ -307,15 +299,9 @@ def run_mlm(args, req) -> int:
         raise UserError(
             "the MLM evaluation of an encoder runs in one process; run `extrapos eval` without torchrun."
         )
-    result = evaluate_mlm(
-        args.run,
-        req,
-        name=args.name,
-        overwrite=args.overwrite,
-        device=str(resolve_device(args.device)),
-        seed=0 if args.mask_seed is None else args.mask_seed,
-        progress=not args.no_progress,
-    )
+    request = MaskedLMRequest(req, 0 if args.mask_seed is None else args.mask_seed)
+    how = Scoring(args.name, args.overwrite, str(resolve_device(args.device)), not args.no_progress)
+    result = evaluator("mlm").score(handle, request, Shard(), how)
     print(format_mlm_result(result))
     print(f"-> {Path(args.run) / 'eval' / (result['name'] + '.json')}")
     return 0

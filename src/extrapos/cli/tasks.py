@@ -176,17 +176,38 @@ def _name(args) -> str | None:
 
 
 def _options(args, lengths: list[int]) -> dict[str, Any]:
+    """The inference-time encoding changes the flags ask for, checked against the run (opened once for the
+    command: ``_run``)."""
     from extrapos.cli.eval import check_position_options, position_options
 
     options = position_options(args, lengths)
-    check_position_options(args.run, options)
+    check_position_options(_run(args), options)
     return options
+
+
+def _run(args) -> Any:
+    """The command's run (``cli.eval.open_run``), made once and kept: each file of it is read once."""
+    from extrapos.cli.eval import open_run
+
+    if not hasattr(args, "opened_run"):
+        args.opened_run = open_run(args.run)
+    return args.opened_run
+
+
+def _score(args, evaluator_name: str, request: Any, device: Any, progress: bool, force: bool = False) -> Any:
+    """The evaluator registered as ``evaluator_name`` scores the command's run on ``request``: its work
+    dealt out to the processes of the group this one joined (one process outside torchrun)."""
+    from extrapos.evaluate.evaluator import Scoring, evaluator
+    from extrapos.run.runtime import Shard
+
+    how = Scoring(_name(args), args.overwrite, str(device), progress, force)
+    return evaluator(evaluator_name).score(_run(args), request, Shard.of_group(device), how)
 
 
 def run_passkey(args) -> int:
     from extrapos.cli.eval import parse_lengths
     from extrapos.run.runtime import init_distributed, resolve_device
-    from extrapos.tasks.passkey import PasskeyOptions, check_plot_path, format_all, passkey, plot_heatmap
+    from extrapos.tasks.passkey import PasskeyOptions, check_plot_path, format_all, plot_heatmap
 
     lengths = parse_lengths(args.lengths)
     if args.plot:
@@ -207,15 +228,7 @@ def run_passkey(args) -> int:
         step=args.step,
     )
     progress = not args.no_progress and rank == 0
-    result = passkey(
-        args.run,
-        options,
-        name=_name(args),
-        overwrite=args.overwrite,
-        device=str(device),
-        progress=progress,
-        force=args.force,
-    )
+    result = _score(args, "passkey", options, device, progress, args.force)
     if rank != 0:
         return 0
     print(
@@ -231,7 +244,7 @@ def run_ruler(args) -> int:
     from extrapos.cli.eval import parse_lengths
     from extrapos.run.runtime import resolve_device
     from extrapos.tasks.passkey import check_plot_path
-    from extrapos.tasks.ruler import RulerOptions, format_all, plot_grid, ruler
+    from extrapos.tasks.ruler import RulerOptions, format_all, plot_grid
 
     lengths = parse_lengths(args.lengths)
     options = RulerOptions(
@@ -260,18 +273,9 @@ def run_ruler(args) -> int:
     if args.plot:
         check_plot_path(args.run, args.plot)
     options = replace(options, position_options=_options(args, lengths))
-    name = _name(args)
+    _name(args)  # checked before the device is
     device = str(resolve_device(args.device, "--device"))
-    progress = not args.no_progress
-    result = ruler(
-        args.run,
-        options,
-        name=name,
-        overwrite=args.overwrite,
-        device=device,
-        progress=progress,
-        force=args.force,
-    )
+    result = _score(args, "ruler", options, device, not args.no_progress, args.force)
     print(format_all(result))
     if args.plot:
         print(f"-> {plot_grid(result, args.plot)}")
@@ -282,7 +286,7 @@ def run_ruler(args) -> int:
 def run_synthetic(args) -> int:
     from extrapos.cli.eval import parse_lengths
     from extrapos.run.runtime import resolve_device
-    from extrapos.tasks.synthetic import SyntheticOptions, format_synthetic, score_synthetic
+    from extrapos.tasks.synthetic import SyntheticOptions, format_synthetic
 
     lengths = parse_lengths(args.lengths)
     device = resolve_device(args.device, "--device")
@@ -294,10 +298,7 @@ def run_synthetic(args) -> int:
         position_options=_options(args, lengths),
         step=args.step,
     )
-    progress = not args.no_progress
-    result = score_synthetic(
-        args.run, options, name=_name(args), overwrite=args.overwrite, device=str(device), progress=progress
-    )
+    result = _score(args, "synthetic", options, device, not args.no_progress)
     print(format_synthetic(result))
     return 0
 
@@ -316,8 +317,7 @@ def shown_metrics(metrics: dict) -> str:
 
 def run_lm_eval(args) -> int:
     from extrapos.errors import UserError
-    from extrapos.integrations.lm_eval import LM_EVAL_BOOTSTRAP_ITERS
-    from extrapos.integrations.lm_eval import run_lm_eval as lm_eval
+    from extrapos.integrations.lm_eval import LM_EVAL_BOOTSTRAP_ITERS, LmEvalOptions
     from extrapos.run.runtime import resolve_device
 
     if args.bootstrap_iters is not None and args.bootstrap_iters < 0:
@@ -326,14 +326,13 @@ def run_lm_eval(args) -> int:
         metadata = json.loads(args.metadata) if args.metadata else None
     except ValueError:
         raise UserError(f"--metadata must be JSON, got {args.metadata!r}.") from None
-    result = lm_eval(
-        args.run,
+    device = resolve_device(args.device, "--device")
+    request = LmEvalOptions(
         [t.strip() for t in args.tasks.split(",") if t.strip()],
         num_fewshot=args.num_fewshot,
         limit=args.limit,
         max_length=args.max_length,
         batch_size=args.batch_size,
-        device=str(resolve_device(args.device, "--device")),
         scale=args.scale,
         rope_scaling=args.rope_scaling,
         factor=args.factor,
@@ -341,10 +340,9 @@ def run_lm_eval(args) -> int:
         metadata=metadata,
         bootstrap_iters=LM_EVAL_BOOTSTRAP_ITERS if args.bootstrap_iters is None else args.bootstrap_iters,
         log_samples=args.log_samples,
-        name=_name(args),
         step=args.step,
-        overwrite=args.overwrite,
     )
+    result = _score(args, "lm-eval", request, device, progress=True)
     for task, metrics in (result.get("results") or {}).items():
         print(f"{task}: {shown_metrics(metrics)}")
     return 0

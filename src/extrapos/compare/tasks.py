@@ -22,7 +22,6 @@ row's result, merged over extension runs and averaged over seeds, is copied to
 
 from __future__ import annotations
 
-import hashlib
 import json
 import statistics
 from dataclasses import asdict, dataclass, field, fields
@@ -257,85 +256,15 @@ def score(
     device: str = "cpu",
 ) -> dict[str, Any]:
     """One run's result for ``task`` at ``lengths`` (x ``base_length``, default the run's L_t), scored on
-    ``device``. Under torchrun the passkey column deals its prompts out to the processes; the synthetic
-    and lm-eval columns are scored whole by every process (the same numbers)."""
-    where: dict[str, Any] = dict(
-        lengths=list(lengths), position_options=position_options, base_length=base_length
-    )
-    if task == "synthetic":
-        from extrapos.tasks.synthetic import SyntheticOptions, score_synthetic
+    ``device`` by the evaluator registered under the task's name (``evaluate.evaluator``), which turns the
+    column's options into its request. Under torchrun the passkey column deals its prompts out to the
+    processes; the synthetic and lm-eval columns are scored whole by every process (the same numbers)."""
+    from extrapos.evaluate.evaluator import ColumnAt, Scoring, evaluator
+    from extrapos.run.handle import Run
 
-        s = _listed(specs.synthetic)
-        name = _name("synthetic", lengths, position_options, base_length, s)
-        return score_synthetic(run_dir, SyntheticOptions(**where, **asdict(s)), name=name, device=device)
-    if task == "passkey":
-        from extrapos.tasks.passkey import PasskeyOptions, passkey
-
-        p = _listed(specs.passkey)
-        name = _name(f"passkey-{p.mode}", lengths, position_options, base_length, p)
-        opts = PasskeyOptions(**where, **asdict(p))
-        return passkey(run_dir, opts, name=name, progress=progress, device=device)
-    if task == "ruler":
-        from extrapos.tasks.ruler import RulerOptions, ruler
-
-        r = _listed(specs.ruler)
-        name = _name(f"ruler-{r.mode}", lengths, position_options, base_length, r)
-        return ruler(run_dir, RulerOptions(**where, **asdict(r)), name=name, progress=progress, device=device)
-    if task == "attention":
-        from extrapos.evaluate import EvalRequest
-        from extrapos.evaluate.attention_stats import diagnose
-
-        a = _listed(specs.attention)
-        req = EvalRequest(
-            lengths=list(lengths),
-            base_length=base_length,
-            split=a.split,
-            max_tokens=a.max_tokens,
-            position_options=dict(position_options),
-        )
-        name = _name("attention", lengths, position_options, base_length, a.keyed())
-        result = diagnose(run_dir, req, name=name, device=device, progress=progress)
-        return {**result, "report_statistics": list(a.statistics)}  # what the report shows of it
-    import extrapos.integrations.lm_eval as adapter
-
-    e = _listed(specs.lm_eval)
-    # a row's eval options use the encoding's names (scale; scaling + factor); the adapter takes them as
-    # scale, rope_scaling and factor and applies them with the same set_options call
-    unsupported = set(position_options) - {"scale", "scaling", "factor"}
-    if unsupported:
-        raise UserError(
-            f"lm-eval columns take the eval options scale, scaling and factor only, not "
-            f"{', '.join(sorted(unsupported))}; drop lm-eval or that row's option."
-        )
-    asked = adapter.LmEvalOptions(
-        scale=position_options.get("scale"),
-        rope_scaling=position_options.get("scaling"),
-        factor=position_options.get("factor"),
-        **asdict(e),
-    )
-    adapter.position_options(asked.scale, asked.rope_scaling, asked.factor)  # before lm-eval starts
-    name = _name("lm-eval", [], position_options, None, e)
-    # the saved result of this request on the run's current weights, so a resumed sweep does not even start
-    # the harness
-    slot, _ = adapter.lm_eval_slot(run_dir, asked, name)
-    if slot.previous is not None:
-        return slot.previous
-    return adapter.run_lm_eval(run_dir, device=device, name=name, quiet=True, **asdict(asked))
-
-
-def _name(
-    prefix: str, lengths: list[int], options: dict[str, Any], base_length: int | None, spec: Any
-) -> str:
-    """A result name per request, so rows scoring one run at different lengths or options never collide, and
-    a sweep whose task options changed scores again instead of meeting the earlier result under its name
-    (the digest covers the task options)."""
-    from extrapos.evaluate.slot import slug
-
-    keyed = spec if isinstance(spec, dict) else asdict(spec)
-    digest = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:8]
-    parts = [prefix] + (["ev" + "_".join(map(str, lengths))] if lengths else [])
-    parts += [slug(f"{k}{v}") for k, v in sorted(options.items())]
-    return "-".join(parts + ([f"base{base_length}"] if base_length else []) + [digest])
+    spec = _listed(getattr(specs, task.replace("-", "_")))
+    at = ColumnAt(list(lengths), position_options, base_length)
+    return evaluator(task).column(Run(run_dir), spec, at, Scoring(device=device, progress=progress))
 
 
 def merge_lengths(results: list[dict[str, Any]]) -> dict[str, Any]:

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -48,10 +48,14 @@ from torch import Tensor
 
 from extrapos.attention import bias_block, document_visible
 from extrapos.errors import UserError
-from extrapos.evaluate.slot import ResultSlot, check_result_name, open_slot, scored_checkpoint
+from extrapos.evaluate.evaluator import ColumnAt, Scoring, column_name
+from extrapos.evaluate.request import EvalRequest
+from extrapos.evaluate.slot import ResultSlot, check_result_name, open_slot
 from extrapos.evaluate.window_options import per_window_options
 from extrapos.files import atomic_write
 from extrapos.positions.base import FoldedBias, LogitBias, PairwiseBias
+from extrapos.run.handle import Run
+from extrapos.run.runtime import Shard
 
 SINKS = (1, 4)
 #: the statistics of every (layer, head), in the order of the console table
@@ -321,17 +325,17 @@ def _key(fields: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def result_slot(run_dir: Path, req, name: str, overwrite: bool) -> ResultSlot:
+def result_slot(run: Run, req, name: str, overwrite: bool) -> ResultSlot:
     """The slot (``evaluate.slot``) of ``RUN/attention/<name>.json``: the saved result is reused when it is
     this very result (the same request of the same weights under the same definitions) and refused when it
     holds another request (unless ``overwrite``); the same request of other weights or older definitions,
     or a damaged file, is computed again."""
-    ckpt, digest = scored_checkpoint(run_dir, req.step)
+    ckpt, digest = run.checkpoint(req.step)
     # a result of older definitions (VERSION) is the same request, read again like older weights
     request_key = _key({"request": req.key_fields()})
     result_key = _key({"request": request_key, "step": ckpt.step, "weights": digest, "version": VERSION})
     return open_slot(
-        run_dir,
+        run.path,
         name,
         ckpt,
         digest,
@@ -348,13 +352,13 @@ def result_slot(run_dir: Path, req, name: str, overwrite: bool) -> ResultSlot:
 
 
 def default_name(req) -> str:
-    from extrapos.evaluate import default_name as eval_name
+    from extrapos.evaluate.request import default_name as eval_name
 
     return eval_name(req)
 
 
 def diagnose(
-    run_dir: str | Path,
+    run_dir: Run | str | Path,
     req=None,
     name: str | None = None,
     overwrite: bool = False,
@@ -369,16 +373,9 @@ def diagnose(
     day is refused unless ``force`` (``evaluate.check_eval_time``)."""
     from tqdm.auto import tqdm
 
-    from extrapos.evaluate import (
-        EvalRequest,
-        check_eval_memory,
-        check_eval_time,
-        check_request,
-        load_eval_inputs,
-        request_lengths,
-        resolve_request,
-    )
-    from extrapos.run.config import load_run_config
+    from extrapos.evaluate.estimates import check_eval_memory, check_eval_time
+    from extrapos.evaluate.inputs import load_eval_inputs
+    from extrapos.evaluate.request import check_request, request_lengths, resolve_request
 
     req = resolve_request(req or EvalRequest())
     check_request(req)
@@ -387,30 +384,26 @@ def diagnose(
             "attention diagnostics read the documents protocol's windows (no stream, no --stride); drop "
             "those options."
         )
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.toml").is_file():
-        raise UserError(
-            f"{run_dir} is not a run directory (no config.toml); pass the --out of `extrapos train`."
-        )
+    handle = Run.of(run_dir)
     name = check_result_name(name or default_name(req))
     # fractional and token lengths are checked against L_t before any result is looked at
-    request_lengths(req, req.base_length or load_run_config(run_dir).model.train_length)
-    slot = result_slot(run_dir, req, name, overwrite)
+    request_lengths(req, req.base_length or handle.cfg.model.train_length)
+    slot = result_slot(handle, req, name, overwrite)
     if slot.previous is not None:
         if not slot.out_path.with_suffix(".png").is_file():  # the plot is derived: drawn again when missing
             plot(slot.previous, slot.out_path.with_suffix(".png"))
         return slot.previous
-    check_eval_memory(run_dir, req, device, batch_tokens)
-    check_eval_time(run_dir, req, device, force)
+    check_eval_memory(handle, req, device, batch_tokens)
+    check_eval_time(handle, req, device, force)
     t0 = time.perf_counter()
-    inputs = load_eval_inputs(run_dir, req, slot.ckpt, device, progress)
+    inputs = load_eval_inputs(handle, req, slot.ckpt, device, progress)
     run, L = inputs.run, inputs.L
     model = run.model
     spans = torch.from_numpy(inputs.spans)
     n_layers = len(model.blocks)
     rows = []
     total = spans.shape[0] * inputs.max_len * len(inputs.lengths)
-    bar = tqdm(total=total, unit="tok", disable=not progress, desc=f"attention {run_dir.name}")
+    bar = tqdm(total=total, unit="tok", disable=not progress, desc=f"attention {handle.path.name}")
     # each length's window in tokens (the evaluator resolves them; older evaluators had only multiples)
     windows = getattr(inputs, "windows", None) or [k * L for k in inputs.lengths]
     documents, span_group = np.unique(inputs.owners, return_inverse=True)  # each span's document, 0..n-1
@@ -470,7 +463,7 @@ def diagnose(
         "name": name,
         "kind": "attention",
         "version": VERSION,
-        "run": str(run_dir),
+        "run": str(handle.path),
         "request": req.written() if hasattr(req, "written") else asdict(req),
         "request_key": slot.request_key,
         "result_key": slot.key,
@@ -621,3 +614,35 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
     plt.close(fig)
     atomic_write(path, buf.getvalue())
     return path
+
+
+class AttentionEvaluator:
+    """`extrapos attention` (``diagnose``): what each head attends to at every length, on eval's windows; in
+    one process (the statistics are not dealt out to a group)."""
+
+    name: ClassVar[str] = "attention"
+    request_type: ClassVar[type] = EvalRequest
+
+    def score(self, run: Run, request: EvalRequest, shard: Shard, how: Scoring) -> dict[str, Any]:
+        return diagnose(
+            run,
+            request,
+            name=how.name,
+            overwrite=how.overwrite,
+            device=how.device,
+            progress=how.progress,
+            force=how.force,
+        )
+
+    def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]:
+        """A sweep's attention column (``spec``: max_tokens, split and the statistics its report shows)."""
+        req = EvalRequest(
+            lengths=list(at.lengths),
+            base_length=at.base_length,
+            split=spec.split,
+            max_tokens=spec.max_tokens,
+            position_options=dict(at.position_options),
+        )
+        name = column_name("attention", at.lengths, at.position_options, at.base_length, spec.keyed())
+        result = diagnose(run, req, name=name, device=how.device, progress=how.progress)
+        return {**result, "report_statistics": list(spec.statistics)}  # what the report shows of it

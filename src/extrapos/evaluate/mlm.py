@@ -19,28 +19,25 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from extrapos.data.mlm import encoder_special_tokens, mask_tokens, rng_for
 from extrapos.errors import UserError
-from extrapos.evaluate import (
-    INTERVAL_NOTE,
-    EvalRequest,
-    _jsonable,
-    check_lengths,
-    check_request,
-    check_result_name,
-    default_name,
-    load_eval_inputs,
-    result_slot,
-)
+from extrapos.evaluate.evaluator import Scoring
+from extrapos.evaluate.format import INTERVAL_NOTE
+from extrapos.evaluate.inputs import load_eval_inputs
+from extrapos.evaluate.next_token import result_slot
+from extrapos.evaluate.request import EvalRequest, check_lengths, check_request, default_name
+from extrapos.evaluate.slot import check_result_name, jsonable
 from extrapos.evaluate.window_options import per_window_options
 from extrapos.report.stats import length_interval
+from extrapos.run.handle import Run
+from extrapos.run.runtime import Shard
 
 
 def mask_spans(spans: np.ndarray, specials, vocab_size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -100,7 +97,7 @@ def score_masked(
 
 
 def evaluate_mlm(
-    run_dir: str | Path,
+    run_dir: Run | str | Path,
     req: EvalRequest | None = None,
     name: str | None = None,
     overwrite: bool = False,
@@ -114,30 +111,26 @@ def evaluate_mlm(
     Position options as in ``evaluate``: "window" (e.g. a learned table interpolated to each window) and
     "max" (to the longest window) are resolved per length. ``req.stride`` does not apply (a UserError).
     """
-    from extrapos.run.config import load_run_config
-
     req = req or EvalRequest()
     check_request(req)
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.toml").is_file():
-        raise UserError(
-            f"{run_dir} is not a run directory (no config.toml); pass the --out of `extrapos train`."
-        )
-    objective = load_run_config(run_dir).train.objective
+    handle = Run.of(run_dir)
+    objective = handle.cfg.train.objective
     if objective != "mlm":
-        raise UserError(f"{run_dir} is a decoder run (objective {objective}); score it with `extrapos eval`.")
+        raise UserError(
+            f"{handle.path} is a decoder run (objective {objective}); score it with `extrapos eval`."
+        )
     if req.stride is not None:
         raise UserError("the MLM evaluation scores non-overlapping windows only; drop --stride.")
-    check_lengths(run_dir, req)  # fractional and token lengths against L_t, before anything is loaded
+    check_lengths(handle, req)  # fractional and token lengths against L_t, before anything is loaded
     if not isinstance(seed, int) or seed < 0:
         raise UserError(f"the mask seed must be a non-negative integer, got {seed!r}.")
     name = check_result_name(name or f"mlm-{default_name(req)}" + (f"-mask{seed}" if seed else ""))
-    slot = result_slot(run_dir, req, name, overwrite, progress, suffix=f"-mlm{seed}")
+    slot = result_slot(handle, req, name, overwrite, progress, suffix=f"-mlm{seed}")
     if slot.previous is not None:
         return slot.previous
 
     t0 = time.perf_counter()
-    inputs = load_eval_inputs(run_dir, req, slot.ckpt, device, progress)
+    inputs = load_eval_inputs(handle, req, slot.ckpt, device, progress)
     run, L, max_len = inputs.run, inputs.L, inputs.max_len
     lengths, per_window = inputs.lengths, inputs.per_window
     spans_np, owners = inputs.spans, inputs.owners
@@ -175,7 +168,7 @@ def evaluate_mlm(
             print(f"extrapos eval (mlm): ev {k}: loss {mean:.4f}", flush=True)
     result = {
         "name": name,
-        "run": str(run_dir),
+        "run": str(handle.path),
         "objective": "mlm",
         "request": req.written(),
         "request_key": slot.request_key,
@@ -183,8 +176,8 @@ def evaluate_mlm(
         "weights_sha256": slot.digest,
         "mask_seed": seed,
         "encoding": run.cfg.model.positions_plan().name,
-        "encoding_options": _jsonable(asdict(run.model.pos.options)),
-        "applied": _jsonable(req.position_options),
+        "encoding_options": jsonable(asdict(run.model.pos.options)),
+        "applied": jsonable(req.position_options),
         "train_length": L,
         "checkpoint_step": run.step,
         "data_dir": inputs.data_dir,
@@ -263,3 +256,31 @@ def format_mlm_result(result: dict[str, Any]) -> str:
             + f" | {length_interval(result, r['ev'])[1]} |"
         )
     return "\n".join([*lines, INTERVAL_NOTE])
+
+
+@dataclass
+class MaskedLMRequest:
+    """The masked-LM evaluation of an encoder: the loss request and the seed of the BERT mask drawn once per
+    span (a result of another seed is another result: ``evaluate_mlm`` keys it)."""
+
+    request: EvalRequest = field(default_factory=EvalRequest)
+    mask_seed: int = 0
+
+
+class MaskedLMEvaluator:
+    """`extrapos eval` of an encoder (``evaluate_mlm``): the masked-LM loss at every length on the same masked
+    tokens. It runs in one process (its callers refuse torchrun), so ``shard`` is a group of one."""
+
+    name: ClassVar[str] = "mlm"
+    request_type: ClassVar[type] = MaskedLMRequest
+
+    def score(self, run: Run, request: MaskedLMRequest, shard: Shard, how: Scoring) -> dict[str, Any]:
+        return evaluate_mlm(
+            run,
+            request.request,
+            name=how.name,
+            overwrite=how.overwrite,
+            device=how.device,
+            seed=request.mask_seed,
+            progress=how.progress,
+        )

@@ -73,13 +73,12 @@ def jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def scored_checkpoint(run_dir: Path, step: int | None) -> tuple[Any, str]:
+def scored_checkpoint(run: Any, step: int | None) -> tuple[Any, str]:
     """The checkpoint a result scores (``step``, default the latest intact one) and the sha256 of its
-    weights."""
-    from extrapos.run import checkpoint as ckpt_io
+    weights; ``run`` a ``run.handle.Run`` (it looks each step up once) or a run directory."""
+    from extrapos.run.handle import Run
 
-    ckpt = ckpt_io.checkpoint_at(Path(run_dir), step)
-    return ckpt, ckpt_io.weights_digest(ckpt)
+    return Run.of(run).checkpoint(step)
 
 
 @dataclass
@@ -234,7 +233,7 @@ TASK_REFUSAL = (
 
 
 def task_slot(
-    run_dir: Path,
+    run: Any,
     name: str,
     request: dict[str, Any],
     step: int | None,
@@ -242,12 +241,12 @@ def task_slot(
     older: Sequence[tuple[dict[str, Any], str | None]] = (),
 ) -> ResultSlot:
     """The slot of a task result (passkey, RULER, synthetic tasks, lm-eval): it records its ``request`` and
-    the ``checkpoint`` it scored, and is reused when both are the same."""
-    ckpt, digest = scored_checkpoint(run_dir, step)
+    the ``checkpoint`` it scored, and is reused when both are the same; ``run`` a ``run.handle.Run``."""
+    ckpt, digest = run.checkpoint(step)
     saved_request = {"request": jsonable(request)}
     checkpoint = {"checkpoint": {"step": ckpt.step, "weights_sha256": digest}}
     return open_slot(
-        run_dir,
+        run.path,
         name,
         ckpt,
         digest,

@@ -1,6 +1,6 @@
 """The stream protocol of `extrapos eval`: train short, test long on corpora of short documents.
 
-The documents protocol (``evaluate/__init__.py``) needs held-out documents of max(k) x L_t + 1 tokens; a web
+The documents protocol (``evaluate/documents.py``) needs held-out documents of max(k) x L_t + 1 tokens; a web
 corpus (documents of a few hundred tokens) has none. Here the held-out documents are joined in their
 order, each opened by an end-of-text token::
 
@@ -46,15 +46,19 @@ Crossing a document boundary (``boundary``, named in every result):
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from extrapos.errors import UserError
-from extrapos.evaluate import EvalRequest, Scored, _bucketed, load_scored_run, per_document, targets_digest
+from extrapos.evaluate.inputs import load_scored_run
+from extrapos.evaluate.request import EvalRequest
+from extrapos.evaluate.scoring import Scored, bucketed
+from extrapos.evaluate.spans import per_document, targets_digest
 from extrapos.evaluate.window_options import per_window_options
+from extrapos.run.handle import Run
+from extrapos.run.runtime import Shard
 
 
 class TokenStream:
@@ -180,19 +184,19 @@ def score_blocks(
     precision: str = "fp32",
     mask: bool = False,
     bar=None,
+    shard: Shard | None = None,
 ) -> torch.Tensor:
     """Loss (n_blocks, block) of every block's targets, each block scored by the window of ``window``
-    tokens that ends with it. Under torchrun the batches are dealt out to the ranks and the losses summed,
-    as ``evaluate.score_windows`` does: the result is the same."""
-    import torch.distributed as dist
-
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    rank = dist.get_rank() if world > 1 else 0
+    tokens that ends with it. Under torchrun the batches are dealt out to the ranks (``shard``, default the
+    group this process joined) and the losses summed, as ``score_windows`` does: the result is the same."""
     n = len(ends)
-    out = torch.empty(n, block) if world == 1 else torch.zeros(n, block)
     device = next(model.parameters()).device
+    shard = shard or Shard.of_group(device)
+    out = torch.empty(n, block) if shard.world == 1 else torch.zeros(n, block)
     per_batch = max(1, batch_tokens // window)
-    for b in range(rank * per_batch, n, world * per_batch):
+    for b in range(0, n, per_batch):
+        if not shard.take():
+            continue
         chunk = ends[b : b + per_batch]
         inputs, targets, positions, documents = window_batch(stream, chunk, window, mask)
         losses = block_losses(
@@ -205,12 +209,8 @@ def score_blocks(
         )
         out[b : b + len(chunk)] = losses.cpu()
         if bar is not None:
-            bar.update(len(chunk) * block * world)
-    if world > 1:
-        summed = out.to(device)  # every block was scored by exactly one rank and is 0 on the others
-        dist.all_reduce(summed)
-        out = summed.cpu()
-    return out
+            bar.update(len(chunk) * block * shard.world)
+    return shard.sum(out)  # every block was scored by exactly one rank and is 0 on the others
 
 
 def target_bytes(stream: TokenStream, ends: np.ndarray, block: int, tokenizer) -> int:
@@ -228,13 +228,19 @@ def target_bytes(stream: TokenStream, ends: np.ndarray, block: int, tokenizer) -
 
 
 def score_stream(
-    run_dir: Path, req: EvalRequest, ckpt, device, batch_tokens: int = 16_384, progress: bool = True
+    handle: Run,
+    req: EvalRequest,
+    ckpt,
+    device,
+    batch_tokens: int = 16_384,
+    progress: bool = True,
+    shard: Shard | None = None,
 ) -> Scored:
     """The stream protocol's rows of a run (``evaluate`` writes the result): the same blocks of L_t
     targets at every length, each scored by the window of k x L_t tokens ending with it."""
     from tqdm.auto import tqdm
 
-    scored = load_scored_run(run_dir, req, ckpt, device, progress)
+    scored = load_scored_run(handle, req, ckpt, device, progress)
     run, L, lengths, per_window = scored.run, scored.L, scored.lengths, scored.per_window
     stream = TokenStream(scored.split)
     block = L
@@ -247,11 +253,13 @@ def score_stream(
 
     rows, per_position = [], None
     total = len(ends) * block * len(lengths)
-    bar = tqdm(total=total, unit="tok", disable=not progress, desc=f"eval {Path(run_dir).name} (stream)")
+    bar = tqdm(total=total, unit="tok", disable=not progress, desc=f"eval {handle.path.name} (stream)")
     for k, window in zip(lengths, scored.windows):
         if per_window:  # as the documents protocol: e.g. a learned table interpolated to each window
             run.model.pos.set_options(**per_window_options(run.model.pos, per_window, window, L))
-        losses = score_blocks(run.model, stream, ends, block, window, batch_tokens, req.precision, mask, bar)
+        losses = score_blocks(
+            run.model, stream, ends, block, window, batch_tokens, req.precision, mask, bar, shard
+        )
         mean = float(losses.mean())
         rows.append(
             {
@@ -269,7 +277,7 @@ def score_stream(
             }
         )
         if window == scored.max_len:
-            per_position = _bucketed(losses.mean(0), req.buckets, window)
+            per_position = bucketed(losses.mean(0), req.buckets, window)
     bar.close()
     facts = {
         "documents_used": int(len(np.unique(owners))),

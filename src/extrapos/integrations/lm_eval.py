@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +53,10 @@ except ImportError as e:  # pragma: no cover - the eval extra is missing
         "the lm-eval integration needs lm-evaluation-harness; run `pip install 'extrapos[eval]'`."
     ) from e
 
+from extrapos.evaluate.evaluator import ColumnAt, Scoring, column_name
 from extrapos.evaluate.slot import ABSENT, ResultSlot, check_result_name, jsonable, slug, task_slot
+from extrapos.run.handle import Run
+from extrapos.run.runtime import Shard
 from extrapos.tasks.common import check_lm_eval_request, greedy_batch, refuse_encoder
 
 
@@ -91,7 +94,7 @@ class ExtraposLM(TemplateLM):
 
     def __init__(
         self,
-        run: str | None = None,
+        run: Run | str | None = None,
         max_length: int | None = None,
         batch_size: int | str = 8,
         device: str = "cpu",
@@ -290,12 +293,10 @@ class LmEvalOptions:
 
 
 def lm_eval_slot(
-    run_dir: str | Path, opts: LmEvalOptions, name: str | None = None, overwrite: bool = False
+    run_dir: Run | str | Path, opts: LmEvalOptions, name: str | None = None, overwrite: bool = False
 ) -> tuple[ResultSlot, dict[str, Any]]:
     """The request of ``opts`` checked before the run or the harness is loaded, and its result slot
     (``evaluate.slot.task_slot``, default name ``lm-eval-<tasks>``): (the slot, the request it records)."""
-    from extrapos.run.config import load_run_config
-
     tasks, limit = opts.tasks, opts.limit
     if not tasks:
         raise UserError("give at least one lm-eval task, e.g. tasks=['arc_easy'] (--tasks arc_easy).")
@@ -306,16 +307,16 @@ def lm_eval_slot(
         )
     if limit is not None and limit >= 1:  # a count of examples; below 1 it is lm-eval's fraction of each task
         limit = int(limit)
-    run_dir = Path(run_dir)
     if name is not None:
         check_result_name(name)  # before anything is loaded: a name, never a path
-    refuse_encoder(run_dir, "lm-eval")
+    handle = Run.of(run_dir)
+    refuse_encoder(handle, "lm-eval")
     options = position_options(
         opts.scale,
         opts.rope_scaling,
         opts.factor,
         opts.max_length,
-        load_run_config(run_dir).model.train_length,
+        handle.cfg.model.train_length,
     )
     name = name or "lm-eval-" + slug("_".join(tasks)) + "".join(
         f"-{slug(f'{k}{v}')}" for k, v in sorted(options.items())
@@ -339,11 +340,11 @@ def lm_eval_slot(
     if request["bootstrap_iters"]:  # a result of the earlier default (no stderr) is scored again, not refused
         without = {"request": jsonable({**request, "bootstrap_iters": 0})}
         again.append((without, f"{name} has no stderr (bootstrap_iters 0); scoring it again with them"))
-    return task_slot(run_dir, name, request, opts.step, overwrite, older=again), request
+    return task_slot(handle, name, request, opts.step, overwrite, older=again), request
 
 
 def run_lm_eval(
-    run_dir: str | Path,
+    run_dir: Run | str | Path,
     tasks: list[str],
     num_fewshot: int | None = None,
     limit: int | float | None = None,
@@ -382,7 +383,8 @@ def run_lm_eval(
         list(tasks), num_fewshot, limit, max_length, batch_size, scale, rope_scaling, factor, include_path,
         include_defaults, metadata, bootstrap_iters, log_samples, seed, step,
     )  # fmt: skip
-    slot, request = lm_eval_slot(run_dir, opts, name, overwrite)
+    handle = run_dir if isinstance(run_dir, Run) else Run(run_dir)  # read once, where the slot needs it
+    slot, request = lm_eval_slot(handle, opts, name, overwrite)
     if slot.previous is not None:
         if not quiet:
             print(
@@ -391,14 +393,14 @@ def run_lm_eval(
         return slot.previous
     try:
         run_dir, name, limit, options = (
-            Path(run_dir),
+            handle.path,
             slot.out_path.stem,
             request["limit"],
             request["options"],
         )
         t0 = time.perf_counter()
         lm = ExtraposLM(
-            run=str(run_dir),
+            run=handle,
             max_length=max_length,
             batch_size=batch_size,
             device=device,
@@ -511,3 +513,47 @@ def cli() -> None:
     from lm_eval.__main__ import cli_evaluate
 
     cli_evaluate()
+
+
+class LmEvalEvaluator:
+    """lm-evaluation-harness tasks (``run_lm_eval``), scored whole by every process (the same numbers)."""
+
+    name: ClassVar[str] = "lm-eval"
+    request_type: ClassVar[type] = LmEvalOptions
+
+    def score(self, run: Run, request: LmEvalOptions, shard: Shard, how: Scoring) -> dict[str, Any]:
+        return run_lm_eval(
+            run,
+            device=how.device,
+            name=how.name,
+            overwrite=how.overwrite,
+            quiet=not how.progress,
+            **asdict(request),
+        )
+
+    def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]:
+        """A sweep's lm-eval column, scored once per row at the run's L_t (unless ``spec.max_length``): the
+        saved result of this request on the run's current weights is reused before the harness starts."""
+        options = at.position_options
+        # a row's eval options use the encoding's names (scale; scaling + factor); the adapter takes them as
+        # scale, rope_scaling and factor and applies them with the same set_options call
+        unsupported = set(options) - {"scale", "scaling", "factor"}
+        if unsupported:
+            raise UserError(
+                f"lm-eval columns take the eval options scale, scaling and factor only, not "
+                f"{', '.join(sorted(unsupported))}; drop lm-eval or that row's option."
+            )
+        asked = LmEvalOptions(
+            scale=options.get("scale"),
+            rope_scaling=options.get("scaling"),
+            factor=options.get("factor"),
+            **asdict(spec),
+        )
+        position_options(asked.scale, asked.rope_scaling, asked.factor)  # before lm-eval starts
+        name = column_name("lm-eval", [], options, None, spec)
+        # the saved result of this request on the run's current weights: a resumed sweep does not even start
+        # the harness
+        slot, _ = lm_eval_slot(run, asked, name)
+        if slot.previous is not None:
+            return slot.previous
+        return run_lm_eval(run, device=how.device, name=name, quiet=True, **asdict(asked))

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from extrapos.errors import UserError
 from extrapos.evaluate.slot import ResultSlot
+from extrapos.run.handle import Run
 from extrapos.run.memory import available_bytes, check_memory, forward_bytes  # noqa: F401 (re-exported)
 
 
@@ -94,7 +95,7 @@ def given_options(cls: type[O], options: O | None, fields: dict[str, Any]) -> O:
 
 
 def load_task_run(
-    run_dir: Path,
+    run: Run,
     slot: ResultSlot,
     device: str,
     base_length: int | None,
@@ -105,12 +106,12 @@ def load_task_run(
     set ("max": the longest length, ``longest`` x L_t): (the run, L_t, the options applied)."""
     from extrapos.run.directory import load_run
 
-    run = load_run(run_dir, device=device, checkpoint=slot.ckpt)
-    L = base_length or run.cfg.model.train_length
+    loaded = load_run(run, device=device, checkpoint=slot.ckpt)
+    L = base_length or loaded.cfg.model.train_length
     options = resolve_position_options(position_options, longest * L)
     if options:
-        run.model.pos.set_options(**options)
-    return run, L, options
+        loaded.model.pos.set_options(**options)
+    return loaded, L, options
 
 
 def task_result(
@@ -159,15 +160,13 @@ def check_seed(seed: int | None, flag: str = "--seed") -> None:
         raise UserError(f"{flag} must be a non-negative integer, got {seed!r}.")
 
 
-def refuse_encoder(run_dir: str | Path, command: str) -> None:
-    """A UserError when ``run_dir`` holds an encoder (objective mlm): ``command`` scores next-token
+def refuse_encoder(run: Run, command: str) -> None:
+    """A UserError when ``run`` is an encoder (objective mlm): ``command`` scores next-token
     predictions, which a masked-LM encoder does not make (it would rank keys by a bidirectional model's
     guesses at positions it was never trained to predict)."""
-    from extrapos.run.config import load_run_config
-
-    if load_run_config(Path(run_dir)).train.objective == "mlm":
+    if run.is_encoder:
         raise UserError(
-            f"{run_dir} is an encoder run (objective mlm) and {command} scores a decoder's next-token "
+            f"{run.path} is an encoder run (objective mlm) and {command} scores a decoder's next-token "
             "predictions, so score it with `extrapos eval` (its masked-LM loss) instead."
         )
 

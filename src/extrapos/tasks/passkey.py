@@ -29,14 +29,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from extrapos.errors import UserError
+from extrapos.evaluate.evaluator import ColumnAt, Scoring, column_name
 from extrapos.evaluate.slot import check_result_name, slug, task_slot
 from extrapos.owned import check_owned_file
+from extrapos.run.handle import Run
+from extrapos.run.runtime import Shard
 from extrapos.tasks.common import (
     MAX_CANDIDATES,
     MAX_KEY_DIGITS,
@@ -329,7 +332,7 @@ class PasskeyOptions:
 
 
 def passkey(
-    run_dir: str | Path,
+    run_dir: Run | str | Path,
     options: PasskeyOptions | None = None,
     *,
     name: str | None = None,
@@ -338,6 +341,7 @@ def passkey(
     batch_tokens: int = 16_384,
     progress: bool = False,
     force: bool = False,
+    shard: Shard | None = None,
     **fields: Any,
 ) -> dict[str, Any]:
     """Score a run on passkey retrieval over ``options.lengths`` x ``options.depths`` (``PasskeyOptions``,
@@ -345,32 +349,31 @@ def passkey(
 
     Returns the result dict (also written, atomically); the same request is reused, a different one
     under the same name is a UserError unless ``overwrite``; scoring estimated past a day is refused
-    unless ``force`` (``check_passkey_time``).
+    unless ``force`` (``check_passkey_time``). Under torchrun the prompts are dealt out to the processes
+    of ``shard`` (default: the group this process joined).
     """
     from tqdm.auto import tqdm
 
-    from extrapos.run.runtime import Shard
-
     opts = given_options(PasskeyOptions, options, fields).checked()
     lengths, depths, trials, mode = opts.lengths, opts.depths, opts.trials, opts.mode
-    run_dir = Path(run_dir)
     name = check_result_name(name or default_name(mode, opts.haystack, opts.position_options))
-    refuse_encoder(run_dir, "passkey")
+    handle = Run.of(run_dir)
+    refuse_encoder(handle, "passkey")
     request = asdict(opts)
-    slot = task_slot(run_dir, name, request, opts.step, overwrite)
+    slot = task_slot(handle, name, request, opts.step, overwrite)
     if slot.previous is not None:
         return slot.previous
     check_passkey_memory(
-        run_dir, lengths, trials, mode, opts.candidates, opts.base_length, device, batch_tokens
+        handle.cfg.model, lengths, trials, mode, opts.candidates, opts.base_length, device, batch_tokens
     )
-    check_passkey_time(run_dir, opts, device, force)
+    check_passkey_time(handle, opts, device, force)
 
     t0 = time.perf_counter()
     run, L, options_applied = load_task_run(
-        run_dir, slot, device, opts.base_length, opts.position_options, max(lengths)
+        handle, slot, device, opts.base_length, opts.position_options, max(lengths)
     )
     # under torchrun the prompts are dealt out to the processes (score_prompts); rank 0 writes
-    shard = Shard.of_group(next(run.model.parameters()).device)
+    shard = shard or Shard.of_group(next(run.model.parameters()).device)
     hay_tokens, hay_source = (
         (None, "filler") if opts.haystack == "filler" else _corpus_haystack(run, opts.haystack, opts.split)
     )
@@ -382,7 +385,7 @@ def passkey(
         )
 
     cells = []
-    bar = tqdm(total=len(lengths) * len(depths), disable=not progress, desc=f"passkey {run_dir.name}")
+    bar = tqdm(total=len(lengths) * len(depths), disable=not progress, desc=f"passkey {handle.path.name}")
     for k in lengths:
         for j, depth in enumerate(depths):
             t_cell = time.perf_counter()
@@ -408,7 +411,7 @@ def passkey(
         for k in lengths
     ]
     result = {
-        **task_result(name, "passkey", run_dir, request, run, options_applied, L, slot),
+        **task_result(name, "passkey", handle.path, request, run, options_applied, L, slot),
         "haystack_source": hay_source,
         "metric": metric,
         "example": _example(run.tokenizer, builder, L * lengths[0]),
@@ -471,14 +474,13 @@ def check_passkey_memory(
     )
 
 
-def check_passkey_time(run_dir: Path, opts: PasskeyOptions, device: str, force: bool) -> None:
+def check_passkey_time(run: Run, opts: PasskeyOptions, device: str, force: bool) -> None:
     """Print the least time the cells take when past a minute and refuse them past a day unless ``force``
     (``run.timing``): every trial of every (length, depth) cell runs its prompt once per candidate in rank
     mode and once, with a few new tokens, in generate mode, each token seeing half the prompt."""
-    from extrapos.run.config import load_run_config
     from extrapos.run.timing import check_time, forward_flops
 
-    model = load_run_config(Path(run_dir)).model
+    model = run.cfg.model
     L = opts.base_length or model.train_length
     runs = (opts.candidates if opts.mode in ("rank", "both") else 0) + (opts.mode in ("generate", "both"))
     flops = sum(
@@ -609,3 +611,28 @@ __all__ = [
     "score_prompts",
     "first_number",
 ]
+
+
+class PasskeyEvaluator:
+    """Passkey retrieval (``passkey``; Mohtashami & Jaggi 2023, §4.2), its prompts dealt out to ``shard``."""
+
+    name: ClassVar[str] = "passkey"
+    request_type: ClassVar[type] = PasskeyOptions
+
+    def score(self, run: Run, request: PasskeyOptions, shard: Shard, how: Scoring) -> dict[str, Any]:
+        return passkey(
+            run,
+            request,
+            name=how.name,
+            overwrite=how.overwrite,
+            device=how.device,
+            progress=how.progress,
+            force=how.force,
+            shard=shard,
+        )
+
+    def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]:
+        """A sweep's passkey column: accuracy per length over the depths of ``spec``."""
+        name = column_name(f"passkey-{spec.mode}", at.lengths, at.position_options, at.base_length, spec)
+        opts = PasskeyOptions(**at.where(), **asdict(spec))
+        return passkey(run, opts, name=name, progress=how.progress, device=how.device)

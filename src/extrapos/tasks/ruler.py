@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -32,7 +32,10 @@ import torch
 from extrapos.data.ruler_prompts import Essay, RulerBuilder, RulerPrompt
 from extrapos.data.ruler_tasks import GENERATE, METRIC, SYNTHETIC_TASKS, TASK_NAMES, TASKS, RulerShape
 from extrapos.errors import UserError
+from extrapos.evaluate.evaluator import ColumnAt, Scoring, column_name
 from extrapos.evaluate.slot import check_result_name, slug, task_slot
+from extrapos.run.handle import Run
+from extrapos.run.runtime import Shard
 from extrapos.tasks.common import (
     check_seed,
     continuation_logprobs,
@@ -261,7 +264,7 @@ def load_essay(tokenizer: Any, essay: str, synthetic: bool, longest: int) -> Ess
 
 
 def ruler(
-    run_dir: str | Path,
+    run_dir: Run | str | Path,
     options: RulerOptions | None = None,
     *,
     name: str | None = None,
@@ -280,22 +283,22 @@ def ruler(
     from extrapos.data.ruler_qa import load_qa
 
     opts = given_options(RulerOptions, options, fields).checked()
-    run_dir = Path(run_dir)
     name = check_result_name(name or default_name(opts.mode, opts.template, opts.position_options))
-    refuse_encoder(run_dir, "ruler")
+    handle = Run.of(run_dir)
+    refuse_encoder(handle, "ruler")
     qa = {d: load_qa(d, getattr(opts, d)) for d in ("squad", "hotpotqa") if getattr(opts, d) is not None}
     request = asdict(opts)
-    slot = task_slot(run_dir, name, request, opts.step, overwrite)
+    slot = task_slot(handle, name, request, opts.step, overwrite)
     if slot.previous is not None:
         return slot.previous
     check_passkey_memory(
-        run_dir, opts.lengths, opts.trials, opts.mode, opts.candidates, opts.base_length, device,
+        handle.cfg.model, opts.lengths, opts.trials, opts.mode, opts.candidates, opts.base_length, device,
         batch_tokens, advice="ask for shorter --lengths or fewer --trials", what="RULER prompts",
     )  # fmt: skip
-    check_ruler_time(run_dir, opts, device, force)
+    check_ruler_time(handle, opts, device, force)
     t0 = time.perf_counter()
     run, L, applied = load_task_run(
-        run_dir, slot, device, opts.base_length, opts.position_options, max(opts.lengths)
+        handle, slot, device, opts.base_length, opts.position_options, max(opts.lengths)
     )
     synthetic = str(run.cfg.data.corpus).startswith("synthetic:ruler")
     needs_essay = any(TASKS[t].haystack == "essay" for t in opts.tasks)
@@ -307,7 +310,9 @@ def ruler(
         for d in ([0] if opts.mode != "rank" else []) + ([decoys] if opts.mode != "generate" else []):
             builder.build(task, min(opts.lengths) * L, np.random.default_rng(0), d)
     cells = []
-    bar = tqdm(total=len(opts.lengths) * len(opts.tasks), disable=not progress, desc=f"ruler {run_dir.name}")
+    bar = tqdm(
+        total=len(opts.lengths) * len(opts.tasks), disable=not progress, desc=f"ruler {handle.path.name}"
+    )
     for k in opts.lengths:
         for task in opts.tasks:
             t_cell = time.perf_counter()
@@ -327,7 +332,7 @@ def ruler(
     bar.close()
     metric = primary_metric(opts.mode)
     result = {
-        **task_result(name, "ruler", run_dir, request, run, applied, L, slot),
+        **task_result(name, "ruler", handle.path, request, run, applied, L, slot),
         "essay_source": None if essay is None else essay.source,
         "metric": metric,
         "metrics": [m for m in ("recall", "rank_accuracy") if m in cells[0]],
@@ -374,14 +379,13 @@ __all__ = [
 ]
 
 
-def check_ruler_time(run_dir: Path, opts: RulerOptions, device: str, force: bool) -> None:
+def check_ruler_time(run: Run, opts: RulerOptions, device: str, force: bool) -> None:
     """Print the least time the cells take when past a minute and refuse them past a day unless ``force``
     (``run.timing``): every example of every (task, length) cell runs its prompt once per candidate in rank
     mode and once, with its answer's tokens, in generate mode, each token seeing half the prompt."""
-    from extrapos.run.config import load_run_config
     from extrapos.run.timing import check_time, forward_flops
 
-    model = load_run_config(run_dir).model
+    model = run.cfg.model
     L = opts.base_length or model.train_length
     runs = (opts.candidates if opts.mode in ("rank", "both") else 0) + (opts.mode in ("generate", "both"))
     flops = sum(
@@ -389,3 +393,27 @@ def check_ruler_time(run_dir: Path, opts: RulerOptions, device: str, force: bool
     )
     what = f"RULER cells up to {max(opts.lengths)} x {L} tokens"
     check_time(flops, device, what, "ask for shorter --lengths or fewer --trials", force)
+
+
+class RulerEvaluator:
+    """RULER's tasks (``ruler``; Hsieh et al. 2024) in one process (its cells are not dealt out)."""
+
+    name: ClassVar[str] = "ruler"
+    request_type: ClassVar[type] = RulerOptions
+
+    def score(self, run: Run, request: RulerOptions, shard: Shard, how: Scoring) -> dict[str, Any]:
+        return ruler(
+            run,
+            request,
+            name=how.name,
+            overwrite=how.overwrite,
+            device=how.device,
+            progress=how.progress,
+            force=how.force,
+        )
+
+    def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]:
+        """A sweep's RULER column: the metric per length, the mean over the tasks of ``spec``."""
+        name = column_name(f"ruler-{spec.mode}", at.lengths, at.position_options, at.base_length, spec)
+        opts = RulerOptions(**at.where(), **asdict(spec))
+        return ruler(run, opts, name=name, progress=how.progress, device=how.device)

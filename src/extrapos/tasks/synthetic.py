@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -21,7 +21,10 @@ import torch.nn.functional as F
 
 from extrapos.data.synthetic import SyntheticTask, build_tokenizer, task_of
 from extrapos.errors import UserError
+from extrapos.evaluate.evaluator import ColumnAt, Scoring, column_name
 from extrapos.evaluate.slot import slug, task_slot
+from extrapos.run.handle import Run
+from extrapos.run.runtime import Shard
 from extrapos.tasks.common import (
     check_memory,
     check_seed,
@@ -112,7 +115,7 @@ class SyntheticOptions:
 
 
 def score_synthetic(
-    run_dir: str | Path,
+    run_dir: Run | str | Path,
     options: SyntheticOptions | None = None,
     *,
     name: str | None = None,
@@ -130,13 +133,14 @@ def score_synthetic(
 
     opts = given_options(SyntheticOptions, options, fields).checked()
     lengths, examples = opts.lengths, opts.examples
-    run_dir = Path(run_dir)
     if opts.task is not None:
         SyntheticTask.parse(opts.task)  # a malformed spec is named before the run is loaded
-    refuse_encoder(run_dir, "synthetic-eval")
-    check_synthetic_memory(run_dir, lengths, examples, opts.base_length, device, batch_tokens)
+    handle = Run.of(run_dir)
+    run_dir = handle.path
+    refuse_encoder(handle, "synthetic-eval")
+    check_synthetic_memory(handle.cfg.model, lengths, examples, opts.base_length, device, batch_tokens)
     # the request names the task, which may be the run's own: read from its data before the slot
-    run = load_run(run_dir, device=device, step=opts.step)
+    run = load_run(handle, device=device, step=opts.step)
     if opts.task is not None:
         t = SyntheticTask.parse(opts.task)
     else:
@@ -155,7 +159,7 @@ def score_synthetic(
     name = name or "-".join(
         ["synthetic", t.task] + [slug(f"{k}{v}") for k, v in sorted(opts.position_options.items())]
     )
-    slot = task_slot(run_dir, name, request, opts.step, overwrite)
+    slot = task_slot(handle, name, request, opts.step, overwrite)
     if slot.previous is not None:
         return slot.previous
     t0 = time.perf_counter()
@@ -219,3 +223,23 @@ def format_synthetic(result: dict[str, Any]) -> str:
             f"{r['answer_loss']:.3f} |"
         )
     return "\n".join(lines)
+
+
+class SyntheticEvaluator:
+    """Accuracy on a synthetic task's answer tokens (``score_synthetic``; Kazemnejad et al. 2023, §4), every
+    process scoring the whole task (the same numbers)."""
+
+    name: ClassVar[str] = "synthetic"
+    request_type: ClassVar[type] = SyntheticOptions
+
+    def score(self, run: Run, request: SyntheticOptions, shard: Shard, how: Scoring) -> dict[str, Any]:
+        return score_synthetic(
+            run, request, name=how.name, overwrite=how.overwrite, device=how.device, progress=how.progress
+        )
+
+    def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]:
+        """A sweep's synthetic column (no progress bar: its lengths are few and quick)."""
+        name = column_name("synthetic", at.lengths, at.position_options, at.base_length, spec)
+        return score_synthetic(
+            run, SyntheticOptions(**at.where(), **asdict(spec)), name=name, device=how.device
+        )
