@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from extrapos.attention import attention, check_document_order
+from extrapos.attention import AttentionMask, attention
 from extrapos.errors import UserError
 from extrapos.losses import linear_cross_entropy_sum, masked_loss_sum
 from extrapos.positions.base import EncodingContext, PositionalEncoding
@@ -422,7 +422,7 @@ class Attention(nn.Module):
         layer: int,
         pos: PositionalEncoding,
         cache: LayerCache | None,
-        documents: Tensor | None = None,
+        mask: AttentionMask,
     ) -> Tensor:
         B, T, _ = x.shape
         pos, layer = pos.at_layer(layer)  # a layer schedule's encoding of this layer (positions/schedule.py)
@@ -443,12 +443,11 @@ class Attention(nn.Module):
         bias = pos.bias(x, positions, layer, cache.state if cache is not None else None)
         if cache is not None:
             k, v, bias = cache.update(k, v, bias)
-            if documents is not None and documents.shape[1] != k.shape[2]:  # a windowed cache's last keys
-                documents = documents[:, documents.shape[1] - k.shape[2] :]
+        mask = mask.for_keys(k.shape[2], self.window)  # a windowed cache holds the last keys only
         if self.capture is not None:
-            self.capture(q, k, v, bias, documents)
+            self.capture(q, k, v, bias, mask.documents)
         dropout = self.dropout if self.training else 0.0
-        y = attention(q, k, v, bias, dropout, causal=self.causal, documents=documents, window=self.window)
+        y = attention(q, k, v, bias, dropout, mask=mask)
         return self.proj(y.transpose(1, 2).reshape(B, T, self.q_out))
 
 
@@ -494,15 +493,15 @@ class Block(nn.Module):
         positions: Tensor,
         pos: PositionalEncoding,
         cache: LayerCache | None,
-        documents: Tensor | None = None,
+        mask: AttentionMask,
     ) -> Tensor:
         if self.post_norm:
-            h = self.norm1(h + self.drop(self.attn(h, positions, self.layer, pos, cache, documents)))
+            h = self.norm1(h + self.drop(self.attn(h, positions, self.layer, pos, cache, mask)))
             return self.norm2(h + self.drop(self.mlp(h)))
         if self.parallel:
-            a = self.drop(self.attn(self.norm1(h), positions, self.layer, pos, cache, documents))
+            a = self.drop(self.attn(self.norm1(h), positions, self.layer, pos, cache, mask))
             return h + a + self.drop(self.mlp(self.norm2(h)))
-        h = h + self.drop(self.attn(self.norm1(h), positions, self.layer, pos, cache, documents))
+        h = h + self.drop(self.attn(self.norm1(h), positions, self.layer, pos, cache, mask))
         return h + self.drop(self.mlp(self.norm2(h)))
 
 
@@ -593,12 +592,14 @@ class Decoder(nn.Module):
         if self.cfg.embed_norm:
             h = self.emb_norm(h)
         h = self.drop(h)
+        n_keys = tokens.shape[1]
         if cache is not None:
+            n_keys += cache.length
             documents = cache.documents(documents, *tokens.shape)
-        if documents is not None and documents.is_cuda:
-            check_document_order(documents)  # once per forward (attention checks CPU inputs itself)
+        # which keys each query sees, worked out once for every layer (documents checked here, once)
+        mask = AttentionMask.for_forward(tokens.shape[1], n_keys, causal=self.cfg.causal, documents=documents)
         for i, block in enumerate(self.blocks):
-            h = block(h, positions, self.pos, cache.layers[i] if cache is not None else None, documents)
+            h = block(h, positions, self.pos, cache.layers[i] if cache is not None else None, mask)
         return self.norm(h)
 
     def logits(self, h: Tensor) -> Tensor:
