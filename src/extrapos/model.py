@@ -422,7 +422,7 @@ class Attention(nn.Module):
         layer: int,
         pos: PositionalEncoding,
         cache: LayerCache | None,
-        mask: AttentionMask,
+        mask: AttentionMask | None = None,
     ) -> Tensor:
         B, T, _ = x.shape
         pos, layer = pos.at_layer(layer)  # a layer schedule's encoding of this layer (positions/schedule.py)
@@ -443,7 +443,10 @@ class Attention(nn.Module):
         bias = pos.bias(x, positions, layer, cache.state if cache is not None else None)
         if cache is not None:
             k, v, bias = cache.update(k, v, bias)
-        mask = mask.for_keys(k.shape[2], self.window)  # a windowed cache holds the last keys only
+        if mask is None:  # a block called on its own, without the model's mask: every key of its input
+            mask = AttentionMask(T, k.shape[2], causal=self.causal, window=self.window)
+        else:  # this layer's view of the forward's mask (a windowed cache holds the last keys only)
+            mask = mask.for_keys(k.shape[2], self.window)
         if self.capture is not None:
             self.capture(q, k, v, bias, mask.documents)
         dropout = self.dropout if self.training else 0.0
@@ -493,7 +496,7 @@ class Block(nn.Module):
         positions: Tensor,
         pos: PositionalEncoding,
         cache: LayerCache | None,
-        mask: AttentionMask,
+        mask: AttentionMask | None = None,
     ) -> Tensor:
         if self.post_norm:
             h = self.norm1(h + self.drop(self.attn(h, positions, self.layer, pos, cache, mask)))

@@ -256,7 +256,7 @@ def _masked_chunks(
         run = _logit_chunk
     else:
         table = getattr(bias, "table", None)
-        by_one = table is not None and steps_by_one(bias.k_feat, bias.q_feat, mask.documents)
+        by_one = table is not None and steps_by_one(bias.k_feat, bias.q_feat, mask.continues_document())
         run = partial(_chunk, table=table if by_one else None)
     blocks = mask.blocks(chunk)
     use_ckpt = torch.is_grad_enabled() and len(blocks) > 1

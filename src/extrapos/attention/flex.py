@@ -100,8 +100,8 @@ def _check_backward(
 ) -> None:
     """One forward and backward of flex on detached q, k, v, once per kind of call (see flex_or_none)."""
     pair = getattr(bias, "pair", None)
-    key = (type(bias).__name__, getattr(pair, "__qualname__", None), q.shape, k.shape, q.dtype, mask.causal)
-    key = (*key, mask.documents is not None, mask.window)
+    kind = (type(bias).__name__, getattr(pair, "__qualname__", None), q.shape, k.shape, q.dtype, mask.causal)
+    key = (*kind, mask.documents is not None, mask.window)
     checked = _flex_state.setdefault("backward_checked", set())
     if key in checked:
         return
@@ -130,7 +130,8 @@ def flex_score_mod(bias: Bias | None, B: int, H: int, Tq: int, Tk: int) -> Calla
     hq, hk = qf.shape[1] > 1, kf.shape[1] > 1
     if pair is not None:
         n_q, n_k = qf.shape[-1], kf.shape[-1]
-        pair_fn = pair
+        # called with one scalar per feature (lists of 0-d tensors), whatever base.py's annotation says
+        pair_fn: Callable[..., Tensor] = pair
 
         def pairwise(score, b, h, qi, kj):
             # one scalar per feature: flex differentiates a captured tensor through scalar indexing only

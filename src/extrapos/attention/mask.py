@@ -185,7 +185,7 @@ class AttentionMask:
         self.documents = documents
         self.window = cutting_window(window, causal, n_keys)
         self._blocks: dict[int, Blocks] = {}
-        self._flex: dict[tuple, Any] = {}
+        self._flex: dict[Callable, Any] = {}  # create_block_mask -> its block mask of this mask
         self._layers: dict[tuple[int, int | None], AttentionMask] = {}
 
     @classmethod
@@ -245,6 +245,11 @@ class AttentionMask:
     def masked(self) -> bool:
         """Whether documents or a window hide keys beyond the causal order."""
         return self.documents is not None or self.window is not None
+
+    def continues_document(self) -> Tensor | None:
+        """(B, Tk - 1) bool: key j + 1 lies in key j's document; None without documents."""
+        documents = self.documents
+        return None if documents is None else documents[:, 1:] == documents[:, :-1]
 
     def blocks(self, block: int | None = None) -> Blocks:
         """``visible_blocks`` of ``block`` queries (default ``DOCUMENT_BLOCK``)."""

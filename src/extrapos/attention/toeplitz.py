@@ -67,17 +67,17 @@ def toeplitz_block(
     return windows if reversed_rows else windows.flip(-2)
 
 
-def steps_by_one(k_feat: Tensor, q_feat: Tensor, documents: Tensor | None) -> bool:
-    """Key positions (B, 1, Tk, 1) that step by exactly one between neighbours of the same document (of
-    the row, without documents): then p_i - p_j = i - j on every visible pair, and the table's Toeplitz
-    block holds the bias."""
+def steps_by_one(k_feat: Tensor, q_feat: Tensor, continues_document: Tensor | None) -> bool:
+    """Key positions (B, 1, Tk, 1) that step by exactly one between neighbours of the same document
+    (``continues_document`` (B, Tk - 1), ``AttentionMask.continues_document``; of the row, when None):
+    then p_i - p_j = i - j on every visible pair, and the table's Toeplitz block holds the bias."""
     if k_feat.dim() != 4 or k_feat.shape[1] != 1 or k_feat.shape[-1] != 1 or q_feat.shape[1] != 1:
         return False
     p = k_feat[:, 0, :, 0]
     steps = p[:, 1:] - p[:, :-1] == 1
-    if documents is None:
+    if continues_document is None:
         return bool(steps.all())
-    return bool((steps | (documents[:, 1:] != documents[:, :-1])).all())
+    return bool((steps | ~continues_document).all())
 
 
 def contiguous(k_feat: Tensor) -> bool:
