@@ -21,7 +21,7 @@ Options that pretrained checkpoints need (``integrations/hf/``), all off by defa
 * ``post_norm``: post-LN blocks ``h = norm1(h + attn(h)); h = norm2(h + mlp(h))`` and no final norm
   (Vaswani et al. 2017, §3.1; BERT), usually with ``embed_norm``.
 * ``sliding_window`` W: each query attends to its last W tokens, itself included (Mistral, Jiang et
-  al. 2023, §2; Qwen2), on the layers ``sliding_window_layers`` (default: every layer); attention.py.
+  al. 2023, §2; Qwen2), on the layers ``sliding_window_layers`` (default: every layer); attention/mask.py.
 
 The positional encoding (``self.pos``, see positions/base.py) is called at its four hooks:
 
@@ -32,7 +32,7 @@ The positional encoding (``self.pos``, see positions/base.py) is called at its f
                 q, k = pos.rotate(q, k, positions)                   # RoPE
                 bias = pos.bias(x, positions, layer, state)          # ALiBi, CABLE, ... (described)
                 K, V, bias = cache.update(k, v, bias)                # new keys appended to the past
-                h = h + Wo attention(q, K, V, bias)
+                h = h + Wo attention(q, K, V, bias, mask=mask.for_keys(K.shape[2], window))
                 h = h + mlp(norm2(h))
 
 With ``model.positions.layers`` the encoding is a layer schedule (positions/schedule.py): each block
@@ -47,6 +47,8 @@ own position once), and the bias hook's cumulative state lives in the cache (``s
 token then attends only to the earlier tokens of its own document (docs/packing.md). The cache keeps
 the numbers of the tokens it holds; new tokens passed without numbers continue the last document.
 A layer with a sliding window keeps only the keys its window can still reach (``LayerCache``).
+Which keys each query sees (causal order, documents) is one ``AttentionMask`` per forward, built
+in ``hidden_states`` and handed to every block; each layer takes its view of it (its keys, its window).
 """
 
 from __future__ import annotations
