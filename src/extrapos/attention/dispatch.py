@@ -10,7 +10,7 @@ from extrapos.attention.chunked import chunked_attention
 from extrapos.attention.common import check_shapes
 from extrapos.attention.flex import flex_or_none, flex_wanted
 from extrapos.attention.fold import folded_attention
-from extrapos.attention.mask import AttentionMask
+from extrapos.attention.mask import AttentionMask, resolve_mask
 from extrapos.attention.sdpa import masked_sdpa, sdpa
 from extrapos.positions.base import Bias, FoldedBias, LogitBias, PairwiseBias
 
@@ -38,10 +38,8 @@ def attention(
     check_shapes(q, k, v)
     if mask is None:
         mask = AttentionMask.checked(q, k, causal=causal, documents=documents, window=window)
-    elif documents is not None or window is not None:
-        raise ValueError("pass either an attention mask or documents / window, not both")
     else:
-        mask.check_fits(q, k)
+        mask = resolve_mask(q, k, mask, causal, documents, window)
     grad = torch.is_grad_enabled()
     if flex_wanted(q.device.type, grad, dropout_p, q.shape[2], q.dtype, bias, mask.masked):
         out = flex_or_none(q, k, v, bias, mask)

@@ -325,10 +325,12 @@ def resolve_mask(
     documents: Tensor | None = None,
     window: int | None = None,
 ) -> AttentionMask:
-    """A kernel's mask: the model's (``mask``, built once per forward), or one made from the raw
-    ``causal`` / ``documents`` / ``window`` arguments the kernels also take (tests, benchmarks)."""
+    """A kernel's mask: the model's (``mask``, built once per forward, whose ``causal`` is then the one
+    that counts), or one made from the raw ``causal`` / ``documents`` / ``window`` arguments the kernels
+    also take (tests, benchmarks)."""
     if mask is None:
         return AttentionMask(q.shape[2], k.shape[2], causal=causal, documents=documents, window=window)
     if documents is not None or window is not None:
         raise ValueError("pass either an attention mask or documents / window, not both")
+    mask.check_fits(q, k)
     return mask
