@@ -20,7 +20,7 @@ LAYERS = [
     ),
     ("data", {"data"}),
     ("positions", {"positions"}),
-    ("attention", {"attention"}),
+    ("attention", {"attention"}),  # a folder: the dispatcher, the mask and one file per kernel family
     ("model", {"model", "losses"}),
     ("run", {"run"}),
     ("report", {"report"}),
@@ -179,6 +179,21 @@ def test_files_do_not_import_each_other_in_a_cycle():
     between files means neither can be read, tested or moved without the other."""
     cycle = find_cycle(file_edges())
     assert cycle is None, "import cycle between files: " + " -> ".join(cycle or [])
+
+
+def test_only_the_attention_mask_reads_document_numbers():
+    """One document-mask implementation (issue 38): inside attention/, only mask.py indexes document
+    numbers (every kernel asks its AttentionMask which keys a query sees); reference.py writes the rule
+    out on its own, as the tests' ground truth should."""
+    readers = set()
+    for path in sorted((SRC / "attention").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Subscript):
+                held = node.value
+                name = held.id if isinstance(held, ast.Name) else getattr(held, "attr", None)
+                if name == "documents":
+                    readers.add(path.name)
+    assert readers == {"mask.py", "reference.py"}, f"document numbers read outside mask.py: {sorted(readers)}"
 
 
 def test_the_cycle_checker_finds_a_cycle():

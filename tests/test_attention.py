@@ -13,6 +13,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import extrapos.attention as attn_mod
+import extrapos.attention.chunked as chunked_mod
+import extrapos.attention.dispatch as dispatch_mod
+import extrapos.attention.flex as flex_mod
 from extrapos.attention import (
     attention,
     attention_reference,
@@ -139,7 +142,7 @@ def test_folded_without_reference_shift_equals_reference(shape):
 
 def test_folded_head_dims_are_padded_to_multiple_of_8():
     seen = []
-    real = attn_mod.F.scaled_dot_product_attention
+    real = torch.nn.functional.scaled_dot_product_attention
 
     def spy(q, k, v, **kw):
         seen.append((q.shape[-1], k.shape[-1], v.shape[-1], kw.get("scale")))
@@ -147,10 +150,10 @@ def test_folded_head_dims_are_padded_to_multiple_of_8():
 
     q, k, v = _qkv(1, 2, 2, 9, 9, 16)
     try:
-        attn_mod.F.scaled_dot_product_attention = spy
+        torch.nn.functional.scaled_dot_product_attention = spy
         attention(q, k, v, _folded(1, 2, 9, 9))
     finally:
-        attn_mod.F.scaled_dot_product_attention = real
+        torch.nn.functional.scaled_dot_product_attention = real
     assert seen == [(24, 24, 24, 1 / math.sqrt(16))]
 
 
@@ -188,7 +191,7 @@ def test_pairwise_decoding_rows_equal_reference(bias_kind, shape):
 def _sdpa_calls(fn) -> list[tuple]:
     """(q, k, v head dims, mask dtype or None) of every SDPA call ``fn`` makes."""
     seen = []
-    real = attn_mod.F.scaled_dot_product_attention
+    real = torch.nn.functional.scaled_dot_product_attention
 
     def spy(q, k, v, **kw):
         mask = kw.get("attn_mask")
@@ -196,10 +199,10 @@ def _sdpa_calls(fn) -> list[tuple]:
         return real(q, k, v, **kw)
 
     try:
-        attn_mod.F.scaled_dot_product_attention = spy
+        torch.nn.functional.scaled_dot_product_attention = spy
         fn()
     finally:
-        attn_mod.F.scaled_dot_product_attention = real
+        torch.nn.functional.scaled_dot_product_attention = real
     return seen
 
 
@@ -320,7 +323,7 @@ def test_dropout_checkpointed_chunks_recompute_the_same_masks(monkeypatch):
         return out, torch.autograd.grad(out.square().sum(), leaves)
 
     out_ckpt, grads_ckpt = run()
-    monkeypatch.setattr(attn_mod, "checkpoint", lambda f, *a, use_reentrant: f(*a))
+    monkeypatch.setattr(chunked_mod, "checkpoint", lambda f, *a, use_reentrant: f(*a))
     out_plain, grads_plain = run()
     torch.testing.assert_close(out_ckpt, out_plain)
     for a, b in zip(grads_ckpt, grads_plain):
@@ -410,7 +413,7 @@ def test_flex_score_mods_equal_reference(name, Tq):
     import warnings
 
     flex = pytest.importorskip("torch.nn.attention.flex_attention")
-    from extrapos.attention import _flex
+    from extrapos.attention import flex_forward as _flex
     from extrapos.positions import EncodingContext, build_encoding
 
     ctx = EncodingContext(d_model=32, n_heads=4, head_dim=8, n_layers=2, train_length=8)
@@ -479,7 +482,7 @@ def test_flex_training_path_equals_reference_with_gradients(flex_with_backward_o
     the bottom-right causal block mask, GQA), under eager flex on CPU in fp64: outputs and gradients
     w.r.t. q, k, v, the block input x and every parameter of the encoding equal the materialized
     reference's."""
-    from extrapos.attention import _flex
+    from extrapos.attention import flex_forward as _flex
 
     flex = flex_with_backward_on_cpu
     enc, x, pos, (q, k, v) = _flex_training_case(name, layout, Tq=Tq)
@@ -507,7 +510,7 @@ def test_flex_training_path_equals_reference_with_gradients(flex_with_backward_o
 @pytest.mark.parametrize("name", ["kerple-log", "t5", "k-cable", "alibi"])
 def test_flex_training_path_bidirectional(flex_with_backward_on_cpu, name):
     """The encoder flavour (no mask): the bidirectional per-pair forms, with gradients."""
-    from extrapos.attention import _flex
+    from extrapos.attention import flex_forward as _flex
 
     flex = flex_with_backward_on_cpu
     enc, x, pos, (q, k, v) = _flex_training_case(name, "sorted-gaps", causal=False)
@@ -525,7 +528,9 @@ def test_flex_training_path_bidirectional(flex_with_backward_on_cpu, name):
 def test_flex_document_mask_equals_a_dense_mask(flex_with_backward_on_cpu, causal):
     """``flex_mask_mod`` with documents: a key is visible only from queries of its own document (and,
     causal, not after them); equal to the dense masked softmax, gradients included (fp64)."""
-    from extrapos.attention import _expand_kv, _flex, bias_block
+    from extrapos.attention import bias_block
+    from extrapos.attention import expand_kv as _expand_kv
+    from extrapos.attention import flex_forward as _flex
 
     flex = flex_with_backward_on_cpu
     enc, x, pos, (q, k, v) = _flex_training_case("kerple-log", "contiguous", causal=causal, Tq=7)
@@ -540,7 +545,7 @@ def test_flex_document_mask_equals_a_dense_mask(flex_with_backward_on_cpu, causa
     out = _flex(q, k, v, bias(), flex.flex_attention, flex.create_block_mask, causal, documents)
     visible = documents[:, Tk - Tq :, None] == documents[:, None, :]  # (B, Tq, Tk)
     if causal:
-        visible = visible & attn_mod._causal_mask(Tq, Tk, q.device)
+        visible = visible & attn_mod.causal_mask(Tq, Tk, q.device)
     scores = q @ _expand_kv(k, 4).transpose(-1, -2) / math.sqrt(8) + bias_block(bias())
     weights = torch.softmax(scores.masked_fill(~visible[:, None], float("-inf")), -1)
     ref = weights @ _expand_kv(v, 4)
@@ -576,7 +581,7 @@ def test_flex_is_chosen_by_device_and_never_on_cpu(monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("flex on CPU")
 
-    monkeypatch.setattr(attn_mod, "_flex_or_none", never)
+    monkeypatch.setattr(dispatch_mod, "flex_or_none", never)
     enc, x, pos, (q, k, v) = _flex_training_case("kerple-log", "contiguous")
     attention(q, k, v, enc.bias(x, pos, 0, None)).sum().backward()
     assert q.grad is not None and next(enc.parameters()).grad is not None
@@ -602,9 +607,9 @@ def test_a_failing_flex_backward_falls_back_before_training_uses_it(monkeypatch)
             out = flex_attention(q.detach(), k.detach(), v.detach(), **kwargs)
         return BrokenBackward.apply(q, k, v, out)
 
-    monkeypatch.setattr(attn_mod, "_flex_state", {"fn": flex_without_backward, "mask": create_block_mask})
+    monkeypatch.setattr(flex_mod, "_flex_state", {"fn": flex_without_backward, "mask": create_block_mask})
     enc, x, pos, (q, k, v) = _flex_training_case("kerple-log", "contiguous")
     bias = enc.bias(x, pos, 0, None)
     with pytest.warns(UserWarning, match="no backward kernel"):
-        assert attn_mod._flex_or_none(q, k, v, bias) is None
-    assert attn_mod._flex_state["broken"] and q.grad is None and next(enc.parameters()).grad is None
+        assert flex_mod.flex_or_none(q, k, v, bias) is None
+    assert flex_mod._flex_state["broken"] and q.grad is None and next(enc.parameters()).grad is None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import extrapos.attention as attn_mod
+import extrapos.attention.mask as mask_mod
 from extrapos.attention import (
     attention,
     attention_reference,
@@ -77,7 +77,7 @@ def test_every_path_with_a_document_mask_equals_the_reference(kind, shape, causa
     for t in leaves:
         t.requires_grad_(True)
     if blocks == "blocks":  # query blocks of 4 (and the key range of each), on every path
-        monkeypatch.setattr(attn_mod, "DOCUMENT_BLOCK", 4)
+        monkeypatch.setattr(mask_mod, "DOCUMENT_BLOCK", 4)
         if kind == "folded":
             fast = lambda *a: folded_attention(*a, block=4, causal=causal, documents=documents)  # noqa: E731
         elif kind in ("none",):
@@ -221,7 +221,7 @@ def test_flex_document_mask_without_a_bias_equals_the_reference(monkeypatch):
     monkeypatch.setattr(flex, "_validate_device", lambda q, k, v: None)
     import warnings
 
-    from extrapos.attention import _flex
+    from extrapos.attention import flex_forward as _flex
 
     B, H, Hkv, Tq, Tk, Dh = SHAPES["gqa-decode"]
     q, k, v = (t.requires_grad_() for t in _qkv(B, H, Hkv, Tq, Tk, Dh))

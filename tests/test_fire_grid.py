@@ -187,7 +187,7 @@ def fresh_dynamo():
 
 def test_flex_pair_with_the_grid_equals_the_reference_with_gradients(flex_with_backward_on_cpu, fresh_dynamo):  # noqa: F811
     """The gridded ``pair`` (the score_mod CUDA training runs) under eager flex on CPU, fp64."""
-    from extrapos.attention import _flex
+    from extrapos.attention import flex_forward as _flex
 
     flex = flex_with_backward_on_cpu
     _, enc = _pair({"mlp_width": 8}, grid=33)

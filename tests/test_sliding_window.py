@@ -14,12 +14,13 @@ import warnings
 import pytest
 import torch
 
-import extrapos.attention as attn_mod
+import extrapos.attention.mask as mask_mod
 from extrapos.attention import (
     attention,
     attention_reference,
     block_visible,
     chunked_attention,
+    flex_forward,
     folded_attention,
     visible_blocks,
 )
@@ -37,7 +38,7 @@ def _fast(kind, blocks, documents, monkeypatch):
     """The path under test: ``attention`` itself, or each kernel forced into blocks of 4 queries."""
     if blocks == "whole":
         return lambda *a: attention(*a, documents=documents, window=W)
-    monkeypatch.setattr(attn_mod, "DOCUMENT_BLOCK", 4)
+    monkeypatch.setattr(mask_mod, "DOCUMENT_BLOCK", 4)
     if kind == "folded":
         return lambda *a: folded_attention(*a, block=4, documents=documents, window=W)
     if kind == "none":
@@ -139,7 +140,7 @@ def test_flex_window_mask_equals_the_reference(with_documents, Tq):
     documents = _documents(2, 23) if with_documents else None
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "flex_attention called without torch.compile()"
-        out = attn_mod._flex(q, k, v, None, flex.flex_attention, flex.create_block_mask, True, documents, W)
+        out = flex_forward(q, k, v, None, flex.flex_attention, flex.create_block_mask, True, documents, W)
     ref = attention_reference(q, k, v, documents=documents, window=W)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
 

@@ -21,7 +21,7 @@ Options that pretrained checkpoints need (``integrations/hf/``), all off by defa
 * ``post_norm``: post-LN blocks ``h = norm1(h + attn(h)); h = norm2(h + mlp(h))`` and no final norm
   (Vaswani et al. 2017, §3.1; BERT), usually with ``embed_norm``.
 * ``sliding_window`` W: each query attends to its last W tokens, itself included (Mistral, Jiang et
-  al. 2023, §2; Qwen2), on the layers ``sliding_window_layers`` (default: every layer); attention.py.
+  al. 2023, §2; Qwen2), on the layers ``sliding_window_layers`` (default: every layer); attention/mask.py.
 
 The positional encoding (``self.pos``, see positions/base.py) is called at its four hooks:
 
@@ -32,7 +32,7 @@ The positional encoding (``self.pos``, see positions/base.py) is called at its f
                 q, k = pos.rotate(q, k, positions)                   # RoPE
                 bias = pos.bias(x, positions, layer, state)          # ALiBi, CABLE, ... (described)
                 K, V, bias = cache.update(k, v, bias)                # new keys appended to the past
-                h = h + Wo attention(q, K, V, bias)
+                h = h + Wo attention(q, K, V, bias, mask=mask.for_keys(K.shape[2], window))
                 h = h + mlp(norm2(h))
 
 With ``model.positions.layers`` the encoding is a layer schedule (positions/schedule.py): each block
@@ -47,6 +47,8 @@ own position once), and the bias hook's cumulative state lives in the cache (``s
 token then attends only to the earlier tokens of its own document (docs/packing.md). The cache keeps
 the numbers of the tokens it holds; new tokens passed without numbers continue the last document.
 A layer with a sliding window keeps only the keys its window can still reach (``LayerCache``).
+Which keys each query sees (causal order, documents) is one ``AttentionMask`` per forward, built
+in ``hidden_states`` and handed to every block; each layer takes its view of it (its keys, its window).
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from extrapos.attention import attention, check_document_order
+from extrapos.attention import AttentionMask, attention
 from extrapos.errors import UserError
 from extrapos.losses import linear_cross_entropy_sum, masked_loss_sum
 from extrapos.positions.base import EncodingContext, PositionalEncoding
@@ -457,7 +459,7 @@ class Attention(nn.Module):
         layer: int,
         pos: PositionalEncoding,
         cache: LayerCache | None,
-        documents: Tensor | None = None,
+        mask: AttentionMask | None = None,
     ) -> Tensor:
         B, T, _ = x.shape
         pos, layer = pos.at_layer(layer)  # a layer schedule's encoding of this layer (positions/schedule.py)
@@ -478,12 +480,14 @@ class Attention(nn.Module):
         bias = pos.bias(x, positions, layer, cache.state if cache is not None else None)
         if cache is not None:
             k, v, bias = cache.update(k, v, bias)
-            if documents is not None and documents.shape[1] != k.shape[2]:  # a windowed cache's last keys
-                documents = documents[:, documents.shape[1] - k.shape[2] :]
+        if mask is None:  # a block called on its own, without the model's mask: every key of its input
+            mask = AttentionMask(T, k.shape[2], causal=self.causal, window=self.window)
+        else:  # this layer's view of the forward's mask (a windowed cache holds the last keys only)
+            mask = mask.for_keys(k.shape[2], self.window)
         if self.capture is not None:
-            self.capture(q, k, v, bias, documents)
+            self.capture(q, k, v, bias, mask.documents)
         dropout = self.dropout if self.training else 0.0
-        y = attention(q, k, v, bias, dropout, causal=self.causal, documents=documents, window=self.window)
+        y = attention(q, k, v, bias, dropout, mask=mask)
         return self.proj(y.transpose(1, 2).reshape(B, T, self.q_out))
 
 
@@ -529,15 +533,15 @@ class Block(nn.Module):
         positions: Tensor,
         pos: PositionalEncoding,
         cache: LayerCache | None,
-        documents: Tensor | None = None,
+        mask: AttentionMask | None = None,
     ) -> Tensor:
         if self.post_norm:
-            h = self.norm1(h + self.drop(self.attn(h, positions, self.layer, pos, cache, documents)))
+            h = self.norm1(h + self.drop(self.attn(h, positions, self.layer, pos, cache, mask)))
             return self.norm2(h + self.drop(self.mlp(h)))
         if self.parallel:
-            a = self.drop(self.attn(self.norm1(h), positions, self.layer, pos, cache, documents))
+            a = self.drop(self.attn(self.norm1(h), positions, self.layer, pos, cache, mask))
             return h + a + self.drop(self.mlp(self.norm2(h)))
-        h = h + self.drop(self.attn(self.norm1(h), positions, self.layer, pos, cache, documents))
+        h = h + self.drop(self.attn(self.norm1(h), positions, self.layer, pos, cache, mask))
         return h + self.drop(self.mlp(self.norm2(h)))
 
 
@@ -628,12 +632,14 @@ class Decoder(nn.Module):
         if self.cfg.embed_norm:
             h = self.emb_norm(h)
         h = self.drop(h)
+        n_keys = tokens.shape[1]
         if cache is not None:
+            n_keys += cache.length
             documents = cache.documents(documents, *tokens.shape)
-        if documents is not None and documents.is_cuda:
-            check_document_order(documents)  # once per forward (attention checks CPU inputs itself)
+        # which keys each query sees, worked out once for every layer (documents checked here, once)
+        mask = AttentionMask.for_forward(tokens.shape[1], n_keys, causal=self.cfg.causal, documents=documents)
         for i, block in enumerate(self.blocks):
-            h = block(h, positions, self.pos, cache.layers[i] if cache is not None else None, documents)
+            h = block(h, positions, self.pos, cache.layers[i] if cache is not None else None, mask)
         return self.norm(h)
 
     def logits(self, h: Tensor) -> Tensor:
