@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -56,6 +56,9 @@ from extrapos.files import atomic_write
 from extrapos.positions.base import FoldedBias, LogitBias, PairwiseBias
 from extrapos.run.handle import Run
 from extrapos.run.runtime import Shard
+
+if TYPE_CHECKING:
+    from extrapos.model import Attention, Decoder
 
 SINKS = (1, 4)
 #: the statistics of every (layer, head), in the order of the console table
@@ -240,9 +243,11 @@ class Accumulator:
         """Per statistic, the per-head means over every group; None when no query was added."""
         if not self.queries:
             return None
+        # set by the first ``add``, which every query counted went through
+        queries_norm = cast(Tensor, self.group_queries_norm)
         out = {}
         for name in STATISTICS:
-            count = self.group_queries_norm.sum(0) if name == "entropy_norm" else self.group_queries.sum()
+            count = queries_norm.sum(0) if name == "entropy_norm" else self.group_queries.sum()
             mean = self.sums[name].sum(0) / count
             out[name] = [None if math.isnan(x) else float(x) for x in mean.tolist()]
         return out
@@ -254,7 +259,7 @@ class Accumulator:
             return None
         return {
             "queries": self.group_queries.tolist(),
-            "queries_norm": self.group_queries_norm.tolist(),
+            "queries_norm": cast(Tensor, self.group_queries_norm).tolist(),  # set by the first ``add``
             **{name: self.sums[name].tolist() for name in STATISTICS},
         }
 
@@ -291,7 +296,7 @@ def layer_statistics(
 
 @torch.no_grad()
 def model_statistics(
-    model,
+    model: Decoder,
     tokens: Tensor,
     positions: Tensor,
     accumulators: list[list[Accumulator]],
@@ -301,10 +306,11 @@ def model_statistics(
     accumulators (``accumulators[layer]``); the forward itself is unchanged (the hooks only read q, k
     and the bias)."""
     causal = model.cfg.causal
-    attns = [block.attn for block in model.blocks]
+    # the blocks' ModuleList yields Modules: each is a model.Block, whose ``attn`` is the layer's Attention
+    attns = [cast("Attention", block.attn) for block in model.blocks]
 
-    def observer(accs: list[Accumulator], window: int | None) -> Callable:
-        def capture(q, k, v, bias, docs):
+    def observer(accs: list[Accumulator], window: int | None) -> Callable[..., None]:
+        def capture(q: Tensor, k: Tensor, v: Tensor, bias: Any, docs: Tensor | None) -> None:
             layer_statistics(q, k, bias, causal=causal, documents=docs, accumulators=accs, window=window)
 
         return capture
@@ -325,7 +331,7 @@ def _key(fields: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def result_slot(run: Run, req, name: str, overwrite: bool) -> ResultSlot:
+def result_slot(run: Run, req: EvalRequest, name: str, overwrite: bool) -> ResultSlot:
     """The slot (``evaluate.slot``) of ``RUN/attention/<name>.json``: the saved result is reused when it is
     this very result (the same request of the same weights under the same definitions) and refused when it
     holds another request (unless ``overwrite``); the same request of other weights or older definitions,
@@ -351,7 +357,7 @@ def result_slot(run: Run, req, name: str, overwrite: bool) -> ResultSlot:
     )
 
 
-def default_name(req) -> str:
+def default_name(req: EvalRequest) -> str:
     from extrapos.evaluate.request import default_name as eval_name
 
     return eval_name(req)
@@ -359,7 +365,7 @@ def default_name(req) -> str:
 
 def diagnose(
     run_dir: Run | str | Path,
-    req=None,
+    req: EvalRequest | None = None,
     name: str | None = None,
     overwrite: bool = False,
     device: str = "cpu",
@@ -439,7 +445,8 @@ def diagnose(
                 "queries": accumulators[0][0].queries,
                 "queries_beyond": accumulators[0][1].queries,
                 "layers": [
-                    {"layer": i, **every.means(), "beyond": beyond.means()}
+                    # every window adds queries to the accumulator of every query: its means are there
+                    {"layer": i, **cast(dict[str, Any], every.means()), "beyond": beyond.means()}
                     for i, (every, beyond) in enumerate(accumulators)
                 ],
                 # per held-out document (``doc_index`` in the split), the sums the means are made of,
@@ -450,7 +457,8 @@ def diagnose(
                 if not accumulators[0][1].queries
                 else {
                     "edges": MEDIAN_WEIGHT_EDGES,
-                    "counts": [beyond.histogram.tolist() for _, beyond in accumulators],
+                    # the accumulators past L_t keep a histogram (histogram=True above)
+                    "counts": [cast(Tensor, beyond.histogram).tolist() for _, beyond in accumulators],
                 },
                 "per_document": [
                     {"layer": i, "every": every.per_group(), "beyond": beyond.per_group()}

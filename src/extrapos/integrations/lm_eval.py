@@ -33,7 +33,7 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,7 @@ try:
     # found"), so its model list is loaded before ours is added
     import lm_eval.models  # noqa: F401
     from lm_eval import utils as lm_utils
+    from lm_eval.api.instance import Instance
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
 except ImportError as e:  # pragma: no cover - the eval extra is missing
@@ -104,7 +105,7 @@ class ExtraposLM(TemplateLM):
         factor: float | None = None,
         max_gen_toks: int = 256,
         **unused: Any,
-    ):
+    ) -> None:
         super().__init__()
         from extrapos.run.directory import load_run
 
@@ -137,14 +138,14 @@ class ExtraposLM(TemplateLM):
         return self._max_length
 
     @property
-    def device(self):
+    def device(self) -> torch.device:
         return self._device
 
     @property
     def tokenizer_name(self) -> str:
         return f"extrapos-{self.tokenizer.hash}"
 
-    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
         return self.tokenizer.encode(string)
 
     def tok_decode(self, tokens: list[int]) -> str:
@@ -186,17 +187,20 @@ class ExtraposLM(TemplateLM):
                     float(logp.gather(-1, target[:, None]).sum()),
                     bool((logp.argmax(-1) == target).all()),
                 )
-        return results  # type: ignore[return-value]
+        return cast(list[tuple[float, bool]], results)  # every pair's slot is filled above
 
     def _loglikelihood_tokens(
-        self, requests, disable_tqdm: bool = False, **kwargs
+        self,
+        requests: list[tuple[tuple[str, str], list[int], list[int]]],
+        disable_tqdm: bool = False,
+        **kwargs: Any,
     ) -> list[tuple[float, bool]]:
         out = self.score_tokens([(ctx, cont) for _, ctx, cont in requests])
         for (key, _, _), res in zip(requests, out):
             self.cache_hook.add_partial("loglikelihood", key, res)
         return out
 
-    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+    def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
         """Log-likelihood of whole texts: disjoint windows of ``max_length`` tokens, the first one
         predicted from the end-of-text token (the harness's rolling protocol)."""
         windows, owner = [], []
@@ -217,7 +221,7 @@ class ExtraposLM(TemplateLM):
             self.cache_hook.add_partial("loglikelihood_rolling", (req.args[0],), total)
         return totals
 
-    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+    def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
         """Greedy decoding with the KV cache; prompts of equal token length and equal settings share a
         batch."""
         out: list[str | None] = [None] * len(requests)
@@ -243,7 +247,7 @@ class ExtraposLM(TemplateLM):
                 batch = items[s : s + self.batch_size]
                 x = torch.tensor([ids for _, ids in batch], dtype=torch.long, device=self._device)
 
-                def done(gen: torch.Tensor, until=until) -> bool:
+                def done(gen: torch.Tensor, until: list[str] = until) -> bool:
                     return all(self._stopped(row.tolist(), until) for row in gen)
 
                 gen = greedy_batch(self.model, x, max_gen, stop=done) if max_gen > 0 else x[:, :0]
@@ -251,7 +255,7 @@ class ExtraposLM(TemplateLM):
                     text = self._cut(row, until)
                     out[i] = text
                     self.cache_hook.add_partial("generate_until", requests[i].args, text)
-        return out  # type: ignore[return-value]
+        return cast(list[str], out)  # every request is in one group, so every slot is filled
 
     def _stopped(self, row: list[int], until: list[str]) -> bool:
         if self.eot_token_id in row:

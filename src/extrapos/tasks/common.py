@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -16,10 +16,17 @@ from extrapos.evaluate.slot import ResultSlot
 from extrapos.run.handle import Run
 from extrapos.run.memory import available_bytes, check_memory, forward_bytes  # noqa: F401 (re-exported)
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    from extrapos.model import Decoder
+    from extrapos.run.config import RunConfig
+    from extrapos.run.handle import LoadedRun
+
 
 @torch.no_grad()
 def greedy_batch(
-    model,
+    model: Decoder,
     prompts: torch.Tensor,
     max_new_tokens: int,
     prefill_chunk: int = 1024,
@@ -34,12 +41,12 @@ def greedy_batch(
     B, T = prompts.shape
     device = prompts.device
     cache = model.new_cache()
-    h = None
+    h: torch.Tensor | None = None
     for s in range(0, T, prefill_chunk):
         chunk = prompts[:, s : s + prefill_chunk]
         pos = torch.arange(s, s + chunk.shape[1], device=device).expand(B, -1)
         h = model.hidden_states(chunk, pos, cache)
-    logits = model.logits(h[:, -1])
+    logits = model.logits(cast(torch.Tensor, h)[:, -1])  # set by the prefill: a prompt holds a token
     out = []
     for i in range(max_new_tokens):
         nxt = logits.argmax(-1)
@@ -54,7 +61,7 @@ def greedy_batch(
 
 @torch.no_grad()
 def continuation_logprobs(
-    model, prompt: Sequence[int], continuations: Sequence[Sequence[int]], batch_tokens: int = 16_384
+    model: Decoder, prompt: Sequence[int], continuations: Sequence[Sequence[int]], batch_tokens: int = 16_384
 ) -> torch.Tensor:
     """Sum of log p(continuation tokens | prompt) for equal-length continuations: (C,) float64.
 
@@ -83,7 +90,7 @@ def resolve_position_options(options: dict[str, Any] | None, max_len: int) -> di
     return {k: (max_len if v == "max" else v) for k, v in (options or {}).items()}
 
 
-O = TypeVar("O")
+O = TypeVar("O", bound="DataclassInstance")  # a task's options are a dataclass
 
 
 def given_options(cls: type[O], options: O | None, fields: dict[str, Any]) -> O:
@@ -91,7 +98,7 @@ def given_options(cls: type[O], options: O | None, fields: dict[str, Any]) -> O:
     ``passkey(run, PasskeyOptions(...))`` and ``passkey(run, lengths=[1, 2])`` ask for the same thing."""
     if options is not None and not isinstance(options, cls):
         raise TypeError(f"options must be a {cls.__name__}, got {type(options).__name__}")
-    return dataclasses.replace(options if options is not None else cls(), **fields)  # type: ignore[type-var]
+    return dataclasses.replace(options if options is not None else cls(), **fields)
 
 
 def load_task_run(
@@ -101,7 +108,7 @@ def load_task_run(
     base_length: int | None,
     position_options: dict[str, Any],
     longest: int,
-) -> tuple[Any, int, dict[str, Any]]:
+) -> tuple[LoadedRun, int, dict[str, Any]]:
     """The run loaded at the checkpoint its slot scores, with the request's inference-time encoding options
     set ("max": the longest length, ``longest`` x L_t): (the run, L_t, the options applied)."""
     from extrapos.run.directory import load_run
@@ -115,7 +122,14 @@ def load_task_run(
 
 
 def task_result(
-    name: str, task: str, run_dir: Path, request: dict[str, Any], run, applied: dict[str, Any], L: int, slot
+    name: str,
+    task: str,
+    run_dir: Path,
+    request: dict[str, Any],
+    run: LoadedRun,
+    applied: dict[str, Any],
+    L: int,
+    slot: ResultSlot,
 ) -> dict[str, Any]:
     """The fields every task result opens with: what was asked of which run, and the checkpoint scored."""
     return {
@@ -131,7 +145,7 @@ def task_result(
     }
 
 
-def examples_digest(*arrays) -> str:
+def examples_digest(*arrays: Any) -> str:
     """A short digest of the scored examples: two rows whose cells carry the same digest scored the same
     examples, so the report may pair their per-example results."""
     import hashlib
@@ -217,7 +231,9 @@ def check_lm_eval_request(
 PLACEHOLDERS = ("max", "ev", "window")
 
 
-def check_encoding_options(cfg, options: dict[str, Any], given_as: str = "the encoding options") -> None:
+def check_encoding_options(
+    cfg: RunConfig, options: dict[str, Any], given_as: str = "the encoding options"
+) -> None:
     """Inference-time encoding options checked against a run's config before any work, by the validator a
     training config goes through (``config.validate``): an unknown option, a value of the wrong type
     (``base=abc``) or one that makes every loss NaN (``base=0``: RoPE's frequencies base^(-2i/d), Su et

@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -38,7 +38,7 @@ from extrapos.errors import UserError
 from extrapos.evaluate.evaluator import ColumnAt, Scoring, column_name
 from extrapos.evaluate.slot import check_result_name, slug, task_slot
 from extrapos.owned import check_owned_file
-from extrapos.run.handle import Run
+from extrapos.run.handle import LoadedRun, Run
 from extrapos.run.runtime import Shard
 from extrapos.tasks.common import (
     MAX_CANDIDATES,
@@ -57,6 +57,10 @@ from extrapos.tasks.common import (
     refuse_encoder,
     task_result,
 )
+
+if TYPE_CHECKING:
+    from extrapos.data.tokenizer import Tokenizer
+    from extrapos.model import Decoder, ModelConfig
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
@@ -83,7 +87,7 @@ class PasskeyBuilder:
     back) from which each prompt takes a window at a seeded random offset.
     """
 
-    def __init__(self, tokenizer, haystack: np.ndarray | None = None, key_digits: int = 5):
+    def __init__(self, tokenizer: Tokenizer, haystack: np.ndarray | None = None, key_digits: int = 5) -> None:
         if key_digits < 1:
             raise UserError(f"key_digits must be at least 1, got {key_digits}.")
         self.tok, self.key_digits = tokenizer, key_digits
@@ -199,15 +203,15 @@ def first_number(text: str) -> str | None:
 
 
 def score_prompts(
-    model,
-    tokenizer,
+    model: Decoder,
+    tokenizer: Tokenizer,
     builder: PasskeyBuilder,
     prompts: Sequence[PasskeyPrompt],
     mode: str,
     candidates: int,
     rng: np.random.Generator,
     batch_tokens: int = 16_384,
-    shard=None,
+    shard: Shard | None = None,
 ) -> dict[str, Any]:
     """Score equal-length prompts: rank of the true key among ``candidates`` and/or greedy exact match.
 
@@ -263,7 +267,7 @@ def score_prompts(
     return out
 
 
-def _corpus_haystack(run, haystack: str, split: str) -> tuple[np.ndarray, str]:
+def _corpus_haystack(run: Run | LoadedRun, haystack: str, split: str) -> tuple[np.ndarray, str]:
     from extrapos.data import open_split
     from extrapos.data.shards import read_manifest
 
@@ -439,7 +443,7 @@ def check_candidates(mode: str, candidates: int, key_digits: int) -> None:
 
 
 def check_passkey_memory(
-    source,
+    source: ModelConfig | str | Path,
     lengths: Sequence[int],
     trials: int,
     mode: str,
@@ -455,9 +459,10 @@ def check_passkey_memory(
     ``trials`` prompts (a list of token ids each), rank mode's candidate rows and one forward over
     them, generate mode's batch of prompts with its KV cache (``common.forward_bytes``). ``source``: a
     run directory, or a model config (a sweep's row before it is trained)."""
+    from extrapos.model import ModelConfig
     from extrapos.run.config import load_run_config
 
-    model = source if hasattr(source, "d_model") else load_run_config(Path(source)).model
+    model = source if isinstance(source, ModelConfig) else load_run_config(Path(source)).model
     T = max(lengths) * (base_length or model.train_length)
     need = trials * T * 8  # the cell's prompts, built before they are scored
     if mode in ("rank", "both"):
@@ -535,7 +540,7 @@ def default_name(mode: str, haystack: str, position_options: dict[str, Any] | No
     return "-".join(slug(str(p)) for p in parts)
 
 
-def _example(tokenizer, builder: PasskeyBuilder, length: int) -> dict[str, Any]:
+def _example(tokenizer: Tokenizer, builder: PasskeyBuilder, length: int) -> dict[str, Any]:
     p = builder.build(length, 0.5, np.random.default_rng(0))
     return {"length": length, "key": p.key, "text": tokenizer.decode(p.tokens)}
 

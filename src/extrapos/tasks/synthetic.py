@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -36,11 +36,14 @@ from extrapos.tasks.common import (
     task_result,
 )
 
+if TYPE_CHECKING:
+    from extrapos.model import Decoder, ModelConfig
+
 
 @torch.no_grad()
 def score_examples(
-    model, ids: np.ndarray, answer: np.ndarray, batch_tokens: int = 16_384
-) -> dict[str, float]:
+    model: Decoder, ids: np.ndarray, answer: np.ndarray, batch_tokens: int = 16_384
+) -> dict[str, Any]:
     """Teacher-forced accuracy on the answer tokens of equal-length examples ``ids`` (N, n + 1)."""
     device = next(model.parameters()).device
     n = ids.shape[1] - 1
@@ -141,6 +144,7 @@ def score_synthetic(
     check_synthetic_memory(handle.cfg.model, lengths, examples, opts.base_length, device, batch_tokens)
     # the request names the task, which may be the run's own: read from its data before the slot
     run = load_run(handle, device=device, step=opts.step)
+    t: SyntheticTask | None
     if opts.task is not None:
         t = SyntheticTask.parse(opts.task)
     else:
@@ -183,7 +187,7 @@ def score_synthetic(
 
 
 def check_synthetic_memory(
-    source,
+    source: ModelConfig | str | Path,
     lengths: Sequence[int],
     examples: int,
     base_length: int | None,
@@ -195,9 +199,10 @@ def check_synthetic_memory(
     rows of ids (int64) and answer flags (each held twice while they are stacked), then one batch's
     forward (``common.forward_bytes``). ``source``: a run directory, or a model config (a sweep's row
     before it is trained)."""
+    from extrapos.model import ModelConfig
     from extrapos.run.config import load_run_config
 
-    model = source if hasattr(source, "d_model") else load_run_config(Path(source)).model
+    model = source if isinstance(source, ModelConfig) else load_run_config(Path(source)).model
     L = base_length or model.train_length
     T = max(lengths) * L + 1
     rows = min(examples, max(1, batch_tokens // T))
