@@ -28,7 +28,7 @@ import time
 import torch
 
 from extrapos.attention import bias_block
-from extrapos.bench import BenchSettings, _interleaved, _spread
+from extrapos.bench import BenchSettings, interleaved, timing_spread
 from extrapos.losses import model_loss_sum
 from extrapos.model import Decoder, model_config
 
@@ -179,7 +179,7 @@ def cost_table(grid: int, rounds: int, log) -> dict:
 
             for n in names:
                 run(n)
-            times = _interleaved(names, rounds, run)
+            times = interleaved(names, rounds, run)
             out["eval"][f"{k}x"] = {n: times[n] for n in names}
             _log_times(log, f"eval {k}x (T = {T})", times)
     # training at L_t with the threshold at L_t / 4: three quarters of the queries past L
@@ -202,7 +202,7 @@ def cost_table(grid: int, rounds: int, log) -> dict:
 
     for n in names:
         step(n)
-    times = _interleaved(names, rounds, step)
+    times = interleaved(names, rounds, step)
     out["train"] = {n: times[n] for n in names}
     _log_times(log, f"train step (B = {s.batch}, T = {s.train_length}, L = {s.train_length // 4})", times)
     return out
@@ -214,7 +214,7 @@ def _log_times(log, title: str, times: dict[str, list[float]]) -> None:
     log(f"  {title}")
     for n, t in times.items():
         med = statistics.median(t)
-        cols = f"    {n:<15} {med * 1e3:8.1f} ms  spread {_spread(t):.2f}"
+        cols = f"    {n:<15} {med * 1e3:8.1f} ms  spread {timing_spread(t):.2f}"
         for ref in ("nope", "fire"):
             rounds = [a / b for a, b in zip(t, times[ref])]
             ratio = med / statistics.median(times[ref])

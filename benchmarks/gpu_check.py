@@ -596,11 +596,11 @@ def _host_device(device):
 
 
 def bench_check(families: list[str], cuda: bool) -> dict:
-    """The bench's training step per family (``bench._gpu_training``: warm-up, then medians of timed
+    """The bench's training step per family (``bench.gpu_training``: warm-up, then medians of timed
     repeats) with MFU against the matmul peak measured here, now, in the step's precision."""
     import torch
 
-    from extrapos.bench import BenchSettings, CudaDevice, _gpu_training, gpu_settings
+    from extrapos.bench import BenchSettings, CudaDevice, gpu_settings, gpu_training
     from extrapos.run.perf import gpu_bf16_peak, matmul_peak_flops
 
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
@@ -617,7 +617,7 @@ def bench_check(families: list[str], cuda: bool) -> dict:
     dev = CudaDevice(device) if cuda else _host_device(device)
     rows = []
     for name in families:
-        r = _gpu_training(name, s, precision, dev, peak)
+        r = gpu_training(name, s, precision, dev, peak)
         dev.free()
         rows.append(
             {

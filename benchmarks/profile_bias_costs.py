@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from extrapos.attention import attention, attention_reference, folded_attention
-from extrapos.bench import BenchSettings, _interleaved, _spread
+from extrapos.bench import BenchSettings, interleaved, timing_spread
 from extrapos.model import Decoder, model_config
 from extrapos.positions.base import FoldedBias
 
@@ -96,8 +96,8 @@ def eval_kernels(T: int, heads: int, d_head: int, rounds: int) -> list[tuple[str
             variants[name]()
             return time.perf_counter() - t0
 
-        times = _interleaved(list(variants), rounds, run)
-    return [(n, _median_ms(times[n]), _spread(times[n]), errors[n]) for n in variants]
+        times = interleaved(list(variants), rounds, run)
+    return [(n, _median_ms(times[n]), timing_spread(times[n]), errors[n]) for n in variants]
 
 
 def _prefilled(name: str, s: BenchSettings, d_model: int, heads: int) -> tuple[Decoder, object, torch.Tensor]:
@@ -174,11 +174,11 @@ def decode_costs(names: list[str], d_model: int, heads: int, rounds: int) -> dic
     for fn, key in ((step, "step_ms"), (hook, "hook_us"), (attend, "attention_us")):
         for n in names:
             fn(n)
-        times = _interleaved(names, rounds, fn)
+        times = interleaved(names, rounds, fn)
         scale = 1e3 if key == "step_ms" else 1e6
         for n in names:
             out[n][key] = statistics.median(times[n]) * scale
-            out[n][key + "_spread"] = _spread(times[n])
+            out[n][key + "_spread"] = timing_spread(times[n])
     for n in names:
         model, cache, tok = built[n]
         out[n]["ops_per_layer"] = _eager_ops_per_layer(model, cache, tok, len(cache))

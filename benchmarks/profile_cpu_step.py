@@ -34,7 +34,7 @@ import torch
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
-from extrapos.bench.measure import BenchSettings, _model
+from extrapos.bench.measure import BenchSettings, bench_model
 from extrapos.losses import model_loss_sum
 from extrapos.model import flops_per_token
 from extrapos.run.precision import cpu_bf16_units
@@ -179,7 +179,7 @@ class Step:
 
     def __init__(self, size: str, encoding: str, precision: str, batch: int):
         self.s = BenchSettings(size=size, batch=batch)
-        self.model = _model(encoding, self.s)
+        self.model = bench_model(encoding, self.s)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)
         self.precision = precision
         g = torch.Generator().manual_seed(0)

@@ -22,7 +22,7 @@ def test_the_default_bench_covers_the_registry():
 
 def test_every_stage_runs_for_the_new_encodings(monkeypatch):
     # the machine's peak is not tested here (patched where bench_training looks it up)
-    monkeypatch.setattr(bench.measure, "_matmul_rate", lambda precision, **size: 1e9)
+    monkeypatch.setattr(bench.measure, "matmul_rate", lambda precision, **size: 1e9)
     s = bench.BenchSettings(
         size="cpu-tiny",
         vocab=64,
@@ -42,7 +42,7 @@ def test_every_stage_runs_for_the_new_encodings(monkeypatch):
         "train_fp32": bench.bench_training(names, s, "fp32", tick),
         "train_bf16": None,
         "eval_time": bench.bench_eval_time(names, s, tick),
-        "eval_memory": {n: bench._child_memory(n, s) for n in names},  # in this process: no fresh child
+        "eval_memory": {n: bench.child_memory(n, s) for n in names},  # in this process: no fresh child
         "generation": bench.bench_generation(names, s, tick),
         "resolution": position_resolution(train_length=16, multiples=(1, 2)),
         "peer": None,

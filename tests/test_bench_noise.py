@@ -34,7 +34,7 @@ def synthetic_steps(monkeypatch, schedule: dict[str, list[float]], clock: str = 
 
     monkeypatch.setattr(measure, "model_loss_sum", timed_loss)
     monkeypatch.setattr(measure.time, measure.CLOCKS[clock_name], lambda: now[0])
-    monkeypatch.setattr(measure, "_matmul_rate", lambda precision, **size: 1e9)
+    monkeypatch.setattr(measure, "matmul_rate", lambda precision, **size: 1e9)
     s = bench.BenchSettings(
         size="cpu-tiny", vocab=64, train_length=16, batch=2, repeats=5, steps_per_repeat=1, clock=clock
     )

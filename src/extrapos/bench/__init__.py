@@ -23,19 +23,19 @@ resolution) and ``peers`` (against peer libraries on matched shapes: benchmarks/
 re-exported). The names below are the package's API.
 """
 
-from extrapos.bench.gpu import CudaDevice, _gpu_training, gpu_settings, run_bench_gpu
+from extrapos.bench.gpu import CudaDevice, gpu_settings, gpu_training, run_bench_gpu
 from extrapos.bench.llama_peer import PEER_SHAPE, bench_peer, format_peer
 from extrapos.bench.measure import (
     BenchSettings,
-    _child_memory,
-    _interleaved,
-    _matmul_rate,
-    _spread,
     bench_eval_memory,
     bench_eval_time,
     bench_generation,
     bench_training,
+    child_memory,
+    interleaved,
+    matmul_rate,
     peak_rss_growth_mb,
+    timing_spread,
 )
 from extrapos.bench.run import bench_names, run_bench
 from extrapos.bench.tables import TARGETS, format_bench, format_targets, target_rows
@@ -45,23 +45,23 @@ __all__ = [
     "TARGETS",
     "BenchSettings",
     "CudaDevice",
-    "_child_memory",
-    "_gpu_training",
-    "_interleaved",
-    "_matmul_rate",
-    "_spread",
     "bench_eval_memory",
     "bench_eval_time",
     "bench_generation",
     "bench_names",
     "bench_peer",
     "bench_training",
+    "child_memory",
     "format_bench",
     "format_peer",
     "format_targets",
     "gpu_settings",
+    "gpu_training",
+    "interleaved",
+    "matmul_rate",
     "peak_rss_growth_mb",
     "run_bench",
     "run_bench_gpu",
     "target_rows",
+    "timing_spread",
 ]

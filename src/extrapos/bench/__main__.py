@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from extrapos.bench.measure import BenchSettings, _child_memory
+from extrapos.bench.measure import BenchSettings, child_memory
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--memory-child", required=True)
@@ -17,4 +17,4 @@ raw["eval_lengths"] = tuple(raw["eval_lengths"])
 settings = BenchSettings(**raw)
 if settings.threads:  # the parent's --threads: the same kernels' scratch buffers as in its timings
     torch.set_num_threads(settings.threads)
-print(json.dumps(_child_memory(a.memory_child, settings)))
+print(json.dumps(child_memory(a.memory_child, settings)))

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from extrapos.bench.measure import BenchSettings, _model, _spread
+from extrapos.bench.measure import BenchSettings, bench_model, timing_spread
 from extrapos.losses import model_loss_sum
 from extrapos.model import flops_per_token
 from extrapos.run.perf import gpu_bf16_peak, mfu
@@ -73,13 +73,13 @@ def gpu_settings(quick: bool) -> BenchSettings:
     )
 
 
-def _gpu_training(name: str, s: BenchSettings, precision: str, cuda: CudaDevice, peak: float | None):
+def gpu_training(name: str, s: BenchSettings, precision: str, cuda: CudaDevice, peak: float | None):
     """One encoding's training step on the GPU, alone on the card: absolute time, the allocator's peak
     (weights, gradients, AdamW state and activations: ``max_memory_allocated``), MFU against ``peak``."""
     from extrapos.run.runtime import autocast
 
     dev = cuda.device
-    model = _model(name, s).to(dev)
+    model = bench_model(name, s).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, s.vocab, (s.batch, s.train_length + 1), generator=g).to(dev)
@@ -111,7 +111,7 @@ def _gpu_training(name: str, s: BenchSettings, precision: str, cuda: CudaDevice,
     out = {
         "step_ms": sec * 1e3,
         "tokens_per_s": tok_s,
-        "spread": _spread(times),
+        "spread": timing_spread(times),
         "peak_mb": cuda.max_allocated() / 2**20,
         "mfu": mfu(flops_per_token(model.cfg, s.train_length), tok_s, peak),
     }
@@ -126,7 +126,7 @@ def _gpu_eval_and_generation(name: str, s: BenchSettings, precision: str, cuda: 
     from extrapos.run.runtime import autocast
 
     dev = cuda.device
-    model = _model(name, s).to(dev).eval()
+    model = bench_model(name, s).to(dev).eval()
     g = torch.Generator().manual_seed(1)
     times, memory = {}, {}
     for k in s.eval_lengths:
@@ -203,10 +203,10 @@ def run_bench_gpu(
     }
     for n in names:
         # fp32 (TF32 where torch allows it) has no peak in the table: its MFU is left out
-        result["train_fp32"][n] = _gpu_training(n, s, "fp32", cuda, None)
+        result["train_fp32"][n] = gpu_training(n, s, "fp32", cuda, None)
         cuda.free()
         if bf16:
-            result["train_bf16"][n] = _gpu_training(n, s, "bf16", cuda, known[1] if known else None)
+            result["train_bf16"][n] = gpu_training(n, s, "bf16", cuda, known[1] if known else None)
             cuda.free()
         times, memory, generation = _gpu_eval_and_generation(n, s, precision, cuda)
         cuda.free()

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from extrapos.bench.measure import _interleaved, _now, _spread
+from extrapos.bench.measure import clock_now, interleaved, timing_spread
 from extrapos.losses import model_loss_sum
 from extrapos.model import Decoder, model_config
 
@@ -79,7 +79,7 @@ def bench_peer(rounds: int = 7, progress=None, clock: str = "wall") -> dict[str,
     }
 
     def step(name: str) -> float:
-        t0 = _now(clock)
+        t0 = clock_now(clock)
         if name == "extrapos":
             loss = model_loss_sum(ours, x, pos, y, mask) / mask.numel()
         else:
@@ -90,12 +90,12 @@ def bench_peer(rounds: int = 7, progress=None, clock: str = "wall") -> dict[str,
         opts[name].zero_grad(set_to_none=True)
         if progress:
             progress()
-        return _now(clock) - t0
+        return clock_now(clock) - t0
 
     names = ["extrapos", "transformers"]
     for n in names:  # warm-up
         step(n)
-    times = _interleaved(names, max(7, rounds), step)
+    times = interleaved(names, max(7, rounds), step)
     med = {n: statistics.median(t) for n, t in times.items()}
     import transformers
 
@@ -106,7 +106,7 @@ def bench_peer(rounds: int = 7, progress=None, clock: str = "wall") -> dict[str,
         "params_transformers": n_hf,
         "transformers": transformers.__version__,
         **{f"{n}_ms": med[n] * 1e3 for n in names},
-        **{f"{n}_spread": _spread(times[n]) for n in names},
+        **{f"{n}_spread": timing_spread(times[n]) for n in names},
         "ratio": med["extrapos"] / med["transformers"],
         # the same rounds on both sides: the per-round ratios are the verdict's noise (bench/noise.py)
         "ratio_rounds": [a / b for a, b in zip(times["extrapos"], times["transformers"])],

@@ -60,11 +60,14 @@ class BenchSettings:
 CLOCKS = {"wall": "perf_counter", "cpu": "thread_time"}
 
 
-def _now(clock: str = "wall") -> float:
+def clock_now(clock: str = "wall") -> float:
+    """Seconds on ``clock`` (``CLOCKS``: the wall clock, or this thread's CPU time)."""
     return getattr(time, CLOCKS[clock])()
 
 
-def _model(name: str, s: BenchSettings, seed: int = 0) -> Decoder:
+def bench_model(name: str, s: BenchSettings, seed: int = 0) -> Decoder:
+    """The model every bench measurement of encoding ``name`` runs: the settings' size, vocabulary and L_t,
+    its weights drawn from ``seed`` (a learned table sized for the longest length measured)."""
     torch.manual_seed(seed)
     options = (
         {"interpolate_to": s.train_length * max(s.eval_lengths + (s.context // s.train_length + 1,))}
@@ -84,12 +87,12 @@ def _precision_ctx(precision: str):
     return autocast(torch.device("cpu"), precision)
 
 
-def _spread(times: list[float]) -> float:
+def timing_spread(times: list[float]) -> float:
     """(max - min) / median of the repeats: how much the machine moved during the measurement."""
     return (max(times) - min(times)) / statistics.median(times)
 
 
-def _interleaved(names: list[str], repeats: int, fn) -> dict[str, list[float]]:
+def interleaved(names: list[str], repeats: int, fn) -> dict[str, list[float]]:
     """Run fn(name) -> seconds for every name, ``repeats`` rounds, names in a rotating order."""
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeats):
@@ -106,22 +109,22 @@ _PEAK = "__matmul_peak__"
 PEAK_SIZES = (1024, 2048)
 
 
-def _matmul_rate(precision: str, n: int = 1024, reps: int = 4, clock: str = "wall") -> float:
+def matmul_rate(precision: str, n: int = 1024, reps: int = 4, clock: str = "wall") -> float:
     """FLOP/s of ``reps`` n x n matmuls right now (one sample of the peak, see bench_training)."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
     a @ b
-    t0 = _now(clock)
+    t0 = clock_now(clock)
     for _ in range(reps):
         a @ b
-    return 2 * n**3 * reps / max(_now(clock) - t0, 1e-9)
+    return 2 * n**3 * reps / max(clock_now(clock) - t0, 1e-9)
 
 
 def _peak_sample(precision: str, clock: str = "wall") -> float:
     """The best rate over PEAK_SIZES right now: fp32 and bf16 sampled alike (issue 39: a bf16 peak taken
     at one size understated what AMX reaches)."""
     return max(
-        _matmul_rate(precision, n=n, reps=max(1, 4 * (1024 // n) ** 3), clock=clock) for n in PEAK_SIZES
+        matmul_rate(precision, n=n, reps=max(1, 4 * (1024 // n) ** 3), clock=clock) for n in PEAK_SIZES
     )
 
 
@@ -146,7 +149,7 @@ def bench_steps(
     same rounds (so fp32 / bf16 and eager / compiled ratios are paired like the encodings' ratios), with
     matmul peak samples of each precision in every round; ``peak_floor``: FLOP/s by precision measured
     before (the peak is the best of those and the samples). By variant_key, then encoding."""
-    models = {n: _model(n, s) for n in names}
+    models = {n: bench_model(n, s) for n in names}
     # what the trainer runs: fused AdamW, the head fused with the loss in fp32 (losses.py); one model and
     # optimizer per encoding serve every variant (the values do not change a step's time)
     opts = {n: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True) for n, m in models.items()}
@@ -161,7 +164,7 @@ def bench_steps(
     def step(run: str) -> float:
         name, precision, use_compiled = runs[run]
         m, opt = (compiled if use_compiled else models)[name], opts[name]
-        t0 = _now(s.clock)
+        t0 = clock_now(s.clock)
         for _ in range(s.steps_per_repeat):
             with _precision_ctx(precision):
                 loss = model_loss_sum(m, x, pos, y, mask) / mask.numel()
@@ -169,7 +172,7 @@ def bench_steps(
             opt.step()
             opt.zero_grad(set_to_none=True)
         progress()
-        return (_now(s.clock) - t0) / s.steps_per_repeat
+        return (clock_now(s.clock) - t0) / s.steps_per_repeat
 
     # the matmul peak is sampled between the steps too, and each round's MFU is that round's step against
     # the best sample of the run: a peak taken once, at a quiet (or busy) moment, says little on a shared
@@ -186,7 +189,7 @@ def bench_steps(
 
     for run in runs:  # warm-up: first-call allocations, lazy inits and compilation out of the timings
         step(run)
-    times = _interleaved(list(runs) + list(peaks), s.repeats, step_or_peak)
+    times = interleaved(list(runs) + list(peaks), s.repeats, step_or_peak)
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for run, (n, p, c) in runs.items():
         peak = max(max(rates[p]), (peak_floor or {}).get(p, 0.0), 1.0)
@@ -198,7 +201,7 @@ def bench_steps(
             "step_ms": sec * 1e3,
             "rounds_ms": rounds_ms,
             "tokens_per_s": tok_s,
-            "spread": _spread(times[run]),
+            "spread": timing_spread(times[run]),
             "peak_gflops": peak / 1e9,
             "mfu": per_token * tok_s / peak,
             "mfu_rounds": [per_token * s.batch * s.train_length / t / peak for t in times[run]],
@@ -220,7 +223,7 @@ def bench_training(
 
 @torch.no_grad()
 def bench_eval_time(names: list[str], s: BenchSettings, progress) -> dict[str, dict[str, Any]]:
-    models = {n: _model(n, s).eval() for n in names}
+    models = {n: bench_model(n, s).eval() for n in names}
     g = torch.Generator().manual_seed(1)
     result: dict[str, dict[str, Any]] = {n: {} for n in names}
     for k in s.eval_lengths:
@@ -229,14 +232,14 @@ def bench_eval_time(names: list[str], s: BenchSettings, progress) -> dict[str, d
         pos = torch.arange(T).unsqueeze(0)
 
         def run(name: str, tokens=tokens, pos=pos) -> float:
-            t0 = _now(s.clock)
+            t0 = clock_now(s.clock)
             models[name].hidden_states(tokens, pos)
             progress()
-            return _now(s.clock) - t0
+            return clock_now(s.clock) - t0
 
         for n in names:
             run(n)
-        times = _interleaved(names, max(2, s.repeats - 2), run)
+        times = interleaved(names, max(2, s.repeats - 2), run)
         for n in names:
             result[n][f"time_ms_{k}x"] = statistics.median(times[n]) * 1e3
             result[n][f"rounds_ms_{k}x"] = [t * 1e3 for t in times[n]]  # the rounds, for the verdicts
@@ -270,9 +273,9 @@ def peak_rss_growth_mb(fn) -> float:
     return (max(peak[0], _rss_bytes()) - base) / 2**20
 
 
-def _child_memory(name: str, s: BenchSettings) -> dict[str, float]:
+def child_memory(name: str, s: BenchSettings) -> dict[str, float]:
     """Peak RSS growth (MB) of evaluating each length (batch 1, no grad), in this fresh process."""
-    model = _model(name, s).eval()
+    model = bench_model(name, s).eval()
     g = torch.Generator().manual_seed(1)
     out = {}
     with torch.no_grad():
@@ -312,7 +315,7 @@ def bench_generation(names: list[str], s: BenchSettings, progress) -> dict[str, 
 
     g = torch.Generator().manual_seed(2)
     prompt = torch.randint(0, s.vocab, (s.context,), generator=g).tolist()
-    models = {n: _model(n, s).eval() for n in names}
+    models = {n: bench_model(n, s).eval() for n in names}
 
     def cached_decode(name: str) -> float:
         """Seconds per generated token with the cache, in steady state: prefill and the first few
@@ -324,25 +327,25 @@ def bench_generation(names: list[str], s: BenchSettings, progress) -> dict[str, 
         warm = 4
         for i in range(warm + s.new_tokens):
             if i == warm:
-                t0 = _now(s.clock)
+                t0 = clock_now(s.clock)
             logits = m(tok, torch.tensor([[s.context + i]]), cache)
             tok = logits[:, -1:].argmax(-1)
         progress()
-        return (_now(s.clock) - t0) / s.new_tokens
+        return (clock_now(s.clock) - t0) / s.new_tokens
 
     def recompute(name: str) -> float:
-        t0 = _now(s.clock)
+        t0 = clock_now(s.clock)
         for _ in generate_tokens(
             models[name], prompt, max(4, s.new_tokens // 4), temperature=0, use_cache=False
         ):
             pass
         progress()
-        return (_now(s.clock) - t0) / max(4, s.new_tokens // 4)
+        return (clock_now(s.clock) - t0) / max(4, s.new_tokens // 4)
 
     for n in names:
         cached_decode(n)
-    cached = _interleaved(names, max(2, s.repeats - 2), cached_decode)
-    slow = _interleaved(names, 1, recompute)
+    cached = interleaved(names, max(2, s.repeats - 2), cached_decode)
+    slow = interleaved(names, 1, recompute)
     out = {}
     for n in names:
         c, r = statistics.median(cached[n]), statistics.median(slow[n])

@@ -88,7 +88,7 @@ def _scored_fact(result: dict[str, Any]) -> str:
     )
 
 
-def _facts(
+def sweep_facts(
     sweep: Sweep,
     configs: dict[tuple[str, int | None], RunConfig],
     run_dirs: dict[tuple[str, int | None], Path],

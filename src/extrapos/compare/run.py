@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from extrapos.compare.budget import budget_fact, plan_budget
-from extrapos.compare.facts import _facts
-from extrapos.compare.seeds import _combine_seeds, _merge_results
+from extrapos.compare.facts import sweep_facts
+from extrapos.compare.seeds import combine_seeds, merge_length_results
 from extrapos.compare.sweep import (
     Sweep,
     SweepRow,
@@ -176,7 +176,7 @@ def compare(  # noqa: C901
                 for seed in seeds
             ]
             if sweep.seeds:
-                result = _combine_seeds([r for r, _, _ in per_seed], list(sweep.seeds))
+                result = combine_seeds([r for r, _, _ in per_seed], list(sweep.seeds))
                 merged = out / "merged" / f"{slug(row.name)}.json"
                 if main:
                     merged.parent.mkdir(parents=True, exist_ok=True)
@@ -206,7 +206,7 @@ def compare(  # noqa: C901
     if not main:
         return out / "report.md"
     atomic_write(out / "rows.json", json.dumps(entries, indent=1))
-    facts = _facts(sweep, configs, run_dirs, rows, time.perf_counter() - t0, extension_dirs)
+    facts = sweep_facts(sweep, configs, run_dirs, rows, time.perf_counter() - t0, extension_dirs)
     if budget is not None:
         facts.insert(len(facts) - (1 if sweep.notes else 0), budget_fact(budget))
     atomic_write(out / "facts.json", json.dumps(facts, indent=1))
@@ -470,7 +470,7 @@ def _evaluate_row(
             req = sweep.eval_request([k], row.eval, max_tokens, precision)
             name = f"{default_name(req)}-ev{k}"
             results.append(score_run(run_dir, req, name=name, progress=progress, device=device))
-        result = _merge_results(results)
+        result = merge_length_results(results)
         merged = out / "merged" / f"{run_slug(row.name, seed)}.json"
         if main:
             merged.parent.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ import statistics
 from typing import Any
 
 
-def _combine_seeds(results: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
+def combine_seeds(results: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
     """One row from its per-seed results: every number the mean over seeds (perplexity = exp of the mean
     loss); the per-seed results are kept whole under ``seeds`` for the intervals (the per-document fields
     live there only). Works for next-token and MLM results alike (their rows' numbers differ)."""
@@ -46,7 +46,7 @@ def _combine_seeds(results: list[dict[str, Any]], seeds: list[int]) -> dict[str,
     return combined
 
 
-def _merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
+def merge_length_results(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Evaluations of one length each, as one result with a column per length (the last's per-position
     curve)."""
     merged = dict(results[-1])
