@@ -24,7 +24,12 @@ LAYERS = [
     ("model", {"model", "losses"}),
     ("run", {"run"}),
     ("report", {"report"}),
-    ("commands", {"training", "evaluate", "tasks", "inference", "integrations", "bench", "tools"}),
+    # the commands, three floors: the engines that train, score, sample and inspect (none imports another),
+    # the tasks and the bench built on evaluate's slot and evaluators (and bench on inference's decoding),
+    # then the integrations, which wrap tasks (lm-eval) and inference (sentence-transformers) for others
+    ("commands", {"training", "evaluate", "inference", "tools"}),
+    ("tasks", {"tasks", "bench"}),
+    ("integrations", {"integrations"}),
     ("sweeps", {"compare"}),
     ("cli", {"cli", "__main__"}),
 ]

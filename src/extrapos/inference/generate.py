@@ -113,9 +113,9 @@ def check_sampling(
 
 def check_prompt_memory(model_cfg, tokens: int, use_cache: bool, device: str) -> None:
     """Refuse a prompt whose KV cache (or, without one, whose full forward) cannot fit in memory, in one
-    sentence naming the limit (``tasks.common.forward_bytes``: tokens x layers x heads x head_dim x 2 x 4
+    sentence naming the limit (``run.memory.forward_bytes``: tokens x layers x heads x head_dim x 2 x 4
     bytes for the cache, one prefill chunk's activations)."""
-    from extrapos.tasks.common import check_memory, forward_bytes
+    from extrapos.run.memory import check_memory, forward_bytes
 
     need = (
         forward_bytes(model_cfg, tokens, cache=True)
