@@ -1,4 +1,4 @@
-"""CoPE against Golovneva et al. 2024, §3, written with loops; and the LogitBias path of attention.py."""
+"""CoPE against Golovneva et al. 2024, §3, in loops; and its LogitBias path (attention/chunked.py)."""
 
 import math
 

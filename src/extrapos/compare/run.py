@@ -80,7 +80,8 @@ def check_out_dir(out: Path) -> None:
         )
 
 
-# noqa below: the sweep's phases in order (validate, train, extend, evaluate, tasks, report), read top to bottom
+# over the complexity budget (C901): the sweep's phases in order (validate, train, extend, evaluate, tasks,
+# report), read top to bottom
 def compare(  # noqa: C901
     spec: str,
     out: str | Path,

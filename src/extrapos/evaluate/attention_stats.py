@@ -9,7 +9,7 @@ The attention probabilities are materialized from the model's own pieces, so the
 model uses: each block's ``Attention.capture`` hook (model.py) hands over q and k after the
 encoding's transforms (RoPE rotations, ExPE's inputs) and the bias description (ALiBi, CABLE, T5,
 Kerple, FIRE, CoPE, DAPE, ...), which ``attention.bias_block`` expands (a ``LogitBias`` gets the
-block's logits as in ``attention.py``); the causal and document masks are applied as there. Queries
+block's logits as in ``attention/chunked.py``); the causal and document masks are applied as there. Queries
 run in blocks, so memory is O(block x T) at any length.
 
 Per query i, with p_ij its attention probabilities over the visible keys j (n_i of them):
@@ -108,9 +108,10 @@ def attention_probabilities(
     masks, for the queries ``queries`` = [q0, q1) (default all), as ``attention.attention_reference``
     forms it.
 
-    Shapes as in ``attention.py``: q (B, H, Tq, d_h), k (B, H_kv, Tk, d_h), queries aligned to the end
-    of the keys. Returns (probabilities (B, H, tq, tk), visible (B or 1, 1, tq, tk) bool), in fp32 (fp64
-    for fp64 inputs), over the keys [0, tk): causally, the keys after the last query are left out.
+    Shapes as in the attention package (``attention/__init__.py``): q (B, H, Tq, d_h), k (B, H_kv, Tk,
+    d_h), queries aligned to the end of the keys. Returns (probabilities (B, H, tq, tk), visible (B or 1,
+    1, tq, tk) bool), in fp32 (fp64 for fp64 inputs), over the keys [0, tk): causally, the keys after
+    the last query are left out.
     """
     B, H, Tq, Dh = q.shape
     Tk = k.shape[2]
@@ -138,7 +139,7 @@ def attention_probabilities(
         scores = scores + bias.fn(scores, qb, qf, kf, mask).to(dtype)
     elif isinstance(bias, FoldedBias):
         # q_feat_i * k_feat_j is exact up to a row constant: shifting k_feat by the block's last query's
-        # own key (as attention.py does) keeps the products small, hence precise, at long lengths
+        # own key (as attention/fold.py does) keeps the products small, hence precise, at long lengths
         kf = bias.k_feat[:, :, :kend].to(dtype)
         ref = past + q1 - 1
         shifted = FoldedBias(bias.q_feat[:, :, q0:q1].to(dtype), kf - kf[:, :, ref : ref + 1])

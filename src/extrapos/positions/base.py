@@ -8,7 +8,7 @@ A positional encoding is an ``nn.Module`` that may act at four places of the dec
 | ``attn_input``| every block, on the normed input of the Q/K/V projections| ExPE, ExQPE            |
 | ``rotate``    | every block, on q and k after the projections            | RoPE family            |
 | ``bias``      | every block, an additive attention-logit bias, described | ALiBi, Kerple, FIRE,   |
-|               | (never a T x T tensor) and applied by ``attention.py``   | T5, CABLE family, FoX, |
+|               | (never a T x T tensor), applied by the attention/ package| T5, CABLE family, FoX, |
 |               |                                                          | CoPE, DAPE             |
 
 Positions are explicit everywhere: ``positions`` is an int64 tensor (batch, time) holding the
@@ -71,7 +71,7 @@ class FoldedBias:
 
     Anything constant along j (the key axis) may be dropped, because softmax ignores row constants;
     e.g. ALiBi's ``-m (i - j)`` is ``m * j`` plus a row constant and CABLE's ``-g_i (S_i - S_j)`` is
-    ``g_i * S_j`` plus one. ``attention.py`` folds it into one extra q/k dimension
+    ``g_i * S_j`` plus one. ``attention/fold.py`` folds it into one extra q/k dimension
     (q' = [q, q_feat * sqrt(d_h)], k' = [k, k_feat], v' = [v, 0]) and runs fused attention.
 
     q_feat: (B, H, Tq) for the new queries; k_feat: (B, H, Tk) for the new keys only (the KV cache
@@ -87,7 +87,7 @@ class PairwiseBias:
     """A general additive bias ``bias[b,h,i,j] = fn(q_feat[b,:,i,:], k_feat[b,:,j,:])``.
 
     ``fn(qf, kf)`` takes qf (B, Hq, tq, F) for a block of queries and kf (B, Hk, Tk, F) for all keys
-    (Hq, Hk in {1, H}) and returns the bias block (B, H or 1, tq, Tk). ``attention.py`` calls it one
+    (Hq, Hk in {1, H}) and returns the bias block (B, H or 1, tq, Tk). ``attention/chunked.py`` calls it one
     block of queries at a time for long sequences, so no T x T tensor is ever needed.
     Distance biases (Kerple, FIRE, T5) use the float positions as features (F = 1); K-CABLE uses
     (g_i, S_i) for queries and S_j for keys. k_feat covers the new keys only (the cache concatenates).
@@ -97,7 +97,7 @@ class PairwiseBias:
     tensors), h the head (a 0-d index tensor) -> a 0-d tensor. It uses tensor operations only (no
     Python branch on a value, no custom autograd) and reads every other tensor that needs a gradient
     by scalar indexing (``r[h]``, ``w[h, m]``; a 0-d one as ``t.reshape(1)[0]``), the one access flex
-    differentiates; ``attention.py`` trains with it on CUDA (docs/attention.md). None: no such form
+    differentiates; ``attention/flex.py`` trains with it on CUDA (docs/attention.md). None: no such form
     (flex then evaluates ``fn`` on the pair, without gradients).
     """
 
@@ -118,7 +118,7 @@ class LogitBias:
     NOT yet causally masked (entries of future keys hold finite, meaningless values), the block's
     queries q (B, H, tq, d_h) after ``rotate``, the features qf (B, Hq, tq, F) / kf (B, Hk, Tk, F)
     as in ``PairwiseBias`` (F may be 0), and ``visible`` (tq, Tk), True where key j is causally
-    visible; it returns the bias block (B, H, tq, Tk) that ``attention.py`` adds before masking.
+    visible; it returns the bias block (B, H, tq, Tk) that ``attention/chunked.py`` adds before masking.
 
     Neither of the other kinds can express it: the bias of (i, j) depends on q_i . k_l for other
     keys l of the row (CoPE) or is a non-linear function of the logit itself (DAPE). It runs on the

@@ -3,14 +3,14 @@
 Each returns a bias *description* from the ``bias`` hook and never a T x T tensor:
 
 * ``alibi`` (Press et al. 2022): -m_h (i - j) = m_h * j + row constant, a ``FoldedBias``
-  (q_feat = m_h, k_feat = j) that ``attention.py`` folds into fused attention.
+  (q_feat = m_h, k_feat = j) that ``attention/fold.py`` folds into fused attention.
 * ``kerple-log`` / ``kerple-power`` (Chi et al. 2022): -r1 log(1 + r2 |i - j|) and -r1 |i - j|^r2.
 * ``fire`` (Li et al. 2023): f(psi(i - j) / psi(max(L, i))), psi(x) = log(c x + 1), f an MLP.
 * ``t5`` (Raffel et al. 2020): a learned scalar per (bucket of j - i, head).
 
 The last three are ``DistanceBias`` (a ``PairwiseBias`` whose features are float positions, F = 1)
 evaluated in query chunks. Kerple and T5 depend on i - j alone, FIRE on i - j once max(L, i) = L:
-``DistanceBias.table`` gives the bias on the O(T) distances 0..n-1 and ``attention.py`` expands it
+``DistanceBias.table`` gives the bias on the O(T) distances 0..n-1 and ``attention/toeplitz.py`` expands it
 (strided views for contiguous positions, a gather for sorted ones) instead of evaluating ``fn`` on
 every one of the O(T^2) pairs (causal attention only: the tables hold the causal mask).
 

@@ -16,7 +16,7 @@ authors' code (an untrained CoPE model is NoPE). q_i . e[p] is computed as the i
 the row (q_i . e[0], ..., q_i . e[npos_max - 1]), i.e. one (tq, npos_max) matmul per block.
 
 p_ij depends on q_i . k_t for every key t between j and i, so the bias is neither rank one nor a
-function of per-token features: it is a ``LogitBias``, evaluated by ``attention.py`` one block of
+function of per-token features: it is a ``LogitBias``, evaluated by ``attention/chunked.py`` one block of
 queries at a time from the block's logits. Cached decoding needs no state (the cached keys give
 each new query its whole row). CoPE never reads the ``positions`` argument: it is shift invariant
 and segmented / random-position training does not change it.

@@ -11,7 +11,7 @@ every head] and its output one value per head: Linear(2h, width) -> LeakyReLU ->
 width 32, one MLP per layer (the paper's D_DAPE; the authors' code mixes the heads this way).
 The MLP keeps PyTorch's default Linear init, as the authors' code.
 
-The MLP needs the logits, so the bias is a ``LogitBias``: ``attention.py`` evaluates it one block of
+The MLP needs the logits, so the bias is a ``LogitBias``: ``attention/chunked.py`` evaluates it one block of
 queries at a time (the MLP's hidden layer holds width / h score blocks, like FIRE's). The base
 bias is any query-chunked relative encoding of the registry (``base``: kerple-log, kerple-power,
 t5, fire) with its own parameters and default options; its true values (not rank-one foldings,
