@@ -451,9 +451,10 @@ def run_lm_eval(
             if "No tokenizer or pretrained provided" not in str(e):
                 raise
             raise UserError(
-                f"{', '.join(tasks)} size their prompts with a Hugging Face tokenizer: add "
-                '"tokenizer": "DIR" to --metadata (metadata={"tokenizer": DIR}), DIR the folder '
-                f"`extrapos export {run_dir} --out DIR` writes (transformers 5 reads the run folder too)."
+                f"lm-eval's RULER tasks ({', '.join(tasks)}) size their prompts with a Hugging Face "
+                'tokenizer: add "tokenizer": "DIR" to --metadata (metadata={"tokenizer": DIR}), DIR the '
+                f"folder `extrapos export {run_dir} --out DIR` writes (transformers 5 reads the run folder "
+                "too)."
             ) from None
         except ValueError as e:
             # the harness draws the few-shot examples with random.sample from the task's own split
