@@ -447,6 +447,17 @@ def run_lm_eval(
                 "where there is one (then copy ~/.cache/huggingface, or point HF_HOME at the copy, and set "
                 "HF_DATASETS_OFFLINE=1) or give a local task with --include-path DIR."
             ) from None
+        except AssertionError as e:
+            # RULER's tasks size their prompts with a Hugging Face tokenizer named in the task metadata; their
+            # own message asks for --model_args, which `extrapos lm-eval` does not take
+            if "No tokenizer or pretrained provided" not in str(e):
+                raise
+            raise UserError(
+                f"lm-eval's RULER tasks ({', '.join(tasks)}) size their prompts with a Hugging Face "
+                'tokenizer: add "tokenizer": "DIR" to --metadata (metadata={"tokenizer": DIR}), DIR the '
+                f"folder `extrapos export {run_dir} --out DIR` writes (transformers 5 reads the run folder "
+                "too)."
+            ) from None
         except ValueError as e:
             # the harness draws the few-shot examples with random.sample from the task's own split
             if num_fewshot and "larger than population" in str(e):
