@@ -12,6 +12,7 @@ import pytest
 
 from extrapos.compare.tasks import TASKS
 from extrapos.evaluate import EvalRequest
+from extrapos.evaluate.driver import drive
 from extrapos.evaluate.evaluator import REGISTERED, Scoring, column_name, evaluator, loss_evaluator, names
 from extrapos.run.config import load_config
 from extrapos.run.handle import Run
@@ -75,7 +76,7 @@ def test_the_registered_loss_evaluator_writes_what_evaluate_writes(run_dir):
     run = Run(run_dir)
     assert loss_evaluator(run).name == "eval"
     req = EvalRequest(lengths=[1, 2], max_tokens=64)
-    got = loss_evaluator(run).score(run, req, Shard(), Scoring(name="registered", progress=False))
+    got = drive(loss_evaluator(run), run, req, Shard(), Scoring(name="registered", progress=False))
     direct = evaluate(run_dir, req, name="direct", progress=False)
     assert got["result_key"] == direct["result_key"] and got["results"] == direct["results"]
     assert json.loads((run_dir / "eval" / "registered.json").read_text())["results"] == got["results"]
