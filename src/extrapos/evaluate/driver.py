@@ -11,7 +11,9 @@ request and scores; the driver does the rest, in the same order for all seven of
 3. ``evaluator.estimate``: the memory and time the work needs, refused before any weights are loaded;
 4. ``evaluator.score``: the work itself, its jobs dealt out to the processes of ``shard`` (default the
    torchrun group this process joined: ``run.runtime.Shard``, the one implementation of the sharding);
-5. the write: atomic, on rank 0, refused when the result holds a NaN (``ResultSlot.write``).
+5. the write: atomic, on rank 0, refused when the result holds a NaN (``ResultSlot.write``);
+6. ``evaluator.finish`` where an evaluator has one: the files derived from its result (attention's plot),
+   after a write and for a reused result.
 
 A refusal after the slot was opened lets the name's lock go before it is raised.
 """
@@ -39,7 +41,10 @@ def drive(
     how = how or Scoring()
     prepared = evaluator.prepare(run, request, how)
     slot = evaluator.open_slot(prepared, how)
+    finish = getattr(evaluator, "finish", None)  # files derived from the result (attention's plot)
     if slot.previous is not None:
+        if finish is not None:
+            finish(slot, slot.previous, False)
         return slot.previous  # the same evaluation of the same weights was done: reuse it
     try:
         evaluator.estimate(prepared, how)
@@ -48,6 +53,8 @@ def drive(
         slot.release()
         raise
     write(evaluator, prepared, slot, result)
+    if finish is not None:
+        finish(slot, result, True)
     return result
 
 
