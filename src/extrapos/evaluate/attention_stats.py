@@ -643,7 +643,7 @@ class AttentionEvaluator:
     def score(self, prepared: Prepared, slot: ResultSlot, shard: Shard, how: Scoring) -> dict[str, Any]:
         return score_attention(prepared, slot, how)
 
-    def finish(self, slot: ResultSlot, result: dict[str, Any], written: bool) -> None:
+    def finish(self, slot: ResultSlot, result: dict[str, Any], written: bool, how: Scoring) -> None:
         """The plot beside the result: drawn after a write, and again for a reused result that lost it."""
         png = slot.out_path.with_suffix(".png")
         if written or not png.is_file():

@@ -44,7 +44,7 @@ def drive(
     finish = getattr(evaluator, "finish", None)  # files derived from the result (attention's plot)
     if slot.previous is not None:
         if finish is not None:
-            finish(slot, slot.previous, False)
+            finish(slot, slot.previous, False, how)
         return slot.previous  # the same evaluation of the same weights was done: reuse it
     try:
         evaluator.estimate(prepared, how)
@@ -54,7 +54,7 @@ def drive(
         raise
     write(evaluator, prepared, slot, result)
     if finish is not None:
-        finish(slot, result, True)
+        finish(slot, result, True, how)
     return result
 
 
