@@ -13,8 +13,8 @@ passkey, RULER, a synthetic task, lm-evaluation-harness on a local task), genera
 two-row comparison and rebuilds its report: about 5 minutes on 2 CPU cores. Every command runs in the
 same working directory (so absolute paths inside the outputs match) with its own data cache, one thread
 and fixed seeds; each command's console output is kept too. `diff` compares JSON and JSON-lines files
-value by value with timing keys left out, console logs with timings masked, and every other file
-(checkpoints, safetensors, reports, CSV, plots) byte for byte, and exits 1 on any difference.
+value by value with timing keys left out, console logs and Markdown reports with timings masked, and every
+other file (checkpoints, safetensors, CSV, plots) byte for byte, and exits 1 on any difference.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ TIMING_KEY = re.compile(
 # Console text that varies run to run.
 CONSOLE_NOISE = [
     (re.compile(r"\d+(\.\d+)?\s*(s|ms|min|h|seconds|minutes)\b"), "<time>"),
-    (re.compile(r"\d[\d,.]*\s*(tok/s|tokens/s|it/s|s/it|GFLOP/s|MB/s)"), "<rate>"),
+    (re.compile(r"\d[\d,.]*\s*[A-Za-z]+/s\b|\d[\d,.]*\s*s/it"), "<rate>"),
     (re.compile(r"\d\d:\d\d(:\d\d)?"), "<clock>"),
     (re.compile(r"\d{4}-\d\d-\d\d[T ][\d:.]+\S*"), "<date>"),
 ]
@@ -301,6 +301,8 @@ def _strip(value):
         return {k: _strip(v) for k, v in value.items() if not TIMING_KEY.search(str(k))}
     if isinstance(value, list):
         return [_strip(v) for v in value]
+    if isinstance(value, str):
+        return _mask(value)  # sentences that quote a wall time ("sweep wall time 0.5 min")
     return value
 
 
@@ -311,8 +313,7 @@ def _json_values(path: Path):
     return _strip(json.loads(text))
 
 
-def _console(path: Path) -> str:
-    text = path.read_text()
+def _mask(text: str) -> str:
     for pattern, repl in CONSOLE_NOISE:
         text = pattern.sub(repl, text)
     return text
@@ -327,8 +328,8 @@ def diff(a: Path, b: Path) -> int:
         pa, pb = a / rel, b / rel
         if pa.suffix in (".json", ".jsonl"):
             same = _json_values(pa) == _json_values(pb)
-        elif rel.parts[0] == "logs":
-            same = _console(pa) == _console(pb)
+        elif rel.parts[0] == "logs" or pa.suffix == ".md":  # console text and reports quote wall times
+            same = _mask(pa.read_text()) == _mask(pb.read_text())
         else:
             same = pa.read_bytes() == pb.read_bytes()
         if not same:

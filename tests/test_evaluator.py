@@ -12,6 +12,7 @@ import pytest
 
 from extrapos.compare.tasks import TASKS
 from extrapos.evaluate import EvalRequest
+from extrapos.evaluate.driver import drive
 from extrapos.evaluate.evaluator import REGISTERED, Scoring, column_name, evaluator, loss_evaluator, names
 from extrapos.run.config import load_config
 from extrapos.run.handle import Run
@@ -75,7 +76,41 @@ def test_the_registered_loss_evaluator_writes_what_evaluate_writes(run_dir):
     run = Run(run_dir)
     assert loss_evaluator(run).name == "eval"
     req = EvalRequest(lengths=[1, 2], max_tokens=64)
-    got = loss_evaluator(run).score(run, req, Shard(), Scoring(name="registered", progress=False))
+    got = drive(loss_evaluator(run), run, req, Shard(), Scoring(name="registered", progress=False))
     direct = evaluate(run_dir, req, name="direct", progress=False)
     assert got["result_key"] == direct["result_key"] and got["results"] == direct["results"]
     assert json.loads((run_dir / "eval" / "registered.json").read_text())["results"] == got["results"]
+
+
+def test_cli_eval_holds_no_branch_per_evaluator():
+    """cli/eval.py asks the run's loss evaluator; it never reads is_encoder nor names eval or mlm itself."""
+    text = (SRC / "cli" / "eval.py").read_text()
+    assert "is_encoder" not in text and 'evaluator("mlm")' not in text and 'evaluator("eval")' not in text
+
+
+def test_every_evaluator_only_scores_and_the_driver_writes():
+    """No evaluator module writes its own result: ``slot.write`` is called by the driver alone."""
+    modules = [REGISTERED[n].split(":")[0] for n in REGISTERED]
+    for module in modules:
+        path = SRC.parent / (module.replace(".", "/") + ".py")
+        assert "slot.write(" not in path.read_text(), path
+    assert "slot.write(" in (SRC / "evaluate" / "driver.py").read_text()
+
+
+def test_a_refusal_after_the_slot_lets_the_name_go(run_dir, monkeypatch):
+    """A refused estimate (after the slot was opened and its lock taken) releases the lock: the next
+    request of the name is scored, not left waiting."""
+    from extrapos.errors import UserError
+    from extrapos.evaluate.next_token import NextTokenEvaluator
+
+    def refuse(self, prepared, how):
+        raise UserError("too big")
+
+    req = EvalRequest(lengths=[1], max_tokens=32)
+    monkeypatch.setattr(NextTokenEvaluator, "estimate", refuse)
+    with pytest.raises(UserError, match="too big"):
+        drive(NextTokenEvaluator(), Run(run_dir), req, Shard(), Scoring(name="released", progress=False))
+    monkeypatch.undo()
+    got = drive(NextTokenEvaluator(), Run(run_dir), req, Shard(), Scoring(name="released", progress=False))
+    again = drive(NextTokenEvaluator(), Run(run_dir), req, Shard(), Scoring(name="released", progress=False))
+    assert again == got  # the saved result is reused by the driver

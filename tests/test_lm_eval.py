@@ -326,3 +326,48 @@ def test_metrics_are_shown_with_their_stderr():
 
     shown = shown_metrics({"alias": "x", "acc,none": 0.5, "acc_stderr,none": 0.25, "ppl,none": 3.0})
     assert shown == "acc,none 0.5000 ± 0.2500, ppl,none 3.0000"
+
+
+def ruler_task_dir():
+    """lm-eval's own RULER task folder (its YAMLs import wonderwords and nltk: lm_eval[ruler])."""
+    pytest.importorskip("wonderwords")
+    pytest.importorskip("nltk")
+    from pathlib import Path
+
+    import lm_eval.tasks
+
+    return Path(lm_eval.tasks.__file__).parent / "ruler"
+
+
+@pytest.mark.slow  # lm-eval's RULER task loading (its 500 prompts per length) and one generation: ~10 s
+def test_lm_evals_ruler_runs_with_the_exported_tokenizer(tiny_run, tmp_path):
+    """lm-eval's noise-haystack RULER task through the registered model (docs/results/ruler/lm-eval.md): it
+    sizes its prompts with the tokenizer named in the metadata, the run's as `extrapos export` writes it,
+    which counts exactly the tokens the model reads; without one, a sentence says what to add, nothing
+    written."""
+    from transformers import AutoTokenizer
+
+    from extrapos.integrations.hf.exporter import export_pretrained
+
+    tasks = ruler_task_dir()
+    before = sorted((tiny_run / "eval").glob("*")) if (tiny_run / "eval").exists() else []
+    with pytest.raises(UserError) as refused:
+        run_lm_eval(tiny_run, ["niah_single_1"], limit=1, max_length=512, include_path=tasks,
+                    include_defaults=False, metadata={"max_seq_lengths": [512]})  # fmt: skip
+    sentence = str(refused.value)
+    assert '"tokenizer": "DIR" to --metadata' in sentence and "extrapos export" in sentence
+    assert "--model_args" not in sentence
+    assert (sorted((tiny_run / "eval").glob("*")) if (tiny_run / "eval").exists() else []) == before
+
+    hf = export_pretrained(tiny_run, tmp_path / "hf")
+    out = run_lm_eval(tiny_run, ["niah_single_1"], limit=1, max_length=512, include_path=tasks,
+                      include_defaults=False, metadata={"max_seq_lengths": [512], "tokenizer": str(hf)},
+                      log_samples=True, name="lm-eval-ruler-test")  # fmt: skip
+    assert 0.0 <= out["results"]["niah_single_1"]["512,none"] <= 1.0
+    (sample,) = out["samples"]["niah_single_1"]
+    prompt, kwargs = sample["arguments"][0]
+    assert prompt.endswith(sample["doc"]["gen_prefix"]) and sample["doc"]["outputs"][0] in prompt
+    run = load_run(tiny_run)
+    assert AutoTokenizer.from_pretrained(str(hf))(prompt).input_ids == run.tokenizer.encode(prompt)
+    # lm-eval sized the document (prompt before its answer prefix + generation budget) within the length
+    assert sample["doc"]["length"] <= 512 and kwargs["max_gen_toks"] == 128

@@ -64,3 +64,50 @@ def test_predictions_are_cleaned_as_ruler_cleans_them():
     assert postprocess("  4453097\n\tand 12\x00 ") == "4453097\n\nand 12"
     with pytest.raises(ValueError):
         recall("x", ["x"], "some")
+
+
+# ---- lm-evaluation-harness's RULER metric on the same predictions (docs/results/ruler/lm-eval.md) ---------
+
+
+def lm_eval_ruler_metric():
+    """lm-eval's RULER scoring (its ``process_results`` / ``process_results_part``: one document, the
+    prediction post-processed, the metric keyed by the document's length)."""
+    return pytest.importorskip("lm_eval.tasks.ruler.common_utils")
+
+
+def lm_eval_score(module, process, prediction: str, references: list[str]) -> float:
+    doc = {"max_length": 1024, "outputs": references}
+    return getattr(module, process)(doc, [prediction])["1024"]
+
+
+def test_lm_evals_all_equals_extrapos_recall_on_the_shared_predictions():
+    module = lm_eval_ruler_metric()
+    for p, r in SHARED:
+        assert lm_eval_score(module, "process_results", p, r) == pytest.approx(
+            recall(postprocess(p), r, "all")
+        )
+        assert module.postprocess_pred([p]) == [postprocess(p)]
+
+
+def test_lm_evals_part_scores_the_fraction_of_references_not_any_of_them():
+    """RULER's "part" (QA) counts an example when ANY reference is in the prediction; lm-eval 0.4's
+    ``string_match_part`` takes the max over examples of the fraction found, and ``process_results_part``
+    calls it with one example, so each QA document scores the fraction of its references found (RULER's
+    "all"). The two agree when none or all of the references are found, and lm-eval is lower otherwise."""
+    module = lm_eval_ruler_metric()
+    disagree = 0
+    for p, r in SHARED:
+        theirs = lm_eval_score(module, "process_results_part", p, r)
+        ours, fraction = recall(postprocess(p), r, "part"), recall(postprocess(p), r, "all")
+        if ours == fraction:
+            assert theirs == pytest.approx(ours)
+        else:  # if this fails, lm-eval scores "part" as RULER does now: update docs/results/ruler/lm-eval.md
+            assert theirs == pytest.approx(fraction)
+            assert theirs < ours
+            disagree += 1
+    assert disagree == 4  # 3 of 4 numbers, 2 of 5 variables, 2 of 3 words; "the Broncos won" (1 of 2 answers)
+    preds = [p for p, _ in SHARED]
+    refs = [r for _, r in SHARED]
+    # lm-eval's whole-list form is the best example's fraction divided by the number of examples, not a mean
+    assert module.string_match_part(preds, refs) == pytest.approx(1 / len(preds))
+    assert task_score(preds, refs, "part") == 81.82

@@ -234,8 +234,9 @@ def open_run(run_dir: str) -> Any:
 
 def run(args) -> int:
     from extrapos.errors import UserError
-    from extrapos.evaluate import EvalRequest, format_result
-    from extrapos.evaluate.evaluator import Scoring, evaluator
+    from extrapos.evaluate import EvalRequest
+    from extrapos.evaluate.driver import drive
+    from extrapos.evaluate.evaluator import Scoring, loss_evaluator
     from extrapos.run.runtime import Shard, init_distributed, resolve_device
 
     for flag, value in (("--corpus", args.corpus), ("--data", args.data)):
@@ -262,46 +263,14 @@ def run(args) -> int:
         boundary=args.boundary,
         selection=args.selection,
     )
-    if handle.exists and handle.is_encoder:
-        return run_mlm(args, req, handle)
-    if args.mask_seed is not None:
-        raise UserError(
-            f"--mask-seed applies to encoder runs (objective mlm) only and {args.run} is a decoder; drop it."
-        )
+    # the run's loss evaluation (next-token, or masked-LM for an encoder) refuses what it cannot do
+    loss = loss_evaluator(handle)
+    request = loss.loss_request(handle, req, args.mask_seed)
     # under torchrun the windows are scored by all ranks together (each ends with the whole result)
     rank, _, device = init_distributed(resolve_device(args.device, "--device"))
     how = Scoring(args.name, args.overwrite, str(device), not args.no_progress and rank == 0, args.force)
-    result = evaluator("eval").score(handle, req, Shard.of_group(device), how)
+    result = drive(loss, handle, request, Shard.of_group(device), how)
     if rank == 0:
-        print(format_result(result))
+        print(loss.format(result))
         print(f"-> {Path(args.run) / 'eval' / (result['name'] + '.json')}")
-    return 0
-
-
-def run_mlm(args, req, handle) -> int:
-    """An encoder run: the masked-LM loss at every length on the same masked tokens (``evaluate_mlm``)."""
-    from extrapos.errors import UserError
-    from extrapos.evaluate.evaluator import Scoring, evaluator
-    from extrapos.evaluate.mlm import MaskedLMRequest, format_mlm_result
-    from extrapos.run.runtime import Shard, distributed_env, resolve_device
-
-    if args.stride is not None:
-        raise UserError(
-            "--stride is a sliding window for next-token loss; an encoder run is scored on non-overlapping "
-            "windows only, so drop --stride."
-        )
-    if args.protocol != "documents":
-        raise UserError(
-            "an encoder run (objective mlm) is scored with the documents protocol only; drop --protocol "
-            f"{args.protocol}."
-        )
-    if distributed_env()[1] > 1:
-        raise UserError(
-            "the MLM evaluation of an encoder runs in one process; run `extrapos eval` without torchrun."
-        )
-    request = MaskedLMRequest(req, 0 if args.mask_seed is None else args.mask_seed)
-    how = Scoring(args.name, args.overwrite, str(resolve_device(args.device)), not args.no_progress)
-    result = evaluator("mlm").score(handle, request, Shard(), how)
-    print(format_mlm_result(result))
-    print(f"-> {Path(args.run) / 'eval' / (result['name'] + '.json')}")
     return 0

@@ -197,11 +197,12 @@ def _run(args) -> Any:
 def _score(args, evaluator_name: str, request: Any, device: Any, progress: bool, force: bool = False) -> Any:
     """The evaluator registered as ``evaluator_name`` scores the command's run on ``request``: its work
     dealt out to the processes of the group this one joined (one process outside torchrun)."""
+    from extrapos.evaluate.driver import drive
     from extrapos.evaluate.evaluator import Scoring, evaluator
     from extrapos.run.runtime import Shard
 
     how = Scoring(_name(args), args.overwrite, str(device), progress, force)
-    return evaluator(evaluator_name).score(_run(args), request, Shard.of_group(device), how)
+    return drive(evaluator(evaluator_name), _run(args), request, Shard.of_group(device), how)
 
 
 def run_passkey(args) -> int:

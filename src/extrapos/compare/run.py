@@ -31,8 +31,9 @@ from extrapos.compare.tasks import (
 )
 from extrapos.compare.tasks import score as score_task
 from extrapos.errors import UserError
-from extrapos.evaluate import EvalRequest, default_name, evaluate, format_result
-from extrapos.evaluate.mlm import evaluate_mlm, format_mlm_result
+from extrapos.evaluate import EvalRequest, default_name, format_result
+from extrapos.evaluate.evaluator import Unsupported
+from extrapos.evaluate.mlm import format_mlm_result
 from extrapos.files import atomic_write
 from extrapos.presets import find_sweep
 from extrapos.report.render import Row, loss_rows, markdown_table, write_report
@@ -396,29 +397,38 @@ def report_settings(sweep: Sweep) -> dict[str, Any]:
 def score_run(
     run_dir: Path, req: EvalRequest, name: str | None = None, progress: bool = True, device: str = "cpu"
 ) -> dict[str, Any]:
-    """A row's loss evaluation of one run: ``evaluate_mlm`` (masked-LM loss on the same masked tokens at
-    every length) for an encoder trained with objective mlm, ``evaluate`` (next-token loss, sharded under
-    torchrun) otherwise."""
-    import torch.distributed as dist
+    """A row's loss evaluation of one run, the one the run takes (``evaluate.evaluator.loss_evaluator``):
+    the masked-LM loss on the same masked tokens at every length for an encoder trained with objective
+    mlm, the next-token loss (sharded under torchrun) otherwise; its result names prefixed as the
+    evaluator says, so a run's two kinds of loss never meet."""
+    from extrapos.evaluate.driver import drive
+    from extrapos.evaluate.evaluator import Scoring, loss_evaluator
+    from extrapos.run.handle import Run
 
-    from extrapos.run.config import load_run_config
-
-    if load_run_config(run_dir).train.objective == "mlm":
-        if req.protocol != "documents":
-            raise UserError(
-                f"{run_dir} is an encoder, whose masked-LM evaluation uses the documents protocol only; "
-                f"drop protocol = {req.protocol!r} from the sweep."
-            )
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            raise UserError(
-                f"{run_dir} is an encoder, whose masked-LM evaluation runs in one process; compare "
-                "encoder sweeps without torchrun."
-            )
-        name = None if name is None else f"mlm-{name}"
-        with _compare_advice(run_dir):
-            return evaluate_mlm(run_dir, req, name=name, device=device, progress=progress)
+    run = Run.open(run_dir)
+    loss = loss_evaluator(run)
+    try:
+        request = loss.loss_request(run, req, None)
+    except Unsupported as e:
+        raise UserError(_sweep_words(run_dir, e, req)) from None
+    name = None if name is None else f"{loss.name_prefix}{name}"
     with _compare_advice(run_dir):
-        return evaluate(run_dir, req, name=name, device=device, progress=progress)
+        return drive(loss, run, request, None, Scoring(name, device=device, progress=progress))
+
+
+def _sweep_words(run_dir: Path, refusal: Unsupported, req: EvalRequest) -> str:
+    """What the loss evaluation of ``run_dir`` cannot do, said in a sweep's words (it has no flags)."""
+    if refusal.what == "protocol":
+        return (
+            f"{run_dir} is an encoder, whose masked-LM evaluation uses the documents protocol only; "
+            f"drop protocol = {req.protocol!r} from the sweep."
+        )
+    if refusal.what == "torchrun":
+        return (
+            f"{run_dir} is an encoder, whose masked-LM evaluation runs in one process; compare "
+            "encoder sweeps without torchrun."
+        )
+    return str(refusal)
 
 
 @contextmanager

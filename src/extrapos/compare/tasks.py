@@ -259,12 +259,12 @@ def score(
     ``device`` by the evaluator registered under the task's name (``evaluate.evaluator``), which turns the
     column's options into its request. Under torchrun the passkey column deals its prompts out to the
     processes; the synthetic and lm-eval columns are scored whole by every process (the same numbers)."""
-    from extrapos.evaluate.evaluator import ColumnAt, Scoring, evaluator
+    from extrapos.evaluate.evaluator import ColumnAt, Scoring, column_evaluator
     from extrapos.run.handle import Run
 
     spec = _listed(getattr(specs, task.replace("-", "_")))
     at = ColumnAt(list(lengths), position_options, base_length)
-    return evaluator(task).column(Run(run_dir), spec, at, Scoring(device=device, progress=progress))
+    return column_evaluator(task).column(Run(run_dir), spec, at, Scoring(device=device, progress=progress))
 
 
 def merge_lengths(results: list[dict[str, Any]]) -> dict[str, Any]:

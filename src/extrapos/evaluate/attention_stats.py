@@ -48,7 +48,8 @@ from torch import Tensor
 
 from extrapos.attention import bias_block, document_visible
 from extrapos.errors import UserError
-from extrapos.evaluate.evaluator import ColumnAt, Scoring, column_name
+from extrapos.evaluate.driver import drive
+from extrapos.evaluate.evaluator import ColumnAt, Prepared, Scoring, column_name
 from extrapos.evaluate.request import EvalRequest
 from extrapos.evaluate.slot import ResultSlot, check_result_name, open_slot
 from extrapos.evaluate.window_options import per_window_options
@@ -378,30 +379,19 @@ def diagnose(
     protocol), on the windows `extrapos eval` scores; writes and returns ``RUN/attention/<name>.json``
     (reused when it holds this request of these weights) and the plot beside it. Work estimated past a
     day is refused unless ``force`` (``evaluate.check_eval_time``)."""
+    how = Scoring(name, overwrite, device, progress, force, batch_tokens)
+    return drive(AttentionEvaluator(), run_dir, req or EvalRequest(), None, how)
+
+
+def score_attention(prepared: Prepared, slot: ResultSlot, how: Scoring) -> dict[str, Any]:
+    """The statistics of every layer and head at every length (``AttentionEvaluator.score``): the result
+    to write."""
     from tqdm.auto import tqdm
 
-    from extrapos.evaluate.estimates import check_eval_memory, check_eval_time
     from extrapos.evaluate.inputs import load_eval_inputs
-    from extrapos.evaluate.request import check_request, request_lengths, resolve_request
 
-    req = resolve_request(req or EvalRequest())
-    check_request(req)
-    if req.protocol != "documents" or req.stride is not None:
-        raise UserError(
-            "attention diagnostics read the documents protocol's windows (no stream, no --stride); drop "
-            "those options."
-        )
-    handle = Run.of(run_dir)
-    name = check_result_name(name or default_name(req))
-    # fractional and token lengths are checked against L_t before any result is looked at
-    request_lengths(req, req.base_length or handle.cfg.model.train_length)
-    slot = result_slot(handle, req, name, overwrite)
-    if slot.previous is not None:
-        if not slot.out_path.with_suffix(".png").is_file():  # the plot is derived: drawn again when missing
-            plot(slot.previous, slot.out_path.with_suffix(".png"))
-        return slot.previous
-    check_eval_memory(handle, req, device, batch_tokens)
-    check_eval_time(handle, req, device, force)
+    handle, req, name = prepared.run, prepared.request, prepared.name
+    device, batch_tokens, progress = how.device, how.batch_tokens, how.progress
     t0 = time.perf_counter()
     inputs = load_eval_inputs(handle, req, slot.ckpt, device, progress)
     run, L = inputs.run, inputs.L
@@ -492,8 +482,6 @@ def diagnose(
         "results": rows,
         "wall_time": time.perf_counter() - t0,
     }
-    slot.write(result, req.position_options, "attention diagnostics")  # refused when it holds a NaN
-    plot(result, slot.out_path.with_suffix(".png"))
     return result
 
 
@@ -631,17 +619,44 @@ class AttentionEvaluator:
 
     name: ClassVar[str] = "attention"
     request_type: ClassVar[type] = EvalRequest
+    refused_as: ClassVar[str] = "attention diagnostics"
 
-    def score(self, run: Run, request: EvalRequest, shard: Shard, how: Scoring) -> dict[str, Any]:
-        return diagnose(
-            run,
-            request,
-            name=how.name,
-            overwrite=how.overwrite,
-            device=how.device,
-            progress=how.progress,
-            force=how.force,
-        )
+    def prepare(self, run: Run | str | Path, request: EvalRequest, how: Scoring) -> Prepared:
+        from extrapos.evaluate.request import check_request, request_lengths, resolve_request
+
+        req = resolve_request(request)
+        check_request(req)
+        if req.protocol != "documents" or req.stride is not None:
+            raise UserError(
+                "attention diagnostics read the documents protocol's windows (no stream, no --stride); drop "
+                "those options."
+            )
+        handle = Run.of(run)
+        name = check_result_name(how.name or default_name(req))
+        # fractional and token lengths are checked against L_t before any result is looked at
+        request_lengths(req, req.base_length or handle.cfg.model.train_length)
+        return Prepared(handle, req, name)
+
+    def open_slot(self, prepared: Prepared, how: Scoring) -> ResultSlot:
+        return result_slot(prepared.run, prepared.request, prepared.name, how.overwrite)
+
+    def estimate(self, prepared: Prepared, how: Scoring) -> None:
+        from extrapos.evaluate.estimates import check_eval_memory, check_eval_time
+
+        check_eval_memory(prepared.run, prepared.request, how.device, how.batch_tokens)
+        check_eval_time(prepared.run, prepared.request, how.device, how.force)
+
+    def options(self, request: EvalRequest) -> dict[str, Any]:
+        return request.position_options
+
+    def score(self, prepared: Prepared, slot: ResultSlot, shard: Shard, how: Scoring) -> dict[str, Any]:
+        return score_attention(prepared, slot, how)
+
+    def finish(self, slot: ResultSlot, result: dict[str, Any], written: bool, how: Scoring) -> None:
+        """The plot beside the result: drawn after a write, and again for a reused result that lost it."""
+        png = slot.out_path.with_suffix(".png")
+        if written or not png.is_file():
+            plot(result, png)
 
     def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]:
         """A sweep's attention column (``spec``: max_tokens, split and the statistics its report shows)."""

@@ -2,18 +2,20 @@
 attention statistics, passkey, RULER, synthetic tasks, lm-eval) is one class registered here by name.
 
 An evaluator has a ``name``, the typed request it takes (``request_type``: the fields its result is
-keyed by) and two ways in:
+keyed by) and the steps that are its own, which the one driver (``evaluate/driver.py``) calls in order:
 
-* ``score(run, request, shard, how)``: the evaluation of one ``run.handle.Run`` (what the commands
-  call); ``shard`` deals its work out to the processes of a torchrun group (``runtime.Shard``, the one
-  implementation), ``how`` says how the result is produced (its name, device, progress, ...), which
-  no result is keyed by;
-* ``column(run, spec, at, how)``: a sweep's task column for one run (``compare/tasks.py``): the
-  request the column's options (``spec``) ask for at the row's lengths and options (``at``), under a
-  result name that the request fixes (``column_name``).
+* ``prepare(run, request, how)``: the request checked (every refusal of the request, of the run's kind
+  and of a flag the evaluator cannot honour, in its own sentences) and the result's name;
+* ``open_slot(prepared, how)``: its result slot, keyed as its results are (``evaluate/slot.py``);
+* ``estimate(prepared, how)``: its memory and time, before any weights are loaded;
+* ``score(prepared, slot, shard, how)``: the scoring alone, ``shard`` dealing its work out to the
+  processes of a torchrun group (``runtime.Shard``, the one implementation); ``how`` says how the
+  result is produced (its name, device, progress, ...), which no result is keyed by.
 
-Every evaluator reads and writes its result through the slot they share (``evaluate/slot.py``: reuse,
-refusal, one atomic finite write on rank 0) and estimates its memory and time before loading weights.
+The driver reuses a saved result, writes a new one (atomically, on rank 0) and makes the shard; the
+commands and ``compare`` call ``drive(evaluator(name), run, request, shard, how)``, and a sweep's task
+column is ``column(run, spec, at, how)``: the request the column's options (``spec``) ask for at the
+row's lengths and options (``at``), under a result name that the request fixes (``column_name``).
 
 The registry names each class by its module and attribute (``REGISTERED``), imported only when asked:
 the task evaluators live in ``tasks/`` and ``integrations/``, which import this package, so it cannot
@@ -26,9 +28,11 @@ import hashlib
 import importlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Protocol
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, cast
 
-from extrapos.evaluate.slot import slug
+from extrapos.errors import UserError
+from extrapos.evaluate.slot import ResultSlot, slug
 from extrapos.run.handle import Run
 from extrapos.run.runtime import Shard
 
@@ -53,6 +57,18 @@ class Scoring:
     device: str = "cpu"
     progress: bool = True
     force: bool = False  # score even when the work is estimated past a day
+    batch_tokens: int = 16_384  # tokens per forward batch (the memory estimate counts one batch)
+
+
+@dataclass
+class Prepared:
+    """An evaluation ready to be scored (``Evaluator.prepare``): its run (config read), its checked
+    request and its result name."""
+
+    run: Run
+    request: Any
+    name: str
+    inputs: Any = None  # what the evaluator read while checking (e.g. RULER's QA sets), kept for scoring
 
 
 @dataclass(frozen=True)
@@ -72,14 +88,67 @@ class ColumnAt:
 
 
 class Evaluator(Protocol):
-    """One evaluation of a run (see the module's docstring)."""
+    """One evaluation of a run (see the module's docstring); ``evaluate.driver.drive`` calls its steps in
+    order."""
 
     name: ClassVar[str]
     request_type: ClassVar[type]
+    refused_as: ClassVar[str]  # what a result holding a NaN is called when it is refused
 
-    def score(self, run: Run, request: Any, shard: Shard, how: Scoring) -> dict[str, Any]: ...
+    def prepare(self, run: Run | str | Path, request: Any, how: Scoring) -> Prepared:
+        """The request checked (every refusal of the request, the run's kind or a flag), the run opened
+        where it is first needed and the result's name."""
+        ...
 
-    def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]: ...
+    def open_slot(self, prepared: Prepared, how: Scoring) -> ResultSlot:
+        """The result's slot: a saved equal result is reused, another one refused unless overwritten."""
+        ...
+
+    def estimate(self, prepared: Prepared, how: Scoring) -> None:
+        """The memory and time the work needs, refused before any weights are loaded."""
+        ...
+
+    def score(self, prepared: Prepared, slot: ResultSlot, shard: Shard, how: Scoring) -> dict[str, Any]:
+        """The work: the result (not written), its jobs dealt out to ``shard``."""
+        ...
+
+    def options(self, request: Any) -> dict[str, Any] | None:
+        """The encoding options a refused result's sentence names."""
+        ...
+
+
+class ColumnEvaluator(Evaluator, Protocol):
+    """An evaluator a sweep scores as a task column (``compare/tasks.py``: attention, passkey, RULER,
+    synthetic, lm-eval)."""
+
+    def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]:
+        """The column's request (``spec`` at ``at``) scored under the name it fixes (``column_name``)."""
+        ...
+
+
+class LossEvaluator(Evaluator, Protocol):
+    """The loss evaluation of a run (``loss_evaluator``): `extrapos eval` and a sweep's rows build their
+    request as an ``evaluate.EvalRequest`` and each loss evaluator takes it as its own."""
+
+    name_prefix: ClassVar[str]  # before a sweep's result names, so a run's two kinds of loss never meet
+
+    def loss_request(self, run: Run, req: Any, mask_seed: int | None) -> Any:
+        """``req`` (with `extrapos eval`'s --mask-seed) as this evaluator's request; what it cannot do
+        refused (``Unsupported``)."""
+        ...
+
+    def format(self, result: dict[str, Any]) -> str:
+        """The result as `extrapos eval` prints it."""
+        ...
+
+
+class Unsupported(UserError):
+    """A request an evaluator cannot do, in `extrapos eval`'s words; ``what`` names the request's field
+    (or ``torchrun``) so that another caller (a sweep) can say it in its own words."""
+
+    def __init__(self, what: str, sentence: str):
+        super().__init__(sentence)
+        self.what = what
 
 
 def evaluator(name: str) -> Evaluator:
@@ -92,14 +161,19 @@ def evaluator(name: str) -> Evaluator:
     return cls()
 
 
+def column_evaluator(name: str) -> ColumnEvaluator:
+    """The evaluator registered as ``name`` as a sweep's task column scores it."""
+    return cast(ColumnEvaluator, evaluator(name))
+
+
 def names() -> list[str]:
     return list(REGISTERED)
 
 
-def loss_evaluator(run: Run) -> Evaluator:
+def loss_evaluator(run: Run) -> LossEvaluator:
     """The loss evaluation a run takes: the masked-LM loss for an encoder (objective mlm), the next-token
-    loss otherwise."""
-    return evaluator("mlm" if run.is_encoder else "eval")
+    loss otherwise (also for a directory that holds no run: its evaluation then says so)."""
+    return cast(LossEvaluator, evaluator("mlm" if run.exists and run.is_encoder else "eval"))
 
 
 def column_name(

@@ -28,16 +28,17 @@ import torch
 
 from extrapos.data.mlm import encoder_special_tokens, mask_tokens, rng_for
 from extrapos.errors import UserError
-from extrapos.evaluate.evaluator import Scoring
+from extrapos.evaluate.driver import drive
+from extrapos.evaluate.evaluator import Prepared, Scoring, Unsupported
 from extrapos.evaluate.format import INTERVAL_NOTE
 from extrapos.evaluate.inputs import load_eval_inputs
 from extrapos.evaluate.next_token import result_slot
 from extrapos.evaluate.request import EvalRequest, check_lengths, check_request, default_name
-from extrapos.evaluate.slot import check_result_name, jsonable
+from extrapos.evaluate.slot import ResultSlot, check_result_name, jsonable
 from extrapos.evaluate.window_options import per_window_options
 from extrapos.report.stats import length_interval
 from extrapos.run.handle import Run
-from extrapos.run.runtime import Shard
+from extrapos.run.runtime import Shard, distributed_env
 
 
 def mask_spans(spans: np.ndarray, specials, vocab_size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -110,27 +111,18 @@ def evaluate_mlm(
 
     Position options as in ``evaluate``: "window" (e.g. a learned table interpolated to each window) and
     "max" (to the longest window) are resolved per length. ``req.stride`` does not apply (a UserError).
+    The evaluation is ``MaskedLMEvaluator`` through the driver, in this one process.
     """
-    req = req or EvalRequest()
-    check_request(req)
-    handle = Run.of(run_dir)
-    objective = handle.cfg.train.objective
-    if objective != "mlm":
-        raise UserError(
-            f"{handle.path} is a decoder run (objective {objective}); score it with `extrapos eval`."
-        )
-    if req.stride is not None:
-        raise UserError("the MLM evaluation scores non-overlapping windows only; drop --stride.")
-    check_lengths(handle, req)  # fractional and token lengths against L_t, before anything is loaded
-    if not isinstance(seed, int) or seed < 0:
-        raise UserError(f"the mask seed must be a non-negative integer, got {seed!r}.")
-    name = check_result_name(name or f"mlm-{default_name(req)}" + (f"-mask{seed}" if seed else ""))
-    slot = result_slot(handle, req, name, overwrite, progress, suffix=f"-mlm{seed}")
-    if slot.previous is not None:
-        return slot.previous
+    how = Scoring(name, overwrite, device, progress, batch_tokens=batch_tokens)
+    return drive(MaskedLMEvaluator(), run_dir, MaskedLMRequest(req or EvalRequest(), seed), Shard(), how)
 
+
+def score_mlm(
+    handle: Run, req: EvalRequest, slot: ResultSlot, name: str, seed: int, how: Scoring
+) -> dict[str, Any]:
+    """The masked-LM rows of a run at every length (``MaskedLMEvaluator.score``): the result to write."""
     t0 = time.perf_counter()
-    inputs = load_eval_inputs(handle, req, slot.ckpt, device, progress)
+    inputs = load_eval_inputs(handle, req, slot.ckpt, how.device, how.progress)
     run, L, max_len = inputs.run, inputs.L, inputs.max_len
     lengths, per_window = inputs.lengths, inputs.per_window
     spans_np, owners = inputs.spans, inputs.owners
@@ -144,7 +136,7 @@ def evaluate_mlm(
     for k, window in zip(lengths, inputs.windows):
         if per_window:  # as evaluate: e.g. a learned table interpolated to each window (none at L_t)
             run.model.pos.set_options(**per_window_options(run.model.pos, per_window, window, L))
-        losses, correct = score_masked(run.model, corrupted, text, window, batch_tokens, req.precision)
+        losses, correct = score_masked(run.model, corrupted, text, window, how.batch_tokens, req.precision)
         mean = float(losses[selected].double().mean())
         tail = selected.view(len(text), -1, window)[:, :, -L:]
         rows.append(
@@ -164,9 +156,9 @@ def evaluate_mlm(
         )
         if window == max_len:
             per_position = _bucketed_masked(losses, selected, window, req.buckets)
-        if progress:
+        if how.progress:
             print(f"extrapos eval (mlm): ev {k}: loss {mean:.4f}", flush=True)
-    result = {
+    return {
         "name": name,
         "run": str(handle.path),
         "objective": "mlm",
@@ -192,8 +184,6 @@ def evaluate_mlm(
         "per_position": per_position,
         "wall_time": time.perf_counter() - t0,
     }
-    slot.write(result, req.position_options, "evaluation")  # refused when it holds a NaN; rank 0 writes
-    return result
 
 
 def per_document_masked(losses: torch.Tensor, selected: torch.Tensor, owners: np.ndarray) -> dict[str, list]:
@@ -268,19 +258,67 @@ class MaskedLMRequest:
 
 
 class MaskedLMEvaluator:
-    """`extrapos eval` of an encoder (``evaluate_mlm``): the masked-LM loss at every length on the same masked
-    tokens. It runs in one process (its callers refuse torchrun), so ``shard`` is a group of one."""
+    """`extrapos eval` of an encoder: the masked-LM loss at every length on the same masked tokens. It runs
+    in one process (``loss_request`` refuses torchrun), so ``shard`` is a group of one."""
 
     name: ClassVar[str] = "mlm"
     request_type: ClassVar[type] = MaskedLMRequest
+    refused_as: ClassVar[str] = "evaluation"
+    name_prefix: ClassVar[str] = "mlm-"  # a sweep's result names, beside its decoders' (compare)
 
-    def score(self, run: Run, request: MaskedLMRequest, shard: Shard, how: Scoring) -> dict[str, Any]:
-        return evaluate_mlm(
-            run,
-            request.request,
-            name=how.name,
-            overwrite=how.overwrite,
-            device=how.device,
-            seed=request.mask_seed,
-            progress=how.progress,
-        )
+    def loss_request(self, run: Run, req: EvalRequest, mask_seed: int | None) -> MaskedLMRequest:
+        """The loss request of `extrapos eval` or a sweep as an encoder is scored: what an encoder cannot
+        do refused (``Unsupported``, naming the request's field), the mask seed 0 by default."""
+        if req.stride is not None:
+            raise Unsupported(
+                "stride",
+                "--stride is a sliding window for next-token loss; an encoder run is scored on "
+                "non-overlapping windows only, so drop --stride.",
+            )
+        if req.protocol != "documents":
+            raise Unsupported(
+                "protocol",
+                "an encoder run (objective mlm) is scored with the documents protocol only; drop --protocol "
+                f"{req.protocol}.",
+            )
+        if distributed_env()[1] > 1:
+            raise Unsupported(
+                "torchrun",
+                "the MLM evaluation of an encoder runs in one process; run `extrapos eval` without torchrun.",
+            )
+        return MaskedLMRequest(req, 0 if mask_seed is None else mask_seed)
+
+    def format(self, result: dict[str, Any]) -> str:
+        return format_mlm_result(result)
+
+    def prepare(self, run: Run | str | Path, request: MaskedLMRequest, how: Scoring) -> Prepared:
+        req, seed = request.request, request.mask_seed
+        check_request(req)
+        handle = Run.of(run)
+        objective = handle.cfg.train.objective
+        if objective != "mlm":
+            raise UserError(
+                f"{handle.path} is a decoder run (objective {objective}); score it with `extrapos eval`."
+            )
+        if req.stride is not None:
+            raise UserError("the MLM evaluation scores non-overlapping windows only; drop --stride.")
+        check_lengths(handle, req)  # fractional and token lengths against L_t, before anything is loaded
+        if not isinstance(seed, int) or seed < 0:
+            raise UserError(f"the mask seed must be a non-negative integer, got {seed!r}.")
+        name = f"{self.name_prefix}{default_name(req)}" + (f"-mask{seed}" if seed else "")
+        return Prepared(handle, request, check_result_name(how.name or name))
+
+    def open_slot(self, prepared: Prepared, how: Scoring) -> ResultSlot:
+        request = prepared.request
+        suffix = f"-mlm{request.mask_seed}"
+        return result_slot(prepared.run, request.request, prepared.name, how.overwrite, how.progress, suffix)
+
+    def estimate(self, prepared: Prepared, how: Scoring) -> None:
+        """Nothing: the masked-LM evaluation has never estimated its memory or time (kept as it was)."""
+
+    def options(self, request: MaskedLMRequest) -> dict[str, Any]:
+        return request.request.position_options
+
+    def score(self, prepared: Prepared, slot: ResultSlot, shard: Shard, how: Scoring) -> dict[str, Any]:
+        request = prepared.request
+        return score_mlm(prepared.run, request.request, slot, prepared.name, request.mask_seed, how)

@@ -1,5 +1,6 @@
 """The next-token evaluation of a decoder (`extrapos eval`): the request checked, its result slot, the
-memory and time estimates, the protocol (documents or stream) and the result written."""
+memory and time estimates and the protocol (documents or stream); ``evaluate.driver`` runs them and
+writes the result."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from extrapos.evaluate.documents import score_documents
+from extrapos.evaluate.driver import drive
 from extrapos.evaluate.estimates import check_eval_memory, check_eval_time
-from extrapos.evaluate.evaluator import Scoring
+from extrapos.evaluate.evaluator import Prepared, Scoring, Unsupported
+from extrapos.evaluate.format import format_result
 from extrapos.evaluate.request import (
     EvalRequest,
     check_lengths,
@@ -38,50 +41,9 @@ def evaluate(
 ) -> dict[str, Any]:
     """Evaluate a run (a directory, or a ``Run`` already open) at every length of ``req``; writes and
     returns ``RUN/eval/<name>.json``. Scoring estimated past a day is refused unless ``force``
-    (``check_eval_time``)."""
-    req = resolve_request(req or EvalRequest())
-    check_request(req)
-    handle = Run.of(run_dir)
-    check_lengths(handle, req)
-    name = check_result_name(name or default_name(req))
-    slot = result_slot(handle, req, name, overwrite, progress)
-    if slot.previous is not None:
-        return slot.previous  # the same evaluation of the same weights was done: reuse it
-
-    check_eval_memory(handle, req, device, batch_tokens)
-    check_eval_time(handle, req, device, force)
-    t0 = time.perf_counter()
-    if req.protocol == "stream":
-        scored = score_stream(handle, req, slot.ckpt, device, batch_tokens, progress, shard)
-    else:
-        scored = score_documents(handle, req, slot.ckpt, device, batch_tokens, progress, shard)
-    run = scored.run
-    result = {
-        "name": name,
-        "run": str(handle.path),
-        "request": req.written(),
-        "request_key": slot.request_key,
-        "result_key": slot.key,
-        "weights_sha256": slot.digest,
-        "encoding": run.cfg.model.positions_plan().name,
-        "encoding_options": jsonable(asdict(run.model.pos.options)),
-        "applied": jsonable(req.position_options),
-        "train_length": scored.L,
-        "checkpoint_step": run.step,
-        "tokenizer_hash": run.tokenizer.hash,  # reports never put two tokenizers' losses in one table
-        "data_dir": scored.data_dir,
-        "split": req.split if not req.corpus else "test",
-        "protocol": req.protocol,
-        "boundary": req.boundary,
-        "selection": req.selection,
-        "precision": req.precision,  # the forward's (bf16: autocast); the losses are fp32 either way
-        **scored.facts,
-        "results": scored.rows,
-        "per_position": scored.per_position,
-        "wall_time": time.perf_counter() - t0,
-    }
-    slot.write(result, req.position_options, "evaluation")  # rank 0 writes; every process waits for it
-    return result
+    (``check_eval_time``). The evaluation is ``NextTokenEvaluator`` through the driver."""
+    how = Scoring(name, overwrite, device, progress, force, batch_tokens)
+    return drive(NextTokenEvaluator(), run_dir, req or EvalRequest(), shard, how)
 
 
 def result_slot(
@@ -126,20 +88,71 @@ def result_slot(
 
 
 class NextTokenEvaluator:
-    """`extrapos eval` of a decoder (``evaluate``): the next-token loss at every length, its windows dealt
-    out to the processes of ``shard``."""
+    """`extrapos eval` of a decoder: the next-token loss at every length (the documents or the stream
+    protocol), its windows dealt out to the processes of ``shard``."""
 
     name: ClassVar[str] = "eval"
     request_type: ClassVar[type] = EvalRequest
+    refused_as: ClassVar[str] = "evaluation"
+    name_prefix: ClassVar[str] = ""
 
-    def score(self, run: Run, request: EvalRequest, shard: Shard, how: Scoring) -> dict[str, Any]:
-        return evaluate(
-            run,
-            request,
-            name=how.name,
-            overwrite=how.overwrite,
-            device=how.device,
-            progress=how.progress,
-            force=how.force,
-            shard=shard,
-        )
+    def loss_request(self, run: Run, req: EvalRequest, mask_seed: int | None) -> EvalRequest:
+        """``req`` itself; a mask seed (an encoder's) refused."""
+        if mask_seed is not None:
+            raise Unsupported(
+                "mask_seed",
+                f"--mask-seed applies to encoder runs (objective mlm) only and {run.path} is a decoder; "
+                "drop it.",
+            )
+        return req
+
+    def format(self, result: dict[str, Any]) -> str:
+        return format_result(result)
+
+    def prepare(self, run: Run | str | Path, request: EvalRequest, how: Scoring) -> Prepared:
+        req = resolve_request(request)
+        check_request(req)
+        handle = Run.of(run)
+        check_lengths(handle, req)
+        return Prepared(handle, req, check_result_name(how.name or default_name(req)))
+
+    def open_slot(self, prepared: Prepared, how: Scoring) -> ResultSlot:
+        return result_slot(prepared.run, prepared.request, prepared.name, how.overwrite, how.progress)
+
+    def estimate(self, prepared: Prepared, how: Scoring) -> None:
+        check_eval_memory(prepared.run, prepared.request, how.device, how.batch_tokens)
+        check_eval_time(prepared.run, prepared.request, how.device, how.force)
+
+    def options(self, request: EvalRequest) -> dict[str, Any]:
+        return request.position_options
+
+    def score(self, prepared: Prepared, slot: ResultSlot, shard: Shard, how: Scoring) -> dict[str, Any]:
+        handle, req = prepared.run, prepared.request
+        t0 = time.perf_counter()
+        protocol = score_stream if req.protocol == "stream" else score_documents
+        scored = protocol(handle, req, slot.ckpt, how.device, how.batch_tokens, how.progress, shard)
+        run = scored.run
+        return {
+            "name": prepared.name,
+            "run": str(handle.path),
+            "request": req.written(),
+            "request_key": slot.request_key,
+            "result_key": slot.key,
+            "weights_sha256": slot.digest,
+            "encoding": run.cfg.model.positions_plan().name,
+            "encoding_options": jsonable(asdict(run.model.pos.options)),
+            "applied": jsonable(req.position_options),
+            "train_length": scored.L,
+            "checkpoint_step": run.step,
+            "tokenizer_hash": run.tokenizer.hash,  # reports never put two tokenizers' losses in one table
+            "data_dir": scored.data_dir,
+            "split": req.split if not req.corpus else "test",
+            "protocol": req.protocol,
+            "boundary": req.boundary,
+            "selection": req.selection,
+            "precision": req.precision,  # the forward's (bf16: autocast); the losses are fp32 either way
+            **scored.facts,
+            "results": scored.rows,
+            "per_position": scored.per_position,
+            "wall_time": time.perf_counter() - t0,
+        }

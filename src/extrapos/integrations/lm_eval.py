@@ -54,7 +54,8 @@ except ImportError as e:  # pragma: no cover - the eval extra is missing
         "the lm-eval integration needs lm-evaluation-harness; run `pip install 'extrapos[eval]'`."
     ) from e
 
-from extrapos.evaluate.evaluator import ColumnAt, Scoring, column_name
+from extrapos.evaluate.driver import drive
+from extrapos.evaluate.evaluator import ColumnAt, Prepared, Scoring, column_name
 from extrapos.evaluate.slot import ABSENT, ResultSlot, check_result_name, jsonable, slug, task_slot
 from extrapos.run.handle import Run
 from extrapos.run.runtime import Shard
@@ -296,11 +297,10 @@ class LmEvalOptions:
     step: int | None = None
 
 
-def lm_eval_slot(
-    run_dir: Run | str | Path, opts: LmEvalOptions, name: str | None = None, overwrite: bool = False
-) -> tuple[ResultSlot, dict[str, Any]]:
-    """The request of ``opts`` checked before the run or the harness is loaded, and its result slot
-    (``evaluate.slot.task_slot``, default name ``lm-eval-<tasks>``): (the slot, the request it records)."""
+def lm_eval_request(run_dir: Run | str | Path, opts: LmEvalOptions, name: str | None = None) -> Prepared:
+    """The request of ``opts`` checked before the run or the harness is loaded, and its result name
+    (default ``lm-eval-<tasks>``): ``Prepared.request`` the request the result records, ``inputs`` the
+    options."""
     tasks, limit = opts.tasks, opts.limit
     if not tasks:
         raise UserError("give at least one lm-eval task, e.g. tasks=['arc_easy'] (--tasks arc_easy).")
@@ -337,6 +337,12 @@ def lm_eval_slot(
         "bootstrap_iters": opts.bootstrap_iters,
         "log_samples": opts.log_samples,
     }
+    return Prepared(handle, request, name, opts)
+
+
+def lm_eval_slot(prepared: Prepared, overwrite: bool = False) -> ResultSlot:
+    """The result slot of an lm-eval request (``evaluate.slot.task_slot``)."""
+    handle, request, name = prepared.run, prepared.request, prepared.name
     # a result of an older extrapos (no ``checkpoint`` recorded) of the same request is scored again and
     # replaced: nothing says which weights it scored
     older = {"checkpoint": ABSENT, "request": jsonable({k: request[k] for k in _OLDER_REQUEST})}
@@ -344,7 +350,7 @@ def lm_eval_slot(
     if request["bootstrap_iters"]:  # a result of the earlier default (no stderr) is scored again, not refused
         without = {"request": jsonable({**request, "bootstrap_iters": 0})}
         again.append((without, f"{name} has no stderr (bootstrap_iters 0); scoring it again with them"))
-    return task_slot(handle, name, request, opts.step, overwrite, older=again), request
+    return task_slot(handle, name, request, request["step"], overwrite, older=again)
 
 
 def run_lm_eval(
@@ -380,113 +386,122 @@ def run_lm_eval(
     ``quiet``), a different request under the same name is refused unless ``overwrite``; ``name`` is a file
     name in ``RUN/eval/``, never a path.
     """
-    import lm_eval
-    from lm_eval.tasks import TaskManager
-
     opts = LmEvalOptions(
         list(tasks), num_fewshot, limit, max_length, batch_size, scale, rope_scaling, factor, include_path,
         include_defaults, metadata, bootstrap_iters, log_samples, seed, step,
     )  # fmt: skip
     handle = run_dir if isinstance(run_dir, Run) else Run(run_dir)  # read once, where the slot needs it
-    slot, request = lm_eval_slot(handle, opts, name, overwrite)
-    if slot.previous is not None:
-        if not quiet:
-            print(
-                f"extrapos lm-eval: {slot.out_path} holds this request on these weights; reused.", flush=True
-            )
-        return slot.previous
+    how = Scoring(name, overwrite, device, not quiet)
+    return drive(LmEvalEvaluator(), handle, opts, None, how)
+
+
+def score_lm_eval(prepared: Prepared, slot: ResultSlot, how: Scoring) -> dict[str, Any]:
+    """The harness run on ``prepared`` (``LmEvalEvaluator.score``): the result to write."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    handle, request, opts, device = prepared.run, prepared.request, prepared.inputs, how.device
+    tasks, num_fewshot, max_length, batch_size = (
+        opts.tasks,
+        opts.num_fewshot,
+        opts.max_length,
+        opts.batch_size,
+    )
+    scale, rope_scaling, factor, include_path = opts.scale, opts.rope_scaling, opts.factor, opts.include_path
+    include_defaults, metadata, bootstrap_iters = opts.include_defaults, opts.metadata, opts.bootstrap_iters
+    log_samples, seed = opts.log_samples, opts.seed
+    run_dir, name, limit = handle.path, slot.out_path.stem, request["limit"]
+    t0 = time.perf_counter()
+    lm = ExtraposLM(
+        run=handle,
+        max_length=max_length,
+        batch_size=batch_size,
+        device=device,
+        step=slot.ckpt.step,
+        scale=scale,
+        rope_scaling=rope_scaling,
+        factor=factor,
+    )
+    manager = TaskManager(
+        include_path=str(include_path) if include_path else None,
+        include_defaults=include_defaults or not include_path,
+        metadata=metadata,
+    )
+    unknown = [t for t in tasks if t not in manager.all_tasks]
+    if unknown:
+        raise UserError(
+            f"lm-eval knows no task {', '.join(unknown)}; check the name (lm_eval ls tasks) or pass "
+            "include_path=DIR holding its YAML."
+        )
     try:
-        run_dir, name, limit, options = (
-            handle.path,
-            slot.out_path.stem,
-            request["limit"],
-            request["options"],
-        )
-        t0 = time.perf_counter()
-        lm = ExtraposLM(
-            run=handle,
-            max_length=max_length,
-            batch_size=batch_size,
-            device=device,
-            step=slot.ckpt.step,
-            scale=scale,
-            rope_scaling=rope_scaling,
-            factor=factor,
-        )
-        manager = TaskManager(
-            include_path=str(include_path) if include_path else None,
-            include_defaults=include_defaults or not include_path,
+        raw = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=list(tasks),
+            num_fewshot=num_fewshot,
+            limit=limit,
+            task_manager=manager,
+            bootstrap_iters=bootstrap_iters,
+            log_samples=log_samples,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
             metadata=metadata,
         )
-        unknown = [t for t in tasks if t not in manager.all_tasks]
-        if unknown:
-            raise UserError(
-                f"lm-eval knows no task {', '.join(unknown)}; check the name (lm_eval ls tasks) or pass "
-                "include_path=DIR holding its YAML."
-            )
-        try:
-            raw = lm_eval.simple_evaluate(
-                model=lm,
-                tasks=list(tasks),
-                num_fewshot=num_fewshot,
-                limit=limit,
-                task_manager=manager,
-                bootstrap_iters=bootstrap_iters,
-                log_samples=log_samples,
-                random_seed=seed,
-                numpy_random_seed=seed,
-                torch_random_seed=seed,
-                fewshot_random_seed=seed,
-                metadata=metadata,
-            )
-        except OSError as e:
-            if not _unreachable(e):
-                raise
-            # datasets / huggingface_hub say "Couldn't reach ..." with a ConnectionError (an OSError): left to
-            # the command line's file-system sentence it read as a path or free-space problem
-            reason = str(e).strip().splitlines()[0].rstrip(".").replace(". ", "; ") if str(e).strip() else ""
-            raise UserError(
-                f"lm-eval could not fetch the dataset of {', '.join(tasks)} ({reason or type(e).__name__}): "
-                "without a network it must already be in the Hugging Face datasets cache, so fetch it once "
-                "where there is one (then copy ~/.cache/huggingface, or point HF_HOME at the copy, and set "
-                "HF_DATASETS_OFFLINE=1) or give a local task with --include-path DIR."
-            ) from None
-        except ValueError as e:
-            # the harness draws the few-shot examples with random.sample from the task's own split
-            if num_fewshot and "larger than population" in str(e):
-                raise UserError(
-                    f"--num-fewshot {num_fewshot} (num_fewshot) asks for more few-shot examples than "
-                    f"{', '.join(tasks)} can draw from; lower --num-fewshot."
-                ) from None
+    except OSError as e:
+        if not _unreachable(e):
             raise
-        if raw is None:  # pragma: no cover - only non-zero ranks get None
-            raise UserError("lm-eval returned no results.")
-        result = {
-            "name": name,
-            "task": "lm-eval",
-            "run": str(run_dir),
-            "tasks": list(tasks),
-            "encoding": lm.run.cfg.model.positions_plan().name,
-            "applied": lm.options,
-            "max_length": lm.max_length,
-            "train_length": lm.train_length,
-            "checkpoint_step": lm.run.step,
-            "checkpoint": slot.checkpoint,
-            "request": request,
-            "results": raw.get("results", {}),
-            "n-shot": raw.get("n-shot", {}),
-            "versions": raw.get("versions", {}),
-            "n-samples": raw.get("n-samples", {}),
-            "wall_time": time.perf_counter() - t0,
-        }
-        if log_samples:
-            result["samples"] = raw.get("samples", {})
-        result = jsonable(result)
-        slot.write(result, options)  # rank 0 writes; every process waits until it is on disk
-        return result
-    except BaseException:  # a failed evaluation lets the next request of this name go on
-        slot.release()
+        # datasets / huggingface_hub say "Couldn't reach ..." with a ConnectionError (an OSError): left to
+        # the command line's file-system sentence it read as a path or free-space problem
+        reason = str(e).strip().splitlines()[0].rstrip(".").replace(". ", "; ") if str(e).strip() else ""
+        raise UserError(
+            f"lm-eval could not fetch the dataset of {', '.join(tasks)} ({reason or type(e).__name__}): "
+            "without a network it must already be in the Hugging Face datasets cache, so fetch it once "
+            "where there is one (then copy ~/.cache/huggingface, or point HF_HOME at the copy, and set "
+            "HF_DATASETS_OFFLINE=1) or give a local task with --include-path DIR."
+        ) from None
+    except AssertionError as e:
+        # RULER's tasks size their prompts with a Hugging Face tokenizer named in the task metadata; their
+        # own message asks for --model_args, which `extrapos lm-eval` does not take
+        if "No tokenizer or pretrained provided" not in str(e):
+            raise
+        raise UserError(
+            f"lm-eval's RULER tasks ({', '.join(tasks)}) size their prompts with a Hugging Face "
+            'tokenizer: add "tokenizer": "DIR" to --metadata (metadata={"tokenizer": DIR}), DIR the '
+            f"folder `extrapos export {run_dir} --out DIR` writes (transformers 5 reads the run folder "
+            "too)."
+        ) from None
+    except ValueError as e:
+        # the harness draws the few-shot examples with random.sample from the task's own split
+        if num_fewshot and "larger than population" in str(e):
+            raise UserError(
+                f"--num-fewshot {num_fewshot} (num_fewshot) asks for more few-shot examples than "
+                f"{', '.join(tasks)} can draw from; lower --num-fewshot."
+            ) from None
         raise
+    if raw is None:  # pragma: no cover - only non-zero ranks get None
+        raise UserError("lm-eval returned no results.")
+    result = {
+        "name": name,
+        "task": "lm-eval",
+        "run": str(run_dir),
+        "tasks": list(tasks),
+        "encoding": lm.run.cfg.model.positions_plan().name,
+        "applied": lm.options,
+        "max_length": lm.max_length,
+        "train_length": lm.train_length,
+        "checkpoint_step": lm.run.step,
+        "checkpoint": slot.checkpoint,
+        "request": request,
+        "results": raw.get("results", {}),
+        "n-shot": raw.get("n-shot", {}),
+        "versions": raw.get("versions", {}),
+        "n-samples": raw.get("n-samples", {}),
+        "wall_time": time.perf_counter() - t0,
+    }
+    if log_samples:
+        result["samples"] = raw.get("samples", {})
+    return jsonable(result)
 
 
 def _unreachable(error: OSError) -> bool:
@@ -524,16 +539,29 @@ class LmEvalEvaluator:
 
     name: ClassVar[str] = "lm-eval"
     request_type: ClassVar[type] = LmEvalOptions
+    refused_as: ClassVar[str] = "result"
 
-    def score(self, run: Run, request: LmEvalOptions, shard: Shard, how: Scoring) -> dict[str, Any]:
-        return run_lm_eval(
-            run,
-            device=how.device,
-            name=how.name,
-            overwrite=how.overwrite,
-            quiet=not how.progress,
-            **asdict(request),
-        )
+    def prepare(self, run: Run | str | Path, request: LmEvalOptions, how: Scoring) -> Prepared:
+        return lm_eval_request(run, request, how.name)
+
+    def open_slot(self, prepared: Prepared, how: Scoring) -> ResultSlot:
+        return lm_eval_slot(prepared, how.overwrite)
+
+    def estimate(self, prepared: Prepared, how: Scoring) -> None:
+        """Nothing: lm-eval's requests are the harness's to size (its contexts are cut at max_length)."""
+
+    def options(self, request: dict[str, Any]) -> dict[str, Any]:
+        return request["options"]
+
+    def score(self, prepared: Prepared, slot: ResultSlot, shard: Shard, how: Scoring) -> dict[str, Any]:
+        return score_lm_eval(prepared, slot, how)
+
+    def finish(self, slot: ResultSlot, result: dict[str, Any], written: bool, how: Scoring) -> None:
+        """A reused result said on the console (unless quiet)."""
+        if not written and how.progress:
+            print(
+                f"extrapos lm-eval: {slot.out_path} holds this request on these weights; reused.", flush=True
+            )
 
     def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]:
         """A sweep's lm-eval column, scored once per row at the run's L_t (unless ``spec.max_length``): the
@@ -555,9 +583,6 @@ class LmEvalEvaluator:
         )
         position_options(asked.scale, asked.rope_scaling, asked.factor)  # before lm-eval starts
         name = column_name("lm-eval", [], options, None, spec)
-        # the saved result of this request on the run's current weights: a resumed sweep does not even start
-        # the harness
-        slot, _ = lm_eval_slot(run, asked, name)
-        if slot.previous is not None:
-            return slot.previous
+        # the saved result of this request on the run's current weights is reused by the driver before the
+        # harness starts: a resumed sweep does not even start it
         return run_lm_eval(run, device=how.device, name=name, quiet=True, **asdict(asked))

@@ -35,8 +35,9 @@ import numpy as np
 import torch
 
 from extrapos.errors import UserError
-from extrapos.evaluate.evaluator import ColumnAt, Scoring, column_name
-from extrapos.evaluate.slot import check_result_name, slug, task_slot
+from extrapos.evaluate.driver import drive
+from extrapos.evaluate.evaluator import ColumnAt, Prepared, Scoring, column_name
+from extrapos.evaluate.slot import ResultSlot, check_result_name, slug, task_slot
 from extrapos.owned import check_owned_file
 from extrapos.run.handle import LoadedRun, Run
 from extrapos.run.runtime import Shard
@@ -356,28 +357,24 @@ def passkey(
     unless ``force`` (``check_passkey_time``). Under torchrun the prompts are dealt out to the processes
     of ``shard`` (default: the group this process joined).
     """
+    opts = given_options(PasskeyOptions, options, fields)
+    how = Scoring(name, overwrite, device, progress, force, batch_tokens)
+    return drive(PasskeyEvaluator(), run_dir, opts, shard, how)
+
+
+def score_passkey(prepared: Prepared, slot: ResultSlot, shard: Shard, how: Scoring) -> dict[str, Any]:
+    """The passkey grid of ``prepared`` (``PasskeyEvaluator.score``): the result to write, its prompts
+    dealt out to the processes of ``shard``."""
     from tqdm.auto import tqdm
 
-    opts = given_options(PasskeyOptions, options, fields).checked()
+    handle, opts, name = prepared.run, prepared.request, prepared.name
     lengths, depths, trials, mode = opts.lengths, opts.depths, opts.trials, opts.mode
-    name = check_result_name(name or default_name(mode, opts.haystack, opts.position_options))
-    handle = Run.of(run_dir)
-    refuse_encoder(handle, "passkey")
+    device, batch_tokens, progress = how.device, how.batch_tokens, how.progress
     request = asdict(opts)
-    slot = task_slot(handle, name, request, opts.step, overwrite)
-    if slot.previous is not None:
-        return slot.previous
-    check_passkey_memory(
-        handle.cfg.model, lengths, trials, mode, opts.candidates, opts.base_length, device, batch_tokens
-    )
-    check_passkey_time(handle, opts, device, force)
-
     t0 = time.perf_counter()
     run, L, options_applied = load_task_run(
         handle, slot, device, opts.base_length, opts.position_options, max(lengths)
     )
-    # under torchrun the prompts are dealt out to the processes (score_prompts); rank 0 writes
-    shard = shard or Shard.of_group(next(run.model.parameters()).device)
     hay_tokens, hay_source = (
         (None, "filler") if opts.haystack == "filler" else _corpus_haystack(run, opts.haystack, opts.split)
     )
@@ -423,7 +420,6 @@ def passkey(
         "by_length": by_length,
         "wall_time": time.perf_counter() - t0,
     }
-    slot.write(result, opts.position_options)  # rank 0 writes; every process waits until it is on disk
     return result
 
 
@@ -623,18 +619,32 @@ class PasskeyEvaluator:
 
     name: ClassVar[str] = "passkey"
     request_type: ClassVar[type] = PasskeyOptions
+    refused_as: ClassVar[str] = "result"
 
-    def score(self, run: Run, request: PasskeyOptions, shard: Shard, how: Scoring) -> dict[str, Any]:
-        return passkey(
-            run,
-            request,
-            name=how.name,
-            overwrite=how.overwrite,
-            device=how.device,
-            progress=how.progress,
-            force=how.force,
-            shard=shard,
-        )
+    def prepare(self, run: Run | str | Path, request: PasskeyOptions, how: Scoring) -> Prepared:
+        opts = request.checked()
+        name = check_result_name(how.name or default_name(opts.mode, opts.haystack, opts.position_options))
+        handle = Run.of(run)
+        refuse_encoder(handle, "passkey")
+        return Prepared(handle, opts, name)
+
+    def open_slot(self, prepared: Prepared, how: Scoring) -> ResultSlot:
+        opts = prepared.request
+        return task_slot(prepared.run, prepared.name, asdict(opts), opts.step, how.overwrite)
+
+    def estimate(self, prepared: Prepared, how: Scoring) -> None:
+        opts = prepared.request
+        check_passkey_memory(
+            prepared.run.cfg.model, opts.lengths, opts.trials, opts.mode, opts.candidates, opts.base_length,
+            how.device, how.batch_tokens,
+        )  # fmt: skip
+        check_passkey_time(prepared.run, opts, how.device, how.force)
+
+    def options(self, request: PasskeyOptions) -> dict[str, Any]:
+        return request.position_options
+
+    def score(self, prepared: Prepared, slot: ResultSlot, shard: Shard, how: Scoring) -> dict[str, Any]:
+        return score_passkey(prepared, slot, shard, how)
 
     def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]:
         """A sweep's passkey column: accuracy per length over the depths of ``spec``."""

@@ -32,8 +32,9 @@ import torch
 from extrapos.data.ruler_prompts import Essay, RulerBuilder, RulerPrompt
 from extrapos.data.ruler_tasks import GENERATE, METRIC, SYNTHETIC_TASKS, TASK_NAMES, TASKS, RulerShape
 from extrapos.errors import UserError
-from extrapos.evaluate.evaluator import ColumnAt, Scoring, column_name
-from extrapos.evaluate.slot import check_result_name, slug, task_slot
+from extrapos.evaluate.driver import drive
+from extrapos.evaluate.evaluator import ColumnAt, Prepared, Scoring, column_name
+from extrapos.evaluate.slot import ResultSlot, check_result_name, slug, task_slot
 from extrapos.run.handle import Run
 from extrapos.run.runtime import Shard
 from extrapos.tasks.common import (
@@ -278,24 +279,17 @@ def ruler(
     """Score a run on RULER (``RulerOptions``, any of whose fields may be given as keywords instead); write
     RUN/eval/NAME.json and return it. The same request is reused; a different one under the same name is a
     UserError unless ``overwrite``. Work estimated past a day is refused unless ``force``."""
+    how = Scoring(name, overwrite, device, progress, force, batch_tokens)
+    return drive(RulerEvaluator(), run_dir, given_options(RulerOptions, options, fields), None, how)
+
+
+def score_ruler(prepared: Prepared, slot: ResultSlot, how: Scoring) -> dict[str, Any]:
+    """RULER's cells of ``prepared`` (``RulerEvaluator.score``), in this process: the result to write."""
     from tqdm.auto import tqdm
 
-    from extrapos.data.ruler_qa import load_qa
-
-    opts = given_options(RulerOptions, options, fields).checked()
-    name = check_result_name(name or default_name(opts.mode, opts.template, opts.position_options))
-    handle = Run.of(run_dir)
-    refuse_encoder(handle, "ruler")
-    qa = {d: load_qa(d, getattr(opts, d)) for d in ("squad", "hotpotqa") if getattr(opts, d) is not None}
+    handle, opts, name, qa = prepared.run, prepared.request, prepared.name, prepared.inputs
+    device, batch_tokens, progress = how.device, how.batch_tokens, how.progress
     request = asdict(opts)
-    slot = task_slot(handle, name, request, opts.step, overwrite)
-    if slot.previous is not None:
-        return slot.previous
-    check_passkey_memory(
-        handle.cfg.model, opts.lengths, opts.trials, opts.mode, opts.candidates, opts.base_length, device,
-        batch_tokens, advice="ask for shorter --lengths or fewer --trials", what="RULER prompts",
-    )  # fmt: skip
-    check_ruler_time(handle, opts, device, force)
     t0 = time.perf_counter()
     run, L, applied = load_task_run(
         handle, slot, device, opts.base_length, opts.position_options, max(opts.lengths)
@@ -344,7 +338,6 @@ def ruler(
         ],
         "wall_time": time.perf_counter() - t0,
     }
-    slot.write(result, opts.position_options)  # rank 0 writes; every process waits until it is on disk
     return result
 
 
@@ -400,17 +393,37 @@ class RulerEvaluator:
 
     name: ClassVar[str] = "ruler"
     request_type: ClassVar[type] = RulerOptions
+    refused_as: ClassVar[str] = "result"
 
-    def score(self, run: Run, request: RulerOptions, shard: Shard, how: Scoring) -> dict[str, Any]:
-        return ruler(
-            run,
-            request,
-            name=how.name,
-            overwrite=how.overwrite,
-            device=how.device,
-            progress=how.progress,
-            force=how.force,
-        )
+    def prepare(self, run: Run | str | Path, request: RulerOptions, how: Scoring) -> Prepared:
+        """The options checked, the run a decoder, the QA sets read (``Prepared.inputs``)."""
+        from extrapos.data.ruler_qa import load_qa
+
+        opts = request.checked()
+        name = check_result_name(how.name or default_name(opts.mode, opts.template, opts.position_options))
+        handle = Run.of(run)
+        refuse_encoder(handle, "ruler")
+        qa = {d: load_qa(d, getattr(opts, d)) for d in ("squad", "hotpotqa") if getattr(opts, d) is not None}
+        return Prepared(handle, opts, name, qa)
+
+    def open_slot(self, prepared: Prepared, how: Scoring) -> ResultSlot:
+        opts = prepared.request
+        return task_slot(prepared.run, prepared.name, asdict(opts), opts.step, how.overwrite)
+
+    def estimate(self, prepared: Prepared, how: Scoring) -> None:
+        opts = prepared.request
+        check_passkey_memory(
+            prepared.run.cfg.model, opts.lengths, opts.trials, opts.mode, opts.candidates, opts.base_length,
+            how.device, how.batch_tokens, advice="ask for shorter --lengths or fewer --trials",
+            what="RULER prompts",
+        )  # fmt: skip
+        check_ruler_time(prepared.run, opts, how.device, how.force)
+
+    def options(self, request: RulerOptions) -> dict[str, Any]:
+        return request.position_options
+
+    def score(self, prepared: Prepared, slot: ResultSlot, shard: Shard, how: Scoring) -> dict[str, Any]:
+        return score_ruler(prepared, slot, how)
 
     def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]:
         """A sweep's RULER column: the metric per length, the mean over the tasks of ``spec``."""

@@ -21,8 +21,9 @@ import torch.nn.functional as F
 
 from extrapos.data.synthetic import SyntheticTask, build_tokenizer, task_of
 from extrapos.errors import UserError
-from extrapos.evaluate.evaluator import ColumnAt, Scoring, column_name
-from extrapos.evaluate.slot import slug, task_slot
+from extrapos.evaluate.driver import drive
+from extrapos.evaluate.evaluator import ColumnAt, Prepared, Scoring, column_name
+from extrapos.evaluate.slot import ResultSlot, slug, task_slot
 from extrapos.run.handle import Run
 from extrapos.run.runtime import Shard
 from extrapos.tasks.common import (
@@ -132,9 +133,18 @@ def score_synthetic(
     keywords instead); writes and returns ``RUN/eval/NAME.json``. A length whose examples cannot fit in
     memory is refused before the model is loaded; ``progress`` shows a bar over the lengths.
     """
+    how = Scoring(name, overwrite, device, progress, batch_tokens=batch_tokens)
+    return drive(SyntheticEvaluator(), run_dir, given_options(SyntheticOptions, options, fields), None, how)
+
+
+def prepare_synthetic(run_dir: Run | str | Path, opts: SyntheticOptions, how: Scoring) -> Prepared:
+    """The options checked, the memory estimated and the run loaded before its slot: the request names the
+    task, which may be the run's own (read from its data). ``Prepared.inputs``: (the loaded run, the
+    task, the request the result records)."""
     from extrapos.run.directory import load_run
 
-    opts = given_options(SyntheticOptions, options, fields).checked()
+    name, device, batch_tokens = how.name, how.device, how.batch_tokens
+    opts = opts.checked()
     lengths, examples = opts.lengths, opts.examples
     if opts.task is not None:
         SyntheticTask.parse(opts.task)  # a malformed spec is named before the run is loaded
@@ -163,9 +173,14 @@ def score_synthetic(
     name = name or "-".join(
         ["synthetic", t.task] + [slug(f"{k}{v}") for k, v in sorted(opts.position_options.items())]
     )
-    slot = task_slot(handle, name, request, opts.step, overwrite)
-    if slot.previous is not None:
-        return slot.previous
+    return Prepared(handle, opts, name, (run, t, request))
+
+
+def score_task(prepared: Prepared, slot: ResultSlot, how: Scoring) -> dict[str, Any]:
+    """The synthetic task's accuracy at every length (``SyntheticEvaluator.score``): the result to write."""
+    opts, name, (run, t, request) = prepared.request, prepared.name, prepared.inputs
+    lengths, examples, batch_tokens, progress = opts.lengths, opts.examples, how.batch_tokens, how.progress
+    run_dir = prepared.run.path
     t0 = time.perf_counter()
     L = opts.base_length or run.cfg.model.train_length
     options_applied = resolve_position_options(opts.position_options, max(lengths) * L)
@@ -182,7 +197,6 @@ def score_synthetic(
         "results": rows,
         "wall_time": time.perf_counter() - t0,
     }
-    slot.write(result, opts.position_options)  # rank 0 writes; every process waits until it is on disk
     return result
 
 
@@ -236,11 +250,23 @@ class SyntheticEvaluator:
 
     name: ClassVar[str] = "synthetic"
     request_type: ClassVar[type] = SyntheticOptions
+    refused_as: ClassVar[str] = "result"
 
-    def score(self, run: Run, request: SyntheticOptions, shard: Shard, how: Scoring) -> dict[str, Any]:
-        return score_synthetic(
-            run, request, name=how.name, overwrite=how.overwrite, device=how.device, progress=how.progress
-        )
+    def prepare(self, run: Run | str | Path, request: SyntheticOptions, how: Scoring) -> Prepared:
+        return prepare_synthetic(run, request, how)
+
+    def open_slot(self, prepared: Prepared, how: Scoring) -> ResultSlot:
+        request = prepared.inputs[2]
+        return task_slot(prepared.run, prepared.name, request, prepared.request.step, how.overwrite)
+
+    def estimate(self, prepared: Prepared, how: Scoring) -> None:
+        """Nothing more: the memory was estimated before the run was loaded (``prepare_synthetic``)."""
+
+    def options(self, request: SyntheticOptions) -> dict[str, Any]:
+        return request.position_options
+
+    def score(self, prepared: Prepared, slot: ResultSlot, shard: Shard, how: Scoring) -> dict[str, Any]:
+        return score_task(prepared, slot, how)
 
     def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]:
         """A sweep's synthetic column (no progress bar: its lengths are few and quick)."""
