@@ -190,11 +190,12 @@ def test_ruler_estimates_its_time_and_refuses_past_a_day(trained, monkeypatch):
     import extrapos.run.perf as perf
     from extrapos.errors import UserError
     from extrapos.run import timing
+    from extrapos.run.handle import Run
     from extrapos.tasks.ruler import RulerOptions, check_ruler_time
 
     monkeypatch.setattr(timing, "CEILING_FLOPS", {"cpu": 0.0})  # too small to time otherwise
     monkeypatch.setattr(perf, "matmul_peak_flops", lambda device, precision: 1e3)  # a very slow machine
     opts = RulerOptions(tasks=["niah_single_1"], lengths=[4], trials=5).checked()
     with pytest.raises(UserError, match="--force"):
-        check_ruler_time(trained, opts, "cpu", force=False)
-    check_ruler_time(trained, opts, "cpu", force=True)  # --force goes on
+        check_ruler_time(Run.open(trained), opts, "cpu", force=False)
+    check_ruler_time(Run.open(trained), opts, "cpu", force=True)  # --force goes on
