@@ -46,7 +46,7 @@ def test_passkey_the_issue_case(trained, cache):
     """`passkey R --lengths 1000000` was killed for memory after 100 s; refused at once wherever its
     estimate exceeds the memory there is."""
     from extrapos.run.config import load_run_config
-    from extrapos.tasks.common import available_bytes, forward_bytes
+    from extrapos.run.memory import available_bytes, forward_bytes
 
     need = forward_bytes(load_run_config(trained).model, 32 * 10**6)
     if available_bytes("cpu") > need:
@@ -112,7 +112,7 @@ def test_generate_refuses_a_cache_that_cannot_fit():
 
 def test_estimates_are_exact_integers_that_grow_with_the_request():
     from extrapos.model import ModelConfig
-    from extrapos.tasks.common import forward_bytes
+    from extrapos.run.memory import forward_bytes
 
     cfg = ModelConfig()
     one = forward_bytes(cfg, 1000)

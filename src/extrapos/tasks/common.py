@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from extrapos.errors import UserError
 from extrapos.evaluate.slot import ResultSlot
 from extrapos.run.handle import Run
-from extrapos.run.memory import available_bytes, check_memory, forward_bytes  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

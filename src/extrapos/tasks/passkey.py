@@ -40,18 +40,17 @@ from extrapos.evaluate.evaluator import ColumnAt, Prepared, Scoring, column_name
 from extrapos.evaluate.slot import ResultSlot, check_result_name, slug, task_slot
 from extrapos.owned import check_owned_file
 from extrapos.run.handle import LoadedRun, Run
+from extrapos.run.memory import check_memory, forward_bytes
 from extrapos.run.runtime import Shard
 from extrapos.tasks.common import (
     MAX_CANDIDATES,
     MAX_KEY_DIGITS,
     accuracy_heatmap,
-    check_memory,
     check_seed,
     computed_metrics,
     continuation_logprobs,
     examples_digest,
     format_every_metric,
-    forward_bytes,
     given_options,
     greedy_batch,
     load_task_run,
@@ -453,7 +452,7 @@ def check_passkey_memory(
     """Refuse before loading the model a request whose longest cell cannot fit in memory (``what``: the
     prompts' name in the sentence, e.g. RULER's): the cell's
     ``trials`` prompts (a list of token ids each), rank mode's candidate rows and one forward over
-    them, generate mode's batch of prompts with its KV cache (``common.forward_bytes``). ``source``: a
+    them, generate mode's batch of prompts with its KV cache (``run.memory.forward_bytes``). ``source``: a
     run directory, or a model config (a sweep's row before it is trained)."""
     from extrapos.model import ModelConfig
     from extrapos.run.config import load_run_config

@@ -25,12 +25,11 @@ from extrapos.evaluate.driver import drive
 from extrapos.evaluate.evaluator import ColumnAt, Prepared, Scoring, column_name
 from extrapos.evaluate.slot import ResultSlot, slug, task_slot
 from extrapos.run.handle import Run
+from extrapos.run.memory import check_memory, forward_bytes
 from extrapos.run.runtime import Shard
 from extrapos.tasks.common import (
-    check_memory,
     check_seed,
     examples_digest,
-    forward_bytes,
     given_options,
     refuse_encoder,
     resolve_position_options,
@@ -211,7 +210,7 @@ def check_synthetic_memory(
 ) -> None:
     """Refuse before loading the model a length whose examples cannot fit in memory: the ``examples``
     rows of ids (int64) and answer flags (each held twice while they are stacked), then one batch's
-    forward (``common.forward_bytes``). ``source``: a run directory, or a model config (a sweep's row
+    forward (``run.memory.forward_bytes``). ``source``: a run directory, or a model config (a sweep's row
     before it is trained)."""
     from extrapos.model import ModelConfig
     from extrapos.run.config import load_run_config
