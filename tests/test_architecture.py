@@ -259,3 +259,20 @@ def test_no_file_imports_a_private_name_of_another():
                     if a.name.split(".")[0] == "extrapos" and any(private(p) for p in a.name.split("."))
                 ]
     assert not found, "private names imported across files:\n" + "\n".join(found)
+
+
+#: test folders that are not a source folder: the hostile battery across commands, and model.py / losses.py
+#: (files at the top of src/extrapos, one folder of tests for the model floor)
+TEST_FOLDERS_BEYOND_SOURCE = {"robustness", "model"}
+#: test files about the whole project rather than one folder
+TOP_LEVEL_TESTS = {"test_architecture.py", "test_published_results.py"}
+
+
+def test_tests_mirror_the_source_folders():
+    """A test lives in the folder of the source it tests (tests/evaluate/ for src/extrapos/evaluate/), so the
+    tests of a module are found where the module is."""
+    tests = Path(__file__).resolve().parent
+    source_folders = {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders - source_folders <= TEST_FOLDERS_BEYOND_SOURCE, folders - source_folders
+    assert {p.name for p in tests.glob("test_*.py")} <= TOP_LEVEL_TESTS

@@ -244,7 +244,7 @@ class ModelConfig:
                 )
 
 
-# Size presets: ModelConfig field overrides. Parameter counts are in tests/test_model.py.
+# Size presets: ModelConfig field overrides. Parameter counts are in tests/model/test_model.py.
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
     # CPU scale (the quick comparisons use cpu-small: 4 layers, d 128, L_t 64)
     "cpu-tiny": dict(flavour="gpt2", n_layers=2, d_model=64, n_heads=4, train_length=64),

@@ -4,12 +4,12 @@ import math
 
 import pytest
 import torch
-from encoding_checks import assert_causal, tiny_model
 
 from extrapos.attention import attention, attention_reference, bias_block
 from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, LogitBias
 from extrapos.positions.registry import build_encoding
+from tests.positions.encoding_checks import assert_causal, tiny_model
 
 F64 = torch.float64
 CTX = EncodingContext(d_model=16, n_heads=2, head_dim=4, n_layers=2, train_length=8)

@@ -3,7 +3,6 @@ rest."""
 
 import pytest
 import torch
-from encoding_checks import assert_causal
 
 from extrapos.errors import UserError
 from extrapos.model import Decoder, model_config
@@ -14,6 +13,7 @@ from extrapos.presets import read_toml
 from extrapos.run.checkpoint import load_weights, save_checkpoint
 from extrapos.run.config import from_dict, load_config
 from extrapos.tools.catalog import encodings_table, encodings_text
+from tests.positions.encoding_checks import assert_causal
 
 HYBRIDS = {
     "rope, nope every 2nd": {"name": "rope", "layers": "all but every 2nd"},

@@ -4,12 +4,12 @@ import math
 
 import pytest
 import torch
-from encoding_checks import assert_causal, tiny_model
 
 from extrapos.attention import attention, attention_reference, bias_block
 from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, PairwiseBias
 from extrapos.positions.registry import build_encoding
+from tests.positions.encoding_checks import assert_causal, tiny_model
 
 HEAD = 8
 CTX = EncodingContext(d_model=4 * HEAD, n_heads=4, head_dim=HEAD, n_layers=2, train_length=16)

@@ -161,7 +161,7 @@ def _write_hf_model(path: Path) -> None:
     """The one-layer Llama of test_import_inputs (config.json, weights, a small BPE tokenizer)."""
     import json
 
-    from tests.hf_helpers import write_tokenizer
+    from tests.integrations.hf_helpers import write_tokenizer
     from tests.robustness.test_import_inputs import CONFIG, _save, _tensors
 
     path.mkdir()
@@ -173,7 +173,7 @@ def _write_hf_model(path: Path) -> None:
 def _write_lm_eval_tasks(path: Path) -> None:
     import json
 
-    from tests.test_lm_eval import CHOICE_DOCS, YAML
+    from tests.integrations.test_lm_eval import CHOICE_DOCS, YAML
 
     path.mkdir()
     (path / "choice.jsonl").write_text("".join(json.dumps(x) + "\n" for x in CHOICE_DOCS))
@@ -247,9 +247,9 @@ def _bases(w: dict, case: Path) -> dict[str, list[str]]:
         "import": ["import", str(w["hf"]), "--out", out],
         "export": ["export", run, "--out", out],
         "generate": ["generate", run, "--prompt", "The", "--max-new-tokens", "3", "--device", "cpu"],
-        # --resolution-only: the timed benchmark itself takes minutes (tests/test_bench.py covers it)
+        # --resolution-only: the timed benchmark itself takes minutes (tests/bench/test_bench.py covers it)
         "bench": ["bench", "--quick", "--resolution-only", "--no-progress", "--device", "cpu"],
-        # one encoding, no timed step: the whole check is tests/test_doctor.py's
+        # one encoding, no timed step: the whole check is tests/tools/test_doctor.py's
         "doctor": ["doctor", "--encodings", "nope", "--no-speed", "--no-progress", "--device", "cpu"],
     }  # fmt: skip
 

@@ -20,7 +20,7 @@ import torch
 from harness import assert_one_sentence_error, assert_unchanged, assert_user_error, snapshot
 
 from extrapos.cli import main
-from tests.hf_helpers import write_tokenizer
+from tests.integrations.hf_helpers import write_tokenizer
 
 D, HIDDEN, VOCAB = 16, 24, 320
 CONFIG = {

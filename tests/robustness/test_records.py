@@ -18,7 +18,7 @@ import pytest
 from harness import assert_user_error, run
 
 from tests.conftest import tiny_overrides
-from tests.hf_helpers import write_tokenizer
+from tests.integrations.hf_helpers import write_tokenizer
 
 EVAL = ["--lengths", "1", "--max-tokens", "64", "--no-progress"]
 

@@ -259,7 +259,7 @@ def test_lm_eval_fewshot_beyond_the_task(trained, scratch, cache):
     pytest.importorskip("lm_eval")
     from harness import PREFIX, SECOND_SENTENCE, assert_unchanged, snapshot
 
-    from tests.test_lm_eval import CHOICE_DOCS, YAML
+    from tests.integrations.test_lm_eval import CHOICE_DOCS, YAML
 
     tasks = scratch / "tasks"
     tasks.mkdir()

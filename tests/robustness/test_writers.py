@@ -100,7 +100,10 @@ def test_every_result_name_is_checked(command, run_copy, cache):
 def test_lm_eval_reuses_the_same_request_and_refuses_another(run_copy, scratch, cache):
     pytest.importorskip("lm_eval")
     from extrapos.integrations.lm_eval import run_lm_eval
-    from tests.test_lm_eval import CHOICE_DOCS, YAML  # the adapter tests' local multiple-choice task
+    from tests.integrations.test_lm_eval import (  # the adapter tests' local multiple-choice task
+        CHOICE_DOCS,
+        YAML,
+    )
 
     tasks = scratch / "tasks"
     tasks.mkdir()

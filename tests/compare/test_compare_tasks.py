@@ -178,7 +178,7 @@ def test_passkey_columns_beside_the_loss_columns(tmp_path, tiny_data):
 @pytest.mark.slow  # lm-eval's evaluator: a few seconds per row on top of the training
 def test_lm_eval_columns_on_a_local_task(tmp_path, tiny_data, monkeypatch):
     pytest.importorskip("lm_eval")
-    from tests.test_lm_eval import CHOICE_DOCS, YAML
+    from tests.integrations.test_lm_eval import CHOICE_DOCS, YAML
 
     tasks = tmp_path / "tasks"
     tasks.mkdir()

@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 from extrapos.errors import UserError
 from extrapos.integrations.hf import import_pretrained
 from extrapos.run.directory import load_run
-from tests.hf_helpers import (
+from tests.integrations.hf_helpers import (
     CONTEXT,
     VOCAB,
     hf_greedy,
@@ -90,7 +90,7 @@ def test_sharded_checkpoint(tmp_path):
     """Weights split over several shards with model.safetensors.index.json."""
     import transformers as T
 
-    from tests.hf_helpers import hf_config, write_tokenizer
+    from tests.integrations.hf_helpers import hf_config, write_tokenizer
 
     torch.manual_seed(0)
     hf = T.AutoModelForCausalLM.from_config(hf_config("llama")).eval()

@@ -11,7 +11,7 @@ import pytest
 from extrapos.cli import main
 from extrapos.compare import compare, load_sweep
 from extrapos.errors import UserError
-from tests.hf_helpers import CONTEXT, TEXT, save_hf
+from tests.integrations.hf_helpers import CONTEXT, TEXT, save_hf
 
 pytest.importorskip("transformers")
 

@@ -27,9 +27,9 @@ from extrapos.attention import (
 from extrapos.errors import UserError
 from extrapos.model import Decoder, model_config
 from extrapos.positions import registry
-from tests.test_attention import SHAPES, _qkv
-from tests.test_document_mask import KINDS, _bias, _documents
-from tests.test_kv_cache import FLAVOURS
+from tests.attention.test_attention import SHAPES, _qkv
+from tests.attention.test_document_mask import KINDS, _bias, _documents
+from tests.model.test_kv_cache import FLAVOURS
 
 W = 6  # shorter than every shape's keys (23 or 30), longer than the decoding shapes' new queries
 

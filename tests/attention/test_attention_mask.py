@@ -7,8 +7,8 @@ import torch
 import extrapos.attention.mask as mask_mod
 from extrapos.attention import AttentionMask, attention
 from extrapos.model import Decoder, model_config
-from tests.test_attention import _qkv
-from tests.test_document_mask import _documents
+from tests.attention.test_attention import _qkv
+from tests.attention.test_document_mask import _documents
 
 
 @pytest.mark.parametrize(("causal", "window"), [(True, None), (True, 3), (False, None)])  # windows are causal

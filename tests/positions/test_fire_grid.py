@@ -14,7 +14,7 @@ from extrapos.model import Decoder, model_config
 from extrapos.positions import EncodingContext, build_encoding
 from extrapos.positions.base import PairwiseBias
 from extrapos.positions.bias import DistanceBias
-from tests.test_attention import flex_with_backward_on_cpu  # noqa: F401 (a fixture)
+from tests.attention.test_attention import flex_with_backward_on_cpu  # noqa: F401 (a fixture)
 
 F64 = torch.float64
 CTX = EncodingContext(d_model=16, n_heads=4, head_dim=4, n_layers=2, train_length=8)

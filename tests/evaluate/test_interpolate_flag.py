@@ -12,8 +12,8 @@ import torch
 from extrapos.cli import main
 from extrapos.evaluate.window_options import per_window_options
 from extrapos.model import Decoder, model_config
-from tests.hf_helpers import CONTEXT, save_hf
-from tests.test_hf_pipeline import _corpus
+from tests.integrations.hf_helpers import CONTEXT, save_hf
+from tests.integrations.test_hf_pipeline import _corpus
 
 pytest.importorskip("transformers")
 

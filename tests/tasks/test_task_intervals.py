@@ -14,7 +14,7 @@ from extrapos.data.synthetic import SyntheticTask
 from extrapos.model import Decoder, model_config
 from extrapos.report import task_tables
 from extrapos.tasks.synthetic import score_examples
-from tests.test_compare_tasks import _synthetic_sweep
+from tests.compare.test_compare_tasks import _synthetic_sweep
 
 
 @dataclass

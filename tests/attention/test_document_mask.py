@@ -22,8 +22,8 @@ from extrapos.attention import (
 from extrapos.model import Decoder, model_config
 from extrapos.positions import registry
 from extrapos.positions.base import LogitBias
-from tests.test_attention import SHAPES, _folded, _pairwise, _pairwise_per_head, _qkv
-from tests.test_kv_cache import FLAVOURS, make  # tiny models, encoding parameters moved off their init
+from tests.attention.test_attention import SHAPES, _folded, _pairwise, _pairwise_per_head, _qkv
+from tests.model.test_kv_cache import FLAVOURS, make  # tiny models, encoding parameters moved off their init
 
 F64 = torch.float64
 

@@ -20,7 +20,7 @@ from extrapos.run.runtime import Shard
 from extrapos.training.trainer import train
 from tests.conftest import tiny_overrides
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "extrapos"
+SRC = Path(__file__).resolve().parents[2] / "src" / "extrapos"
 
 
 @pytest.mark.parametrize("name", sorted(REGISTERED))

@@ -46,7 +46,7 @@ def run_dir(tiny_data, tmp_path_factory):
 
 def count_config_opens(*argv: str) -> tuple[int, subprocess.CompletedProcess]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
     done = subprocess.run(
         [sys.executable, "-c", COUNT_OPENS, *argv], capture_output=True, text=True, env=env, timeout=300

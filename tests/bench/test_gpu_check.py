@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.conftest import tiny_overrides
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 SECTIONS = ["dependencies", "doctor", "runs", "resume", "parallel", "eval", "bench"]
 
@@ -41,7 +41,7 @@ def test_sets_order_and_a_failing_section_is_a_failed_row():
 
 
 def test_reduced_stand_in_writes_every_section_with_a_verdict(tiny_data, tmp_path):
-    """One family, a few steps, the tiny corpus; world size 2 left out (tests/test_distributed.py has it).
+    """One family, a few steps, the tiny corpus; world size 2 left out (tests/run/test_distributed.py has it).
     About 30 s on 2 busy cores."""
     out = tmp_path / "gpu-check"
     sets = tiny_overrides(tiny_data)  # its train.steps is the sections' own, which win

@@ -19,7 +19,7 @@ from extrapos.integrations.hf import (  # noqa: E402
 )
 from extrapos.run.config import load_run_config  # noqa: E402
 from extrapos.run.directory import load_run  # noqa: E402
-from tests.hf_helpers import CONTEXT, make_run, save_hf  # noqa: E402
+from tests.integrations.hf_helpers import CONTEXT, make_run, save_hf  # noqa: E402
 
 
 def test_every_importable_model_type_has_an_adapter():

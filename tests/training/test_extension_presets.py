@@ -10,8 +10,8 @@ import pytest
 
 from extrapos.cli import main
 from extrapos.training.extension_presets import PRESETS
-from tests.hf_helpers import CONTEXT, save_hf
-from tests.test_hf_pipeline import _corpus
+from tests.integrations.hf_helpers import CONTEXT, save_hf
+from tests.integrations.test_hf_pipeline import _corpus
 
 pytest.importorskip("transformers")
 

@@ -19,11 +19,11 @@ from extrapos.inference.generate import generate_tokens  # noqa: E402
 from extrapos.integrations.hf import export_pretrained  # noqa: E402
 from extrapos.positions.registry import names  # noqa: E402
 from extrapos.run.directory import load_run  # noqa: E402
-from tests.hf_helpers import CONTEXT, VOCAB, hf_greedy, make_run, ours_cached_logits, ours_logits  # noqa: E402
+from tests.integrations.hf_helpers import CONTEXT, VOCAB, hf_greedy, make_run, ours_cached_logits, ours_logits  # noqa: E402
 
 TOL = 1e-5  # fp32
 L = 4 * CONTEXT
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # every registered encoding on its own (learned: a table as long as the longest test), plus the runs the
 # issue names: a layer schedule (SmolLM3-style NoPE on every 4th layer) and Llama-flavour ALiBi
@@ -223,7 +223,7 @@ def test_lm_eval_hf_backend_equals_extrapos_lm_eval(tmp_path):
     from lm_eval.tasks import TaskManager
 
     from extrapos.integrations.lm_eval import run_lm_eval
-    from tests.test_lm_eval import CHOICE_DOCS, GEN_DOCS, TEXT_DOCS, YAML
+    from tests.integrations.test_lm_eval import CHOICE_DOCS, GEN_DOCS, TEXT_DOCS, YAML
 
     tasks_dir = tmp_path / "tasks"
     tasks_dir.mkdir()

@@ -13,7 +13,7 @@ from extrapos.errors import UserError  # noqa: E402
 from extrapos.inference.generate import generate_tokens  # noqa: E402
 from extrapos.integrations.hf import export_pretrained, import_pretrained  # noqa: E402
 from extrapos.run.directory import load_run  # noqa: E402
-from tests.hf_helpers import (  # noqa: E402
+from tests.integrations.hf_helpers import (  # noqa: E402
     VOCAB,
     hf_greedy,
     hf_logits,

@@ -15,7 +15,7 @@ import torch
 from extrapos.bench import peers
 from extrapos.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "bench_peers.py"
 TINY = peers.PeerShape(
     d_model=32,

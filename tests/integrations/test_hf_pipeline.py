@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from extrapos.cli import main
-from tests.hf_helpers import CONTEXT, TEXT, hf_logits, ours_logits, save_hf
+from tests.integrations.hf_helpers import CONTEXT, TEXT, hf_logits, ours_logits, save_hf
 
 pytest.importorskip("transformers")
 
