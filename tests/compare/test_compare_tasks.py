@@ -215,3 +215,18 @@ def test_lm_eval_columns_on_a_local_task(tmp_path, tiny_data, monkeypatch):
     assert {k: v for k, v in _snapshot(out).items() if k.startswith("tasks/")} == {
         k: v for k, v in before.items() if k.startswith("tasks/")
     }
+
+
+def test_the_ruler_column_defaults_are_the_ruler_commands():
+    """A sweep's `ruler` column asks what `extrapos ruler` asks when neither sets a field: the column's
+    fields are RulerOptions' task fields with the same defaults (one field-by-field check, so a default
+    changed in one place and not the other fails here)."""
+    import dataclasses
+
+    from extrapos.compare.tasks import RulerColumns
+    from extrapos.tasks.ruler import RulerOptions
+
+    column, command = RulerColumns(), RulerOptions()
+    names = [f.name for f in dataclasses.fields(RulerColumns)]
+    assert names and set(names) <= {f.name for f in dataclasses.fields(RulerOptions)}
+    assert {n: getattr(column, n) for n in names} == {n: getattr(command, n) for n in names}
