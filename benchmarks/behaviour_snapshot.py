@@ -19,6 +19,7 @@ other file (checkpoints, safetensors, CSV, plots) byte for byte, and exits 1 on 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -262,6 +263,13 @@ def write_inputs(tasks: Path) -> None:
 
 
 def run(out: Path) -> int:
+    # one snapshot at a time on a machine: they share WORK (the fixed path that keeps outputs comparable)
+    lock = open(f"{WORK}.lock", "w")  # held for the whole run, released at exit
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"another behaviour snapshot is running in {WORK}; wait for it to finish.", file=sys.stderr)
+        return 2
     if WORK.exists():
         shutil.rmtree(WORK)
     WORK.mkdir(parents=True)
