@@ -36,8 +36,6 @@ STALE = {
     "quick-seeds": "scored before the spread target selection (4 documents, `selection = first`); "
     "re-run with `extrapos compare quick-seeds` (about 40 quiet minutes on 2 cores)",
     "expe-table2": "its Sinusoidal row was scored with the older first-documents selection",
-    "extension-methods": "one seed and no continue row; the preset now has both (re-run with "
-    "`extrapos compare extension-methods`)",
     "rehearsal": "one seed; the preset now trains seeds 0, 1, 2 (re-run with `extrapos compare rehearsal`)",
 }
 
