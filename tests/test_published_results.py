@@ -33,8 +33,6 @@ PRESETS = {
 }
 #: reports whose request differs from what their preset asks today, each with why (until re-run)
 STALE = {
-    "quick-seeds": "scored before the spread target selection (4 documents, `selection = first`); "
-    "re-run with `extrapos compare quick-seeds` (about 40 quiet minutes on 2 cores)",
     "expe-table2": "its Sinusoidal row was scored with the older first-documents selection",
     "rehearsal": "one seed; the preset now trains seeds 0, 1, 2 (re-run with `extrapos compare rehearsal`)",
 }
