@@ -168,6 +168,11 @@ def test_encoder_trains_end_to_end_and_evaluates_at_longer_lengths(tiny_data, tm
     assert len({r["masked_tokens"] for r in rows}) == 1 and rows[0]["masked_tokens"] > 50  # the same targets
     assert all(np.isfinite(r["loss"]) for r in rows)
     assert res["unigram_loss"] > 0 and "unigram" in format_mlm_result(res)
+    # the library refuses the stream protocol as `extrapos eval` and a sweep do, before anything is written
+    before = sorted((tmp_path / "run" / "eval").iterdir())
+    with pytest.raises(UserError, match="protocol 'documents'"):
+        evaluate_mlm(tmp_path / "run", EvalRequest(lengths=[1, 2], protocol="stream"), progress=False)
+    assert sorted((tmp_path / "run" / "eval").iterdir()) == before
 
 
 def test_unigram_reference_is_the_training_frequencies_cross_entropy(tiny_data):

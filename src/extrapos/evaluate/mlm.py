@@ -302,6 +302,11 @@ class MaskedLMEvaluator:
             )
         if req.stride is not None:
             raise UserError("the MLM evaluation scores non-overlapping windows only; drop --stride.")
+        if req.protocol != "documents":  # the library refuses what `extrapos eval` and a sweep refuse
+            raise UserError(
+                f"the MLM evaluation scores whole documents only (protocol 'documents'), got protocol "
+                f"{req.protocol!r}; drop it from the request."
+            )
         check_lengths(handle, req)  # fractional and token lengths against L_t, before anything is loaded
         if not isinstance(seed, int) or seed < 0:
             raise UserError(f"the mask seed must be a non-negative integer, got {seed!r}.")

@@ -1,0 +1,61 @@
+"""The CPU presets of issue 39: quick-precision pairs each bf16 row with an fp32 twin that is the quick-seeds
+run itself, and medium trains cpu/medium's model on long code documents in the precision auto picks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from extrapos.compare import load_sweep, row_config
+from extrapos.run import precision
+
+
+def test_quick_precision_fp32_rows_are_the_quick_seeds_runs_and_bf16_rows_differ_only_in_precision():
+    seeded, paired = load_sweep("quick-seeds"), load_sweep("quick-precision")
+    assert paired.seeds == seeded.seeds == [0, 1, 2] and paired.eval_precision == "fp32"
+    assert (paired.set, paired.lengths, paired.max_eval_tokens) == (
+        seeded.set,
+        seeded.lengths,
+        seeded.max_eval_tokens,
+    )
+    by_encoding = {row.positions["name"]: row for row in seeded.rows}
+    names = []
+    for row in paired.rows:
+        encoding, prec = row.positions["name"], row.name.split()[-1]
+        names.append((encoding, prec))
+        for seed in paired.seeds:
+            seed_set = [f"train.seed={seed}"]
+            mine = row_config(paired, row, seed_set)
+            theirs = row_config(seeded, by_encoding[encoding], seed_set)
+            assert mine.train.precision == prec
+            # a directory holding the quick-seeds run as <slug>-seed<s> is reused only when the configs match
+            assert mine.to_toml() == replace(theirs, train=replace(theirs.train, precision=prec)).to_toml()
+            if prec == "fp32":
+                assert mine.to_toml() == theirs.to_toml()
+    assert names == [(e, p) for e in ("rope", "cable", "expe") for p in ("fp32", "bf16")]
+
+
+def test_medium_trains_the_cpu_medium_model_packed_with_document_masks_in_autos_precision(monkeypatch):
+    sweep = load_sweep("medium")
+    assert [r.positions["name"] for r in sweep.rows] == ["nope", "rope", "alibi", "cable", "expe"]
+    assert (sweep.protocol, sweep.boundary, sweep.eval_precision) == ("stream", "mask", "fp32")
+    for row in sweep.rows:
+        cfg = row_config(sweep, row, [])
+        m, d, t = cfg.model, cfg.data, cfg.train
+        assert (m.n_layers, m.d_model, m.n_heads, m.vocab_size, m.train_length) == (6, 256, 4, 50257, 256)
+        assert (d.corpus, d.tokenizer, d.packed, d.document_mask, d.document_positions) == (
+            "python-stdlib",
+            "gpt2",
+            True,
+            True,
+            "restart",
+        )
+        assert t.precision == "auto"
+    # auto's choice for this width: bf16 where the CPU multiplies bf16 natively, fp32 where it emulates it
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: {"amx": False, "avx512_bf16": True})
+    assert precision.auto_precision(cpu, 256)[0] == "bf16"
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert precision.auto_precision(cpu, 256)[0] == "fp32"
