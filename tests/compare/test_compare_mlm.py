@@ -103,9 +103,12 @@ def test_an_mlm_sweep_reports_evaluate_mlm_numbers_with_intervals(tmp_path, many
     assert {f: (out / f).read_bytes() for f in before} == before
 
 
-def test_an_mlm_sweep_with_seeds_combines_them_like_the_loss_rows(tmp_path, many_docs):
+def test_an_mlm_sweep_with_seeds_combines_them_like_the_loss_rows(tmp_path, many_docs, capsys):
     out = tmp_path / "out"
-    report = compare(str(_sweep(tmp_path, many_docs, seeds=[0, 1])), out, progress=False)
+    report = compare(str(_sweep(tmp_path, many_docs, seeds=[0, 1])), out, progress=True)
+    # the console shows each row as `extrapos eval` prints an encoder's result (its loss evaluator's format)
+    shown = capsys.readouterr().out.split("CABLE:\n", 1)[1]
+    assert "(masked LM, mask seed 0)" in shown.splitlines()[0] and "| ev | window | MLM loss |" in shown
     merged = json.loads((out / "merged" / "cable.json").read_text())
     per_seed = [_direct(out / "runs" / f"cable-seed{s}") for s in (0, 1)]
     assert per_seed[0]["results"][0]["loss"] != per_seed[1]["results"][0]["loss"]  # two trainings

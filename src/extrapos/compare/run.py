@@ -31,9 +31,8 @@ from extrapos.compare.tasks import (
 )
 from extrapos.compare.tasks import score as score_task
 from extrapos.errors import UserError
-from extrapos.evaluate import EvalRequest, default_name, format_result
-from extrapos.evaluate.evaluator import Unsupported
-from extrapos.evaluate.mlm import format_mlm_result
+from extrapos.evaluate import EvalRequest, default_name
+from extrapos.evaluate.evaluator import Unsupported, loss_evaluator
 from extrapos.files import atomic_write
 from extrapos.presets import find_sweep
 from extrapos.report.render import Row, loss_rows, markdown_table, write_report
@@ -189,11 +188,11 @@ def compare(  # noqa: C901
                 _, runs, eval_path = per_seed[0]
                 result = per_seed[0][0]
                 entry.update({"run": runs, "eval": eval_path})
-            if progress:
-                shown = (
-                    format_mlm_result(result) if result.get("objective") == "mlm" else format_result(result)
-                )
-                say(f"{row.name}:\n{shown}")
+            if progress:  # as `extrapos eval` prints it: the row's loss evaluator formats its result
+                from extrapos.run.handle import Run
+
+                first = runs[0] if isinstance(runs, list) else runs
+                say(f"{row.name}:\n{loss_evaluator(Run.open(out / first)).format(result)}")
         else:
             entry.update({"run": _row_runs(sweep, row, seeds, out, run_dirs, extension_dirs), "eval": None})
         task_results = _score_row_tasks(
