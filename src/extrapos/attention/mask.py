@@ -67,8 +67,16 @@ def check_documents(documents: Tensor, batch: int, n_keys: int) -> None:
 
 def check_document_order(documents: Tensor) -> None:
     """Document numbers must not decrease along a row: the blocks rely on each document being contiguous."""
-    if documents.shape[-1] > 1 and not bool((documents[..., 1:] >= documents[..., :-1]).all()):
-        raise ValueError("document numbers must not decrease along a row (a packed row's documents in order)")
+    if documents.shape[-1] <= 1:
+        return
+    ordered = (documents[..., 1:] >= documents[..., :-1]).all()
+    words = "document numbers must not decrease along a row (a packed row's documents in order)"
+    if torch.compiler.is_compiling():
+        # a compiled step cannot branch on a tensor's value (``bool`` is a graph break, one per layer): the
+        # check runs inside the graph and raises when the step runs
+        torch._assert_async(ordered, words)
+    elif not bool(ordered):
+        raise ValueError(words)
 
 
 def causal_mask(Tq: int, Tk: int, device: torch.device) -> Tensor:
