@@ -59,3 +59,25 @@ def test_medium_trains_the_cpu_medium_model_packed_with_document_masks_in_autos_
     assert precision.auto_precision(cpu, 256)[0] == "bf16"
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     assert precision.auto_precision(cpu, 256)[0] == "fp32"
+
+
+def test_a_report_names_each_rows_training_precision_as_it_trained(tmp_path, tiny_data):
+    """Rows trained in different precisions are named with theirs (the report once printed the first row's
+    for all), and ``auto`` is reported as what it resolved to in the run."""
+    import json
+
+    from extrapos.compare import compare
+    from tests.conftest import tiny_overrides
+
+    sets = tiny_overrides(tiny_data, **{"model.train_length": 16, "train.steps": 2})
+    f = tmp_path / "sweep.toml"
+    f.write_text(
+        'title = "precisions"\ntrain = "cpu/tiny"\nlengths = [1, 2]\nmax_eval_tokens = 64\n'
+        f"set = {json.dumps(sets)}\n"
+        '[[rows]]\nname = "A"\npositions = { name = "rope" }\nset = [\'train.precision="fp32"\']\n'
+        '[[rows]]\nname = "B"\npositions = { name = "rope" }\nset = [\'train.precision="bf16"\']\n'
+        '[[rows]]\nname = "C"\npositions = { name = "rope" }\nset = [\'train.precision="auto"\']\n'
+    )
+    text = compare(str(f), tmp_path / "out", progress=False).read_text()
+    # C is 32 wide, so auto trains it in fp32 on any CPU
+    assert "fp32 (A, C) / bf16 (B)," in text

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from extrapos.compare.sweep import Sweep
+from extrapos.errors import UserError
+from extrapos.presets import read_toml
 from extrapos.report.render import Row, loss_rows
 from extrapos.report.stats import protocol_name
 from extrapos.run.config import RunConfig
@@ -88,6 +90,27 @@ def _scored_fact(result: dict[str, Any]) -> str:
     )
 
 
+def _trained_precisions(
+    configs: dict[tuple[str, int | None], RunConfig], run_dirs: dict[tuple[str, int | None], Path]
+) -> str:
+    """The precisions the runs trained in: each run's saved config (where ``auto`` was resolved), else its
+    row's; rows that differ are named (a sweep may compare fp32 with bf16 training)."""
+    rows_in: dict[str, list[str]] = {}  # precision -> the rows trained in it, in sweep order
+    for key, cfg in configs.items():
+        precision = cfg.train.precision
+        saved = run_dirs[key] / "config.toml" if key in run_dirs else None
+        if saved is not None and saved.is_file():
+            try:
+                precision = read_toml(saved)["train"]["precision"]
+            except (OSError, UserError, KeyError, TypeError):
+                pass  # a damaged config is the run's own problem; the row's precision stands
+        if key[0] not in rows_in.setdefault(precision, []):
+            rows_in[precision].append(key[0])
+    if len(rows_in) == 1:
+        return next(iter(rows_in))
+    return " / ".join(f"{precision} ({', '.join(rows)})" for precision, rows in rows_in.items())
+
+
 def sweep_facts(
     sweep: Sweep,
     configs: dict[tuple[str, int | None], RunConfig],
@@ -113,7 +136,7 @@ def sweep_facts(
             f"model: {m.flavour}, {m.n_layers} layers, d={m.d_model}, {m.n_heads} heads, "
             f"{', '.join(f'{p / 1e6:.2f}M' for p in params)} parameters",
             f"training: L_t={first.seq_len}, {', '.join(f'{x:,}' for x in tokens)} tokens per model, "
-            f"batch {t.batch_size}, lr {t.lr:g} -> {t.end_lr:g}, {t.precision}, "
+            f"batch {t.batch_size}, lr {t.lr:g} -> {t.end_lr:g}, {_trained_precisions(configs, run_dirs)}, "
             + (f"seeds {', '.join(map(str, sweep.seeds))}" if sweep.seeds else f"seed {t.seed}"),
             f"data: corpus {d.corpus}, tokenizer {d.tokenizer}; "
             + (
