@@ -26,6 +26,7 @@ PAGES = [ROOT / "README.md", *sorted(RESULTS.glob("*.md")), *sorted(RESULTS.glob
 PRESETS = {
     "quick": "quick",
     "quick-seeds": "quick-seeds",
+    "quick-precision": "quick-precision",
     "extension-methods": "extension-methods",
     "rehearsal": "rehearsal",
     "rehearsal-mask": "rehearsal-mask",
