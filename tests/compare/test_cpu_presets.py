@@ -38,9 +38,20 @@ def test_quick_precision_fp32_rows_are_the_quick_seeds_runs_and_bf16_rows_differ
 
 def test_medium_trains_the_cpu_medium_model_packed_with_document_masks_in_autos_precision(monkeypatch):
     sweep = load_sweep("medium")
-    assert [r.positions["name"] for r in sweep.rows] == ["nope", "rope", "alibi", "cable", "expe"]
+    assert [r.positions["name"] for r in sweep.rows if not r.reuse] == [
+        "nope",
+        "rope",
+        "alibi",
+        "cable",
+        "expe",
+    ]
+    assert [(r.name, r.reuse, r.eval) for r in sweep.rows if r.reuse] == [
+        ("ExPE x0.5", "ExPE", {"scale": 0.5})
+    ]
     assert (sweep.protocol, sweep.boundary, sweep.eval_precision) == ("stream", "mask", "fp32")
     for row in sweep.rows:
+        if row.reuse:
+            continue
         cfg = row_config(sweep, row, [])
         m, d, t = cfg.model, cfg.data, cfg.train
         assert (m.n_layers, m.d_model, m.n_heads, m.vocab_size, m.train_length) == (6, 256, 4, 50257, 256)
