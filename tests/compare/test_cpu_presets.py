@@ -74,7 +74,8 @@ def test_medium_trains_the_cpu_medium_model_packed_with_document_masks_in_autos_
 
 def test_a_report_names_each_rows_training_precision_as_it_trained(tmp_path, tiny_data):
     """Rows trained in different precisions are named with theirs (the report once printed the first row's
-    for all), and ``auto`` is reported as what it resolved to in the run."""
+    for all), ``auto`` is reported as what it resolved to in the run, and a finished auto run is reused
+    (its config.toml holds the resolved precision; the sweep once refused it as a different config)."""
     import json
 
     from extrapos.compare import compare
@@ -92,3 +93,6 @@ def test_a_report_names_each_rows_training_precision_as_it_trained(tmp_path, tin
     text = compare(str(f), tmp_path / "out", progress=False).read_text()
     # C is 32 wide, so auto trains it in fp32 on any CPU
     assert "fp32 (A, C) / bf16 (B)," in text
+    # run again into the same folder: C's saved config says fp32 where the row says auto, and it is reused
+    again = compare(str(f), tmp_path / "out", progress=False).read_text()
+    assert "fp32 (A, C) / bf16 (B)," in again

@@ -9,7 +9,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from extrapos.compare.budget import budget_fact, plan_budget
 from extrapos.compare.facts import sweep_facts
@@ -37,6 +37,9 @@ from extrapos.files import atomic_write
 from extrapos.presets import find_sweep
 from extrapos.report.render import Row, loss_rows, markdown_table, write_report
 from extrapos.run.config import RunConfig, load_config
+
+if TYPE_CHECKING:
+    import torch
 
 # written into every comparison directory: a later compare writes only into a directory that holds it
 OUT_MARKER = ".extrapos-compare"
@@ -143,12 +146,12 @@ def compare(  # noqa: C901
         label = row.name if seed is None else f"{row.name} (seed {seed})"
         run_dirs[(row.name, seed)], configs[(row.name, seed)] = run_dir, cfg
         if run_is_complete(run_dir):
-            _check_same_config(run_dir, cfg)
+            _check_same_config(run_dir, cfg, device)
             say(f"[{i}/{len(jobs)}] {label}: finished run reused ({run_dir})")
             continue
         resume = (run_dir / "config.toml").is_file()
         if resume:
-            _check_same_config(run_dir, cfg)
+            _check_same_config(run_dir, cfg, device)
         say(f"[{i}/{len(jobs)}] {label}: {'resuming' if resume else 'training'} -> {run_dir}")
         train(cfg, run_dir, resume=resume, progress=progress)
     extension_dirs = _run_extensions(sweep, out, run_dirs, list(extra or []), progress, seeds, say)
@@ -569,9 +572,13 @@ def _run_extensions(
     return dirs
 
 
-def _check_same_config(run_dir: Path, cfg: RunConfig) -> None:
+def _check_same_config(run_dir: Path, cfg: RunConfig, device: torch.device) -> None:
+    """A run the sweep reuses or resumes was trained with the row's config; ``train.precision = "auto"`` is
+    compared as it resolves here, since a run's config.toml records what auto picked."""
+    from extrapos.run.precision import with_resolved_precision
+
     saved = (run_dir / "config.toml").read_text()
-    if saved != cfg.to_toml():
+    if saved != with_resolved_precision(cfg, device)[0].to_toml():
         raise UserError(
             f"{run_dir} was trained with a different config than this sweep asks for; "
             "delete that run directory or use another --out."
