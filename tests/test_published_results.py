@@ -27,6 +27,7 @@ PRESETS = {
     "quick": "quick",
     "quick-seeds": "quick-seeds",
     "quick-precision": "quick-precision",
+    "medium": "medium",
     "extension-methods": "extension-methods",
     "rehearsal": "rehearsal",
     "rehearsal-mask": "rehearsal-mask",
