@@ -28,6 +28,7 @@ PRESETS = {
     "quick-seeds": "quick-seeds",
     "quick-precision": "quick-precision",
     "medium": "medium",
+    "medium-seeds": "medium-seeds",
     "extension-methods": "extension-methods",
     "rehearsal": "rehearsal",
     "rehearsal-mask": "rehearsal-mask",

@@ -96,3 +96,28 @@ def test_a_report_names_each_rows_training_precision_as_it_trained(tmp_path, tin
     # run again into the same folder: C's saved config says fp32 where the row says auto, and it is reused
     again = compare(str(f), tmp_path / "out", progress=False).read_text()
     assert "fp32 (A, C) / bf16 (B)," in again
+
+
+def test_medium_seeds_seed_zero_is_the_medium_sweeps_run():
+    medium, seeded = load_sweep("medium"), load_sweep("medium-seeds")
+    assert seeded.seeds == [0, 1, 2] and seeded.baseline == "RoPE"
+    assert (
+        seeded.lengths,
+        seeded.max_eval_tokens,
+        seeded.protocol,
+        seeded.boundary,
+        seeded.eval_precision,
+    ) == (
+        medium.lengths,
+        medium.max_eval_tokens,
+        medium.protocol,
+        medium.boundary,
+        medium.eval_precision,
+    )
+    rows = {r.name: r for r in medium.rows}
+    for row in seeded.rows:
+        if row.reuse:
+            assert (row.reuse, row.eval) == (rows[row.name].reuse, rows[row.name].eval)
+            continue
+        seed_zero = row_config(seeded, row, ["train.seed=0"]).to_toml()
+        assert seed_zero == row_config(medium, rows[row.name], []).to_toml()
