@@ -7,6 +7,7 @@ decoding with a cache (Tq < Tk, including Tq == 1) and grouped-query attention (
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -524,6 +525,87 @@ def test_flex_training_path_bidirectional(flex_with_backward_on_cpu, name):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 
 
+def test_flex_past_its_compile_limit_falls_back_instead_of_running_eagerly(monkeypatch):
+    """Each new shape (and each encoding's score_mod) compiles flex anew; past dynamo's limit torch would
+    run flex eagerly, materialising every (query, key) score (on an H200 an evaluation at 1..16 x 1024
+    crawled there). Past ``FLEX_COMPILE_LIMIT`` the call raises inside, and the caller takes its own
+    path with a warning. Dynamo's guards are exercised with its "eager" backend (no inductor build)."""
+    import torch._dynamo
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    torch._dynamo.reset()
+    fn = torch.compile(flex_attention, backend="eager", dynamic=False)  # every new shape recompiles
+    monkeypatch.setattr(flex_mod, "_flex_state", {"fn": fn, "mask": create_block_mask})
+    monkeypatch.setattr(flex_mod, "FLEX_COMPILE_LIMIT", 2)
+    enc, x, pos, _ = _flex_training_case("kerple-log", "contiguous")
+    got = []
+    with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=1), warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning for the first two shapes
+        for T in (8, 12):
+            q, k, v = _qkv(1, 4, 2, T, T, 8, seed=T)
+            bias = enc.bias(x[:1, :T], pos[:1, :T], 0, None)
+            out = flex_mod.flex_or_none(q, k, v, bias)
+            torch.testing.assert_close(out, attention_reference(q, k, v, bias), rtol=1e-10, atol=1e-12)
+        q, k, v = _qkv(1, 4, 2, 16, 16, 8, seed=16)
+        bias = enc.bias(x[:1, :16], pos[:1, :16], 0, None)
+        warnings.simplefilter("always")
+        with pytest.warns(UserWarning, match="chunked path") as caught:
+            got.append(flex_mod.flex_or_none(q, k, v, bias))
+        assert "limit" in str(caught[0].message).lower()
+        got.append(flex_mod.flex_or_none(q, k, v, bias))  # that kind now falls back at once
+    assert got == [None, None]
+    assert flex_mod._flex_state["broken_kinds"] == {flex_mod._kind(bias, False)}
+    torch._dynamo.reset()
+
+
+class _IndexReads(torch.overrides.TorchFunctionMode):
+    """Counts the indexing reads of every tensor that requires grad, by its storage."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads: dict[int, int] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.__getitem__ and args[0].requires_grad:
+            key = args[0].untyped_storage().data_ptr()
+            self.reads[key] = self.reads.get(key, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", ["kerple-log", "kerple-power", "fire", "t5", "k-cable"])
+def test_flex_score_mods_read_each_differentiable_tensor_once(flex_with_backward_on_cpu, monkeypatch, name):
+    """Flex's compiled CUDA backward refuses a score_mod that indexes one captured tensor requiring grad
+    twice (inductor's validate_joint_graph, seen on an H200 for FIRE's unrolled MLP): every training
+    score_mod reads each such storage at most once where flex differentiates it (here the CUDA condition
+    of ``flex_may_differentiate`` is lifted on CPU), and with those copies the output and every gradient
+    still equal the materialized reference's."""
+    import extrapos.positions.base as base_mod
+    from extrapos.attention import flex_forward as _flex
+    from extrapos.attention import flex_score_mod
+
+    monkeypatch.setattr(
+        base_mod, "flex_may_differentiate", lambda t: t.requires_grad and torch.is_grad_enabled()
+    )
+    enc, x, pos, (q, k, v) = _flex_training_case(name, "contiguous")
+    bias = enc.bias(x, pos, 1, None)
+    B, H, Tq, Tk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    score_mod = flex_score_mod(bias, B, H, Tq, Tk)
+    counter = _IndexReads()
+    idx = [torch.tensor(i) for i in (1, 2, 17, 5)]  # b, h, query 17 (past FIRE's L = 16), key 5
+    with counter:
+        score_mod(torch.tensor(0.0, dtype=F64), *idx)
+    assert counter.reads and max(counter.reads.values()) == 1, counter.reads
+    flex = flex_with_backward_on_cpu
+    leaves = [q, k, v, x, *enc.parameters()]
+    out = _flex(q, k, v, enc.bias(x, pos, 1, None), flex.flex_attention, flex.create_block_mask)
+    ref = attention_reference(q, k, v, enc.bias(x, pos, 1, None))
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    for a, b in zip(_grads(out, leaves), _grads(ref, leaves)):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_flex_document_mask_equals_a_dense_mask(flex_with_backward_on_cpu, causal):
     """``flex_mask_mod`` with documents: a key is visible only from queries of its own document (and,
@@ -587,7 +669,7 @@ def test_flex_is_chosen_by_device_and_never_on_cpu(monkeypatch):
     assert q.grad is not None and next(enc.parameters()).grad is not None
 
 
-def test_a_failing_flex_backward_falls_back_before_training_uses_it(monkeypatch):
+def test_a_failing_flex_backward_falls_back_before_training_uses_it(flex_with_backward_on_cpu, monkeypatch):
     """Under autograd the first call of each kind runs flex's backward on detached q, k, v; a failure
     there (here: a stand-in flex whose backward raises) turns flex off with a warning and the caller
     falls back, instead of failing later in loss.backward()."""
@@ -612,4 +694,12 @@ def test_a_failing_flex_backward_falls_back_before_training_uses_it(monkeypatch)
     bias = enc.bias(x, pos, 0, None)
     with pytest.warns(UserWarning, match="no backward kernel"):
         assert flex_mod.flex_or_none(q, k, v, bias) is None
-    assert flex_mod._flex_state["broken"] and q.grad is None and next(enc.parameters()).grad is None
+    assert flex_mod._flex_state["broken_kinds"] == {flex_mod._kind(bias, True)}
+    assert q.grad is None and next(enc.parameters()).grad is None
+    # only that kind falls back from now on: the same bias without autograd, and another encoding's
+    # training, still take flex (on an H200 FIRE's backward failed where Kerple's and T5's compiled)
+    with torch.no_grad():
+        assert flex_mod.flex_or_none(q, k, v, bias) is not None
+    monkeypatch.setitem(flex_mod._flex_state, "fn", flex_attention)
+    enc, x, pos, (q, k, v) = _flex_training_case("t5", "contiguous")
+    assert flex_mod.flex_or_none(q, k, v, enc.bias(x, pos, 0, None)) is not None

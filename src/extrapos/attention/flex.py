@@ -4,6 +4,7 @@ or fails (``flex_or_none``); docs/attention.md."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -12,14 +13,54 @@ import torch
 from torch import Tensor
 
 from extrapos.attention.mask import AttentionMask, resolve_mask
-from extrapos.positions.base import Bias, FoldedBias, LogitBias, PairwiseBias
+from extrapos.positions.base import (
+    Bias,
+    FoldedBias,
+    LogitBias,
+    PairwiseBias,
+    flex_reads_once,
+)
 
 #: FlexAttention (CUDA) only for no-grad forwards with at least this many queries, see ``flex_wanted``
 FLEX_MIN_QUERIES = 128
 
+#: how many compilations of flex one process allows (torch's own limit is 8). Each encoding's score_mod
+#: and each new shape compiles anew until dynamo marks the changed sizes dynamic; past the limit torch runs
+#: flex eagerly, materialising every (query, key) score: on an H200 an evaluation of five rows at 1..16 x
+#: 1024 reached the limit of 8 and its remaining rows crawled. Past this one the call falls back instead.
+FLEX_COMPILE_LIMIT = 64
+
 #: the compiled kernel of this process: "fn" (compiled flex_attention), "mask" (create_block_mask),
-#: "broken" once a call failed (every later call falls back), "backward_checked" (``_check_backward``)
+#: "broken" once flex itself is missing (every later call falls back), "broken_kinds" the kinds of call
+#: (``_kind``) that failed (their later calls fall back, other kinds keep flex), "backward_checked"
+#: (``_check_backward``)
 _flex_state: dict[str, Any] = {}
+
+
+def _kind(bias: Bias | None, grad: bool) -> tuple:
+    """What a failure is remembered by: the bias's type and per-pair function, with or without autograd
+    (FIRE's compiled backward may fail where its forward and every other encoding's backward compile)."""
+    pair = getattr(bias, "pair", None)
+    return (type(bias).__name__, getattr(pair, "__qualname__", None), grad)
+
+
+def _compile_limits() -> contextlib.AbstractContextManager:
+    """Dynamo's limits around one flex call: ``FLEX_COMPILE_LIMIT`` compilations, and past them an
+    exception (the caller falls back to its chunked path) instead of eager flex, under the names this
+    torch spells them. Inside an outer torch.compile the call is traced inline and keeps the limits."""
+    import torch._dynamo.config as dynamo_config
+
+    if torch.compiler.is_compiling():
+        return contextlib.nullcontext()
+    patch: dict[str, Any] = {}
+    for names, value in (
+        (("recompile_limit", "cache_size_limit"), None),
+        (("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"), True),
+    ):
+        name = next((n for n in names if hasattr(dynamo_config, n)), None)
+        if name is not None:
+            patch[name] = max(getattr(dynamo_config, name), FLEX_COMPILE_LIMIT) if value is None else value
+    return dynamo_config.patch(**patch)
 
 
 def flex_wanted(
@@ -68,23 +109,34 @@ def flex_or_none(
     detached copies of q, k, v (gradients of q, k, v only: nothing accumulates in the parameters),
     and a failure there falls back like a failed forward.
     """
-    if _flex_state.get("broken"):
+    kind = _kind(bias, torch.is_grad_enabled())
+    if _flex_state.get("broken") or kind in _flex_state.get("broken_kinds", ()):
         return None
     mask = resolve_mask(q, k, mask)
     try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError as e:  # a torch without flex: no call can take it
+        _flex_state["broken"] = True
+        warnings.warn(f"FlexAttention unavailable ({e}); using the other attention paths", stacklevel=3)
+        return None
+    try:
         if "fn" not in _flex_state:
-            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-            _flex_state["fn"] = torch.compile(flex_attention, dynamic=False)
+            # dynamic=None: a training run compiles its one shape statically; the lengths and batch sizes
+            # of an evaluation each recompile once, then dynamo makes the sizes that changed dynamic
+            _flex_state["fn"] = torch.compile(flex_attention, dynamic=None)
             _flex_state["mask"] = create_block_mask
         flex, make_mask = _flex_state["fn"], _flex_state["mask"]
-        if torch.is_grad_enabled():
-            _check_backward(q, k, v, bias, mask, flex, make_mask)
-        return flex_forward(q, k, v, bias, flex, make_mask, mask=mask)
-    except Exception as e:  # import errors, compile errors, unsupported captures: use the fallback
-        _flex_state["broken"] = True
+        with _compile_limits():
+            if torch.is_grad_enabled():
+                _check_backward(q, k, v, bias, mask, flex, make_mask)
+            return flex_forward(q, k, v, bias, flex, make_mask, mask=mask)
+    except Exception as e:  # compile errors, unsupported captures, the compile limit: use the fallback
+        _flex_state.setdefault("broken_kinds", set()).add(kind)
+        message = str(e).split("\n")[0][:300]
         warnings.warn(
-            f"FlexAttention unavailable ({type(e).__name__}: {e}); using the chunked path", stacklevel=3
+            f"FlexAttention failed for {kind[1] or kind[0]} ({type(e).__name__}: {message}); this kind of "
+            "call takes the chunked path from now on",
+            stacklevel=3,
         )
         return None
 
@@ -129,14 +181,16 @@ def flex_score_mod(bias: Bias | None, B: int, H: int, Tq: int, Tk: int) -> Calla
     qf, kf, pair = bias.q_feat, bias.k_feat, bias.pair
     hq, hk = qf.shape[1] > 1, kf.shape[1] > 1
     if pair is not None:
-        n_q, n_k = qf.shape[-1], kf.shape[-1]
         # called with one scalar per feature (lists of 0-d tensors), whatever base.py's annotation says
         pair_fn: Callable[..., Tensor] = pair
+        # each feature a (B, Hq or Hk, T) tensor of its own where flex differentiates the features
+        # (K-CABLE's (g, S)): its compiled backward takes one indexing read per such tensor
+        q_cols, k_cols = flex_reads_once([qf.movedim(-1, 0), kf.movedim(-1, 0)])
 
         def pairwise(score, b, h, qi, kj):
             # one scalar per feature: flex differentiates a captured tensor through scalar indexing only
-            a = [qf[b, h if hq else 0, qi, f] for f in range(n_q)]
-            c = [kf[b, h if hk else 0, kj, f] for f in range(n_k)]
+            a = [col[b, h if hq else 0, qi] for col in q_cols]
+            c = [col[b, h if hk else 0, kj] for col in k_cols]
             return score + pair_fn(a, c, h)
 
         return pairwise

@@ -97,8 +97,9 @@ class PairwiseBias:
     tensors), h the head (a 0-d index tensor) -> a 0-d tensor. It uses tensor operations only (no
     Python branch on a value, no custom autograd) and reads every other tensor that needs a gradient
     by scalar indexing (``r[h]``, ``w[h, m]``; a 0-d one as ``t.reshape(1)[0]``), the one access flex
-    differentiates; ``attention/flex.py`` trains with it on CUDA (docs/attention.md). None: no such form
-    (flex then evaluates ``fn`` on the pair, without gradients).
+    differentiates, and at most once per tensor (``flex_reads_once``); ``attention/flex.py`` trains
+    with it on CUDA (docs/attention.md). None: no such form (flex then evaluates ``fn`` on the pair,
+    without gradients).
     """
 
     q_feat: Tensor
@@ -107,6 +108,23 @@ class PairwiseBias:
     pair: Callable[[list[Tensor], list[Tensor], Tensor], Tensor] | None = dataclasses.field(
         default=None, kw_only=True
     )
+
+
+def flex_may_differentiate(t: Tensor) -> bool:
+    """Whether compiled FlexAttention (CUDA only, attention/flex.py) may differentiate a captured ``t``."""
+    return t.is_cuda and t.requires_grad and torch.is_grad_enabled()
+
+
+def flex_reads_once(tables: list[Tensor]) -> list[list[Tensor]]:
+    """The rows of each table, each row a tensor of its own (a copy) where compiled flex may
+    differentiate it, else views. Flex's compiled backward accepts one indexing read per captured tensor
+    that requires grad (inductor refuses a second when it lowers the backward; seen on an H200 for FIRE,
+    whose unrolled hidden layer read each weight tensor once per unit), so a per-pair form that reads a
+    table row by row reads its rows from this. Copies cost one small kernel per row, CUDA training only."""
+    return [
+        [row.clone() for row in t.unbind(0)] if flex_may_differentiate(t) else list(t.unbind(0))
+        for t in tables
+    ]
 
 
 @dataclass

@@ -35,7 +35,13 @@ from torch import Tensor, nn
 
 from extrapos.bounds import MAX_POSITION, Bound, BoundError, CheckedOptions
 from extrapos.errors import UserError
-from extrapos.positions.base import EncodingContext, FoldedBias, PairwiseBias, PositionalEncoding
+from extrapos.positions.base import (
+    EncodingContext,
+    FoldedBias,
+    PairwiseBias,
+    PositionalEncoding,
+    flex_reads_once,
+)
 from extrapos.positions.registry import register
 
 
@@ -370,8 +376,10 @@ class FIRE(PositionalEncoding):
             return mlp(u.unsqueeze(-1)).transpose(0, 1)  # (H, n)
 
         # the MLP's weights as tensors (a score_mod that captures a module is compiled once per layer),
-        # every one read by scalar indexing and the hidden layer unrolled (PairwiseBias.pair)
+        # every one read by scalar indexing and the hidden layer unrolled (PairwiseBias.pair); each hidden
+        # unit's weights are tensors of their own where flex will differentiate them (flex_reads_once)
         w1, b1, w2, b2 = first.weight[:, 0], first.bias, last.weight, last.bias
+        w1s, b1s, w2s = flex_reads_once([w1[:, None], b1[:, None], w2.t()])
         c1, L1 = c.reshape(1), L.reshape(1)
 
         def pair(qi: list[Tensor], kj: list[Tensor], h: Tensor) -> Tensor:
@@ -379,8 +387,8 @@ class FIRE(PositionalEncoding):
             u = torch.log1p(c * (qi[0] - kj[0]).abs()) / (torch.log1p(c * torch.maximum(qi[0], L)) + eps)
             u = u.to(w1.dtype)
             out = b2[h]
-            for m in range(w1.shape[0]):
-                out = out + w2[h, m] * torch.relu(w1[m] * u + b1[m])
+            for m in range(len(w1s)):
+                out = out + w2s[m][h] * torch.relu(w1s[m][0] * u + b1s[m][0])
             return out
 
         # bidirectional FIRE normalises by the farthest key of the row: no per-pair form
