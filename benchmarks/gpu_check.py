@@ -800,23 +800,61 @@ def md_bench(b: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+#: the sections in the order they run: (key in the summary, title of a section not run yet)
+SECTIONS = [
+    ("dependencies", "Dependencies"),
+    ("doctor", "extrapos doctor"),
+    ("runs", "Short runs"),
+    ("resume", "kill -9 and resume"),
+    ("parallel", "DDP and FSDP2"),
+    ("eval", "Evaluation"),
+    ("bench", "Bench"),
+]
+
+
 def markdown(summary: dict[str, Any], doctor_text: str) -> str:
+    """The summary so far: every section that ran, then the ones not reached (a check stopped at a
+    deadline still says what it proved)."""
     v = summary["verdicts"]
+    state = (
+        ""
+        if summary["finished"]
+        else " so far: stopped (or still running) before the sections marked not run"
+    )
     lines = [
         f"# gpu-check: {summary['mode']}",
         "",
-        f"Overall: **{_verdict(summary['ok'])}** in {summary['seconds']:.0f} s ("
-        + ", ".join(f"{k} {_verdict(x)}" for k, x in v.items())
+        f"Overall: **{_verdict(summary['ok'])}** in {summary['seconds']:.0f} s{state} ("
+        + ", ".join(f"{k} {_verdict(x)}" if x is not None else f"{k} not run" for k, x in v.items())
         + ").",
         "",
     ]
-    lines += md_dependencies(summary["dependencies"])
-    lines += [f"## extrapos doctor: {_verdict(v['doctor'])}", "", doctor_text, ""]
-    lines += md_runs(summary["runs"], summary["sizes"]["steps"], v["runs"])
-    lines += md_resume(summary["resume"]) + md_parallel(summary["parallel"])
-    lines += md_eval(summary["eval"]) + md_bench(summary["bench"])
-    lines += ["ok" if summary["ok"] else "FAILED: see the sections above"]
+    for key, title in SECTIONS:
+        if v[key] is None:
+            lines += [f"## {title}: not run", ""]
+        elif key == "dependencies":
+            lines += md_dependencies(summary["dependencies"])
+        elif key == "doctor":
+            lines += [f"## extrapos doctor: {_verdict(v['doctor'])}", "", doctor_text, ""]
+        elif key == "runs":
+            lines += md_runs(summary["runs"], summary["sizes"]["steps"], v["runs"])
+        else:
+            lines += {"resume": md_resume, "parallel": md_parallel, "eval": md_eval, "bench": md_bench}[key](
+                summary[key]
+            )
+    lines += ["ok" if summary["ok"] else "FAILED (or not finished): see the sections above"]
     return "\n".join(lines) + "\n"
+
+
+def write_summary(out: Path, summary: dict[str, Any], doctor_text: str) -> None:
+    """summary.json and summary.md as they stand, each replaced whole (a kill never leaves half a file)."""
+    for name, text in (
+        ("summary.json", json.dumps(summary, indent=1, default=str)),
+        ("summary.md", markdown(summary, doctor_text)),
+    ):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, out / name)
 
 
 def parse_sets(values: list[str]) -> dict[str, str]:
@@ -874,45 +912,56 @@ def main(argv: list[str] | None = None) -> int:
     )
     mode = "GPU" if cuda else "STAND-IN (no CUDA device: CPU paths only; nothing here is about a GPU)"
     print(f"gpu-check: {mode}", file=sys.stderr)
+    summary: dict[str, Any] = {
+        "mode": mode,
+        "ok": False,
+        "finished": False,
+        "verdicts": {key: None for key, _ in SECTIONS},
+        "seconds": 0.0,
+        "sizes": asdict(s),
+    }
+    doctor_text = ""
+
+    def section(key: str, row: Any, ok: bool, started: float) -> None:
+        # written after every section, so a check stopped at a deadline keeps what it proved
+        summary[key], summary["verdicts"][key] = row, ok
+        summary["seconds"] = time.perf_counter() - t0
+        write_summary(out, summary, doctor_text)
+        print(
+            f"gpu-check: {key} {_verdict(ok)} in {time.perf_counter() - started:.0f} s "
+            f"({summary['seconds']:.0f} s so far)",
+            file=sys.stderr,
+        )
+
+    started = time.perf_counter()
     deps = guarded(dependencies)
+    section("dependencies", deps, deps["ok"], started)
+    started = time.perf_counter()
     encodings = args.doctor_encodings.split(",") if args.doctor_encodings else None
     report = doctor(args.device, encodings, speed=not args.no_doctor_speed)
-    runs = [guarded(family_run, name, out / "runs", s.steps, cuda, extra) for name in families]
-    print("gpu-check: kill -9 and resume", file=sys.stderr)
-    resume = guarded(resume_check, out / "resume", cuda, s.resume_steps, extra, env)
-    print("gpu-check: DDP and FSDP2", file=sys.stderr)
-    parallel = guarded(parallel_check, out / "parallel", cuda, s, extra, env)
-    print("gpu-check: evaluation", file=sys.stderr)
-    evaluation = guarded(eval_check, out / "runs", families, cuda, s)
-    print("gpu-check: bench", file=sys.stderr)
-    bench = guarded(bench_check, families, cuda)
-    verdicts = {
-        "dependencies": deps["ok"],
-        "doctor": report.ok,
-        "runs": bool(runs) and all(r.get("fell", False) for r in runs),
-        "resume": resume["ok"],
-        "parallel": parallel["ok"],
-        "eval": evaluation["ok"],
-        "bench": bench["ok"],
-    }
-    summary = {
-        "mode": mode,
-        "ok": all(verdicts.values()),
-        "verdicts": verdicts,
-        "seconds": time.perf_counter() - t0,
-        "sizes": asdict(s),
-        "dependencies": deps,
-        "doctor": report.to_dict(),
-        "runs": runs,
-        "resume": resume,
-        "parallel": parallel,
-        "eval": evaluation,
-        "bench": bench,
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    text = markdown(summary, format_report(report))
-    (out / "summary.md").write_text(text)
-    print(text)
+    doctor_text = format_report(report)
+    print(doctor_text, file=sys.stderr)
+    section("doctor", report.to_dict(), report.ok, started)
+    started = time.perf_counter()
+    runs: list[dict[str, Any]] = []
+    for name in families:
+        runs.append(guarded(family_run, name, out / "runs", s.steps, cuda, extra))
+        print(f"gpu-check: short run {name}: {runs[-1].get('seconds', 0):.0f} s", file=sys.stderr)
+    section("runs", runs, bool(runs) and all(r.get("fell", False) for r in runs), started)
+    for key, fn, fn_args in (
+        ("resume", resume_check, (out / "resume", cuda, s.resume_steps, extra, env)),
+        ("parallel", parallel_check, (out / "parallel", cuda, s, extra, env)),
+        ("eval", eval_check, (out / "runs", families, cuda, s)),
+        ("bench", bench_check, (families, cuda)),
+    ):
+        started = time.perf_counter()
+        print(f"gpu-check: {dict(SECTIONS)[key]}", file=sys.stderr)
+        row = guarded(fn, *fn_args)
+        section(key, row, row["ok"], started)
+    summary["finished"] = True
+    summary["ok"] = all(summary["verdicts"].values())
+    write_summary(out, summary, doctor_text)
+    print(markdown(summary, doctor_text))
     return 0 if summary["ok"] else 1
 
 

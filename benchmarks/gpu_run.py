@@ -273,7 +273,9 @@ def markdown(state: dict[str, Any]) -> str:
                 f" ({', '.join(s['rows_scored']) or 'none'}); last: {far}"
             )
         if s["stage"] == "gpu-check" and s.get("verdicts"):
-            far = ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in s["verdicts"].items())
+            far = ", ".join(
+                f"{k} {'not run' if v is None else 'ok' if v else 'FAILED'}" for k, v in s["verdicts"].items()
+            )
         far = far.replace("|", "/")[:300]
         lines.append(f"| {s['stage']} | {s['status']} | {s['seconds']:.0f} | {s['deadline']:g} | {far} |")
     lines += ["", "Files: " + ", ".join(f for f in FILES if (Path(state["out"]) / f).is_file()) + "."]

@@ -40,6 +40,30 @@ def test_sets_order_and_a_failing_section_is_a_failed_row():
     assert {o["package"] for o in deps["optional"]} >= {"matplotlib", "transformers", "tensorboard"}
 
 
+def test_a_partial_summary_says_which_sections_ran(tmp_path):
+    """After each section the summaries are rewritten (a check stopped at a deadline keeps what it
+    proved, as the first GPU session needed): sections not reached read "not run", and the overall verdict
+    is not ok until every section ran."""
+    gc = load_script()
+    assert [key for key, _ in gc.SECTIONS] == SECTIONS
+    summary = {
+        "mode": "GPU",
+        "ok": False,
+        "finished": False,
+        "verdicts": dict.fromkeys(SECTIONS),
+        "seconds": 12.0,
+        "sizes": {"steps": 6},
+        "dependencies": gc.dependencies(),
+    }
+    summary["verdicts"]["dependencies"] = True
+    gc.write_summary(tmp_path, summary, "")
+    text = (tmp_path / "summary.md").read_text()
+    assert "dependencies ok, doctor not run" in text and "## kill -9 and resume: not run" in text
+    assert text.count(": not run") == 6 and "stopped (or still running)" in text
+    assert json.loads((tmp_path / "summary.json").read_text())["verdicts"]["doctor"] is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json", "summary.md"]  # no temporary left
+
+
 def test_reduced_stand_in_writes_every_section_with_a_verdict(tiny_data, tmp_path):
     """One family, a few steps, the tiny corpus; world size 2 left out (tests/run/test_distributed.py has it).
     About 30 s on 2 busy cores."""

@@ -96,5 +96,9 @@ def test_a_stage_past_its_deadline_is_stopped_and_the_next_one_runs(tmp_path, ti
     assert "last_progress" in stages["gpu-check"]  # its last progress line, if it printed one in time
     assert stages["compare"]["status"] == "deadline" and "rows_started" in stages["compare"]
     assert "| gpu-check | deadline |" in (out / "gpu-run.md").read_text()
-    assert not (out / "gpu-check.json").exists()  # gpu_check writes its summary at its end only
+    partial = out / "gpu-check.json"  # gpu_check rewrites its summary after every section
+    if partial.exists():  # what it finished within its 4 s (the dependencies, on a quiet machine)
+        summary = json.loads(partial.read_text())
+        assert summary["finished"] is False and None in summary["verdicts"].values()
+        assert "not run" in (out / "gpu-check.md").read_text()
     assert {p.name for p in out.iterdir()} <= FILES
