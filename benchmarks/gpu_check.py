@@ -938,7 +938,12 @@ def main(argv: list[str] | None = None) -> int:
     section("dependencies", deps, deps["ok"], started)
     started = time.perf_counter()
     encodings = args.doctor_encodings.split(",") if args.doctor_encodings else None
-    report = doctor(args.device, encodings, speed=not args.no_doctor_speed)
+
+    def heard(check: Any, seconds: float) -> None:
+        verdict = "ok" if check.ok else f"FAILED{': ' + check.error[:200] if check.error else ''}"
+        print(f"gpu-check: doctor {check.name} {verdict} in {seconds:.0f} s", file=sys.stderr)
+
+    report = doctor(args.device, encodings, speed=not args.no_doctor_speed, on_check=heard)
     doctor_text = format_report(report)
     print(doctor_text, file=sys.stderr)
     section("doctor", report.to_dict(), report.ok, started)

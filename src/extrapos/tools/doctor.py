@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -181,8 +182,16 @@ def time_gpt2_small_step(device: torch.device, precision: str, tokens: int) -> d
 
 
 def doctor(
-    device: str = "auto", encodings: list[str] | None = None, speed: bool = True, progress: bool = True
+    device: str = "auto",
+    encodings: list[str] | None = None,
+    speed: bool = True,
+    progress: bool = True,
+    on_check: Callable[[EncodingCheck, float], None] | None = None,
 ) -> Report:
+    """Every chosen encoding against its float64 reference on ``device``'s fastest path (and, ``speed``,
+    one timed GPT-2-small step). ``on_check(check, seconds)`` hears of each encoding as it finishes: on
+    CUDA a pairwise bias compiles FlexAttention's forward and backward, tens of seconds or more each,
+    and a log without a terminal would otherwise stay silent until the end."""
     from tqdm import tqdm
 
     from extrapos.positions.registry import names
@@ -193,7 +202,10 @@ def doctor(
     report = Report(machine_facts(dev), precision)
     chosen = encodings or names()
     for name in tqdm(chosen, desc="doctor", unit="encoding", disable=None if progress else True, leave=False):
+        t0 = time.perf_counter()
         report.checks.append(check_encoding(name, dev, precision))
+        if on_check is not None:
+            on_check(report.checks[-1], time.perf_counter() - t0)
     if speed:
         report.step = time_gpt2_small_step(dev, precision, 1024 if dev.type == "cuda" else 128)
     return report
