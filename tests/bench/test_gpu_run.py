@@ -102,3 +102,32 @@ def test_a_stage_past_its_deadline_is_stopped_and_the_next_one_runs(tmp_path, ti
         assert summary["finished"] is False and None in summary["verdicts"].values()
         assert "not run" in (out / "gpu-check.md").read_text()
     assert {p.name for p in out.iterdir()} <= FILES
+
+
+def test_a_comparison_stopped_before_its_report_keeps_the_rows_it_scored(tmp_path):
+    """On the first GPU the comparison reached its deadline with two of five rows scored: their own
+    evaluation files go into compare.json (``scored_rows``) when the sweep's results.json is missing."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_run", ROOT / "benchmarks" / "gpu_run.py")
+    assert spec and spec.loader
+    gr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gr)
+    work, out = tmp_path / "work", tmp_path / "out"
+    for name, scored in (("nope", True), ("rope", True), ("alibi", False)):
+        run = work / "compare" / "runs" / name
+        (run / "eval").mkdir(parents=True)
+        (run / "config.toml").write_text("")
+        (run / "summary.json").write_text("{}")
+        if scored:
+            (run / "eval" / "stream.json").write_text(json.dumps({"name": "stream", "loss": [3.1, 3.4]}))
+    (work / "compare" / "budget.json").write_text(json.dumps({"budget_seconds": 100}))
+    out.mkdir()
+    row: dict = {}
+    gr.collect_compare(work, out, row)
+    assert row["rows_trained"] == ["alibi", "nope", "rope"] and row["rows_scored"] == ["nope", "rope"]
+    got = json.loads((out / "compare.json").read_text())
+    assert got["budget"] == {"budget_seconds": 100}
+    assert got["scored_rows"] == {
+        r: {"stream.json": {"name": "stream", "loss": [3.1, 3.4]}} for r in ("nope", "rope")
+    }
