@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# the quick comparison; it ends with the table beside the published one (docs/results/quick/results.json),
+# each cell judged against the run-to-run noise quick-seeds measured, and one line of verdict
 demo: $(STAMP)
 	$(BIN)/extrapos compare quick --out runs/compare-quick
 

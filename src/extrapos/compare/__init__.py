@@ -89,7 +89,9 @@ combined with ``seeds`` (there is one run, not one per seed).
 
 Modules: ``sweep`` (the sweep file, checked), ``run`` (training, evaluation and task columns of every
 row), ``tasks`` (the task columns: their options and the scoring of each row), ``seeds`` (results over
-seeds), ``facts`` (the report's statements), ``budget`` (the time budget's measured token budget).
+seeds), ``facts`` (the report's statements), ``budget`` (the time budget's measured token budget),
+``published`` (where a preset's published table lives, and the last words of `extrapos compare`: the user's
+table beside it, judged by run-to-run noise; ``--against FILE`` names another).
 """
 
 from extrapos.compare.run import OUT_MARKER, check_out_dir, compare
