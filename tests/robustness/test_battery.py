@@ -251,6 +251,10 @@ def _bases(w: dict, case: Path) -> dict[str, list[str]]:
         "bench": ["bench", "--quick", "--resolution-only", "--no-progress", "--device", "cpu"],
         # one encoding, no timed step: the whole check is tests/tools/test_doctor.py's
         "doctor": ["doctor", "--encodings", "nope", "--no-speed", "--no-progress", "--device", "cpu"],
+        # no export line: it loads transformers (tests/tools/test_conformance.py checks it)
+        "check-encoding": [
+            "check-encoding", "rope", "--option", "base=10000", "--no-export", "--device", "cpu",
+        ],
     }  # fmt: skip
 
 

@@ -25,6 +25,7 @@ from extrapos.errors import INTERNAL_ERROR, UserError
 COMMAND_MODULES = [
     "extrapos.cli.data",
     "extrapos.cli.encodings",
+    "extrapos.cli.check_encoding",
     "extrapos.cli.train",
     "extrapos.cli.extend",
     "extrapos.cli.eval",

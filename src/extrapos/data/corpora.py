@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from extrapos.errors import UserError
+from extrapos.plugins import corpus_names, corpus_plugin
 
 DEFAULT_CORPUS = "sotu"
 #: corpora named by a word, not a path (their specs are cache keys as they are)
@@ -120,12 +121,15 @@ def open_corpus(spec: str = DEFAULT_CORPUS, text_field: str = "text", max_docs: 
         corpus = python_site_corpus()
     elif spec.startswith("hf:"):
         corpus = _hub_corpus(spec, text_field)
-    elif _looks_like_path(spec):
+    elif looks_like_path(spec):
         corpus = _path_corpus(spec, text_field)
+    elif (plugin := corpus_plugin(spec)) is not None:
+        corpus = _plugin_corpus(spec, *plugin)
     else:
+        others = "".join(f", {name}" for name in corpus_names())
         raise UserError(
-            f"Unknown corpus '{spec}'; use sotu, sotu-short, python-stdlib, python-site, hf:PATH[:CONFIG], "
-            "or an existing file, directory or glob of .txt/.jsonl/.parquet files."
+            f"Unknown corpus '{spec}'; use sotu, sotu-short, python-stdlib, python-site{others}, "
+            "hf:PATH[:CONFIG], or an existing file, directory or glob of .txt/.jsonl/.parquet files."
         )
     if max_docs is not None:
         corpus = _limit(corpus, max_docs)
@@ -152,7 +156,7 @@ def _limit(corpus: Corpus, max_docs: int) -> Corpus:
     return Corpus(corpus.spec, iterate, corpus.fingerprint, size)
 
 
-def _looks_like_path(spec: str) -> bool:
+def looks_like_path(spec: str) -> bool:
     return any(c in spec for c in "/\\*?[.~") or Path(spec).exists()
 
 
@@ -247,6 +251,22 @@ def python_site_corpus(stdlib: Path | None = None, sites: list[Path] | None = No
             yield doc_id, corpus.decode(data)
 
     return Corpus(SPEC, iterate, sources_fingerprint(files), None)
+
+
+def _plugin_corpus(spec: str, documents: Callable[[], Iterable[Document]], version: str) -> Corpus:
+    """A corpus from another package's ``extrapos.corpora`` entry point (plugins.py): its documents
+    function, fingerprinted by the package's version (the function's data cannot be inspected)."""
+
+    def iterate(corpus: Corpus) -> Iterator[Document]:
+        for i, doc in enumerate(documents()):
+            if not (isinstance(doc, tuple) and len(doc) == 2 and isinstance(doc[1], str)):
+                raise UserError(
+                    f"The corpus plug-in '{spec}' yielded {type(doc).__name__} as its document {i}; it must "
+                    "yield (id, text) pairs of strings."
+                )
+            yield str(doc[0]), corpus.clean(doc[1])
+
+    return Corpus(spec, iterate, f"plugin-{version}", None)
 
 
 def _files_fingerprint(files: list[Path], root: Path) -> str:

@@ -43,7 +43,7 @@ from extrapos import __version__
 from extrapos.data.cache import cache_root
 from extrapos.data.cache import publish as _publish  # by name here: a fault test patches prepare:_publish
 from extrapos.data.cache import reusable as _reusable
-from extrapos.data.corpora import BUILTIN_CORPORA, Corpus, open_corpus
+from extrapos.data.corpora import BUILTIN_CORPORA, Corpus, looks_like_path, open_corpus
 from extrapos.data.shards import (
     FORMAT,
     SPLITS,
@@ -69,6 +69,7 @@ from extrapos.data.tokenizer import (
     train_bpe,
 )
 from extrapos.errors import UserError
+from extrapos.plugins import corpus_names
 
 DEFAULT_SPLIT_FRACTIONS = (0.9, 0.05, 0.05)
 # bpe:N on a streamed hub corpus would otherwise read the whole stream before tokenizing it.
@@ -571,6 +572,8 @@ def _normalized_corpus_spec(spec: str) -> str:
     """Absolute paths for local corpora, so ./data and /home/me/data share one cache entry."""
     spec = spec.strip()
     if spec in BUILTIN_CORPORA or spec.startswith("hf:"):
+        return spec
+    if not looks_like_path(spec) and spec in corpus_names():  # a plug-in's corpus, named by a word
         return spec
     return str(Path(spec).expanduser().absolute())
 

@@ -58,6 +58,9 @@ def _load() -> None:
         _loaded = True
         for module in encoding_modules():
             importlib.import_module(module)
+        from extrapos.plugins import load_encodings
+
+        load_encodings()  # other packages' encodings (plugins.py), after every built-in name is taken
 
 
 def names() -> list[str]:

@@ -125,12 +125,17 @@ def _decode(model, tokens, positions, device, precision) -> torch.Tensor:
     return torch.cat(out, dim=1)
 
 
-def check_encoding(name: str, device: torch.device, precision: str) -> EncodingCheck:
+def check_encoding(
+    name: str, device: torch.device, precision: str, options: dict[str, Any] | None = None
+) -> EncodingCheck:
+    """One training step and one cached decode of a cpu-tiny model with encoding ``name`` (and its
+    ``options``) on ``device`` in ``precision``, against the same model in float64 on the CPU."""
     from extrapos.model import Decoder, model_config
 
     tolerance = TOLERANCE[precision]
     try:
-        cfg = model_config("cpu-tiny", positions={"name": name}, vocab_size=VOCAB, train_length=T)
+        table = {"name": name, **(options or {})}  # the config's model.positions
+        cfg = model_config("cpu-tiny", positions=table, vocab_size=VOCAB, train_length=T)
         torch.manual_seed(0)
         model = Decoder(cfg)
         reference = copy.deepcopy(model).double()
