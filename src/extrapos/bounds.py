@@ -12,6 +12,7 @@ the table (a test keeps it equal to the declared bounds).
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -77,6 +78,25 @@ MAX_POSITION = 2**24
 BASE_WHY = "greater than 1 at the very least, or base^(-2i/d) blows up; past 1e10 nothing turns"
 
 
+_CHOICES: dict[type, dict[str, tuple[Any, ...]]] = {}  # per Options class: its hints are read once
+
+
+def choices(cls: type) -> dict[str, tuple[Any, ...]]:
+    """The fields of an Options dataclass annotated ``Literal[...]`` (or ``Literal[...] | None``) and
+    their allowed values: a string option (RoPE's ``scaling``, Kerple's ``form``) is then refused when the
+    Options is built, as a number outside its bound is, and not when the module is (after a sweep has
+    trained its other rows)."""
+    if cls not in _CHOICES:
+        out = {}
+        for key, hint in typing.get_type_hints(cls).items():
+            args = typing.get_args(hint) if typing.get_origin(hint) is not typing.Literal else (hint,)
+            literal = [a for a in (args or (hint,)) if typing.get_origin(a) is typing.Literal]
+            if literal:
+                out[key] = typing.get_args(literal[0])
+        _CHOICES[cls] = out
+    return _CHOICES[cls]
+
+
 class CheckedOptions:
     """An encoding's Options that check themselves on construction: every numeric field named in
     ``BOUNDS`` (None, an unset optional, is left to its default) and the rules of ``check``."""
@@ -91,6 +111,10 @@ class CheckedOptions:
             value = getattr(self, key)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and not bound.holds(value):
                 raise BoundError(key, bound.rule, value)
+        for key, allowed in choices(type(self)).items():
+            value = getattr(self, key)
+            if value is not None and value not in allowed:
+                raise BoundError(key, "one of " + ", ".join(repr(c) for c in allowed), value)
         self.check()
 
     def check(self) -> None:

@@ -32,6 +32,8 @@ def _type_name(hint: Any) -> str:
         return " or ".join(_type_name(a) for a in args if a is not type(None))
     if typing.get_origin(hint) is list:
         return f"a list of {_type_name(args[0]) if args else 'values'}"
+    if typing.get_origin(hint) is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
     return getattr(hint, "__name__", str(hint))
 
 
@@ -43,13 +45,23 @@ def check(hint: Any, value: Any, where: str) -> Any:  # noqa: C901 (one branch p
         allowed = typing.get_args(hint)
         if value is None and type(None) in allowed:
             return None
+        specific: UserError | None = None
         for t in allowed:
             if t is type(None):
                 continue
             try:
                 return check(t, value, where)
-            except UserError:
+            except UserError as e:
+                # a value of the member's own kind that it refuses (nan for a float | None) keeps that
+                # member's reason ("must be a finite number"), not the union's "must be float"
+                if specific is None and _same_kind(t, value):
+                    specific = e
                 continue
+        if specific is not None:
+            raise specific
+    elif origin is typing.Literal:  # a choice (RoPE's scaling, Kerple's form): refused here, before any work
+        if any(value == choice and type(value) is type(choice) for choice in typing.get_args(hint)):
+            return value
     elif hint is Any:  # a free value (an encoding's factor list): its numbers and strings bounded too
         _check_free(value, where)
         return value
@@ -89,6 +101,15 @@ def check(hint: Any, value: Any, where: str) -> Any:  # noqa: C901 (one branch p
     else:  # a field type this validator does not know: accepted as it is
         return value
     raise UserError(f"{where} must be {_type_name(hint)}, got {value!r}.")
+
+
+def _same_kind(hint: Any, value: Any) -> bool:
+    """Whether ``value`` is of the plain kind ``hint`` names (a number for int or float, text for str)."""
+    if isinstance(value, bool):
+        return hint is bool
+    if hint in (int, float):
+        return isinstance(value, (int, float))
+    return hint is str and isinstance(value, str)
 
 
 def _check_free(value: Any, where: str) -> None:

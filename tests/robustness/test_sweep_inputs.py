@@ -101,6 +101,11 @@ def refused(sweep, tiny_data, scratch, cache, fragments, extra=()):
             ROWS + '[[rows]]\nname = "RoPE base0"\nreuse = "RoPE"\neval = { base = 0 }\n',
             ["row 'RoPE base0' eval options base=0", "greater than 1"],
         ),
+        (  # a string option is a choice, refused before any row trains as a number out of bounds is
+            "lengths = [1]\n",
+            ROWS + '[[rows]]\nname = "RoPE bogus"\nreuse = "RoPE"\neval = { scaling = "bogus" }\n',
+            ["row 'RoPE bogus' eval options scaling=bogus", "one of 'linear', 'ntk'"],
+        ),
         (
             'lengths = [4]\ntasks = ["passkey"]\npasskey = { trials = 100000000000 }\n',
             ROWS,
@@ -130,6 +135,7 @@ def refused(sweep, tiny_data, scratch, cache, fragments, extra=()):
         "slug-punctuation",
         "eval-unknown-option",
         "eval-nan-option",
+        "eval-unknown-choice",
         "passkey-memory",
         "synthetic-memory",
     ],

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, cast
+from typing import ClassVar, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -171,7 +171,7 @@ class Kerple(PositionalEncoding):
 
     @dataclass(frozen=True)
     class Options(CheckedOptions):
-        form: str = "log"  # "log" or "power"
+        form: Literal["log", "power"] = "log"
         per_layer: bool = True
 
     options: Options

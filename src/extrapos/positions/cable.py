@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -117,7 +118,7 @@ class CABLE(PositionalEncoding):
     class Options(CheckedOptions):
         weighted: bool = True  # g = Softplus(X w_s); false: g = 1 (CABLE-NW)
         kernel: bool = False  # K-CABLE: -log(1 + (g_i (S_i - S_j))^2)
-        variant: str = "paper"  # "paper" or "official" (the authors' public code)
+        variant: Literal["paper", "official"] = "paper"  # "official": the authors' public code
         unscaled_logits: bool = True  # official variant only: replicate its missing 1/sqrt(d_h)
 
     options: Options

@@ -21,8 +21,9 @@ the KV cache concatenates, so cached decoding needs no state. Shift invariant wh
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
-from typing import ClassVar, cast
+from typing import ClassVar, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -32,7 +33,9 @@ from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, LogitBias, PairwiseBias, PositionalEncoding
 from extrapos.positions.registry import build_encoding, register
 
-BASES = ("kerple-log", "kerple-power", "t5", "fire")
+#: the static biases B that DAPE corrects (each query-chunked)
+Base = Literal["kerple-log", "kerple-power", "t5", "fire"]
+BASES = typing.get_args(Base)
 
 
 class DAPE(PositionalEncoding):
@@ -44,7 +47,7 @@ class DAPE(PositionalEncoding):
     @dataclass(frozen=True)
     class Options(CheckedOptions):
         BOUNDS: ClassVar[dict[str, Bound]] = {"mlp_width": Bound(1, 4096)}
-        base: str = "kerple-log"  # the static bias B
+        base: Base = "kerple-log"  # the static bias B
         mlp_width: int = 32
 
     options: Options

@@ -37,8 +37,9 @@ Angles are computed in fp32 (fp64 for fp64 inputs) and cos/sin cast to q's dtype
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -48,7 +49,9 @@ from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, PositionalEncoding
 from extrapos.positions.registry import register
 
-SCALINGS = (None, "linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
+#: the scalings by name (an Options field of this type is refused when built, schema / bounds.choices)
+Scaling = Literal["linear", "ntk", "dynamic", "yarn", "llama3", "longrope"]
+SCALINGS = (None, *typing.get_args(Scaling))
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -139,7 +142,7 @@ class RoPE(PositionalEncoding):
         }
         base: float = 10000.0
         rotary_fraction: float = 1.0
-        scaling: str | None = None  # None | "linear" | "ntk" | "dynamic" | "yarn"
+        scaling: Scaling | None = None  # None: plain RoPE
         factor: float = 1.0
         original_length: int | None = None  # L of the scalings; None: L_t
         beta_fast: float = 32.0
