@@ -63,3 +63,11 @@ def test_nan_for_an_optional_float_says_finite(tmp_path, capsys):
         code == 2
         and "attention_factor (an option of encoding 'rope') must be a finite number, got nan" in err
     )
+
+
+def test_every_rope_scaling_name_has_its_entry_in_the_registry():
+    """RoPE's scalings are one dictionary (ROPE_SCALINGS, as Hugging Face's ROPE_INIT_FUNCTIONS): each name
+    the ``scaling`` option accepts has exactly one entry, and no entry is unreachable."""
+    from extrapos.positions.rotary import ROPE_SCALINGS, SCALINGS, RoPE
+
+    assert set(ROPE_SCALINGS) == set(SCALINGS) == {None, *choices(RoPE.Options)["scaling"]}

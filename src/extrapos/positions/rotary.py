@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -117,6 +118,58 @@ def llama3_inv_freq(
 def longrope_attention_factor(factor: float, length: int) -> float:
     """sqrt(1 + ln s / ln L) for s > 1, else 1 (LongRoPE / Phi-3's default)."""
     return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(length))
+
+
+def _no_attention_factor(o: Any, length: int) -> float:
+    return 1.0
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """One scaling by its parts, as Hugging Face keeps ROPE_INIT_FUNCTIONS: ``inv_freq(options, d_rot, L,
+    T)`` the inverse frequencies in fp64 (T: the current call's longest position + 1, or None), the
+    default ``attention_factor(options, L)`` multiplying q and k, whether the ``attention_factor`` option
+    may replace that default, and whether the frequencies follow each call's length (``per_call``)."""
+
+    inv_freq: Callable[[Any, int, int, int | None], Tensor]
+    attention_factor: Callable[[Any, int], float] = _no_attention_factor
+    takes_attention_factor: bool = False
+    per_call: bool = False
+
+
+def _ntk_base(base: float, scale: float, dim: int) -> float:
+    return base * scale ** (dim / (dim - 2))
+
+
+#: every scaling of the ``scaling`` option (None: plain RoPE); the module docstring gives each formula
+ROPE_SCALINGS: dict[str | None, RopeScaling] = {
+    None: RopeScaling(lambda o, dim, L, T: default_inv_freq(o.base, dim)),
+    "linear": RopeScaling(lambda o, dim, L, T: default_inv_freq(o.base, dim) / o.factor),
+    "ntk": RopeScaling(lambda o, dim, L, T: default_inv_freq(_ntk_base(o.base, o.factor, dim), dim)),
+    "dynamic": RopeScaling(
+        lambda o, dim, L, T: default_inv_freq(
+            _ntk_base(o.base, o.factor * max(T or L, L) / L - (o.factor - 1), dim), dim
+        ),
+        per_call=True,
+    ),
+    "yarn": RopeScaling(
+        lambda o, dim, L, T: yarn_inv_freq(o.base, dim, o.factor, L, o.beta_fast, o.beta_slow),
+        attention_factor=lambda o, L: 0.1 * math.log(o.factor) + 1.0,
+        takes_attention_factor=True,
+    ),
+    "llama3": RopeScaling(
+        lambda o, dim, L, T: llama3_inv_freq(o.base, dim, o.factor, L, o.low_freq_factor, o.high_freq_factor)
+    ),
+    "longrope": RopeScaling(
+        lambda o, dim, L, T: (
+            default_inv_freq(o.base, dim)
+            / torch.tensor(o.long_factor if T is not None and T > L else o.short_factor, dtype=torch.float64)
+        ),
+        attention_factor=lambda o, L: longrope_attention_factor(o.factor, L),
+        takes_attention_factor=True,
+        per_call=True,
+    ),
+}
 
 
 class RoPE(PositionalEncoding):
@@ -208,42 +261,24 @@ class RoPE(PositionalEncoding):
                         f"longrope scaling needs {name} = a list of {self.rot_dim // 2} positive numbers "
                         f"(one per rotated frequency), got {value!r}."
                     )
-        self.attention_factor = 1.0
+        scaling = ROPE_SCALINGS[o.scaling]
         self.inv_freq = self.inverse_frequencies()
-        if o.scaling == "longrope":
-            self.attention_factor = longrope_attention_factor(o.factor, self.original_length)
-        if o.attention_factor is not None and o.scaling in ("yarn", "longrope"):
+        self.attention_factor = scaling.attention_factor(o, self.original_length)
+        if o.attention_factor is not None and scaling.takes_attention_factor:
             self.attention_factor = o.attention_factor
         self._memo = None
 
     def inverse_frequencies(self, seq_len: int | None = None) -> Tensor:
-        """inv_freq (fp64, d_rot / 2) for the configured scaling; ``seq_len`` matters for ``dynamic`` only."""
-        o, dim, L = self.options, self.rot_dim, self.original_length
-        if o.scaling is None:
-            return default_inv_freq(o.base, dim)
-        if o.scaling == "linear":
-            return default_inv_freq(o.base, dim) / o.factor
-        if o.scaling == "ntk":
-            return default_inv_freq(o.base * o.factor ** (dim / (dim - 2)), dim)
-        if o.scaling == "dynamic":
-            T = max(seq_len or L, L)
-            return default_inv_freq(o.base * (o.factor * T / L - (o.factor - 1)) ** (dim / (dim - 2)), dim)
-        if o.scaling == "llama3":
-            return llama3_inv_freq(o.base, dim, o.factor, L, o.low_freq_factor, o.high_freq_factor)
-        if o.scaling == "longrope":
-            factors = o.long_factor if seq_len is not None and seq_len > L else o.short_factor
-            return default_inv_freq(o.base, dim) / torch.tensor(factors, dtype=torch.float64)
-        # yarn
-        self.attention_factor = (
-            0.1 * math.log(o.factor) + 1.0 if o.attention_factor is None else o.attention_factor
-        )
-        return yarn_inv_freq(o.base, dim, o.factor, L, o.beta_fast, o.beta_slow)
+        """inv_freq (fp64, d_rot / 2) for the configured scaling; ``seq_len`` matters for the scalings
+        that follow each call's length (dynamic, longrope)."""
+        o = self.options
+        return ROPE_SCALINGS[o.scaling].inv_freq(o, self.rot_dim, self.original_length, seq_len)
 
     def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos and sin of the angles (B, 1, T, d_rot) in dtype (YaRN's attention factor is applied in
         rotate)."""
         inv_freq = self.inv_freq
-        if self.options.scaling in ("dynamic", "longrope") and positions.numel():
+        if ROPE_SCALINGS[self.options.scaling].per_call and positions.numel():
             inv_freq = self.inverse_frequencies(int(positions.max()) + 1)
         work = torch.float64 if dtype == torch.float64 else torch.float32
         angles = positions.to(work).unsqueeze(-1) * inv_freq.to(device=positions.device, dtype=work)
