@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -217,11 +218,14 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None,
     state: dict[str, Any],
     keep: int = 0,
+    before_publish: Callable[[], None] | None = None,
 ) -> Path:
     """Write ``run_dir/checkpoints/step-<step>`` atomically; keep the newest ``keep`` (0 keeps all).
 
     ``model`` is a module and ``optimizer`` its optimizer, or ``model`` is a ``TensorState`` that
-    holds both (``optimizer`` None): the files are the same either way."""
+    holds both (``optimizer`` None): the files are the same either way. ``before_publish`` runs once
+    every file of the checkpoint is written, just before it is renamed into place; when it raises, the
+    checkpoint is dropped (a resumed finished run changes its own files there, ``training.held``)."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):
@@ -249,6 +253,8 @@ def save_checkpoint(
         record = {**state, "step": step, "param_groups": groups, "files": files}
         (tmp / "state.json").write_text(json.dumps(record, indent=1))
         _fsync_dir(tmp)
+        if before_publish is not None:
+            before_publish()
         if final.exists():  # re-saving the same step (e.g. the final step after a resume)
             shutil.rmtree(final)
         os.replace(tmp, final)

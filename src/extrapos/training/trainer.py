@@ -50,6 +50,7 @@ from extrapos.run.runtime import (
     step_plan,
     warn_slow_bf16,
 )
+from extrapos.training.held import HeldChanges
 
 __all__ = ["TrainResult", "Trainer", "TrainingDiverged", "read_metrics", "run_is_complete", "train"]
 
@@ -416,11 +417,11 @@ class Trainer:
                 f"{restore_from.step} steps (e.g. --set train.steps={restore_from.step}) or start a new run "
                 "with another --out."
             )
+        # a finished run trained further keeps its summary, config.toml and log until the first new
+        # checkpoint is written (training.held): a continuation that fails before changes nothing
+        finished = resume and run_is_complete(run_dir)
         if self.is_main:
-            # a finished run trained further (or one resumed from no checkpoint) is no longer complete
-            if resume:
-                (run_dir / "summary.json").unlink(missing_ok=True)
-            self._write_run_files(tokenizer, data_dir)
+            self._write_run_files(tokenizer, data_dir, config=not finished)
 
         torch.manual_seed(t.seed)  # the model's initialisation; the samplers draw from their own seeds
         self.model = Decoder(cfg.model).to(device)
@@ -429,7 +430,8 @@ class Trainer:
         # FSDP2 replaces the parameters by shards, so the optimizer is built after it, and restored after both
         self.parallel = parallel.wrap(self.model)
         self.optimizer = build_optimizer(self.model, cfg)
-        self.metrics = MetricsLog(run_dir, cfg, enabled=self.is_main)
+        self.metrics = MetricsLog(run_dir, cfg, enabled=self.is_main, hold=finished)
+        self.held = HeldChanges(run_dir, cfg.to_toml(), self.metrics) if finished and self.is_main else None
         self.start_step, self.elapsed_before, self.tokens_seen = 0, 0.0, 0
         self.resumed_from = self._restore() if resume else None
         self.flops_per_token = flops_per_token(cfg.model, cfg.seq_len)
@@ -463,11 +465,13 @@ class Trainer:
             )
         return tokenizer, data_dir, train_split, val_split
 
-    def _write_run_files(self, tokenizer, data_dir: Path) -> None:
-        """config.toml, the tokenizer and data.json: written atomically, and only when they change."""
+    def _write_run_files(self, tokenizer, data_dir: Path, config: bool = True) -> None:
+        """config.toml (unless ``config`` is False: a finished run's, written by ``HeldChanges``), the
+        tokenizer and data.json: written atomically, and only when they change."""
         import tempfile
 
-        atomic_write(self.run_dir / "config.toml", self.cfg.to_toml())
+        if config:
+            atomic_write(self.run_dir / "config.toml", self.cfg.to_toml())
         with tempfile.TemporaryDirectory(dir=self.run_dir, prefix=".tokenizer-") as tmp:
             tokenizer.save(tmp)
             for f in sorted(Path(tmp).iterdir()):
@@ -479,8 +483,8 @@ class Trainer:
         last = self.restore_from or ckpt_io.latest_intact(self.run_dir, say=_say)
         if last is None:  # killed before its first checkpoint: start over cleanly
             self.metrics.truncate_after(-1)
-            if self.is_main:
-                (self.run_dir / "summary.json").unlink(missing_ok=True)
+            if self.held is not None:  # a direct caller's finished run without a checkpoint
+                self.held.publish()
             return None
         state = last.state
         self.parallel.load_state(self.optimizer, last)
@@ -600,6 +604,7 @@ class Trainer:
                     **extra,
                 },
                 keep=self.cfg.train.keep_checkpoints,
+                before_publish=self.held.publish if self.held is not None else None,
             )
             _say(f"checkpoint saved: {path}")
         if self.world > 1:
