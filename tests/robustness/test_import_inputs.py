@@ -168,6 +168,22 @@ BAD_CONFIGS = [
         ["rope_scaling.long_factor"],
     ),
     ("rope_type a number", _llama(rope_scaling={"rope_type": 3, "factor": 2.0}), ["rope_type"]),
+    # transformers 5 reads rope_scaling in place of rope_parameters: bounded, a conflict refused
+    (
+        "rope_scaling factor 1e30 beside rope_parameters",
+        _llama(
+            rope_parameters={"rope_type": "default"}, rope_scaling={"rope_type": "linear", "factor": 1e30}
+        ),
+        ["rope_scaling.factor"],
+    ),
+    (
+        "rope_scaling against rope_parameters",
+        _llama(
+            rope_parameters={"rope_type": "linear", "factor": 2.0},
+            rope_scaling={"rope_type": "linear", "factor": 4.0},
+        ),
+        ["rope_parameters.factor", "rope_scaling"],
+    ),
     ("model_type gpt2, llama fields", _llama(model_type="gpt2"), ["n_embd", "model_type"]),
     (
         "model_type bloom, llama fields",

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from extrapos.errors import UserError
-from extrapos.integrations.hf.config_checks import bad, check_context_length, check_value, is_number
+from extrapos.integrations.hf.config_checks import (
+    bad,
+    check_context_length,
+    check_value,
+    first,
+    is_number,
+    show,
+)
 
 if TYPE_CHECKING:
     from extrapos.positions.rotary import RoPE
@@ -138,13 +145,62 @@ def _longrope(s: _Scaling) -> dict[str, Any]:
 _SCALINGS = {"linear": _linear, "dynamic": _dynamic, "llama3": _llama3, "yarn": _yarn, "longrope": _longrope}
 
 
+def _rope_section(hf: dict) -> str:
+    """The section of config.json transformers 5 reads the RoPE from: ``rope_scaling`` when it holds
+    anything, else ``rope_parameters`` (``convert_rope_params_to_dict``: ``rope_scaling or
+    rope_parameters``). transformers 5 writes ``rope_parameters`` and model cards tell users to add a
+    top-level ``rope_scaling``: reading ``rope_parameters`` alone imported plain RoPE where transformers
+    applies the scaling. A ``rope_parameters`` value that transformers would then drop is refused."""
+    for key in ("rope_scaling", "rope_parameters"):
+        if hf.get(key) is not None and not isinstance(hf[key], dict):
+            raise bad(key, 'an object such as {"rope_type": "linear", "factor": 2.0} or null', hf[key])
+    scaling, parameters = hf.get("rope_scaling"), hf.get("rope_parameters")
+    if not scaling:
+        return "rope_parameters" if parameters else "rope_scaling"
+    if parameters:
+        _refuse_conflict(hf, dict(scaling), dict(parameters))
+    return "rope_scaling"
+
+
+# what transformers 5 sets in the section it reads when the file leaves it out (the rest stays out)
+_FILLED = ("rope_type", "rope_theta", "original_max_position_embeddings", "partial_rotary_factor")
+
+
+def _refuse_conflict(hf: dict, scaling: dict, parameters: dict) -> None:
+    """A UserError naming the first ``rope_parameters`` value that reading ``rope_scaling`` in its place
+    changes or drops (a plain ``rope_type: default`` is no conflict: that is what the scaling replaces)."""
+    if parameters and all(isinstance(v, dict) or v is None for v in parameters.values()):
+        raise UserError("this config has a different RoPE per layer type, which extrapos does not model.")
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    used = {
+        **scaling,
+        "rope_type": kind,
+        "rope_theta": _theta(hf, scaling, "rope_scaling"),
+        "partial_rotary_factor": scaling.get("partial_rotary_factor", hf.get("partial_rotary_factor")),
+    }
+    if kind in ("llama3", "yarn", "longrope"):
+        used["original_max_position_embeddings"] = first(
+            hf, "original_max_position_embeddings", default=_lengths(hf, scaling, "rope_scaling")[1]
+        )
+    given = {**parameters, "rope_type": parameters.get("rope_type", parameters.get("type", "default"))}
+    given.pop("type", None)
+    if given["rope_type"] == "default":
+        given.pop("rope_type")
+    for key in sorted(given, key=lambda k: (k != "rope_type", k)):
+        if given[key] is not None and given[key] != used.get(key):
+            now = "dropped" if used.get(key) is None else f"{show(used[key])}"
+            raise UserError(
+                "config.json has both rope_scaling and rope_parameters, and transformers 5 reads "
+                f"rope_scaling in their place, so rope_parameters.{key} = {show(given[key])} would be {now}; "
+                "give the two the same values or keep only one of them in config.json."
+            )
+
+
 def rope_options_from_hf(hf: dict, head_dim: int, partial: float = 1.0) -> dict[str, Any]:
-    """Our ``rope`` encoding options from a config's rope_theta and rope_scaling / rope_parameters."""
-    section = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
-    raw = hf.get(section) or {}
-    if not isinstance(raw, dict):
-        raise bad(section, 'an object such as {"rope_type": "linear", "factor": 2.0} or null', raw)
-    params = dict(raw)
+    """Our ``rope`` encoding options from a config's rope_theta and rope_scaling / rope_parameters, read
+    as transformers 5 reads them (``_rope_section``)."""
+    section = _rope_section(hf)
+    params = dict(hf.get(section) or {})
     if params and all(isinstance(v, dict) or v is None for v in params.values()):
         raise UserError("this config has a different RoPE per layer type, which extrapos does not model.")
     theta = _theta(hf, params, section)
