@@ -49,7 +49,11 @@ def register(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing different result")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--force", action="store_true", help="run even when it is estimated past a day")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="run without asking when it is estimated past an hour, and past a day",
+    )
     p.set_defaults(func=run)
 
 
@@ -99,6 +103,7 @@ def run(args) -> int:
             device=device,
             progress=not args.no_progress,
             force=args.force,
+            ask=True,
         )
         print(format_result(result))
         out = Path(run_dir) / "attention" / (result["name"] + ".json")

@@ -106,7 +106,11 @@ def register(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing different result")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--force", action="store_true", help="score even when it is estimated past a day")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="score without asking when it is estimated past an hour, and past a day",
+    )
     p.set_defaults(func=run)
 
 
@@ -268,7 +272,8 @@ def run(args) -> int:
     request = loss.loss_request(handle, req, args.mask_seed)
     # under torchrun the windows are scored by all ranks together (each ends with the whole result)
     rank, _, device = init_distributed(resolve_device(args.device, "--device"))
-    how = Scoring(args.name, args.overwrite, str(device), not args.no_progress and rank == 0, args.force)
+    progress = not args.no_progress and rank == 0
+    how = Scoring(args.name, args.overwrite, str(device), progress, args.force, ask=True)
     result = drive(loss, handle, request, Shard.of_group(device), how)
     if rank == 0:
         print(loss.format(result))

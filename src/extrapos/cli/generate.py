@@ -20,7 +20,11 @@ def register(sub) -> None:
     p.add_argument("--no-cache", action="store_true", help="recompute the whole prefix every token (slow)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--no-progress", action="store_true", help="no bar while a long prompt is prefilled")
-    p.add_argument("--force", action="store_true", help="run even when the work is estimated past a day")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="run without asking when the work is estimated past an hour, and past a day",
+    )
     p.set_defaults(func=run)
 
 
@@ -93,6 +97,7 @@ def run(args) -> int:
         on_text=show,
         progress=not args.no_progress,
         force=args.force,
+        ask=True,
     )
     if sys.stdout.isatty():  # end the line for a terminal; a pipe or file gets exactly the text
         sys.stdout.write("\n")

@@ -55,7 +55,11 @@ def register(sub) -> None:
     add_position_flags(p)
     _add_result_flags(p)
     p.add_argument("--plot", default=None, help="write the length x depth heatmap here (PNG)")
-    p.add_argument("--force", action="store_true", help="score even when it is estimated past a day")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="score without asking when it is estimated past an hour, and past a day",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_passkey)
 
@@ -109,7 +113,11 @@ def register(sub) -> None:
     add_position_flags(r)
     _add_result_flags(r)
     r.add_argument("--plot", default=None, help="write the task x length heatmap here (PNG)")
-    r.add_argument("--force", action="store_true", help="score even when it is estimated past a day")
+    r.add_argument(
+        "--force",
+        action="store_true",
+        help="score without asking when it is estimated past an hour, and past a day",
+    )
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(func=run_ruler)
 
@@ -201,7 +209,7 @@ def _score(args, evaluator_name: str, request: Any, device: Any, progress: bool,
     from extrapos.evaluate.evaluator import Scoring, evaluator
     from extrapos.run.runtime import Shard
 
-    how = Scoring(_name(args), args.overwrite, str(device), progress, force)
+    how = Scoring(_name(args), args.overwrite, str(device), progress, force, ask=True)
     return drive(evaluator(evaluator_name), _run(args), request, Shard.of_group(device), how)
 
 

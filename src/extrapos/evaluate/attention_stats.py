@@ -374,12 +374,14 @@ def diagnose(
     batch_tokens: int = 16_384,
     progress: bool = True,
     force: bool = False,
+    ask: bool = False,
 ) -> dict[str, Any]:
     """The attention statistics of a run at every length of ``req`` (an ``evaluate.EvalRequest``, documents
     protocol), on the windows `extrapos eval` scores; writes and returns ``RUN/attention/<name>.json``
     (reused when it holds this request of these weights) and the plot beside it. Work estimated past a
-    day is refused unless ``force`` (``evaluate.check_eval_time``)."""
-    how = Scoring(name, overwrite, device, progress, force, batch_tokens)
+    day is refused unless ``force`` (``evaluate.check_eval_time``); ``ask``: past an hour, confirmed on a
+    terminal (a command's own work, ``run.timing``)."""
+    how = Scoring(name, overwrite, device, progress, force, batch_tokens, ask)
     return drive(AttentionEvaluator(), run_dir, req or EvalRequest(), None, how)
 
 
@@ -640,11 +642,11 @@ class AttentionEvaluator:
     def open_slot(self, prepared: Prepared, how: Scoring) -> ResultSlot:
         return result_slot(prepared.run, prepared.request, prepared.name, how.overwrite)
 
-    def estimate(self, prepared: Prepared, how: Scoring) -> None:
+    def estimate(self, prepared: Prepared, how: Scoring) -> float | None:
         from extrapos.evaluate.estimates import check_eval_memory, check_eval_time
 
         check_eval_memory(prepared.run, prepared.request, how.device, how.batch_tokens)
-        check_eval_time(prepared.run, prepared.request, how.device, how.force)
+        return check_eval_time(prepared.run, prepared.request, how.device, how.force, how.ask)
 
     def options(self, request: EvalRequest) -> dict[str, Any]:
         return request.position_options

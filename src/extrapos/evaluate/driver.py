@@ -8,7 +8,8 @@ request and scores; the driver does the rest, in the same order for all seven of
    needs it, the result's name fixed;
 2. ``evaluator.open_slot``: the result slot (``evaluate/slot.py``): a saved equal result is returned as it
    is, another request under the name refused unless ``how.overwrite``, the name's lock held;
-3. ``evaluator.estimate``: the memory and time the work needs, refused before any weights are loaded;
+3. ``evaluator.estimate``: the memory and time the work needs, refused before any weights are loaded (a
+   command's work estimated past an hour is confirmed first, and then shows its progress: ``run.timing``);
 4. ``evaluator.score``: the work itself, its jobs dealt out to the processes of ``shard`` (default the
    torchrun group this process joined: ``run.runtime.Shard``, the one implementation of the sharding);
 5. the write: atomic, on rank 0, refused when the result holds a NaN (``ResultSlot.write``);
@@ -20,13 +21,15 @@ A refusal after the slot was opened lets the name's lock go before it is raised.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from extrapos.evaluate.evaluator import Evaluator, Prepared, Scoring
 from extrapos.evaluate.slot import ResultSlot
 from extrapos.run.handle import Run
-from extrapos.run.runtime import Shard
+from extrapos.run.runtime import Shard, process_group
+from extrapos.run.timing import shows_progress
 
 
 def drive(
@@ -47,7 +50,9 @@ def drive(
             finish(slot, slot.previous, False, how)
         return slot.previous  # the same evaluation of the same weights was done: reuse it
     try:
-        evaluator.estimate(prepared, how)
+        seconds = evaluator.estimate(prepared, how)
+        if shows_progress(how.progress, seconds, how.ask) and process_group()[0] == 0:
+            how = replace(how, progress=True)
         result = evaluator.score(prepared, slot, shard or group_shard(how.device), how)
     except BaseException:
         slot.release()

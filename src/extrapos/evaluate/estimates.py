@@ -28,10 +28,11 @@ def check_eval_memory(run: Run, req: EvalRequest, device: str, batch_tokens: int
     )
 
 
-def check_eval_time(run: Run, req: EvalRequest, device: str, force: bool) -> None:
+def check_eval_time(run: Run, req: EvalRequest, device: str, force: bool, ask: bool = False) -> float | None:
     """Print the least time the scoring takes when past a minute and refuse it past a day unless ``force``
-    (``run.timing``): each length runs about ``max_tokens`` targets through windows of its length (with a
-    ``stride``, ``window / stride`` tokens computed per target), each token seeing half its window."""
+    (past an hour: confirmed with ``ask``; returns the estimate, ``run.timing``): each length runs about
+    ``max_tokens`` targets through windows of its length (with a ``stride``, ``window / stride`` tokens
+    computed per target), each token seeing half its window."""
     from extrapos.run.timing import check_time, forward_flops
 
     model = run.cfg.model
@@ -42,4 +43,4 @@ def check_eval_time(run: Run, req: EvalRequest, device: str, force: bool) -> Non
         for x in lengths
     )
     what = f"scoring {len(lengths)} length(s) up to {lengths[-1].window:,} tokens"
-    check_time(flops, device, what, "ask for shorter --lengths or fewer --max-tokens", force)
+    return check_time(flops, device, what, "ask for shorter --lengths or fewer --max-tokens", force, ask=ask)

@@ -56,8 +56,11 @@ class Scoring:
     overwrite: bool = False
     device: str = "cpu"
     progress: bool = True
-    force: bool = False  # score even when the work is estimated past a day
+    force: bool = False  # score even when the work is estimated past an hour (``ask``) or a day
     batch_tokens: int = 16_384  # tokens per forward batch (the memory estimate counts one batch)
+    # a command's own work: past an hour confirmed on a terminal (refused without one unless ``force``) and
+    # shown with its progress (``run.timing``); a library call or a sweep does not ask
+    ask: bool = False
 
 
 @dataclass
@@ -104,8 +107,9 @@ class Evaluator(Protocol):
         """The result's slot: a saved equal result is reused, another one refused unless overwritten."""
         ...
 
-    def estimate(self, prepared: Prepared, how: Scoring) -> None:
-        """The memory and time the work needs, refused before any weights are loaded."""
+    def estimate(self, prepared: Prepared, how: Scoring) -> float | None:
+        """The memory and time the work needs, refused before any weights are loaded; returns the time
+        estimated in seconds (None: too small to estimate, or not estimated)."""
         ...
 
     def score(self, prepared: Prepared, slot: ResultSlot, shard: Shard, how: Scoring) -> dict[str, Any]:

@@ -318,7 +318,7 @@ class MaskedLMEvaluator:
         suffix = f"-mlm{request.mask_seed}"
         return result_slot(prepared.run, request.request, prepared.name, how.overwrite, how.progress, suffix)
 
-    def estimate(self, prepared: Prepared, how: Scoring) -> None:
+    def estimate(self, prepared: Prepared, how: Scoring) -> float | None:
         """Nothing: the masked-LM evaluation has never estimated its memory or time (kept as it was)."""
 
     def options(self, request: MaskedLMRequest) -> dict[str, Any]:

@@ -119,9 +119,9 @@ class NextTokenEvaluator:
     def open_slot(self, prepared: Prepared, how: Scoring) -> ResultSlot:
         return result_slot(prepared.run, prepared.request, prepared.name, how.overwrite, how.progress)
 
-    def estimate(self, prepared: Prepared, how: Scoring) -> None:
+    def estimate(self, prepared: Prepared, how: Scoring) -> float | None:
         check_eval_memory(prepared.run, prepared.request, how.device, how.batch_tokens)
-        check_eval_time(prepared.run, prepared.request, how.device, how.force)
+        return check_eval_time(prepared.run, prepared.request, how.device, how.force, how.ask)
 
     def options(self, request: EvalRequest) -> dict[str, Any]:
         return request.position_options

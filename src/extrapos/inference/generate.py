@@ -133,12 +133,12 @@ def check_prompt_memory(model_cfg, tokens: int, use_cache: bool, device: str) ->
 
 
 def check_generation_time(
-    model_cfg, prompt: int, new: int, use_cache: bool, device: str, force: bool
-) -> None:
+    model_cfg, prompt: int, new: int, use_cache: bool, device: str, force: bool, ask: bool = False
+) -> float | None:
     """Print the least time the prefill and the continuation take when past a minute, and refuse them past
-    a day unless ``force`` (``run.timing``: a 5 MB prompt ran for hours): with a KV cache the prompt once
-    and each new token against the keys before it; without one, every new token runs the whole prefix
-    again."""
+    a day unless ``force``, past an hour confirmed with ``ask``; returns the estimate (``run.timing``: a 5 MB
+    prompt ran for hours): with a KV cache the prompt once and each new token against the keys before it;
+    without one, every new token runs the whole prefix again."""
     import sys
 
     from extrapos.run.timing import check_time, forward_flops
@@ -147,13 +147,14 @@ def check_generation_time(
         flops = forward_flops(model_cfg, prompt, prompt / 2) + forward_flops(model_cfg, new, prompt + new / 2)
     else:
         flops = forward_flops(model_cfg, prompt + new * (prompt + new // 2), (prompt + new) / 2)
-    check_time(
+    return check_time(
         flops,
         device,
         f"a prompt of {prompt:,} tokens and {new:,} new ones",
         "give a shorter prompt or fewer --max-new-tokens",
         force,
         say=lambda line: print(line, file=sys.stderr, flush=True),
+        ask=ask,
     )
 
 
@@ -171,10 +172,14 @@ def generate_text(
     on_text: Callable[[str], None] | None = None,
     progress: bool = False,
     force: bool = False,
+    ask: bool = False,
 ) -> str:
     """Generate a continuation of ``prompt``; ``on_text`` receives each new piece of text as it appears;
-    ``progress`` shows the prefill of a long prompt on stderr; ``force`` runs work estimated past a day."""
+    ``progress`` shows the prefill of a long prompt on stderr; ``force`` runs work estimated past a day;
+    ``ask`` (the command): work estimated past an hour is confirmed on a terminal, refused without one
+    unless ``force``, and shows its prefill's progress (``run.timing``)."""
     from extrapos.run.directory import load_run
+    from extrapos.run.timing import shows_progress
 
     check_sampling(max_new_tokens, temperature, top_k, top_p, seed)
     run = load_run(run_dir, device=device)
@@ -182,7 +187,8 @@ def generate_text(
         run.model.pos.set_options(**position_options)
     ids = run.tokenizer.encode(prompt)
     check_prompt_memory(run.cfg.model, len(ids) + max_new_tokens, use_cache, device)
-    check_generation_time(run.cfg.model, len(ids), max_new_tokens, use_cache, device, force)
+    seconds = check_generation_time(run.cfg.model, len(ids), max_new_tokens, use_cache, device, force, ask)
+    progress = shows_progress(progress, seconds, ask)
     out: list[int] = []
     shown = ""
     for tok in generate_tokens(

@@ -547,7 +547,7 @@ class LmEvalEvaluator:
     def open_slot(self, prepared: Prepared, how: Scoring) -> ResultSlot:
         return lm_eval_slot(prepared, how.overwrite)
 
-    def estimate(self, prepared: Prepared, how: Scoring) -> None:
+    def estimate(self, prepared: Prepared, how: Scoring) -> float | None:
         """Nothing: lm-eval's requests are the harness's to size (its contexts are cut at max_length)."""
 
     def options(self, request: dict[str, Any]) -> dict[str, Any]:

@@ -8,10 +8,17 @@ the keys each attends to. Divided by the FLOP/s this machine's matrix multiply r
 ``perf.matmul_peak_flops``; the kernels of a real forward reach a fraction of it), this is a lower bound
 on the wall time: the command prints it when it is past a minute and refuses work bound to take past a
 day unless ``--force`` is given.
+
+Between the two, a command asks (``ask``, issue 48 item 3: a 990k-token prompt estimated at 1.6 h ran,
+silent, until it was killed): work estimated past an hour is confirmed on the terminal, and refused in one
+sentence naming ``--force`` when there is no terminal to ask on (stdin a pipe or /dev/null, a batch job, a
+torchrun group). When it runs it shows its progress (``shows_progress``) even under ``--no-progress``: an
+hour of silence looks like a hang. A library call or a sweep does not ask; its caller decided.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import torch
@@ -20,6 +27,8 @@ from extrapos.errors import UserError
 
 #: work estimated past this is refused without --force
 DAY_SECONDS = 86_400.0
+#: work estimated past this is confirmed on a terminal (or refused without one) unless --force
+HOUR_SECONDS = 3_600.0
 #: estimates below this are not printed
 SAY_ABOVE_SECONDS = 60.0
 #: FLOP/s beyond any device of the kind (fp32: a many-core CPU reaches a few 1e11, an H100's dense bf16
@@ -50,10 +59,12 @@ def check_time(
     advice: str,
     force: bool,
     say: Callable[[str], None] = print,
+    ask: bool = False,
 ) -> float | None:
     """Refuse ``what`` (its estimate past a day, unless ``force``) in one sentence naming ``advice``, or
-    print its estimate when it is past a minute; returns the estimate in seconds (None: too small to
-    measure the machine for)."""
+    print its estimate when it is past a minute and, with ``ask`` (a command's own work), confirm it past an
+    hour unless ``force`` (``confirm``); returns the estimate in seconds (None: too small to measure the
+    machine for)."""
     from extrapos.run.perf import matmul_peak_flops
 
     dev = torch.device(device)
@@ -67,6 +78,42 @@ def check_time(
             f"{what} would take at least {duration(seconds)} on {where}; {advice}, or pass --force to run "
             "it anyway."
         )
+    asked = ask and seconds > HOUR_SECONDS and not force
+    if asked and not can_ask():  # refused before anything is said: the sentence holds the estimate
+        raise UserError(
+            f"{what} would take at least {duration(seconds)} on {where}, and there is no terminal to confirm "
+            f"it on; {advice}, or pass --force to run it anyway."
+        )
     if seconds > SAY_ABOVE_SECONDS:
         say(f"extrapos: {what} will take at least {duration(seconds)} on {where}.")
+    if asked:
+        confirm(what, advice)
     return seconds
+
+
+def can_ask() -> bool:
+    """Whether a question can be put to a person: stdin is a terminal and this is one process (the
+    processes of a torchrun group cannot each ask, and one answer would not reach the others)."""
+    from extrapos.run.runtime import distributed_env
+
+    try:
+        return sys.stdin is not None and sys.stdin.isatty() and distributed_env()[1] == 1
+    except (OSError, ValueError):  # a closed stdin
+        return False
+
+
+def confirm(what: str, advice: str) -> None:
+    """Ask on the terminal whether to run ``what``; anything but yes refuses it in one sentence."""
+    print("extrapos: run it? [y/N] ", end="", file=sys.stderr, flush=True)
+    try:
+        answer = sys.stdin.readline().strip().lower()
+    except (OSError, ValueError):
+        answer = ""
+    if answer not in ("y", "yes"):
+        raise UserError(f"{what} was not confirmed; {advice}, or pass --force to run it without asking.")
+
+
+def shows_progress(progress: bool, seconds: float | None, ask: bool = True) -> bool:
+    """Whether work estimated at ``seconds`` shows its progress: as asked (``progress``), and always when a
+    command (``ask``) runs work estimated past an hour."""
+    return progress or (ask and seconds is not None and seconds > HOUR_SECONDS)

@@ -474,10 +474,13 @@ def check_passkey_memory(
     )
 
 
-def check_passkey_time(run: Run, opts: PasskeyOptions, device: str, force: bool) -> None:
+def check_passkey_time(
+    run: Run, opts: PasskeyOptions, device: str, force: bool, ask: bool = False
+) -> float | None:
     """Print the least time the cells take when past a minute and refuse them past a day unless ``force``
-    (``run.timing``): every trial of every (length, depth) cell runs its prompt once per candidate in rank
-    mode and once, with a few new tokens, in generate mode, each token seeing half the prompt."""
+    (past an hour: confirmed with ``ask``; returns the estimate, ``run.timing``): every trial of every
+    (length, depth) cell runs its prompt once per candidate in rank mode and once, with a few new tokens, in
+    generate mode, each token seeing half the prompt."""
     from extrapos.run.timing import check_time, forward_flops
 
     model = run.cfg.model
@@ -488,7 +491,7 @@ def check_passkey_time(run: Run, opts: PasskeyOptions, device: str, force: bool)
         for k in opts.lengths
     )
     what = f"passkey cells up to {max(opts.lengths)} x {L} tokens"
-    check_time(flops, device, what, "ask for shorter --lengths or fewer --trials", force)
+    return check_time(flops, device, what, "ask for shorter --lengths or fewer --trials", force, ask=ask)
 
 
 def is_matplotlib_png(path: Path) -> bool:
@@ -631,13 +634,13 @@ class PasskeyEvaluator:
         opts = prepared.request
         return task_slot(prepared.run, prepared.name, asdict(opts), opts.step, how.overwrite)
 
-    def estimate(self, prepared: Prepared, how: Scoring) -> None:
+    def estimate(self, prepared: Prepared, how: Scoring) -> float | None:
         opts = prepared.request
         check_passkey_memory(
             prepared.run.cfg.model, opts.lengths, opts.trials, opts.mode, opts.candidates, opts.base_length,
             how.device, how.batch_tokens,
         )  # fmt: skip
-        check_passkey_time(prepared.run, opts, how.device, how.force)
+        return check_passkey_time(prepared.run, opts, how.device, how.force, how.ask)
 
     def options(self, request: PasskeyOptions) -> dict[str, Any]:
         return request.position_options

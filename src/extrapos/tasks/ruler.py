@@ -372,10 +372,13 @@ __all__ = [
 ]
 
 
-def check_ruler_time(run: Run, opts: RulerOptions, device: str, force: bool) -> None:
+def check_ruler_time(
+    run: Run, opts: RulerOptions, device: str, force: bool, ask: bool = False
+) -> float | None:
     """Print the least time the cells take when past a minute and refuse them past a day unless ``force``
-    (``run.timing``): every example of every (task, length) cell runs its prompt once per candidate in rank
-    mode and once, with its answer's tokens, in generate mode, each token seeing half the prompt."""
+    (past an hour: confirmed with ``ask``; returns the estimate, ``run.timing``): every example of every
+    (task, length) cell runs its prompt once per candidate in rank mode and once, with its answer's tokens,
+    in generate mode, each token seeing half the prompt."""
     from extrapos.run.timing import check_time, forward_flops
 
     model = run.cfg.model
@@ -385,7 +388,7 @@ def check_ruler_time(run: Run, opts: RulerOptions, device: str, force: bool) -> 
         forward_flops(model, len(opts.tasks) * opts.trials * runs * k * L, k * L / 2) for k in opts.lengths
     )
     what = f"RULER cells up to {max(opts.lengths)} x {L} tokens"
-    check_time(flops, device, what, "ask for shorter --lengths or fewer --trials", force)
+    return check_time(flops, device, what, "ask for shorter --lengths or fewer --trials", force, ask=ask)
 
 
 class RulerEvaluator:
@@ -410,14 +413,14 @@ class RulerEvaluator:
         opts = prepared.request
         return task_slot(prepared.run, prepared.name, asdict(opts), opts.step, how.overwrite)
 
-    def estimate(self, prepared: Prepared, how: Scoring) -> None:
+    def estimate(self, prepared: Prepared, how: Scoring) -> float | None:
         opts = prepared.request
         check_passkey_memory(
             prepared.run.cfg.model, opts.lengths, opts.trials, opts.mode, opts.candidates, opts.base_length,
             how.device, how.batch_tokens, advice="ask for shorter --lengths or fewer --trials",
             what="RULER prompts",
         )  # fmt: skip
-        check_ruler_time(prepared.run, opts, how.device, how.force)
+        return check_ruler_time(prepared.run, opts, how.device, how.force, how.ask)
 
     def options(self, request: RulerOptions) -> dict[str, Any]:
         return request.position_options

@@ -258,7 +258,7 @@ class SyntheticEvaluator:
         request = prepared.inputs[2]
         return task_slot(prepared.run, prepared.name, request, prepared.request.step, how.overwrite)
 
-    def estimate(self, prepared: Prepared, how: Scoring) -> None:
+    def estimate(self, prepared: Prepared, how: Scoring) -> float | None:
         """Nothing more: the memory was estimated before the run was loaded (``prepare_synthetic``)."""
 
     def options(self, request: SyntheticOptions) -> dict[str, Any]:
