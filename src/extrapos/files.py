@@ -115,14 +115,53 @@ def describe_os_error(e: OSError) -> str:
 
 def fresh_output_dir(out: Path, what: str) -> Path:
     """A new, empty temporary directory beside ``out`` to build ``out`` in (then ``os.replace`` it into
-    place, so ``out`` appears whole or not at all); a UserError when ``out`` already exists."""
+    place, so ``out`` appears whole or not at all); a UserError when ``out`` already exists. The ones that
+    killed writers left beside it are swept first (``sweep_abandoned_outputs``)."""
     from extrapos.owned import refuse_inside_run
 
     if out.exists():
         raise UserError(f"{out} already exists; choose another output directory or remove it first.")
     refuse_inside_run(out, "--out")
     out.parent.mkdir(parents=True, exist_ok=True)
+    sweep_abandoned_outputs(out.parent, what)
     tmp = out.parent / f".tmp-{what}-{out.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     return tmp
+
+
+def sweep_abandoned_outputs(parent: Path, what: str) -> list[Path]:
+    """Remove the ``.tmp-<what>-<name>-<pid>`` directories in ``parent`` whose process is gone; return them.
+
+    A writer removes its own on any error, but a kill -9 (or a power cut) leaves it, and nothing else
+    would (issue 48: three killed exports piled up beside --out). The pid in the name tells an abandoned
+    one from one a live export or import is filling (kept, as is a name without a pid: not ours), as
+    ``data/staging.py`` sweeps the cache's staging folders by their locks. Errors are ignored: sweeping is
+    housekeeping, never the job at hand.
+    """
+    removed: list[Path] = []
+    try:
+        found = [p for p in parent.glob(f".tmp-{what}-*") if p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return removed
+    for path in found:
+        pid = path.name.rpartition("-")[2]
+        if not pid.isdigit() or _process_alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            removed.append(path)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists here (one of another user counts; pid 0 or ours is never swept)."""
+    if pid <= 0 or pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, owned by another user
+        return True
+    return True
