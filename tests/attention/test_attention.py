@@ -549,7 +549,7 @@ def test_flex_past_its_compile_limit_falls_back_instead_of_running_eagerly(monke
         q, k, v = _qkv(1, 4, 2, 16, 16, 8, seed=16)
         bias = enc.bias(x[:1, :16], pos[:1, :16], 0, None)
         warnings.simplefilter("always")
-        with pytest.warns(UserWarning, match="chunked path") as caught:
+        with pytest.warns(UserWarning, match="non-flex path") as caught:
             got.append(flex_mod.flex_or_none(q, k, v, bias))
         assert "limit" in str(caught[0].message).lower()
         got.append(flex_mod.flex_or_none(q, k, v, bias))  # that kind now falls back at once

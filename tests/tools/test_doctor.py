@@ -59,3 +59,24 @@ def test_each_check_is_heard_as_it_finishes():
     )
     assert [c.name for c, _ in heard] == ["rope", "alibi"] and all(s > 0 for _, s in heard)
     assert [c for c, _ in heard] == report.checks
+
+
+def test_a_fast_path_that_falls_back_is_reported(monkeypatch):
+    """On a GPU a refused FlexAttention compile falls back to the chunked path with a warning; the doctor's
+    row stays a pass (the fallback is correct) and names the fallback, so a GPU session sees which
+    encodings did not take the fast path (on the first H200, FIRE's compiled backward was refused)."""
+    import torch
+
+    import extrapos.attention.dispatch as dispatch_mod
+    import extrapos.attention.flex as flex_mod
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("LoweringException: a score_mod inductor refuses")
+
+    monkeypatch.setattr(dispatch_mod, "flex_wanted", lambda *a, **k: True)
+    monkeypatch.setattr(flex_mod, "_flex_state", {"fn": refused, "mask": lambda *a, **k: None})
+    check = check_encoding("kerple-log", torch.device("cpu"), "fp32")
+    assert check.ok and check.fallbacks and "inductor refuses" in check.fallbacks[0]
+    report = doctor("cpu", ["rope"], speed=False, progress=False)
+    report.checks.append(check)
+    assert "- kerple-log: FlexAttention failed for" in format_report(report)

@@ -37,6 +37,9 @@ FLEX_COMPILE_LIMIT = 64
 _flex_state: dict[str, Any] = {}
 
 
+_NO_BIAS = {"NoneType": "a document mask or window without a bias"}  # how a failure names its kind
+
+
 def _kind(bias: Bias | None, grad: bool) -> tuple:
     """What a failure is remembered by: the bias's type and per-pair function, with or without autograd
     (FIRE's compiled backward may fail where its forward and every other encoding's backward compile)."""
@@ -134,8 +137,8 @@ def flex_or_none(
         _flex_state.setdefault("broken_kinds", set()).add(kind)
         message = str(e).split("\n")[0][:300]
         warnings.warn(
-            f"FlexAttention failed for {kind[1] or kind[0]} ({type(e).__name__}: {message}); this kind of "
-            "call takes the chunked path from now on",
+            f"FlexAttention failed for {kind[1] or _NO_BIAS.get(kind[0], kind[0])} ({type(e).__name__}: "
+            f"{message}); this kind of call takes the non-flex path (chunked or SDPA) from now on",
             stacklevel=3,
         )
         return None
