@@ -129,12 +129,20 @@ OUT_NAMES = {"summary.json", "summary.md", "runs", "resume", "parallel", OUT_MAR
 
 def check_args(args: argparse.Namespace) -> str | None:
     """What is wrong with the command line (one sentence), or None: a size below its minimum (0 is refused,
-    never taken for the default), or an --out that holds files gpu-check did not write."""
+    never taken for the default), an --out inside a run's tree, or one that holds files gpu-check did not
+    write."""
     for flag, least in MIN_STEPS.items():
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None and value < least:
             return f"{flag} must be at least {least}, got {value}; leave it out for the default."
     out = Path(args.out)
+    from extrapos.errors import UserError
+    from extrapos.owned import refuse_inside_run
+
+    try:  # a run's pruning, resumes and evaluations would delete or replace what gpu-check writes there
+        refuse_inside_run(out, "--out")
+    except UserError as e:
+        return str(e)
     if out.exists() and not out.is_dir():
         return f"--out {out} is a file; give a new directory or one an earlier gpu-check wrote."
     entries = {p.name for p in out.iterdir()} if out.is_dir() else set()
@@ -889,13 +897,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-doctor-speed", action="store_true", help="skip doctor's timed GPT-2-small step")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="to every training run")
     args = ap.parse_args(argv)
+    if importlib.util.find_spec("extrapos") is None and (ROOT / "src" / "extrapos").is_dir():
+        sys.path.insert(0, str(ROOT / "src"))  # a source checkout that was never installed
     problem = check_args(args)
     if problem is not None:  # before any work: nothing of --out is touched
         print(f"gpu_check.py: error: {problem}", file=sys.stderr)
         return 2
 
-    if importlib.util.find_spec("extrapos") is None and (ROOT / "src" / "extrapos").is_dir():
-        sys.path.insert(0, str(ROOT / "src"))  # a source checkout that was never installed
     import torch
 
     from extrapos.tools.doctor import doctor, format_report

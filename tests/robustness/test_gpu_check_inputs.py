@@ -53,6 +53,18 @@ def test_a_folder_of_the_users_is_never_written(tmp_path):
     _refused(out, fragment="holds files gpu-check did not write")
 
 
+def test_a_folder_inside_a_run_is_refused(tmp_path):
+    """--out RUN/gc wrote inside a run's tree (whose pruning, resumes and evaluations delete or replace what
+    is there) and ended with exit 1 and no sentence (issue 48, item 5): refused before anything is written,
+    as ``doctor --json`` refuses a path inside a run."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.toml").write_text("")
+    (run / "summary.json").write_text("{}")
+    _refused(run / "gc", "--steps", "6", fragment=f"is inside the run {run}")
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.toml", "summary.json"]
+
+
 def test_its_own_folder_is_accepted(tmp_path):
     spec = importlib.util.spec_from_file_location("gpu_check_args", SCRIPT)
     assert spec and spec.loader
