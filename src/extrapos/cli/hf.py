@@ -62,6 +62,14 @@ def register(sub) -> None:
         help="sentence-transformers: tokens per text with [CLS] and [SEP] (default: the run's L_t)",
     )
     e.add_argument("--normalize", action="store_true", help="sentence-transformers: L2-normalised embeddings")
+    e.add_argument(
+        "--context",
+        type=int,
+        default=None,
+        metavar="N",
+        help="remote-code: the context limit the folder records (max_position_embeddings, which lm-eval "
+        "reads as the window; default: the longest length the run was evaluated at, at least L_t)",
+    )
     e.set_defaults(func=run_export)
 
 
@@ -105,6 +113,8 @@ def context_line(run) -> str:
 
 
 def run_export(args) -> int:
+    import json
+
     from extrapos.errors import UserError
     from extrapos.files import check_text
 
@@ -112,6 +122,12 @@ def run_export(args) -> int:
 
     if args.format == "sentence-transformers":
         import importlib.util
+
+        if args.context is not None:
+            raise UserError(
+                "--context applies to Hugging Face folders; a sentence-transformers export takes "
+                "--max-length."
+            )
 
         if importlib.util.find_spec("sentence_transformers") is None:
             raise UserError(
@@ -162,13 +178,15 @@ def run_export(args) -> int:
                 f"no native Hugging Face architecture holds {args.run} ({native_refusal(args.run)}): "
                 "exporting with remote code (--format hf refuses instead)"
             )
-    out = export_pretrained(args.run, args.out, step=args.step, remote_code=remote)
+    out = export_pretrained(args.run, args.out, step=args.step, remote_code=remote, context=args.context)
     print(f"exported {args.run} -> {out}")
     if remote:
         print(
             f"  load it with AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True) "
             "(AutoModelForMaskedLM for an encoder); extrapos must be installed where it loads"
         )
+    limit = json.loads((out / "extrapos.json").read_text())["context"]
+    print(f"  context limit {limit['limit']} tokens ({limit['why']}); README.md is its model card")
     return 0
 
 

@@ -86,7 +86,8 @@ class ExtraposEncoder(InputModule):
 
         run = load_run(encoder_run_dir(run_dir), step=step)
         module = cls(run.model, run.tokenizer, max_seq_length)
-        module.source = {"run": str(Path(run_dir).resolve()), "step": run.step}
+        # the run by name: its absolute path would name the exporting machine in every shared copy
+        module.source = {"run": Path(run_dir).resolve().name, "step": run.step}
         return module
 
     # ---- sentence-transformers' interface ------------------------------------------------------

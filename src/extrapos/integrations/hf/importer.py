@@ -25,6 +25,7 @@ from extrapos.integrations.hf.failures import write_failure
 from extrapos.integrations.hf.registry import adapter_for
 from extrapos.integrations.hf.shards import check_shards, iter_hf_tensors
 from extrapos.integrations.hf.source import read_hf_config, resolve_source, weight_files
+from extrapos.integrations.hf.special_tokens import imported as special_tokens
 from extrapos.integrations.hf.tokenizer import find_tokenizer, read_tokenizer
 
 
@@ -196,6 +197,8 @@ def import_pretrained(
             "notes": imported.notes,
             "weights": [f.name for f in files],
             "tokenizer": tok_name,
+            # begin / end / padding tokens, so that an export writes back what the model came with
+            "special_tokens": special_tokens(src, hf, tok).record(),
             "hf_config": hf,
         }
         (tmp / "config.toml").write_text(cfg.to_toml())

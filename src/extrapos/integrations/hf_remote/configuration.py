@@ -20,8 +20,10 @@ DERIVED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_head
 
 class ExtraposConfig(PreTrainedConfig):
     """``extrapos_model``: the ModelConfig as a dict (``dataclasses.asdict``); ``max_position_embeddings``:
-    the run's context length (L_t, or L_e for an extended run), which tools read as the model's window;
-    ``extrapos_version``: the library version that exported it."""
+    the longest input the model is meant to take, which tools read as its window (lm-eval cuts contexts
+    there): for an extrapolating run more than it was trained at (integrations/hf/context_limit.py);
+    ``train_length``: the length it was trained at (L_t, or L_e for an extended run); ``extrapos_version``:
+    the library version that exported it (loading with another one warns, modeling.py)."""
 
     model_type = MODEL_TYPE
 
@@ -30,6 +32,7 @@ class ExtraposConfig(PreTrainedConfig):
         extrapos_model: dict[str, Any] | None = None,
         max_position_embeddings: int | None = None,
         extrapos_version: str | None = None,
+        train_length: int | None = None,
         **kwargs: Any,
     ) -> None:
         for key in DERIVED:
@@ -38,6 +41,8 @@ class ExtraposConfig(PreTrainedConfig):
         self.max_position_embeddings = max_position_embeddings
         self.extrapos_version = extrapos_version
         m = self.extrapos_model
+        # a folder exported before this field existed: the ModelConfig's own L_t
+        self.train_length = train_length if train_length is not None else m.get("train_length")
         self.vocab_size = m.get("vocab_size")
         self.hidden_size = m.get("d_model")
         self.num_hidden_layers = m.get("n_layers")
