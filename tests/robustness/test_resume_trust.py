@@ -88,3 +88,23 @@ def test_resume_before_the_first_checkpoint_was_due_starts_at_step_one(tiny_data
     assert resumed.returncode == 0, resumed.stderr
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]  # logged once each, from step 1
+
+
+def _damaged(run_dir):
+    (run_dir / "checkpoints" / "step-8" / "model.safetensors").write_bytes(b"")
+
+
+@pytest.mark.parametrize("damage", [*BREAKS, "damaged"])
+def test_finished_run_without_a_usable_checkpoint_says_so(damage, run_copy, tiny_data, cache):
+    """--resume of a finished run with its own budget has nothing to train; with no usable checkpoint left it
+    printed "done: 8 steps" and exit 0 (issue 48, item 6), so a run nothing can be evaluated, exported or
+    trained from looked whole. It is refused in one sentence naming the fix, every file kept."""
+    {**BREAKS, "damaged": _damaged}[damage](run_copy)
+    names = sorted(p.relative_to(run_copy) for p in run_copy.rglob("*"))
+    assert_user_error(
+        ["train", "--out", str(run_copy), "--resume", "--no-progress"],
+        cache=cache,
+        watch=[run_copy, tiny_data],
+        fragments=["finished", "no usable checkpoint", "restore checkpoints/", "--out"],
+    )
+    assert sorted(p.relative_to(run_copy) for p in run_copy.rglob("*")) == names

@@ -289,6 +289,26 @@ def _checkpoint_to_resume(run_dir: Path, checkpoint_every: int, say) -> ckpt_io.
     return last
 
 
+def _require_usable_checkpoint(run_dir: Path) -> None:
+    """A finished run resumed with its own budget has nothing to train, but it must still hold a checkpoint
+    whole: without one it was reported "done" (exit 0) although nothing in it can be evaluated, exported or
+    trained further (issue 48, item 6). Refused in one sentence saying what is wrong and the fix."""
+    found = ckpt_io.list_checkpoints(run_dir)
+    if ckpt_io.latest_intact(run_dir, say=lambda _: None) is not None:
+        return
+    if found:
+        newest = found[-1]
+        what = f"every checkpoint is damaged ({newest.path.name}: {ckpt_io.verify(newest)})"
+    else:
+        untrusted = ckpt_io.untrusted_entries(run_dir)
+        what = f"it holds no checkpoint ({', '.join(untrusted)})" if untrusted else "it holds no checkpoint"
+    raise UserError(
+        f"{run_dir} is finished but has no usable checkpoint left: {what}, so nothing in it can be "
+        "evaluated, exported or trained further; restore checkpoints/ from a copy, or train it again with "
+        "another --out (or after deleting this run)."
+    )
+
+
 def train(
     cfg: RunConfig | None,
     run_dir: str | Path,
@@ -327,6 +347,8 @@ def train(
         resume = restart
     # decided before anything is written (a larger budget, ``changes``, continues a finished run)
     complete = resume and not changes and run_is_complete(run_dir)
+    if complete:
+        _require_usable_checkpoint(run_dir)
     rank, world, device = init_distributed(resolve_device(cfg.train.device))
     parallel = Parallel.of(cfg, device, world)  # checked here, before anything is written
     is_main = rank == 0
