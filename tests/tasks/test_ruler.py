@@ -153,6 +153,24 @@ def test_prompts_have_their_exact_length_haystack_and_depth():
                 assert "The grass is green." not in text and text.count(".") > 50
 
 
+@pytest.mark.parametrize("shape,length", [(RulerShape(), 2048), (SMALL, 256)], ids=["ruler", "short"])
+def test_no_task_text_tokenizes_to_a_special_token(shape, length):
+    """Every word and symbol the tasks write is in synthetic:ruler's vocabulary: no prompt, answer or
+    wrong answer has a special token (``<|mask|>``, the unknown), in either template; "=" was missing,
+    so every variable-tracking line read "VAR S <|mask|> 12" (issue 47)."""
+    from extrapos.data.special_tokens import SPECIALS
+
+    b = RulerBuilder(TOK, shape, ESSAY)
+    rng = np.random.default_rng(3)
+    for task in SYNTHETIC_TASKS:
+        for _ in range(5):
+            p = b.build(task, length, rng, decoys=3)
+            texts = [TOK.decode(p.tokens), *p.text.answers, *p.text.wrong]
+            for text in texts:
+                specials = [i for i in TOK.encode(text) if i < len(SPECIALS)]
+                assert not specials, (task, text[:200], [SPECIALS[i] for i in specials])
+
+
 def test_a_short_length_is_one_sentence_naming_the_fix():
     b = RulerBuilder(TOK, RulerShape(), ESSAY)
     with pytest.raises(UserError, match="use longer lengths"):

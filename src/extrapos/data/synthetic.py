@@ -52,7 +52,8 @@ from extrapos.errors import UserError
 
 PREFIX = "synthetic:"
 TASKS = ("passkey", "kv-recall", "copy", "ruler")
-RECIPE = "extrapos-synthetic/1"  # bump when a generator changes, to invalidate prepared data
+# bump when a generator changes, to invalidate prepared data (2: ruler's vocabulary gained "=")
+RECIPE = "extrapos-synthetic/2"
 
 MARKERS = ["<key>", "<query>", "<copy>", "<sep>"]
 DIGITS = [str(i) for i in range(10)]
