@@ -10,12 +10,17 @@ Inputs as transformers passes them: ``input_ids``, an optional 0/1 ``attention_m
 and new tokens (padding: every run of 1s or 0s is kept apart as a document of a packed row is,
 docs/packing.md, and positions count the real tokens from 0, so a left-padded prompt gets the logits
 it has alone), optional ``position_ids``, the cache as ``cache`` (transformers 5.24) or
-``past_key_values`` (earlier), and ``logits_to_keep``.
+``past_key_values`` (earlier), ``logits_to_keep`` and ``output_hidden_states`` (the input of every
+block, then the final normed states, as transformers' own decoders return them).
+
+Loading a folder exported by another extrapos version warns once (``check_version``): the model is built
+by the installed library, not by the one that exported it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import torch
@@ -34,6 +39,21 @@ CACHE_NAME = next(
     (f.name for f in dataclasses.fields(CausalLMOutputWithPast) if f.name in ("cache", "past_key_values")),
     "past_key_values",
 )
+
+
+def check_version(config: Any) -> None:
+    """One warning when the folder was exported by another extrapos than the one building its model."""
+    from extrapos import __version__
+
+    exported = getattr(config, "extrapos_version", None)
+    if exported is not None and exported != __version__:
+        warnings.warn(
+            f"this model was exported by extrapos {exported} and is built by the installed extrapos "
+            f"{__version__}; if its outputs differ from the exporter's, install extrapos=={exported} or "
+            "export the run again.",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def padding_documents(mask: Tensor) -> Tensor:
@@ -71,6 +91,7 @@ class ExtraposPreTrainedModel(PreTrainedModel):
     def from_pretrained(cls, *args: Any, **kwargs: Any) -> Any:
         model = super().from_pretrained(*args, **kwargs)
         model.restore_computed_buffers()
+        check_version(model.config)
         return model
 
     @torch.no_grad()
@@ -114,8 +135,9 @@ class ExtraposPreTrainedModel(PreTrainedModel):
         cache: ExtraposCache | None,
         inputs_embeds: Tensor | None,
         kwargs: dict[str, Any],
-    ) -> Tensor:
-        """The final hidden states of the new tokens; ``cache`` (if any) gains them."""
+    ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
+        """The final hidden states of the new tokens, and with ``output_hidden_states`` (the call's, else
+        the config's) every block's input before them; ``cache`` (if any) gains the new tokens."""
         if inputs_embeds is not None:
             raise ValueError("extrapos models take input_ids, not inputs_embeds.")
         if input_ids is None:
@@ -137,9 +159,22 @@ class ExtraposPreTrainedModel(PreTrainedModel):
             positions = (mask.cumsum(1) - 1).clamp(min=0)[:, past:]
         if position_ids is not None:
             positions = position_ids.expand(B, T)
-        return self.model.hidden_states(
-            input_ids, positions, cache.cache if cache is not None else None, documents
-        )
+        args = (input_ids, positions, cache.cache if cache is not None else None, documents)
+        wanted = kwargs.get("output_hidden_states")
+        if not (wanted if wanted is not None else getattr(self.config, "output_hidden_states", False)):
+            return self.model.hidden_states(*args), None
+        # the library's model returns only the last states: each block's input is taken as it enters it
+        inputs: list[Tensor] = []
+        hooks = [
+            block.register_forward_pre_hook(lambda _module, given: inputs.append(given[0]))
+            for block in self.model.blocks
+        ]
+        try:
+            h = self.model.hidden_states(*args)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return h, (*inputs, h)
 
 
 def _cache_of(cache: ExtraposCache | None, past_key_values: Any) -> ExtraposCache | None:
@@ -169,9 +204,9 @@ class ExtraposModel(ExtraposPreTrainedModel):
         cache = _cache_of(cache, past_key_values)
         if use_cache and cache is None and self.model.cfg.causal:
             cache = ExtraposCache(self.model.cfg.n_layers)
-        h = self.hidden(input_ids, attention_mask, position_ids, cache, inputs_embeds, kwargs)
+        h, states = self.hidden(input_ids, attention_mask, position_ids, cache, inputs_embeds, kwargs)
         cached: dict[str, Any] = {CACHE_NAME: cache}
-        return BaseModelOutputWithPast(last_hidden_state=h, **cached)
+        return BaseModelOutputWithPast(last_hidden_state=h, hidden_states=states, **cached)
 
 
 class ExtraposForCausalLM(ExtraposPreTrainedModel, GenerationMixin):
@@ -206,7 +241,7 @@ class ExtraposForCausalLM(ExtraposPreTrainedModel, GenerationMixin):
         cache = _cache_of(cache, past_key_values)
         if cache is None and use_cache and labels is None:  # generate passes use_cache=True
             cache = ExtraposCache(self.model.cfg.n_layers)
-        h = self.hidden(input_ids, attention_mask, position_ids, cache, inputs_embeds, kwargs)
+        h, states = self.hidden(input_ids, attention_mask, position_ids, cache, inputs_embeds, kwargs)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.model.logits(h[:, keep])
         loss = None
@@ -217,7 +252,7 @@ class ExtraposForCausalLM(ExtraposPreTrainedModel, GenerationMixin):
                 ignore_index=-100,
             )
         cached: dict[str, Any] = {CACHE_NAME: cache}
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **cached)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=states, **cached)
 
 
 class ExtraposForMaskedLM(ExtraposPreTrainedModel):
@@ -240,11 +275,11 @@ class ExtraposForMaskedLM(ExtraposPreTrainedModel):
         inputs_embeds: Tensor | None = None,
         **kwargs: Any,
     ) -> MaskedLMOutput:
-        h = self.hidden(input_ids, attention_mask, position_ids, None, inputs_embeds, kwargs)
+        h, states = self.hidden(input_ids, attention_mask, position_ids, None, inputs_embeds, kwargs)
         logits = self.model.logits(h)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(
                 logits.flatten(0, 1).float(), labels.flatten().to(logits.device), ignore_index=-100
             )
-        return MaskedLMOutput(loss=loss, logits=logits)
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=states)
