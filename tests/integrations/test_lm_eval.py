@@ -321,6 +321,19 @@ def test_lm_eval_help_shows_the_routes_that_work(capsys):
     assert "--bootstrap-iters" in text
 
 
+def test_lm_evals_own_flag_spellings_are_accepted():
+    """A command line written for lm_eval (--num_fewshot, --include_path, ...) means the same here."""
+    from extrapos.cli import build_parser
+
+    values = {"num-fewshot": "2", "batch-size": "4", "include-path": "tasks", "bootstrap-iters": "0"}
+    values["max-length"] = "64"
+    ours = [f"--{k}={v}" for k, v in values.items()] + ["--log-samples"]
+    theirs = [f"--{k.replace('-', '_')}={v}" for k, v in values.items()] + ["--log_samples"]
+    parsed = [vars(build_parser().parse_args(["lm-eval", "RUN", "--tasks", "x", *f])) for f in (ours, theirs)]
+    assert parsed[0] == parsed[1]
+    assert parsed[1]["num_fewshot"] == 2 and parsed[1]["include_path"] == "tasks" and parsed[1]["log_samples"]
+
+
 def test_metrics_are_shown_with_their_stderr():
     from extrapos.cli.tasks import shown_metrics
 

@@ -146,29 +146,40 @@ def register(sub) -> None:
         "a model is known only once the module registering it is imported): use `extrapos-lm-eval run "
         "--model extrapos --model_args run=RUN --tasks ...` (lm-eval's command with extrapos imported), or "
         "export the run (`extrapos export RUN --format remote-code --out DIR`) and run plain `lm_eval "
-        "--model hf --model_args pretrained=DIR,trust_remote_code=True --tasks ...` (docs/tasks.md).",
+        "--model hf --model_args pretrained=DIR,trust_remote_code=True --tasks ...` (docs/tasks.md). "
+        "lm-eval's own flag spellings (--num_fewshot, --batch_size, --include_path, --log_samples, "
+        "--bootstrap_iters, --max_length) are accepted beside these.",
     )
     m.add_argument("run", help="a run directory")
     m.add_argument("--tasks", required=True, help="comma-separated lm-eval task names")
-    m.add_argument("--num-fewshot", type=int, default=None)
+    # each flag also in lm-eval's own spelling (--num_fewshot, ...), so a command line written for
+    # lm_eval runs here unchanged
+    m.add_argument("--num-fewshot", "--num_fewshot", type=int, default=None)
     m.add_argument("--limit", type=float, default=None, help="examples per task (or a fraction)")
-    m.add_argument("--max-length", type=int, default=None, help="context length (default: the run's L_t)")
-    m.add_argument("--batch-size", type=int, default=8)
+    m.add_argument(
+        "--max-length",
+        "--max_length",
+        type=int,
+        default=None,
+        help="context length (default: the run's L_t)",
+    )
+    m.add_argument("--batch-size", "--batch_size", type=int, default=8)
     m.add_argument("--scale", type=float, default=None)
     m.add_argument("--rope-scaling", default=None, metavar="NAME")
     m.add_argument("--factor", type=float, default=None)
-    m.add_argument("--include-path", default=None, help="a directory of extra task YAMLs")
+    m.add_argument("--include-path", "--include_path", default=None, help="a directory of extra task YAMLs")
     m.add_argument(
         "--metadata", default=None, help="JSON task metadata (e.g. '{\"max_seq_lengths\": [4096]}')"
     )
     m.add_argument(
         "--bootstrap-iters",
+        "--bootstrap_iters",
         type=int,
         default=None,
         help="lm-eval's bootstrap resamples for the stderr of metrics without a closed form (default "
         "100000, lm-eval's; 0: no stderr)",
     )
-    m.add_argument("--log-samples", action="store_true")
+    m.add_argument("--log-samples", "--log_samples", action="store_true")
     m.add_argument("--name", default=None, help="result name in RUN/eval/")
     m.add_argument("--overwrite", action="store_true", help="replace an existing different result")
     m.add_argument("--step", type=int, default=None)
