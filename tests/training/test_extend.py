@@ -187,7 +187,7 @@ def test_extend_resumes_after_an_interruption_exactly(parents, tmp_path, monkeyp
     ).read_text().count('"loss"')
 
 
-def test_cli_and_errors(parents, tmp_path):
+def test_cli_and_errors(parents, tmp_path, capsys):
     from extrapos.cli import main
 
     out = tmp_path / "rope-randompos"
@@ -206,6 +206,10 @@ def test_cli_and_errors(parents, tmp_path):
         "--no-progress",
     ]
     assert main(args) == 0
+    # --no-progress keeps the plan and its time estimate, on stderr (stdout has the result lines alone)
+    printed = capsys.readouterr()
+    assert "extrapos extend: randompos x2" in printed.err and "estimated time:" in printed.err
+    assert "extrapos extend:" not in printed.out and "done:" in printed.out
     cfg = load_run(out).cfg
     assert cfg.model.positions["scaling"] == "linear" and cfg.model.positions["factor"] == 2.0
     assert (

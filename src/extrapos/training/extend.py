@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -403,7 +404,7 @@ def extend(
     if is_main:
         atomic_write(out / "parent.json", json.dumps(record, indent=1))
     barrier()  # the record and the resized weights are on disk before any process reads them
-    if progress and is_main:
+    if is_main:  # the plan and its time estimate always (docs/extension.md); off stdout without progress
         from extrapos.training.extension_plan import plan_lines, seconds_per_micro_batch
 
         lines = plan_lines(cfg, record, parent, seconds_per_micro_batch(cfg))
@@ -413,6 +414,7 @@ def extend(
             + "\n  ".join(lines + ["changes:"])
             + "\n    "
             + "\n    ".join(record["changes"]),
+            file=sys.stdout if progress else sys.stderr,
             flush=True,
         )
     return train(cfg, out, resume=False, progress=progress, init_from=init_from)
