@@ -69,12 +69,25 @@ def test_generate_cli_streams_a_continuation(tiny_data, tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert out.startswith("Fellow citizens, ") and len(out) > len("Fellow citizens, " * 20)
-    # into a pipe or a file: exactly the prompt and the generated text, no newline of the command's own
+    # into a pipe or a file: exactly the prompt and the generated text, no newline of the command's own;
+    # greedy by default, as transformers' generate
     from extrapos.inference.generate import generate_text
 
-    again = generate_text(str(tmp_path / "run"), "Fellow citizens, " * 20, 16, seed=1, progress=False)
-    assert out == "Fellow citizens, " * 20 + again
-    assert main(["generate", str(tmp_path / "run")]) == 2
+    prompt, run = "Fellow citizens, " * 20, str(tmp_path / "run")
+    greedy = generate_text(run, prompt, 16, temperature=0.0, progress=False)
+    assert out == prompt + greedy
+    # sampling when asked: --do-sample (temperature 1.0, top-k 50) or a temperature above 0
+    for asked, temperature in ((["--do-sample"], 1.0), (["--temperature", "0.7"], 0.7)):
+        assert (
+            main(["generate", run, "--prompt", prompt, "--max-new-tokens", "16", "--seed", "3", *asked]) == 0
+        )
+        sampled = generate_text(run, prompt, 16, temperature=temperature, top_k=50, seed=3, progress=False)
+        assert capsys.readouterr().out == prompt + sampled and sampled != greedy
+    assert main(["generate", run]) == 2
+    assert main(["generate", run, "--prompt", "x", "--top-p", "0.9"]) == 2  # greedy would ignore it
+    assert "add --do-sample" in capsys.readouterr().err
+    assert main(["generate", run, "--prompt", "x", "--do-sample", "--temperature", "0"]) == 2
+    assert "drop one of them" in capsys.readouterr().err
 
 
 def test_a_long_prefill_shows_progress_unless_told_not_to(capsys):

@@ -86,8 +86,9 @@ def test_cli_scores_every_task_and_length_writes_the_result_and_the_plot(ruler_r
         assert 0 <= c["recall"] <= 1 and 0 <= c["rank_accuracy"] <= 1 and c["chance"] == 1 / 3
         assert len(c["predictions"]) == 3 and c["recall_kind"] == "all"
         assert (c["depths"][0] is None) == (c["task"] == "cwe")
-    assert result["metrics"] == ["recall", "rank_accuracy"] and result["essay_source"] == "builtin"
-    assert out.count("| niah_multikey_2 |") == 2 and "1x (128) | 2x (256)" in out
+    assert result["metrics"] == ["recall", "exact", "rank_accuracy"] and result["essay_source"] == "builtin"
+    assert all(0 <= c["exact"] <= c["recall"] for c in result["results"])  # exact implies every reference
+    assert out.count("| niah_multikey_2 |") == 3 and "1x (128) | 2x (256)" in out
     assert "by the asked needle's depth" in out and "| 0.0-0.2 |" in out
     assert (tmp_path / "g.png").stat().st_size > 1000
     # the same request is reused; a different one under the same name is refused and the file kept

@@ -111,3 +111,36 @@ def test_lm_evals_part_scores_the_fraction_of_references_not_any_of_them():
     # lm-eval's whole-list form is the best example's fraction divided by the number of examples, not a mean
     assert module.string_match_part(preds, refs) == pytest.approx(1 / len(preds))
     assert task_score(preds, refs, "part") == 81.82
+
+
+def test_exact_match_is_not_won_by_echoing_or_by_a_pangram():
+    """Recall's leaks at small sizes (issue 47): an echo of the prompt holds every needle, and any text
+    holds the one-letter names of variable tracking and frequent words; ``exact`` (the answer as trained,
+    nothing extending it) scores both 0 and the true answer 1, and the generation budget of a short prompt
+    is held to a quarter of it (never below the longest answer)."""
+    import numpy as np
+
+    from extrapos.data import ruler_words as W
+    from extrapos.data.ruler_prompts import Essay, RulerBuilder, synthetic_tokenizer
+    from extrapos.data.ruler_tasks import GENERATE, TASKS, RulerShape
+    from extrapos.tasks.ruler import short_budget
+    from extrapos.tasks.ruler_metric import exact
+
+    tok = synthetic_tokenizer()
+    shape = RulerShape(digits=2, needles=2, hops=2, vt_digits=2, var_letters=1, common=3, coded_letters=1,
+                       uuid_hex=4, template="short")  # fmt: skip
+    builder = RulerBuilder(tok, shape, Essay(tok, W.synthetic_essay(), "builtin"))
+    pangram = "the quick brown fox jumps over the lazy dog"
+    for task in ("vt", "fwe", "niah_single_1", "niah_multivalue"):
+        p = builder.build(task, 128, np.random.default_rng(0))
+        refs = [builder.reference(a) for a in p.text.answers]
+        target = postprocess(tok.decode(p.target))
+        echo = postprocess(tok.decode(p.tokens))
+        assert recall(echo, refs, "all") == 1.0, task  # the leak: the echo holds every answer
+        if task in ("vt", "fwe"):
+            assert recall(pangram, refs, "all") == 1.0  # one-letter names, in any text
+        assert exact(echo, target) == exact(pangram, target) == 0.0
+        assert exact(target, target) == exact(target + ".", target) == 1.0
+        assert exact(target + "1", target) == 0.0  # a longer value is not the value
+        budget = short_budget(GENERATE[TASKS[task].family], 128, [p])
+        assert len(p.target) < budget <= 32

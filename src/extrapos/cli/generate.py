@@ -7,15 +7,28 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    p = sub.add_parser("generate", help="sample text from a trained run (KV cache, streamed)")
+    p = sub.add_parser(
+        "generate",
+        help="continue a prompt with a trained run (KV cache, streamed)",
+        description="Greedy decoding by default, as transformers' generate; --do-sample or a --temperature "
+        "above 0 samples instead (temperature 1.0 and top-k 50 unless given).",
+    )
     p.add_argument("run", help="a run directory")
     p.add_argument("--prompt", default=None, help="the prompt text")
     p.add_argument("--prompt-file", default=None, help="read the prompt from a file (long prompts)")
     p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy decoding")
-    p.add_argument("--top-k", type=int, default=50)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="sampling temperature (above 0 samples; default 1.0 with --do-sample; 0 is greedy)",
+    )
+    p.add_argument(
+        "--top-k", type=int, default=None, help="sampling: keep the k likeliest tokens (default 50)"
+    )
+    p.add_argument("--top-p", type=float, default=None, help="sampling: nucleus probability mass")
+    p.add_argument("--seed", type=int, default=0, help="sampling: the random seed")
     p.add_argument("--scale", type=float, default=None, help="ExPE/ExQPE inference-time scale")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole prefix every token (slow)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
@@ -60,6 +73,28 @@ def read_prompt_file(path: Path) -> str:
     return text
 
 
+def decoding(args) -> tuple[float, int | None, float | None]:
+    """The temperature, top-k and top-p to decode with: greedy (temperature 0) unless sampling is asked
+    for (--do-sample, or a --temperature above 0), as transformers' generate does by default."""
+    from extrapos.errors import UserError
+    from extrapos.inference.generate import check_sampling
+
+    # each value's range first, so that a wrong one is named as such
+    check_sampling(args.max_new_tokens, args.temperature or 0.0, args.top_k, args.top_p, args.seed)
+    if args.do_sample and args.temperature == 0:
+        raise UserError("--do-sample needs a --temperature above 0 (0 is greedy decoding); drop one of them.")
+    if not (args.do_sample or args.temperature):
+        given = [flag for flag, v in (("--top-k", args.top_k), ("--top-p", args.top_p)) if v is not None]
+        if given:  # never ignored in silence: greedy decoding would not use it
+            raise UserError(
+                f"{given[0]} is a sampling setting and generate decodes greedily unless asked to sample; "
+                f"add --do-sample (or --temperature T) or drop {given[0]}."
+            )
+        return 0.0, None, None
+    temperature = 1.0 if args.temperature is None else args.temperature
+    return temperature, 50 if args.top_k is None else args.top_k, args.top_p
+
+
 def run(args) -> int:
     from extrapos.errors import UserError
     from extrapos.inference.generate import generate_text
@@ -75,6 +110,7 @@ def run(args) -> int:
             prompt.encode("utf-8")
         except UnicodeEncodeError:  # bytes that are not UTF-8 arrive as lone surrogates
             raise UserError("--prompt is not valid UTF-8 text; give the prompt as text.") from None
+    temperature, top_k, top_p = decoding(args)
     options = {"scale": args.scale} if args.scale is not None else None
     device = resolve_device(args.device, "--device")
 
@@ -87,9 +123,9 @@ def run(args) -> int:
         args.run,
         prompt,
         args.max_new_tokens,
-        args.temperature,
-        args.top_k,
-        args.top_p,
+        temperature,
+        top_k,
+        top_p,
         args.seed,
         use_cache=not args.no_cache,
         position_options=options,

@@ -48,7 +48,7 @@ from extrapos.tasks.common import (
     task_result,
 )
 from extrapos.tasks.passkey import check_passkey_memory
-from extrapos.tasks.ruler_metric import postprocess, recall
+from extrapos.tasks.ruler_metric import exact, postprocess, recall
 from extrapos.tasks.ruler_report import cell_interval, format_all, format_depths, format_ruler, plot_grid
 
 MODES = ("generate", "rank", "both")
@@ -196,6 +196,14 @@ def rank_prompts(model: Any, prompts: Sequence[RulerPrompt], batch_tokens: int) 
     return ranks
 
 
+def short_budget(ruler_budget: int, length: int, prompts: Sequence[RulerPrompt]) -> int:
+    """RULER's generation budget (sized for prompts of thousands of tokens), held to a quarter of a short
+    prompt and never below the longest answer plus one token: at L_t 128 RULER's 128 new tokens could echo
+    the whole prompt, every needle with it (issue 47)."""
+    longest = max((len(p.target) for p in prompts), default=1)
+    return min(ruler_budget, max(length // 4, longest + 1))
+
+
 def score_cell(
     model: Any,
     builder: RulerBuilder,
@@ -218,8 +226,11 @@ def score_cell(
         out.update(
             {"n": len(values), "recall": float(np.mean(values)), "recall_kind": kind, "predictions": preds}
         )
+        hits = [exact(pr, postprocess(builder.tok.decode(p.target))) for pr, p in zip(preds, gen_prompts)]
+        out["exact"] = float(np.mean(hits))
         out["depths"] = [p.depth for p in gen_prompts]
         per["recall"] = [values, [1] * len(values)]
+        per["exact"] = [hits, [1] * len(hits)]
         digests += [np.asarray(p.tokens + p.target) for p in gen_prompts]
     if rank_prompts_:
         ranks = rank_prompts(model, rank_prompts_, batch_tokens)
@@ -318,10 +329,11 @@ def score_ruler(prepared: Prepared, slot: ResultSlot, how: Scoring) -> dict[str,
             if opts.mode != "generate":
                 rng = np.random.default_rng([opts.seed, k, i, 1])
                 ranked = [builder.build(task, k * L, rng, decoys) for _ in range(opts.trials)]
-            budget = opts.max_new_tokens or GENERATE[TASKS[task].family]
+            budget = opts.max_new_tokens or short_budget(GENERATE[TASKS[task].family], k * L, gen)
             scores = score_cell(run.model, builder, gen, ranked, budget, batch_tokens)
             seconds = round(time.perf_counter() - t_cell, 3)
-            cells.append({"task": task, "ev": k, "length": k * L, **scores, "seconds": seconds})
+            cell = {"task": task, "ev": k, "length": k * L, **scores, "budget": budget, "seconds": seconds}
+            cells.append(cell)
             bar.update(1)
     bar.close()
     metric = primary_metric(opts.mode)
@@ -329,7 +341,7 @@ def score_ruler(prepared: Prepared, slot: ResultSlot, how: Scoring) -> dict[str,
         **task_result(name, "ruler", handle.path, request, run, applied, L, slot),
         "essay_source": None if essay is None else essay.source,
         "metric": metric,
-        "metrics": [m for m in ("recall", "rank_accuracy") if m in cells[0]],
+        "metrics": [m for m in ("recall", "exact", "rank_accuracy") if m in cells[0]],
         "examples": {t: _example(run.tokenizer, builder, t, min(opts.lengths) * L) for t in opts.tasks},
         "results": cells,
         "by_length": [

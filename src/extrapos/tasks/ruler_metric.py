@@ -1,5 +1,5 @@
 """RULER's metric (Hsieh et al. 2024, §3 and Appendix B): string-match recall of the references in the
-generated text, case-insensitive.
+generated text, case-insensitive; and beside it our exact match (``exact``), which echoing cannot win.
 
 * "all" (NIAH, variable tracking, common and frequent words): the fraction of the references found in the
   prediction, averaged over the examples;
@@ -33,6 +33,19 @@ def recall(prediction: str, references: Sequence[str], kind: str) -> float:
     if kind == "part":
         return float(any(found))
     return sum(found) / len(found)
+
+
+def exact(prediction: str, target: str) -> float:
+    """1 when the prediction is the answer as the task writes it (``target``, the answer tokens a model
+    is trained on) followed by nothing that extends it (the end, punctuation or a space), else 0;
+    case-insensitive. Not RULER's metric: recall can be won without the answer at small sizes, by a
+    prediction that echoes the prompt (every needle in it) or by any text holding the one-letter names
+    of variable tracking and frequent words (issue 47); this one cannot."""
+    p, t = prediction.strip().lower(), target.strip().lower()
+    if not t or not p.startswith(t):
+        return 0.0
+    rest = p[len(t) :]
+    return float(not rest or not rest[0].isalnum())
 
 
 def task_score(predictions: Sequence[str], references: Sequence[Sequence[str]], kind: str) -> float:

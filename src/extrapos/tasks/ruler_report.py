@@ -14,7 +14,11 @@ from extrapos.tasks.common import accuracy_heatmap
 
 #: the depth bins of the per-depth table (fractions of the context before the asked needle)
 DEPTH_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
-_LABELS = {"recall": "string-match recall", "rank_accuracy": "rank accuracy (ranking form)"}
+_LABELS = {
+    "recall": "string-match recall",
+    "exact": "exact match (the answer as trained, nothing extending it)",
+    "rank_accuracy": "rank accuracy (ranking form)",
+}
 
 
 def cell_interval(cell: dict[str, Any], metric: str) -> Any:
@@ -73,7 +77,7 @@ def format_ruler(result: dict[str, Any], metric: str | None = None) -> str:
 def depth_table(result: dict[str, Any], metric: str) -> list[tuple[str, list[tuple[float, int]]]]:
     """(depth bin label, [(mean, examples) per length]) over the needle tasks' examples, binned by the
     asked needle's depth; the mean is nan where a bin holds no example."""
-    depth_key = "depths" if metric == "recall" else "rank_depths"
+    depth_key = "rank_depths" if metric == "rank_accuracy" else "depths"
     cells = [c for c in result["results"] if metric in c and c["task"].startswith("niah")]
     evs = sorted({c["ev"] for c in cells})
     rows = []
