@@ -181,6 +181,8 @@ def model_card(
     causal = cfg.causal
     kind = "causal language model" if causal else "masked-language-model encoder"
     params = sum(p.numel() for p in {id(p): p for p in run.model.parameters()}.values())
+    origin = "imported into" if (run.path / "source.json").is_file() else "trained with"
+    key = "`max_position_embeddings`" if not architecture else "context length"
     form = (
         f"a native `{architecture}` model (no remote code)"
         if architecture
@@ -197,15 +199,15 @@ def model_card(
         "",
         f"# {name}",
         "",
-        f"A {kind} trained with extrapos (positional encodings for "
-        f"length extrapolation: train short, test long), exported as {form}.",
+        f"A {kind} {origin} extrapos (positional encodings for length extrapolation: train short, test "
+        f"long), exported as {form}.",
         "",
         f"- **Positional encoding**: `{plan.name}` (`{positions}`).",
         f"- **Model**: {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads "
         f"({cfg.flavour} block), {params:,} parameters.",
         f"- **Training length L_t**: {cfg.train_length} tokens (config.json's `train_length`).",
-        f"- **Context limit**: {context} tokens (config.json's `max_position_embeddings` and the "
-        f"tokenizer's `model_max_length`): {context_why}."
+        f"- **Context limit**: {context} tokens (config.json's {key} and the tokenizer's "
+        f"`model_max_length`): {context_why}."
         + (f" The model was trained at up to {trained} tokens." if trained != cfg.train_length else ""),
         *_training(run),
         f"- **Checkpoint**: step {run.step}, exported by extrapos {__version__}.",
