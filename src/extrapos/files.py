@@ -34,6 +34,32 @@ def check_text(value: str | Path | None, flag: str) -> None:
         ) from None
 
 
+def check_regular_file(path: Path, label: str, fix: str) -> None:
+    """Refuse an input ``path`` that is not a regular file, in one sentence naming what it is (``label``: how
+    the sentence names the path; ``fix``: what to do). A directory, a device such as /dev/zero or a FIFO was
+    "does not exist" (issue 48), and reading the last two never ends or waits for a writer: it is judged
+    by ``stat`` alone, never opened."""
+    import stat as st
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise UserError(f"{label} does not exist; {fix}.") from None
+    except OSError as e:
+        raise UserError(f"cannot read {label} ({describe_os_error(e)}); {fix}.") from None
+    if st.S_ISREG(mode):
+        return
+    kinds = [
+        (st.S_ISDIR, "a directory"),
+        (st.S_ISFIFO, "a FIFO (a named pipe)"),
+        (st.S_ISCHR, "a character device"),
+        (st.S_ISBLK, "a block device"),
+        (st.S_ISSOCK, "a socket"),
+    ]
+    kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+    raise UserError(f"{label} is {kind}, not a file; {fix}.")
+
+
 def finite_json(result: Any, options: dict[str, Any] | None, what: str = "result") -> str:
     """``result`` as JSON text, refused in one sentence naming ``options`` when it holds a NaN or infinite
     number: ``json.dumps`` would write the bare ``NaN`` token and the file would read as a valid result

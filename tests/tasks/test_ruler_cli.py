@@ -78,7 +78,8 @@ def test_cli_scores_every_task_and_length_writes_the_result_and_the_plot(ruler_r
     args += ["--candidates", "3", "--max-new-tokens", "6", *FLAGS, "--plot", str(tmp_path / "g.png")]
     assert main([*args, "--no-progress"]) == 0
     out = capsys.readouterr().out
-    result = json.loads((ruler_run / "eval" / "ruler-both-short.json").read_text())
+    (saved,) = (ruler_run / "eval").glob("ruler-both-short-ev1_2-*.json")  # the request's digest ends it
+    result = json.loads(saved.read_text())
     assert [(c["task"], c["ev"], c["length"], c["n"]) for c in result["results"]] == [
         (t, k, 128 * k, 3) for k in (1, 2) for t in tasks.split(",")
     ]
@@ -92,12 +93,12 @@ def test_cli_scores_every_task_and_length_writes_the_result_and_the_plot(ruler_r
     assert "by the asked needle's depth" in out and "| 0.0-0.2 |" in out
     assert (tmp_path / "g.png").stat().st_size > 1000
     # the same request is reused; a different one under the same name is refused and the file kept
-    before = (ruler_run / "eval" / "ruler-both-short.json").read_bytes()
+    before = saved.read_bytes()
     same = RulerOptions(tasks.split(","), [1, 2], 3, "both", 3, max_new_tokens=6, **SHAPE)
     assert ruler(ruler_run, same) == result
-    with pytest.raises(UserError, match="different evaluation"):
-        ruler(ruler_run, tasks=["niah_single_2"], lengths=[1], mode="both", **SHAPE)
-    assert (ruler_run / "eval" / "ruler-both-short.json").read_bytes() == before
+    with pytest.raises(UserError, match="different evaluation; pass another --name to keep both"):
+        ruler(ruler_run, tasks=["niah_single_2"], lengths=[1], mode="both", name=saved.stem, **SHAPE)
+    assert saved.read_bytes() == before
 
 
 @pytest.mark.parametrize(

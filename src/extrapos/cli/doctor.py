@@ -21,6 +21,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     import json
+    from pathlib import Path
 
     from extrapos.errors import UserError
     from extrapos.files import atomic_write, check_text
@@ -31,6 +32,14 @@ def run(args) -> int:
     check_text(args.json, "--json")
     if args.json:  # before the checks run: a run's file or the user's own is never replaced
         check_owned_file(args.json, "--json", "extrapos doctor", json_with_keys("machine", "checks"))
+        folder = Path(args.json).parent
+        # a missing folder, found after minutes of checks, was named as the temporary file it could not hold
+        if not folder.is_dir():
+            what = "is not a folder" if folder.exists() else "does not exist"
+            raise UserError(
+                f"--json {args.json} cannot be written: the folder {folder} {what}; create it first or give "
+                "a path in an existing folder."
+            )
     encodings = None
     if args.encodings is not None:
         encodings = [e.strip() for e in args.encodings.split(",") if e.strip()]

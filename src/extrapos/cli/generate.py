@@ -49,9 +49,9 @@ def read_prompt_file(path: Path) -> str:
     """The prompt file as text: a regular file of at most ``MAX_PROMPT_BYTES`` of UTF-8 (a binary file is
     refused, never decoded with replacement characters into a prompt nobody meant)."""
     from extrapos.errors import UserError
+    from extrapos.files import check_regular_file
 
-    if not path.is_file():
-        raise UserError(f"prompt file {path} does not exist.")
+    check_regular_file(path, f"prompt file {path}", "give a text file")
     size = path.stat().st_size
     if size > MAX_PROMPT_BYTES:
         raise UserError(

@@ -447,7 +447,7 @@ def _tokenize_into(
     dtype = token_dtype(tok.vocab_size)
     writers = {split: SplitWriter(directory, split, dtype) for split in SPLITS}
     units = {split: array.array("d") for split in SPLITS}
-    read = too_short = kept_tokens = replaced = whole = 0
+    read = too_short = kept_tokens = replaced = whole = text_bytes = 0
     over_budget = False
     bar = tqdm(
         desc="tokenizing",
@@ -465,6 +465,7 @@ def _tokenize_into(
             replaced += replaced_here
             for doc_id, num_bytes, ids in zip(doc_ids, sizes, encoded):
                 read += 1
+                text_bytes += num_bytes
                 if len(ids) < max(min_doc_tokens, 1):
                     too_short += 1
                     continue
@@ -496,6 +497,12 @@ def _tokenize_into(
         splits = {split: writer.close() for split, writer in writers.items()}
     if read == 0:
         raise UserError(f"The corpus '{source.spec}' holds no documents.")
+    if kept_tokens == 0 and min_doc_tokens <= 1 and text_bytes:  # the text is there: the tokenizer drops it
+        raise UserError(
+            f"the tokenizer yields no tokens for any of the {read:,} documents of '{source.spec}' "
+            f"({text_bytes:,} bytes of text), so there is nothing to train on; use a tokenizer that covers "
+            "this text (bpe:N trains one on it)."
+        )
     if kept_tokens == 0 and min_doc_tokens <= 1:
         raise UserError(f"Every document of '{source.spec}' is empty ({read} read); add text to the corpus.")
     if kept_tokens == 0:

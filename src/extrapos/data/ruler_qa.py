@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from extrapos.errors import UserError
+from extrapos.files import check_regular_file
 
 DATASETS = {"squad": "SQuAD", "hotpotqa": "HotpotQA"}
 
@@ -106,8 +107,7 @@ def load_qa(dataset: str, path: str | Path) -> QaData:
     the file is missing or not in the dataset's JSON format."""
     name = DATASETS[dataset]
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise UserError(f"{path} does not exist; pass --{dataset} with a file of {name}'s published JSON.")
+    check_regular_file(path, str(path), f"pass --{dataset} with a file of {name}'s published JSON")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         qa = read_squad(data) if dataset == "squad" else read_hotpotqa(data)

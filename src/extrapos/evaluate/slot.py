@@ -226,10 +226,7 @@ def _decide(
 
 
 #: what a task result under a name that holds another request says
-TASK_REFUSAL = (
-    "holds a different evaluation; pass another --name (name=...) to keep both or --overwrite "
-    "(overwrite=True) to replace it."
-)
+TASK_REFUSAL = "holds a different evaluation; pass another --name to keep both or --overwrite to replace it."
 
 
 def task_slot(

@@ -20,6 +20,8 @@ which the report's per-depth table (needle depth x length, as RULER's) is made.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -34,7 +36,7 @@ from extrapos.data.ruler_tasks import GENERATE, METRIC, SYNTHETIC_TASKS, TASK_NA
 from extrapos.errors import UserError
 from extrapos.evaluate.driver import drive
 from extrapos.evaluate.evaluator import ColumnAt, Prepared, Scoring, column_name
-from extrapos.evaluate.slot import ResultSlot, check_result_name, slug, task_slot
+from extrapos.evaluate.slot import MAX_NAME, ResultSlot, check_result_name, slug, task_slot
 from extrapos.run.handle import Run
 from extrapos.run.runtime import Shard
 from extrapos.tasks.common import (
@@ -353,9 +355,17 @@ def score_ruler(prepared: Prepared, slot: ResultSlot, how: Scoring) -> dict[str,
     return result
 
 
-def default_name(mode: str, template: str, position_options: dict[str, Any] | None = None) -> str:
-    parts = ["ruler", mode, template] + [f"{k}{v}" for k, v in sorted((position_options or {}).items())]
-    return "-".join(slug(str(p)) for p in parts)
+def default_name(opts: RulerOptions) -> str:
+    """The result's name when no --name is given: the mode, template, lengths and encoding options, then a
+    digest of the whole request (tasks, seed, trials, sizes, QA files, checkpoint...). A name of the mode and
+    template alone made a second, different request (other lengths, seed or tasks) collide with the first
+    (issue 48); an equal request keeps its name, so its result is reused."""
+    request = json.dumps(asdict(opts), sort_keys=True, default=str)
+    digest = hashlib.sha256(request.encode()).hexdigest()[:8]
+    parts = ["ruler", opts.mode, opts.template, "ev" + "_".join(map(str, opts.lengths))]
+    parts += [f"{k}{v}" for k, v in sorted(opts.position_options.items())]
+    readable = "-".join(slug(str(p)) for p in parts)[: MAX_NAME - len(digest) - 1].rstrip("-")
+    return f"{readable}-{digest}"
 
 
 def _example(tokenizer: Any, builder: RulerBuilder, task: str, length: int) -> dict[str, Any]:
@@ -415,7 +425,7 @@ class RulerEvaluator:
         from extrapos.data.ruler_qa import load_qa
 
         opts = request.checked()
-        name = check_result_name(how.name or default_name(opts.mode, opts.template, opts.position_options))
+        name = check_result_name(how.name or default_name(opts))
         handle = Run.of(run)
         refuse_encoder(handle, "ruler")
         qa = {d: load_qa(d, getattr(opts, d)) for d in ("squad", "hotpotqa") if getattr(opts, d) is not None}
