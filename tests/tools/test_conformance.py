@@ -124,6 +124,6 @@ def test_options_reach_the_check_and_bad_ones_are_one_sentence(capsys):
     )
     assert "{'scaling': 'yarn', 'factor': 2}" in capsys.readouterr().out
     assert main(["check-encoding", "rope", "--option", "scaling=bogus", "--no-export"]) == 2
-    assert "unknown RoPE scaling 'bogus'" in capsys.readouterr().err
+    assert "scaling (an option of encoding 'rope') must be one of 'linear'" in capsys.readouterr().err
     assert main(["check-encoding", "rope", "--option", "factor", "--no-export"]) == 2
     assert "--option wants KEY=VALUE" in capsys.readouterr().err
