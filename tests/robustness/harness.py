@@ -27,6 +27,10 @@ every file that existed before has the same bytes after. Three pieces serve it:
     where it is looked up: a function imported with ``from x import f`` into ``y`` is ``y:f``.
 
 ``snapshot(*roots)`` and ``assert_unchanged(before)`` are the file-digest half on its own.
+
+``with bounded(cpu_s=..., wall_s=...):``
+    An in-process case's time limit (the battery's): ``CaseTimeout`` once the block has used ``cpu_s`` of
+    this process's CPU time, or ``wall_s`` of wall-clock time for a hang that waits without computing.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -249,3 +255,36 @@ def assert_user_error(args, *, cache: Path, watch=(), fragments=(), **run_option
     sentence = assert_one_sentence_error(result, *fragments)
     assert_unchanged(before)
     return sentence
+
+
+class CaseTimeout(BaseException):  # not an Exception: cli.main must not turn it into exit status 70
+    """A case ran past its ``bounded`` limit."""
+
+
+@contextmanager
+def bounded(cpu_s: float, wall_s: float) -> Iterator[None]:
+    """Raise ``CaseTimeout`` in the block once it has used ``cpu_s`` seconds of this process's CPU time
+    (``ITIMER_PROF``: user and system time of every thread), or ``wall_s`` seconds of wall-clock time.
+
+    The CPU time is the bound: it measures the work, which other jobs on the machine do not stretch (a
+    wall-clock bound of 60 s failed two lm-eval cases on two cores at a load of 5-12, issue 48), and a loop
+    that never ends still reaches it. The wall clock, set far larger, catches only a hang that waits without
+    computing (a read that never returns). Main thread only (signals); the previous handlers are put back.
+    """
+
+    def on_cpu(signum, frame):
+        raise CaseTimeout(f"used {cpu_s} s of CPU time")
+
+    def on_wall(signum, frame):
+        raise CaseTimeout(f"still waiting after {wall_s} s of wall-clock time")
+
+    previous = signal.signal(signal.SIGPROF, on_cpu), signal.signal(signal.SIGALRM, on_wall)
+    signal.setitimer(signal.ITIMER_PROF, cpu_s)
+    signal.setitimer(signal.ITIMER_REAL, wall_s)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGPROF, previous[0])
+        signal.signal(signal.SIGALRM, previous[1])

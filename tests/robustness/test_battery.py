@@ -11,12 +11,14 @@ The cases are derived, never hand-listed, so a future flag or key is covered wit
   --position-option KEY=VALUE`` for every option of the run's encoding, and every key of a compare sweep
   file (``Sweep`` and its ``[[rows]]``), each with every value of ``CONFIG_KINDS``.
 
-Each case runs in-process (``extrapos.cli.main``) under ``signal.alarm`` and holds the contract: exit
-status 0 or 2 (never 70, never an uncaught exception, never a timeout: a huge value is refused up front,
-not worked on), on exit 2 exactly one line on stderr starting ``extrapos: error:``, no "Traceback"
-anywhere, stdout encodable as UTF-8 (a real terminal would raise on a lone surrogate), and every file of
-the fixtures keeps its sha256. ``python -m pytest tests/robustness/test_battery.py --collect-only -q``
-counts the cases; ``test_every_command_has_a_base`` prints the count by command.
+Each case runs in-process (``extrapos.cli.main``) under a bound of the CPU time it uses
+(``harness.bounded``: a loaded machine stretches the wall clock, not the work; a wall clock ten times larger
+catches a hang that waits) and holds the contract: exit status 0 or 2 (never 70, never an uncaught
+exception, never a timeout: a huge value is refused up front, not worked on), on exit 2 exactly one line
+on stderr starting ``extrapos: error:``, no "Traceback" anywhere, stdout encodable as UTF-8 (a real
+terminal would raise on a lone surrogate), and every file of the fixtures keeps its sha256.
+``python -m pytest tests/robustness/test_battery.py --collect-only -q`` counts the cases;
+``test_every_command_has_a_base`` prints the count by command.
 
 A path where a name belongs is ``../x`` (relative to a per-case working directory) or an absolute path
 inside the case's scratch directory (the battery never writes outside its temporary directories).
@@ -33,17 +35,20 @@ import io
 import os
 import re
 import shutil
-import signal
 import typing
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from harness import CaseTimeout, bounded
 
 from extrapos.cli import build_parser, main
 from tests.conftest import tiny_overrides
 
-ALARM_S = 8  # a case is a few milliseconds to a second; more is unbounded work
+CPU_S = 8  # CPU seconds: a case is a few milliseconds to a second of work; more is unbounded work
+# a case waiting this many times its CPU bound on the wall clock is a hang that does not compute (the
+# two cores of a machine at load 12 give one process a sixth of a core)
+WALL_FACTOR = 10
 SURROGATES = os.fsdecode(b"\xff\xfe")  # how Python hands non-UTF-8 argv bytes to the program
 PREFIX = "extrapos: error: "
 
@@ -392,8 +397,8 @@ class Case:
         return f"{self.command}|{self.via}|{self.target}|{self.kind}".replace(" ", "-")
 
 
-# Commands whose accepted values run a real harness or training loop for seconds: a longer alarm, and one
-# kind per target in the default part.
+# Commands whose accepted values run a real harness or training loop for seconds: a larger CPU bound, and
+# one kind per target in the default part.
 HEAVY = {"lm-eval": 60, "compare": 20}
 
 
@@ -450,14 +455,6 @@ def params():
 # json.dumps writes a non-finite float as a bare NaN / Infinity / -Infinity token
 NONFINITE = re.compile(r"(?<![\w\"])(NaN|-?Infinity)(?![\w\"])")
 ROOTS = ("run", "syn", "data", "corpus", "hf", "tasks", "sweep", "cmp-run")
-
-
-class CaseTimeout(BaseException):  # not an Exception: cli.main must not turn it into exit status 70
-    pass
-
-
-def _on_alarm(signum, frame):
-    raise CaseTimeout
 
 
 _DIGESTS: dict[tuple, str] = {}
@@ -561,20 +558,19 @@ def test_malformed_value_holds_the_contract(case, world, cheap_resolution, one_p
     # the streams of a real terminal: stdout strict UTF-8, stderr with backslashreplace (Python's own)
     stdout = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
     stderr = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="backslashreplace")
-    limit = HEAVY.get(case.command, ALARM_S)
-    previous = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.alarm(limit)
+    limit = HEAVY.get(case.command, CPU_S)
     torch.set_grad_enabled(True)  # as a fresh process starts, whatever an interrupted case left behind
     try:
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        with (
+            bounded(cpu_s=limit, wall_s=WALL_FACTOR * limit),
+            contextlib.redirect_stdout(stdout),
+            contextlib.redirect_stderr(stderr),
+        ):
             code = main(argv)
     except SystemExit as e:  # argparse
         code = e.code
-    except CaseTimeout:
-        pytest.fail(f"unbounded: still working after {limit} s: extrapos {' '.join(map(repr, argv))}")
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+    except CaseTimeout as e:
+        pytest.fail(f"unbounded: {e}: extrapos {' '.join(map(repr, argv))}")
     stdout.flush()
     stderr.flush()
     out, err = (s.buffer.getvalue().decode("utf-8", "backslashreplace") for s in (stdout, stderr))
