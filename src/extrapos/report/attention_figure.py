@@ -34,7 +34,7 @@ def _rows(result: dict[str, Any]) -> dict[Any, dict[str, Any]]:
     return {row["ev"]: row for row in result["results"]}
 
 
-def _document_sums(row: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+def document_sums(row: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
     """(sums, counts) per document of the median weight past L_t over every layer and head, or None."""
     parts = [layer["beyond"] for layer in row.get("per_document") or []]
     if not parts or any(part is None for part in parts):
@@ -88,7 +88,7 @@ def summary_table(results: list[tuple[str, dict[str, Any]]], evs: list[Any]) -> 
         cells, diffs = [], []
         for ev in evs:
             row, base = _rows(result)[ev], _rows(results[0][1])[ev]
-            mine, ref = _document_sums(row), _document_sums(base)
+            mine, ref = document_sums(row), document_sums(base)
             n = len(row.get("doc_index") or [])
             if mine is None or n < stats.MIN_DOCUMENTS:
                 cells.append("–")
