@@ -1,6 +1,7 @@
 """The comparison sweep: identical settings per row, a report, and resumption after an interruption."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -73,6 +74,10 @@ def test_sweep_writes_a_report_and_resumes_after_an_interruption(tmp_path, tiny_
     rows = json.loads((out / "results.json").read_text())
     assert [r["name"] for r in rows] == ["RoPE", "ExPE", "ExPE x0.5"]
     assert rows[2]["applied"] == {"scale": 0.5} and rows[1]["run"] == rows[2]["run"]
+    # paths relative to the comparison or the data cache: the file means the same in a clone (issue 47)
+    assert [r["run"] for r in rows] == ["runs/rope", "runs/expe", "runs/expe"]
+    text = (out / "results.json").read_text()
+    assert str(tmp_path) not in text and not any(Path(r["data_dir"]).is_absolute() for r in rows)
     assert real_train is None
 
 

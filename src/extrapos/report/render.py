@@ -37,6 +37,7 @@ from typing import Any, TypeGuard
 from extrapos.errors import UserError
 from extrapos.files import atomic_write
 from extrapos.report import stats
+from extrapos.report.portable import portable
 
 
 @dataclass
@@ -648,10 +649,9 @@ def write_report(
     _atomic_write(report, "\n".join(parts) + "\n")
     if rows:
         _atomic_write(out_dir / "results.csv", rows_to_csv(rows, cells))
-        _atomic_write(
-            out_dir / "results.json",
-            json.dumps([{**r.loss, "eval_name": r.loss["name"], "name": r.name} for r in rows], indent=1),
-        )
+        saved = [{**r.loss, "eval_name": r.loss["name"], "name": r.name} for r in rows]
+        # the runs and data it names, relative to out_dir or the cache: the file means the same in a clone
+        _atomic_write(out_dir / "results.json", json.dumps(portable(saved, out_dir), indent=1))
     return report
 
 
