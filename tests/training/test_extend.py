@@ -206,10 +206,11 @@ def test_cli_and_errors(parents, tmp_path, capsys):
         "--no-progress",
     ]
     assert main(args) == 0
-    # --no-progress keeps the plan and its time estimate, on stderr (stdout has the result lines alone)
+    # --no-progress keeps the plan and its time estimate, on stdout with train's own lines (stderr is for
+    # the one sentence of an error)
     printed = capsys.readouterr()
-    assert "extrapos extend: randompos x2" in printed.err and "estimated time:" in printed.err
-    assert "extrapos extend:" not in printed.out and "done:" in printed.out
+    assert "extrapos extend: randompos x2" in printed.out and "estimated time:" in printed.out
+    assert "extrapos extend:" not in printed.err and "done:" in printed.out
     cfg = load_run(out).cfg
     assert cfg.model.positions["scaling"] == "linear" and cfg.model.positions["factor"] == 2.0
     assert (

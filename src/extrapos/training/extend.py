@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -404,7 +403,11 @@ def extend(
     if is_main:
         atomic_write(out / "parent.json", json.dumps(record, indent=1))
     barrier()  # the record and the resized weights are on disk before any process reads them
-    if is_main:  # the plan and its time estimate always (docs/extension.md); off stdout without progress
+
+    def show_plan() -> None:
+        # the plan and its time estimate always (docs/extension.md), on stdout as train's own first line;
+        # printed once the trainer's checks pass, so that a refused config is its one sentence alone and
+        # stderr holds nothing but the error of a run that fails (the battery's contract)
         from extrapos.training.extension_plan import plan_lines, seconds_per_micro_batch
 
         lines = plan_lines(cfg, record, parent, seconds_per_micro_batch(cfg))
@@ -414,7 +417,7 @@ def extend(
             + "\n  ".join(lines + ["changes:"])
             + "\n    "
             + "\n    ".join(record["changes"]),
-            file=sys.stdout if progress else sys.stderr,
             flush=True,
         )
-    return train(cfg, out, resume=False, progress=progress, init_from=init_from)
+
+    return train(cfg, out, resume=False, progress=progress, init_from=init_from, before_start=show_plan)

@@ -17,6 +17,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -315,8 +316,11 @@ def train(
     resume: bool = False,
     progress: bool = True,
     init_from: str | Path | None = None,
+    before_start: Callable[[], None] | None = None,
 ) -> TrainResult:
     """Train ``cfg`` into ``run_dir``; ``resume`` continues from the latest intact checkpoint there.
+    ``before_start`` is called on the main process once every check has passed, just before the first
+    step (``extend`` prints its plan there, so a refused config is one sentence and nothing else).
 
     ``cfg`` None with ``resume`` means the run's own saved config; a given ``cfg`` may change only
     the budget and logging keys of a saved run (``RESUMABLE_KEYS``). ``init_from``: a checkpoint
@@ -382,6 +386,7 @@ def train(
                 init_from=init_from,
                 restore_from=restore_from,
                 parallel=parallel,
+                before_start=before_start,
             )
             result = trainer.run()
     barrier()  # every process returns once the run is complete on disk (compare reads it next)
@@ -404,8 +409,11 @@ class Trainer:
         init_from: str | Path | None = None,
         restore_from: ckpt_io.Checkpoint | None = None,
         parallel: Parallel | None = None,
+        before_start: Callable[[], None] | None = None,
     ):
-        """``parallel``: the launch's plan, when the caller has checked it already (``train``)."""
+        """``parallel``: the launch's plan, when the caller has checked it already (``train``);
+        ``before_start``: see ``train``."""
+        self.before_start = before_start
         cfg = with_resolved_precision(cfg, device)[0]  # ``train`` resolved it already; direct callers
         self.cfg, self.run_dir, self.device, self.rank, self.world = cfg, run_dir, device, rank, world
         self.is_main = rank == 0
@@ -635,6 +643,8 @@ class Trainer:
     # ---- the whole run ----------------------------------------------------------------------
 
     def announce(self) -> None:
+        if self.before_start is not None:
+            self.before_start()
         cfg, plan = self.cfg, self.plan
         n_params = count_parameters(self.model)
         print(
