@@ -67,7 +67,20 @@ class QaData:
 
 
 def _clean(text: str) -> str:
-    return " ".join(str(text).split())  # single spaces, as the prompts' other text
+    """Single spaces, as the prompts' other text; a value that is not a string (a null question, a numeric
+    answer) is a TypeError, never its repr ("None") as text, and a lone surrogate (a JSON escape such as
+    \\udcff) a UnicodeEncodeError, never a prompt that cannot be written."""
+    if not isinstance(text, str):
+        raise TypeError(f"a text field holds {type(text).__name__}")
+    text.encode("utf-8")
+    return " ".join(text.split())
+
+
+def _answerable(record: QaRecord) -> bool:
+    """A question with text, a non-empty answer (an empty one is found in every output) and a gold
+    document; the others are skipped as the unanswerable questions of SQuAD 2.0 are."""
+    record.answers = [a for a in record.answers if a]
+    return bool(record.query and record.answers and record.context)
 
 
 def read_squad(data: dict) -> QaData:
@@ -86,12 +99,12 @@ def read_squad(data: dict) -> QaData:
                 records.append(
                     QaRecord(_clean(qa["question"]), answers, [mine], [i for i in ids if i != mine])
                 )
-    return QaData("squad", records, docs)
+    return QaData("squad", [r for r in records if _answerable(r)], docs)
 
 
 def read_hotpotqa(data: list) -> QaData:
     def doc(title, sentences) -> str:
-        return _clean(f"{title} {''.join(sentences)}")
+        return _clean(f"{_clean(title)} {''.join(sentences)}")  # a title of null is a TypeError too
 
     docs = sorted({doc(t, s) for d in data for t, s in d["context"]})
     index = {d: i for i, d in enumerate(docs)}
@@ -99,7 +112,7 @@ def read_hotpotqa(data: list) -> QaData:
         QaRecord(_clean(d["question"]), [_clean(d["answer"])], [index[doc(t, s)] for t, s in d["context"]])
         for d in data
     ]
-    return QaData("hotpotqa", records, docs)
+    return QaData("hotpotqa", [r for r in records if _answerable(r)], docs)
 
 
 def load_qa(dataset: str, path: str | Path) -> QaData:
@@ -111,6 +124,11 @@ def load_qa(dataset: str, path: str | Path) -> QaData:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         qa = read_squad(data) if dataset == "squad" else read_hotpotqa(data)
+    except UnicodeEncodeError:  # a lone surrogate escaped in the JSON text (not UTF-8 once decoded)
+        raise UserError(
+            f"{path} holds a string that is not UTF-8 text (an escaped lone surrogate such as \\udcff); "
+            f"pass {name}'s own file."
+        ) from None
     except (ValueError, KeyError, TypeError, IndexError, AttributeError):
         raise UserError(
             f"{path} is not {name}'s published JSON format; pass the dataset's own file."

@@ -70,7 +70,7 @@ def names() -> list[str]:
 
 def spec(name: str) -> EncodingSpec:
     _load()
-    if name not in _REGISTRY:
+    if not isinstance(name, str) or name not in _REGISTRY:  # a list or table as the name is unknown too
         raise UserError(f"unknown positional encoding {name!r}; choose one of: {', '.join(_REGISTRY)}.")
     return _REGISTRY[name]
 

@@ -355,11 +355,11 @@ def _validate_data(d: DataConfig) -> None:
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
-        raise UserError(f"override '{text}' must look like section.key=value (e.g. train.lr=3e-4).")
+        raise UserError(f"override {text!r} must look like section.key=value (e.g. train.lr=3e-4).")
     key, _, value = text.partition("=")
     keys = key.strip().split(".")
     if len(keys) < 2 or not all(keys):
-        raise UserError(f"override key '{key}' must name a section and a key, e.g. train.steps.")
+        raise UserError(f"override key {key!r} must name a section and a key, e.g. train.steps.")
     return keys, parse_toml_value(value)
 
 
@@ -380,6 +380,11 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 child = {"name": child}
             if child is None:
                 child = {}
+            if not isinstance(child, dict):  # train.steps.x=1: steps holds a value, not a table
+                raise UserError(
+                    f"override key {'.'.join(keys)!r} goes inside {k!r}, which holds the value {child!r}, "
+                    "not a table of keys; name the key itself (e.g. train.steps=100)."
+                )
             node[k] = child
             node = child
         node[keys[-1]] = value

@@ -54,11 +54,20 @@ def bad(key: str, need: str, value: Any) -> UserError:
     return UserError(f"config.json's {key} must be {need}, not {show(value)}; fix config.json.")
 
 
+#: the largest magnitude of an integer read (an int64, as schema.INT_LIMIT); 10**400 is past any float too
+INT_LIMIT = 2**63
+
+
 def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite float, or an int that fits in 64 bits (``math.isfinite(10**400)`` raises OverflowError)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) < INT_LIMIT if isinstance(value, int) else math.isfinite(value)
 
 
 def check_value(key: str, value: Any, kind: str) -> None:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= INT_LIMIT:
+        raise bad(key, "a number below 2^63", value)
     if kind == "int":
         if not (is_number(value) and float(value).is_integer() and value >= 1):
             raise bad(key, "a positive integer", value)
