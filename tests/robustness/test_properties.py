@@ -17,7 +17,9 @@ docs/robustness.md describes them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import math
 import os
@@ -27,10 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness import PREFIX
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from test_import_inputs import CONFIG, NEOX
 
+from extrapos.cli import main
 from extrapos.errors import UserError
 
 if sys.version_info >= (3, 11):
@@ -308,9 +312,12 @@ def test_a_set_value_gives_a_valid_config_or_one_sentence(pair):
         _one_sentence(e)
         return
     section, _, field = key.partition(".")
-    if section in ("train", "data") and "." not in field:
-        value = parse_toml_value(text)
-        assert getattr(getattr(cfg, section), field) == value, (key, text)
+    value = parse_toml_value(text)
+    if section in ("train", "data", "model") and "." not in field and field not in ("size", "positions"):
+        held = getattr(getattr(cfg, section), field)
+        assert held == value, (key, text, held)  # as given (an int widened to a float is equal)
+    elif field.startswith("positions.") and field.count(".") == 1:
+        assert cfg.model.positions[field.split(".")[1]] == value, (key, text, cfg.model.positions)
     event("valid")
     _assert_resolved_config_round_trips(cfg)
 
@@ -329,14 +336,20 @@ def test_a_set_value_gives_a_valid_config_or_one_sentence(pair):
 @example([".=1"])
 @example(["train.=1"])
 @example(["model.positions=rope", "model.positions.base=2.0"])
-def test_any_set_strings_give_a_valid_config_or_one_sentence(texts):
-    """Arbitrary ``--set`` strings, several at once, including ones with no '=' or an empty key."""
+def test_any_set_strings_give_a_valid_config_or_one_sentence(hf_dir, texts):
+    """Arbitrary ``--set`` strings, several at once, including ones with no '=' or an empty key; a refusal
+    is also run through the command line (``extrapos train --set ...``): exit 2, one line, nothing made."""
     from extrapos.run.config import load_config
 
     try:
         cfg = load_config("cpu/tiny", texts)
     except UserError as e:
-        _one_sentence(e)
+        sentence = _one_sentence(e)
+        out = hf_dir / "never-made"
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = main(["train", "--config", "cpu/tiny", "--out", str(out), *(f"--set={t}" for t in texts)])
+        assert code == 2 and err.getvalue() == f"{PREFIX}{sentence}\n" and not out.exists(), err.getvalue()
         return
     event("valid")
     _assert_resolved_config_round_trips(cfg)
@@ -385,7 +398,8 @@ ROPE_OBJECTS = st.dictionaries(
     max_size=5,
 )
 DELETE = object()
-HF_VALUES = st.one_of(st.just(DELETE), VALUES, ROPE_OBJECTS)
+# removed, anything, a RoPE object, or a number of the kind most keys hold
+HF_VALUES = st.one_of(st.just(DELETE), VALUES, ROPE_OBJECTS, st.integers(-1, 64), st.floats(-1.0, 1e5))
 
 
 def _import_config(directory: Path, hf: dict[str, Any]) -> Any:
@@ -419,9 +433,9 @@ def hf_dir(tmp_path_factory) -> Path:
 @example(CONFIG, {"rope_theta": math.nan})
 @example(CONFIG, {"max_position_embeddings": 10**400})
 @example(CONFIG, {"hidden_act": "\udcff"})
-def test_a_mutated_config_json_imports_a_valid_model_or_one_sentence(hf_dir, base, changes):
+def test_a_mutated_config_json_imports_a_valid_model_or_one_sentence(hf_dir, valid, changes):
     """A valid Llama or GPT-NeoX config.json with one to three keys set to any value or removed."""
-    hf = {**base, **changes}
+    hf = {**valid, **changes}
     hf = {k: v for k, v in hf.items() if v is not DELETE}
     try:
         run_cfg = _import_config(hf_dir, hf)
