@@ -13,6 +13,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -97,6 +98,35 @@ def atomic_write(path: str | Path, data: bytes | str, skip_unchanged: bool = Tru
         Path(tmp).unlink(missing_ok=True)
         raise
     return True
+
+
+# the name ``atomic_write`` gives its temporary file: ``.<name>.<mkstemp's 8 characters>.tmp``
+_TEMPORARY = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
+
+
+def sweep_temporaries(folder: str | Path) -> list[Path]:
+    """Remove the temporary files ``atomic_write`` (or a writer like it) left in ``folder`` when killed
+    between creating one and renaming it, and the ``.tokenizer-*`` folders of a killed run's tokenizer
+    copy; return them. Call it only while holding what keeps every other writer out of ``folder`` (a run's
+    ``RunLock`` for the run's own files): a live writer's temporary looks the same. Errors are ignored:
+    sweeping is housekeeping, never the job at hand."""
+    removed: list[Path] = []
+    try:
+        found = [p for p in Path(folder).iterdir() if _TEMPORARY.match(p.name)]
+        found += [p for p in Path(folder).glob(".tokenizer-*") if p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return removed
+    for path in found:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.is_file() and not path.is_symlink():
+            try:
+                path.unlink()
+            except OSError:
+                continue
+        if not os.path.lexists(path):
+            removed.append(path)
+    return removed
 
 
 def _umask() -> int:

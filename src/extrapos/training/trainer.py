@@ -28,7 +28,7 @@ from torch import nn
 from extrapos.data.batch import Batch
 from extrapos.data.mlm import objective_sampler
 from extrapos.errors import UserError
-from extrapos.files import atomic_write, ensure_writable_dir
+from extrapos.files import atomic_write, ensure_writable_dir, sweep_temporaries
 from extrapos.losses import model_loss_sum
 from extrapos.model import Decoder, count_parameters, flops_per_token
 from extrapos.owned import refuse_inside_run
@@ -360,6 +360,8 @@ def train(
     if is_main:
         ensure_writable_dir(run_dir, "the run")
     with RunLock(run_dir, enabled=is_main):
+        if is_main:  # a killed run's temporary files and folders: no one else writes here
+            sweep_temporaries(run_dir)
         restore_from = None
         if resume and not complete and not restart:
             restore_from = _checkpoint_to_resume(
