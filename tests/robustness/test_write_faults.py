@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ class Command:
     resumes: bool = False  # a kill at each point too, then `again`
     again: tuple[str, ...] | None = None  # what the sentence of `args` run again asks for (--resume)
     may_remove: tuple[str, ...] = ()  # files the command removes before it writes their new version
+    stderr_noise: str | None = None  # a known defect: lines on stderr beside the sentence (set aside)
     compare_values: bool = True  # False: compare a JSON report by its keys and non-float values
     known: dict = field(default_factory=dict)  # (fault, point kind) -> xfail reason
 
@@ -58,6 +60,9 @@ def train_args(data_dir) -> tuple[str, ...]:
     for s in tiny_overrides(data_dir, **TRAIN):
         args += ["--set", s]
     return tuple(args)
+
+
+EXTEND = ("extend", "run", "--method", "chunk", "--factor", "2", "--tokens", "1024", "--no-progress")
 
 
 def commands(data_dir) -> dict[str, Command]:
@@ -94,6 +99,33 @@ def commands(data_dir) -> dict[str, Command]:
         ),
         "eval": Command(("eval", "run", "--lengths", "1", "--max-tokens", "256", "--no-progress"), ("run",)),
         "export --format hf": Command(("export", "run", "--out", "hf", "--format", "hf"), ("run",)),
+        "export --format remote-code": Command(
+            ("export", "run", "--out", "rc", "--format", "remote-code"),
+            ("run",),
+            stderr_noise=r"^\s*$|^Writing model shards",  # transformers' progress bar (test below)
+        ),
+        "import": Command(("import", "hf", "--out", "imported"), ("hf",)),
+        "extend": Command(
+            (*EXTEND, "--out", "ext"), ("run",), resumes=True, again=(*EXTEND, "--out", "ext", "--resume")
+        ),
+        "passkey": Command(
+            (
+                "passkey",
+                "run",
+                "--lengths",
+                "8",
+                "--depths",
+                "0.5",
+                "--trials",
+                "1",
+                "--candidates",
+                "2",
+                "--no-progress",
+                "--device",
+                "cpu",
+            ),
+            ("run",),
+        ),  # fmt: skip
         "doctor --json": Command(
             ("doctor", "--encodings", "rope", "--no-speed", "--json", "doctor.json", "--no-progress"),
             compare_values=False,
@@ -123,15 +155,45 @@ def server(tmp_path_factory):
     forks.close()
 
 
-def setup(folder: Path, command: Command, finished: Path) -> None:
+class Templates:
+    """What a case folder starts with, made once: "run" (the finished run), "hf" (it exported as a Hugging
+    Face folder, what ``import`` starts from; made on first use)."""
+
+    def __init__(self, finished: Path, scratch: Path):
+        self.made = {"run": finished}
+        self.scratch = scratch
+
+    def __getitem__(self, name: str) -> Path:
+        if name not in self.made:
+            from harness import run
+
+            args = ["export", self.made["run"], "--out", self.scratch / name, "--format", name]
+            result = run(args, cache=self.scratch / "cache")
+            assert result.returncode == 0, result.stderr
+            self.made[name] = self.scratch / name
+        return self.made[name]
+
+
+@pytest.fixture(scope="module")
+def templates(finished, tmp_path_factory) -> Templates:
+    return Templates(finished, tmp_path_factory.mktemp("templates"))
+
+
+def setup(folder: Path, command: Command, templates: Templates) -> None:
     folder.mkdir(parents=True)
-    if "run" in command.starts_with:
-        shutil.copytree(finished, folder / "run")
+    for name in command.starts_with:
+        shutil.copytree(templates[name], folder / name)
 
 
 def files(folder: Path) -> dict[str, bytes]:
-    """Every regular file under ``folder`` by its relative path (the cache's too)."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    """Every regular file under ``folder`` by its relative path (the cache's too), the folder's own path in
+    them written ``<root>`` (a record names its source by its absolute path; cases run in other folders)."""
+    root = str(folder.resolve()).encode()
+    return {
+        str(p.relative_to(folder)): p.read_bytes().replace(root, b"<root>")
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _drop(value, keep_floats: bool):
@@ -166,10 +228,10 @@ class Reference:
 _references: dict[str, Reference] = {}
 
 
-def reference(server, name: str, command: Command, finished: Path, base: Path) -> Reference:
+def reference(server, name: str, command: Command, templates: Templates, base: Path) -> Reference:
     if name not in _references:
         folder = base / "reference"
-        setup(folder, command, finished)
+        setup(folder, command, templates)
         result, points = server.count(
             command.args, cache=folder / "cache", root=folder, log=base / "points.json", cwd=folder
         )
@@ -178,10 +240,10 @@ def reference(server, name: str, command: Command, finished: Path, base: Path) -
     return _references[name]
 
 
-def check_point(server, name, command, ref, fault, k, finished, folder) -> tuple[str | None, bool]:
+def check_point(server, name, command, ref, fault, k, templates, folder) -> tuple[str | None, bool]:
     """Run the case; (None when it keeps the contract, else what it broke; whether the command coped with
     the fault and completed)."""
-    setup(folder, command, finished)
+    setup(folder, command, templates)
     before = files(folder)
     cache = folder / "cache"
     error, kill = FAULTS[fault] or 0, fault == "kill"
@@ -191,6 +253,11 @@ def check_point(server, name, command, ref, fault, k, finished, folder) -> tuple
         if kill:
             assert result.returncode == -signal.SIGKILL, f"exit {result.returncode}: {result.stderr[-500:]}"
         elif not coped:
+            if command.stderr_noise:
+                kept = [
+                    line for line in result.stderr.splitlines() if not re.search(command.stderr_noise, line)
+                ]
+                result.stderr = "\n".join(kept) + "\n"
             assert_one_sentence_error(result, WORDS[error])
         after = files(folder)
         for path, old in before.items():
@@ -232,11 +299,11 @@ def check_point(server, name, command, ref, fault, k, finished, folder) -> tuple
     return None, coped
 
 
-def matrix(server, name: str, fault: str, budget: int | None, finished, data_dir, base: Path):
+def matrix(server, name: str, fault: str, budget: int | None, templates, data_dir, base: Path):
     command = commands(data_dir)[name]
     if fault == "kill" and not command.resumes:
         pytest.skip(f"{name} does not resume: a kill is a fault only for the commands that resume")
-    ref = reference(server, name, command, finished, base)
+    ref = reference(server, name, command, templates, base)
     n = len(ref.points)
     points = sample(n, budget or n)
     failures, coped = [], 0
@@ -244,7 +311,7 @@ def matrix(server, name: str, fault: str, budget: int | None, finished, data_dir
         kind, path = ref.points[k - 1]
         where = f"{name} {fault} at point {k}/{n} ({kind} {os.path.relpath(path, ref.root)})"
         problem, worked_around = check_point(
-            server, name, command, ref, fault, k, finished, base / f"case-{k}"
+            server, name, command, ref, fault, k, templates, base / f"case-{k}"
         )
         coped += worked_around
         if problem is not None:
@@ -256,19 +323,21 @@ def matrix(server, name: str, fault: str, budget: int | None, finished, data_dir
 
 
 NAMES = ["data prepare", "train", "train --resume", "eval", "export --format hf", "doctor --json"]
+MORE = ["export --format remote-code", "import", "extend", "passkey"]  # in the slow matrix only
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 @pytest.mark.parametrize("name", NAMES)
-def test_sampled_write_faults(name, fault, server, finished, tiny_data, tmp_path):
-    matrix(server, name, fault, DEFAULT, finished, tiny_data, tmp_path)
+def test_sampled_write_faults(name, fault, server, templates, tiny_data, tmp_path):
+    matrix(server, name, fault, DEFAULT, templates, tiny_data, tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", list(FAULTS))
-@pytest.mark.parametrize("name", NAMES)
-def test_every_write_fault(name, fault, server, finished, tiny_data, tmp_path):
-    matrix(server, name, fault, None, finished, tiny_data, tmp_path)
+@pytest.mark.parametrize("name", NAMES + MORE)
+def test_every_write_fault(name, fault, server, templates, tiny_data, tmp_path):
+    budget = os.environ.get("EXTRAPOS_FAULT_POINTS")  # every point unless this says how many
+    matrix(server, name, fault, int(budget) if budget else None, templates, tiny_data, tmp_path)
 
 
 # points that failed before their fix, kept whatever the sampling picks: a kill between creating a
@@ -281,13 +350,32 @@ REGRESSIONS = [
 
 
 @pytest.mark.parametrize(("name", "kind", "where"), REGRESSIONS)
-def test_killed_between_a_temporary_and_its_rename(name, kind, where, server, finished, tiny_data, tmp_path):
+def test_killed_between_a_temporary_and_its_rename(name, kind, where, server, templates, tiny_data, tmp_path):
     command = commands(tiny_data)[name]
-    ref = reference(server, name, command, finished, tmp_path)
+    ref = reference(server, name, command, templates, tmp_path)
     k = next(
         i + 1
         for i, (point_kind, path) in enumerate(ref.points)
         if point_kind == kind and os.path.relpath(path, ref.root).startswith(where)
     )
-    problem, _ = check_point(server, name, command, ref, "kill", k, finished, tmp_path / "case")
+    problem, _ = check_point(server, name, command, ref, "kill", k, templates, tmp_path / "case")
     assert problem is None, problem
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known (issue 48): export --format remote-code prints transformers' 'Writing model shards' "
+    "progress bar on stderr before its one sentence (integrations/hf_remote, not fixed here)",
+)
+def test_remote_code_export_fault_is_one_line(server, templates, tiny_data, tmp_path):
+    command = commands(tiny_data)["export --format remote-code"]
+    folder = tmp_path / "case"
+    setup(folder, command, templates)
+    last = server.count(
+        command.args, cache=tmp_path / "c", root=folder, log=tmp_path / "points.json", cwd=folder
+    )
+    shutil.rmtree(folder / "rc")
+    result = server.strike(
+        command.args, cache=tmp_path / "c", root=folder, at=len(last[1]), error=errno.ENOSPC, cwd=folder
+    )
+    assert_one_sentence_error(result, WORDS[errno.ENOSPC])
