@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from extrapos.errors import UserError
+from extrapos.schema import one_line
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -33,17 +34,26 @@ def sweep_names() -> list[str]:
     return sorted(str(p.relative_to(SWEEPS_DIR).with_suffix("")) for p in SWEEPS_DIR.rglob("*.toml"))
 
 
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False for a name no file can have (too long for the file system: ENAMETOOLONG)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def find_config(spec: str) -> Path:
     """A TOML path, or a preset name like 'cpu/tiny' shipped in extrapos/configs/."""
     p = Path(spec)
-    if p.suffix == ".toml" and p.is_file():
+    if p.suffix == ".toml" and _is_file(p):
         return p
     preset = PRESETS_DIR / f"{spec.removesuffix('.toml')}.toml"
-    if preset.is_file():
+    if _is_file(preset):
         return preset
+    shown = one_line(spec)  # a name with a line break stays one sentence of one line
     if p.suffix == ".toml":
-        raise UserError(f"config file {spec} does not exist; pass an existing .toml or a preset name.")
-    raise UserError(f"no config file or preset named '{spec}'; presets are: {', '.join(preset_names())}.")
+        raise UserError(f"config file {shown} does not exist; pass an existing .toml or a preset name.")
+    raise UserError(f"no config file or preset named '{shown}'; presets are: {', '.join(preset_names())}.")
 
 
 def find_sweep(spec: str) -> Path:

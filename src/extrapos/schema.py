@@ -130,6 +130,13 @@ def _check_free(value: Any, where: str) -> None:
             _check_free(item, f"{where}.{key}")
 
 
+def one_line(key: Any) -> str:
+    """A name the user wrote, as it may stand inside a sentence: itself when printable, else with its line
+    breaks, control characters and lone surrogates escaped (``'a\\nb'``), so the sentence stays one line."""
+    text = str(key)
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
 def build(cls: type, values: dict[str, Any], where: str, unknown: str | None = None) -> Any:
     """An instance of the dataclass ``cls`` from ``values``, every value type-checked.
 
@@ -143,7 +150,7 @@ def build(cls: type, values: dict[str, Any], where: str, unknown: str | None = N
     for key, value in values.items():
         if key not in fields:
             template = unknown or "unknown key {key!r}; the keys are: {keys}."
-            raise UserError(template.format(key=key, keys=", ".join(sorted(fields)) or "(none)"))
+            raise UserError(template.format(key=one_line(key), keys=", ".join(sorted(fields)) or "(none)"))
         kwargs[key] = check(hints[key], value, where.format(key=key))
     try:
         return cls(**kwargs)

@@ -180,6 +180,7 @@ def _encoding_options(draw) -> tuple[str, dict[str, Any]]:
 @example(("rope", {"attention_factor": math.nan}))
 @example(("rope", {"base": 10**400}))
 @example(("rope", {"scaling": "\udcff"}))
+@example(("nope", {"\n": None}))  # found by this test: an unknown option's name printed as is, two lines
 def test_every_option_value_builds_a_valid_options_or_one_sentence(case):
     """``build_options`` (what [model.positions], --set model.positions.* and the library all go through):
     any value of any option of any registered encoding."""
@@ -226,6 +227,7 @@ def _config_keys() -> list[str]:
     keys += [f"data.{f.name}" for f in dataclasses.fields(DataConfig)]
     keys += [f"train.{f.name}" for f in dataclasses.fields(TrainConfig)]
     keys += [f"model.positions.{k}" for k in ("name", "base", "scaling", "factor", "alpha", "scale")]
+    keys += ["model.positions.layers", "model.positions.others", "model.positions.others.name"]
     return keys + ["train", "nosuch.key", "train.nosuch", "model.positions.name.deeper"]
 
 
@@ -247,7 +249,7 @@ SET_VALUES = st.one_of(
 WORDS_OF_KEYS = (
     "cosine linear constant fp32 bf16 auto ddp fsdp cpu cuda cuda:0 mps lm mlm contiguous chunk prefix full "
     "randompos pose synthetic restart continue original concatenated document within gpt2 llama encoder "
-    "rope alibi nope expe cable silu gelu sotu bpe:256 cpu-tiny cpu-small none yarn"
+    "rope alibi nope expe cable silu gelu sotu bpe:256 cpu-tiny cpu-small none yarn all"
 ).split()
 
 
@@ -260,8 +262,15 @@ def _set_value(key: str) -> st.SearchStrategy:
     hints = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}.get(section)
     hint = typing.get_type_hints(hints).get(name) if hints is not None else None
     kinds = [a for a in (typing.get_args(hint) or (hint,)) if a is not type(None)]
-    if bool in kinds:
-        typed: st.SearchStrategy = st.booleans()
+    if key == "model.positions.layers":  # a schedule's layers: its phrases or a list of indices
+        typed: st.SearchStrategy = st.one_of(
+            st.sampled_from(["all", "every 2nd", "every 4th from 1", "all but every 2nd", "every 0th"]),
+            st.lists(st.integers(-2, 6), max_size=4),
+        )
+    elif key.startswith("model.positions."):  # an encoding's option: a number or a word mostly
+        typed = st.one_of(st.sampled_from(WORDS_OF_KEYS), st.floats(-1.0, 1e5), st.integers(-2, 10**5))
+    elif bool in kinds:
+        typed = st.booleans()
     elif int in kinds:
         typed = st.one_of(st.integers(-2, 300), st.integers(-(2**64), 2**64))
     elif float in kinds:
@@ -332,6 +341,8 @@ def test_a_set_value_gives_a_valid_config_or_one_sentence(pair):
 )
 @example(["\n"])  # found by this test: the override's text printed as is, a message of two lines
 @example(["train.steps.x=1"])
+@example(["train.a\nb=1"])  # found beside them: an unknown key or section printed with its line break
+@example(["a\nb.c=1"])
 @example(["=1"])
 @example([".=1"])
 @example(["train.=1"])
@@ -350,6 +361,32 @@ def test_any_set_strings_give_a_valid_config_or_one_sentence(hf_dir, texts):
         with contextlib.redirect_stderr(err):
             code = main(["train", "--config", "cpu/tiny", "--out", str(out), *(f"--set={t}" for t in texts)])
         assert code == 2 and err.getvalue() == f"{PREFIX}{sentence}\n" and not out.exists(), err.getvalue()
+        return
+    event("valid")
+    _assert_resolved_config_round_trips(cfg)
+
+
+@_settings(150)
+@given(
+    _mostly(
+        st.sampled_from(
+            ["cpu/tiny", "cpu/tiny.toml", "cpu/../cpu/tiny", "nosuch", "nosuch.toml", "/", ".toml"]
+        ),
+        st.text(st.characters(exclude_categories=()), max_size=20),
+        1,
+    )
+)
+@example("a\nb")  # found beside the cases above: a preset name printed with its line break, two lines
+@example("x" * 5000)  # found beside them: a name too long for the file system was an OSError (ENAMETOOLONG)
+@example("\x00")
+def test_any_config_name_gives_a_valid_config_or_one_sentence(spec):
+    """``--config`` (a TOML path or a preset name, ``find_config``) of any text."""
+    from extrapos.run.config import load_config
+
+    try:
+        cfg = load_config(spec)
+    except UserError as e:
+        _one_sentence(e)
         return
     event("valid")
     _assert_resolved_config_round_trips(cfg)

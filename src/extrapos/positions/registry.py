@@ -75,6 +75,13 @@ def spec(name: str) -> EncodingSpec:
     return _REGISTRY[name]
 
 
+def _shown(key: Any) -> str:
+    """An option's name as given: bare when it is a plain printable word, else quoted (a name holding a
+    line break or a space would break the sentence)."""
+    text = str(key)
+    return text if text.isprintable() and text and not any(c.isspace() for c in text) else repr(text)
+
+
 def build_options(
     name: str, options: dict[str, Any] | None = None, table: str = "model.positions"
 ) -> CheckedOptions:
@@ -83,7 +90,7 @@ def build_options(
     s = spec(name)
     merged = {**s.defaults, **(options or {})}
     fields = {f.name: f for f in dataclasses.fields(s.cls.Options)}
-    unknown = sorted(set(merged) - set(fields))
+    unknown = sorted(map(_shown, set(merged) - set(fields)))
     if unknown:
         raise UserError(
             f"encoding {name!r} has no option {', '.join(unknown)}; its options are: "

@@ -167,7 +167,10 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
     raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
     unknown = sorted(set(raw) - {"model", "data", "train"})
     if unknown:
-        raise UserError(f"unknown config section '{unknown[0]}'; sections are [model], [data] and [train].")
+        raise UserError(
+            f"unknown config section '{schema.one_line(unknown[0])}'; sections are [model], [data] and "
+            "[train]."
+        )
     model_raw = dict(raw.get("model", {}))
     size = schema.check(str | None, model_raw.pop("size", None), "config key 'model.size'")
     positions = model_raw.pop("positions", None)
