@@ -347,7 +347,7 @@ def test_a_set_value_gives_a_valid_config_or_one_sentence(pair):
 @example([".=1"])
 @example(["train.=1"])
 @example(["model.positions=rope", "model.positions.base=2.0"])
-def test_any_set_strings_give_a_valid_config_or_one_sentence(hf_dir, texts):
+def test_any_set_strings_give_a_valid_config_or_one_sentence(scratch_dir, texts):
     """Arbitrary ``--set`` strings, several at once, including ones with no '=' or an empty key; a refusal
     is also run through the command line (``extrapos train --set ...``): exit 2, one line, nothing made."""
     from extrapos.run.config import load_config
@@ -356,7 +356,7 @@ def test_any_set_strings_give_a_valid_config_or_one_sentence(hf_dir, texts):
         cfg = load_config("cpu/tiny", texts)
     except UserError as e:
         sentence = _one_sentence(e)
-        out = hf_dir / "never-made"
+        out = scratch_dir / "never-made"
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             code = main(["train", "--config", "cpu/tiny", "--out", str(out), *(f"--set={t}" for t in texts)])
@@ -457,8 +457,10 @@ def _import_config(directory: Path, hf: dict[str, Any]) -> Any:
 
 
 @pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("hf-config")
+def scratch_dir(tmp_path_factory) -> Path:
+    """One folder the file-reading properties write into, each example overwriting its file (a function's
+    tmp_path is not renewed between Hypothesis examples)."""
+    return tmp_path_factory.mktemp("properties")
 
 
 @_settings(300)
@@ -470,12 +472,12 @@ def hf_dir(tmp_path_factory) -> Path:
 @example(CONFIG, {"rope_theta": math.nan})
 @example(CONFIG, {"max_position_embeddings": 10**400})
 @example(CONFIG, {"hidden_act": "\udcff"})
-def test_a_mutated_config_json_imports_a_valid_model_or_one_sentence(hf_dir, valid, changes):
+def test_a_mutated_config_json_imports_a_valid_model_or_one_sentence(scratch_dir, valid, changes):
     """A valid Llama or GPT-NeoX config.json with one to three keys set to any value or removed."""
     hf = {**valid, **changes}
     hf = {k: v for k, v in hf.items() if v is not DELETE}
     try:
-        run_cfg = _import_config(hf_dir, hf)
+        run_cfg = _import_config(scratch_dir, hf)
     except UserError as e:
         _one_sentence(e)
         return
@@ -613,13 +615,13 @@ def _assert_valid_qa(qa: Any) -> None:
 @example(("hotpotqa", b'[{"question": "q\\udcff", "answer": "a", "context": [["t", ["s"]]]}]'))
 @example(("hotpotqa", b'[{"question": "q", "answer": "a", "context": [[null, ["s"]]]}]'))
 @example(("hotpotqa", b'[{"question": "q", "answer": "a", "context": [["t"]]}]'))
-def test_a_qa_file_reads_as_questions_or_one_sentence(hf_dir, case):
+def test_a_qa_file_reads_as_questions_or_one_sentence(scratch_dir, case):
     """``load_qa`` (``extrapos ruler --squad FILE / --hotpotqa FILE``) on any bytes, and on SQuAD- and
     HotpotQA-shaped JSON whose fields may hold any value."""
     from extrapos.data.ruler_qa import load_qa
 
     dataset, data = case
-    path = hf_dir / "qa.json"
+    path = scratch_dir / "qa.json"
     path.write_bytes(data)
     try:
         qa = load_qa(dataset, path)
@@ -645,11 +647,11 @@ def test_a_qa_file_reads_as_questions_or_one_sentence(hf_dir, case):
 @example(b"")
 @example(b"\xed\xb3\xbf")  # a lone surrogate, as UTF-8 would encode it (invalid UTF-8)
 @example(b"a\x00b")
-def test_a_prompt_file_reads_as_its_text_or_one_sentence(hf_dir, data):
+def test_a_prompt_file_reads_as_its_text_or_one_sentence(scratch_dir, data):
     """``--prompt-file`` of ``extrapos generate``: the file's exact text, or one sentence."""
     from extrapos.cli.generate import read_prompt_file
 
-    path = hf_dir / "prompt.txt"
+    path = scratch_dir / "prompt.txt"
     path.write_bytes(data)
     try:
         text = read_prompt_file(path)
