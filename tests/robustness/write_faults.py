@@ -218,7 +218,9 @@ class Server:
 
 def sample(n: int, budget: int) -> list[int]:
     """Fault points 1..n: every one when ``n <= budget``, else ``budget`` of them evenly spread, the first
-    and the last included (deterministic)."""
+    and the last included (one: the middle one); deterministic."""
     if n <= budget:
         return list(range(1, n + 1))
+    if budget == 1:
+        return [(n + 1) // 2]
     return sorted({1 + round(i * (n - 1) / (budget - 1)) for i in range(budget)})
