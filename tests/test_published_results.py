@@ -202,3 +202,22 @@ def test_committed_reports_request_what_their_preset_requests_today(folder):
 
 #: a request saved before a field existed holds the value that reproduces it (docs/evaluation.md)
 DEFAULTS = {"protocol": "documents", "boundary": None, "selection": "first", "precision": "fp32"}
+
+
+def test_the_h200_step_times_in_prose_are_the_probes():
+    """The first GPU session's step times, as the README, distributed.md and h200-first.md print them, are
+    the budget probe's in docs/results/gpu/h200-first/compare.json (an edit to either fails here)."""
+    root = RESULTS.parent.parent
+    probe = json.loads((RESULTS / "gpu" / "h200-first" / "compare.json").read_text())["budget"]["probe"]
+    ms = {r["row"]: r["step_seconds"] * 1000 for r in probe["rows"]}
+    assert set(ms) == {"NoPE", "RoPE", "ALiBi", "CABLE", "ExPE"}
+    readme = (root / "README.md").read_text()
+    assert (
+        f"NoPE {ms['NoPE']:.0f} ms per 16k-token step, ExPE {ms['ExPE']:.0f}, RoPE {ms['RoPE']:.0f}, "
+        f"ALiBi {ms['ALiBi']:.0f} and CABLE {ms['CABLE']:.0f}" in " ".join(readme.split())
+    )
+    page = (RESULTS / "gpu" / "h200-first.md").read_text()
+    for row, value in ms.items():
+        assert f"| {row} | {value:.1f} |" in page, row
+    distributed = " ".join((root / "docs" / "distributed.md").read_text().split())
+    assert f"took {ms['NoPE']:.0f} ms for NoPE, {ms['ExPE']:.0f} ExPE, {ms['RoPE']:.0f} RoPE" in distributed
