@@ -5,6 +5,7 @@ one warning and breaks nothing."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -109,3 +110,73 @@ def test_an_unknown_corpus_names_the_plugin_corpora(site):
     done = extrapos(site, "data", "prepare", "--corpus", "no-such-corpus")
     assert done.returncode == 2
     assert "toy-counting" in done.stderr and "Unknown corpus 'no-such-corpus'" in done.stderr
+
+
+def test_a_plugin_task_is_a_command_a_sweep_column_and_a_report_section(site, tmp_path):
+    """Issue 45: the toy task lives in one file of the plug-in package (extrapos_toy/task.py) and nothing of
+    extrapos names it; installed, it is a command, a sweep's column and its report section (re-rendered by
+    `extrapos report` the same)."""
+    run = tmp_path / "run"
+    trained = extrapos(
+        site,
+        "train",
+        "--config",
+        "cpu/tiny",
+        "--out",
+        str(run),
+        "--no-progress",
+        "--set",
+        "train.steps=3",
+        "--set",
+        "train.threads=1",
+        cwd=tmp_path,
+    )
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    listed = extrapos(site, "--help")
+    assert "toy-repeat" in listed.stdout and "passkey" in listed.stdout  # beside the built-in commands
+    flags = extrapos(site, "toy-repeat", "--help")
+    assert "--examples EXAMPLES" in flags.stdout and "random sequences per length" in flags.stdout
+    scored = extrapos(site, "toy-repeat", str(run), "--examples", "3", "--no-progress", "--device", "cpu")
+    assert scored.returncode == 0, scored.stdout + scored.stderr
+    assert "| ev | length | copy accuracy |" in scored.stdout and "| 2 |" in scored.stdout
+    saved = run / "eval" / "toy-repeat-ev1_2.json"
+    assert f"-> {saved}" in scored.stdout and saved.is_file()
+    bad = extrapos(site, "toy-repeat", str(run), "--examples", "x")
+    assert bad.returncode == 2 and "--examples" in bad.stderr
+
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text(
+        'title = "toy"\ntrain = "cpu/tiny"\nlengths = [1, 2]\nloss = false\ntasks = ["toy-repeat"]\n'
+        "toy_repeat = { examples = 4 }\n"
+        f'[[rows]]\nname = "RoPE"\nrun = "{run}"\n'
+        f'[[rows]]\nname = "RoPE again"\nrun = "{run}"\n'
+    )
+    out = tmp_path / "out"
+    compared = extrapos(site, "compare", str(sweep), "--out", str(out), "--no-progress", cwd=tmp_path)
+    assert compared.returncode == 0, compared.stdout + compared.stderr
+    report = (out / "report.md").read_text()
+    assert "Toy repeat (a plug-in task)" in report and "Copy accuracy (higher is better" in report
+    assert "| RoPE again |" in report and (out / "plots" / "toy-repeat_vs_length.png").is_file()
+    csv = (out / "tasks.csv").read_text().splitlines()
+    assert sum(line.startswith("RoPE again,toy-repeat,2,") for line in csv) == 1
+    row = json.loads((out / "tasks" / "toy-repeat" / "rope-again.json").read_text())
+    assert [c["ev"] for c in row["results"]] == [1, 2] and row["request"]["examples"] == 4
+
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text(sweep.read_text().replace("examples = 4", "examples = 0"))
+    refused = extrapos(site, "compare", str(wrong), "--out", str(tmp_path / "o2"), cwd=tmp_path)
+    assert refused.returncode == 2 and "toy_repeat.examples must be at least 1, got 0." in refused.stderr
+
+    before = report
+    rerendered = extrapos(site, "report", str(out), cwd=tmp_path)
+    assert rerendered.returncode == 0, rerendered.stderr
+    assert (out / "report.md").read_text() == before
+
+
+def test_without_the_plugin_its_sweep_column_is_refused_by_name(tmp_path):
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text('tasks = ["toy-repeat"]\n[[rows]]\nname = "A"\npositions = { name = "rope" }\n')
+    refused = extrapos([], "compare", str(sweep), "--out", str(tmp_path / "o"), cwd=tmp_path)
+    assert (
+        refused.returncode == 2 and "tasks must be distinct names from synthetic, passkey" in refused.stderr
+    )

@@ -1,4 +1,4 @@
-"""Plug-ins from other packages: encodings and corpora a researcher ships in their own package.
+"""Plug-ins from other packages: encodings, corpora and tasks a researcher ships in their own package.
 
 A package declares them as entry points in its ``pyproject.toml``; ``pip install`` (or ``pip install -e``)
 writes them into its dist-info, and extrapos reads them the first time it lists encodings or opens a
@@ -9,6 +9,9 @@ corpus by name::
 
     [project.entry-points."extrapos.corpora"]
     my-corpus = "mypkg.corpus:documents"    # a function () -> iterable of (id, text) documents
+
+    [project.entry-points."extrapos.tasks"]
+    my-task = "mypkg.task:MyTask"           # a Task subclass (tasks/task.py): command, column, report
 
 An encoding plug-in is a module (or a function) that registers its encodings the way a built-in file of
 ``positions/`` does; the entry point's name is only a label. A corpus plug-in's name is the corpus
@@ -30,6 +33,7 @@ from typing import Any
 
 ENCODINGS = "extrapos.encodings"
 CORPORA = "extrapos.corpora"
+TASKS = "extrapos.tasks"  # a Task subclass or instance (tasks/task.py), read by the task registry
 
 
 def entry_points(group: str) -> list[metadata.EntryPoint]:

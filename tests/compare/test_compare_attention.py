@@ -42,7 +42,7 @@ def _sweep(tmp_path, run, attention: str = COLUMNS) -> object:
 
 def test_attention_columns_equal_the_attention_command(tiny_run, tmp_path, capsys):
     from extrapos.evaluate.attention_stats import statistic_interval
-    from extrapos.report.task_tables import attention_value
+    from extrapos.tasks.attention_task import attention_value
 
     out = tmp_path / "out"
     text = compare(str(_sweep(tmp_path, tiny_run)), out, progress=False).read_text()

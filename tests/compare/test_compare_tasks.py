@@ -223,8 +223,8 @@ def test_the_ruler_column_defaults_are_the_ruler_commands():
     changed in one place and not the other fails here)."""
     import dataclasses
 
-    from extrapos.compare.tasks import RulerColumns
     from extrapos.tasks.ruler import RulerOptions
+    from extrapos.tasks.ruler_task import RulerColumns
 
     column, command = RulerColumns(), RulerOptions()
     names = [f.name for f in dataclasses.fields(RulerColumns)]

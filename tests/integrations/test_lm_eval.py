@@ -335,7 +335,7 @@ def test_lm_evals_own_flag_spellings_are_accepted():
 
 
 def test_metrics_are_shown_with_their_stderr():
-    from extrapos.cli.tasks import shown_metrics
+    from extrapos.integrations.lm_eval_task import shown_metrics
 
     shown = shown_metrics({"alias": "x", "acc,none": 0.5, "acc_stderr,none": 0.25, "ppl,none": 3.0})
     assert shown == "acc,none 0.5000 ± 0.2500, ppl,none 3.0000"

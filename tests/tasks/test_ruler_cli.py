@@ -94,7 +94,9 @@ def test_cli_scores_every_task_and_length_writes_the_result_and_the_plot(ruler_r
     assert (tmp_path / "g.png").stat().st_size > 1000
     # the same request is reused; a different one under the same name is refused and the file kept
     before = saved.read_bytes()
-    same = RulerOptions(tasks.split(","), [1, 2], 3, "both", 3, max_new_tokens=6, **SHAPE)
+    same = RulerOptions(
+        tasks=tasks.split(","), lengths=[1, 2], trials=3, mode="both", candidates=3, max_new_tokens=6, **SHAPE
+    )
     assert ruler(ruler_run, same) == result
     with pytest.raises(UserError, match="different evaluation; pass another --name to keep both"):
         ruler(ruler_run, tasks=["niah_single_2"], lengths=[1], mode="both", name=saved.stem, **SHAPE)

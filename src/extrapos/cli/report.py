@@ -78,6 +78,7 @@ def run(args) -> int:
     for flag in ("out", "title", "baseline"):
         check_text(getattr(args, flag), f"--{flag}")
     from extrapos.report.render import collect_rows, loss_rows, markdown_table, write_report
+    from extrapos.tasks.task import registry
 
     check_result_files(args.paths)
     rows, compare_dir = collect_rows(args.paths)
@@ -98,6 +99,7 @@ def run(args) -> int:
         facts,
         baseline=args.baseline or settings.get("baseline"),
         sequence_ppl=bool(settings.get("sequence_ppl", False)),
+        tasks=list(registry().values()),  # each task column's own section
     )
     if not (out / COMPARE_MARKER).exists():
         atomic_write(out / REPORT_MARKER, "made by extrapos report: a later report may replace its files\n")

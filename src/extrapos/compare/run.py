@@ -37,6 +37,7 @@ from extrapos.files import atomic_write
 from extrapos.presets import find_sweep
 from extrapos.report.render import Row, loss_rows, markdown_table, write_report
 from extrapos.run.config import RunConfig, load_config
+from extrapos.tasks.task import registry
 
 if TYPE_CHECKING:
     import torch
@@ -216,7 +217,7 @@ def compare(  # noqa: C901
     atomic_write(out / "facts.json", json.dumps(facts, indent=1))
     settings = report_settings(sweep)
     atomic_write(out / "report.json", json.dumps(settings, indent=1))
-    report = write_report(rows, out, facts=facts, **settings)
+    report = write_report(rows, out, facts=facts, **settings, tasks=list(registry().values()))
     if loss_rows(rows):
         print(markdown_table(loss_rows(rows)))
     print(f"-> {report}")
@@ -229,6 +230,7 @@ def _check_row_options(sweep: Sweep, path: Path, specs: TaskSpecs, extra: list[s
     NaN), and against what the lm-eval column can apply; task columns refuse an encoder row."""
     from extrapos.run.config import load_run_config
     from extrapos.tasks.common import check_encoding_options
+    from extrapos.tasks.task import task
 
     by_name = {r.name: r for r in sweep.rows}
     for row in sweep.rows:
@@ -254,55 +256,26 @@ def _check_row_options(sweep: Sweep, path: Path, specs: TaskSpecs, extra: list[s
                 f"the documents protocol only; drop protocol = {sweep.protocol!r} or that row."
             )
         check_encoding_options(cfg, dict(row.eval), f"{path}: row '{row.name}' eval options")
-        unsupported = set(row.eval) - {"scale", "scaling", "factor"}
-        if specs.lm_eval is not None and unsupported:
-            raise UserError(
-                f"{path}: row '{row.name}': lm-eval columns take the eval options scale, scaling and factor "
-                f"only, not {', '.join(sorted(unsupported))}; drop lm-eval or that row's option."
-            )
+        for name in specs.enabled():
+            refusal = task(name).refuse_row_options(specs.spec(name), dict(row.eval))
+            if refusal:
+                raise UserError(f"{path}: row '{row.name}': {refusal}")
 
 
 def _check_task_memory(sweep: Sweep, path: Path, specs: TaskSpecs, row: SweepRow, cfg: RunConfig) -> None:
-    """The passkey and synthetic columns' memory estimates for ``row`` (its longest length, from the config
-    it will train with), before any row trains: a trial count or a length that cannot fit is refused now,
+    """Each task column's estimates for ``row`` (its longest length, from the config it will train with;
+    ``Task.check_row``), before any row trains: a trial count or a length that cannot fit is refused now,
     not after training every row. Checked against the host's memory (asking a GPU here would open a CUDA
     context before torchrun's processes pick their devices); each task checks its own device again when
     it scores."""
-    from extrapos.tasks.passkey import check_passkey_memory
-    from extrapos.tasks.synthetic import check_synthetic_memory
+    from extrapos.tasks.task import task
 
-    if specs.passkey is None and specs.synthetic is None:
-        return
     lengths = list(row.factors) if row.extend is not None else list(sweep.lengths)
-    device = "cpu"
-    where = f"{path}: row '{row.name}':"
-    if specs.passkey is not None:
-        p = specs.passkey
+    for name in specs.enabled():
         try:
-            check_passkey_memory(
-                cfg.model,
-                lengths,
-                p.trials,
-                p.mode,
-                p.candidates,
-                None,
-                device,
-                advice="lower the sweep's lengths or passkey.trials",
-            )
+            task(name).check_row(specs.spec(name), cfg.model, lengths)
         except UserError as e:
-            raise UserError(f"{where} {e}") from None
-    if specs.synthetic is not None:
-        try:
-            check_synthetic_memory(
-                cfg.model,
-                lengths,
-                specs.synthetic.examples,
-                None,
-                device,
-                advice="lower the sweep's lengths or synthetic.examples",
-            )
-        except UserError as e:
-            raise UserError(f"{where} {e}") from None
+            raise UserError(f"{path}: row '{row.name}': {e}") from None
 
 
 def sweep_device(sweep: Sweep, extra: list[str]) -> str:
@@ -359,15 +332,18 @@ def _score_row_tasks(
     progress: bool,
     device: str = "cpu",
 ) -> dict[str, Any]:
-    """task -> the row's result: an extension row's factor-k run scored at ev = k (in its parent's L_t;
-    lm-eval:
-    the largest factor's run), every other row at the sweep's lengths; the mean over seeds with ``seeds``."""
+    """task -> the row's result: an extension row's factor-k run scored at ev = k (in its parent's L_t; a
+    task scored once per row, ``per_length`` false as lm-eval's: the largest factor's run), every other row at
+    the sweep's lengths; the mean over seeds with ``seeds``."""
+    from extrapos.tasks.task import task as task_named
+
     results = {}
     for task in specs.enabled():
+        per_length = task_named(task).per_length
         per_seed = []
         for seed in seeds:
             if row.extend is not None:
-                factors = row.factors[-1:] if task == "lm-eval" else row.factors
+                factors = row.factors if per_length else row.factors[-1:]
                 parts = []
                 for k in factors:
                     run_dir = extension_dirs[(row.name, k, seed)]
@@ -375,7 +351,7 @@ def _score_row_tasks(
                     parts.append(
                         score_task(task, specs, run_dir, [k], dict(row.eval), base, progress, device)
                     )
-                per_seed.append(parts[0] if task == "lm-eval" else merge_lengths(parts))
+                per_seed.append(merge_lengths(parts) if per_length else parts[0])
             else:
                 source = run_dirs[(row.reuse or row.name, seed)]  # run = rows exist only without seeds
                 per_seed.append(

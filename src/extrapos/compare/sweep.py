@@ -11,6 +11,7 @@ from extrapos import schema
 from extrapos.compare.tasks import (
     TaskSpecs,
     parse_task_specs,
+    task_keys,
 )
 from extrapos.errors import UserError
 from extrapos.evaluate import EvalRequest
@@ -65,12 +66,10 @@ class Sweep:
         None  # train each trained row once per seed (None: once, with the preset's seed)
     )
     loss: bool = True  # the loss columns (false: task columns only)
-    tasks: list[str] = field(default_factory=list)  # task columns: synthetic, passkey, lm-eval
-    synthetic: dict[str, Any] | None = None  # options of each task column (extrapos.compare.tasks)
-    passkey: dict[str, Any] | None = None
-    ruler: dict[str, Any] | None = None  # RULER column options (extrapos.compare.tasks.RulerColumns)
-    lm_eval: dict[str, Any] | None = None
-    attention: dict[str, Any] | None = None  # attention diagnostics columns (compare.tasks.AttentionColumns)
+    tasks: list[str] = field(default_factory=list)  # task columns: registered task names (tasks/task.py)
+    # each task column's option table, by the task's key (``passkey = {...}``, ``lm_eval = {...}``): a sweep
+    # file writes them at its top level, one key per registered task (``compare.tasks.task_keys``)
+    task_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     protocol: str = "documents"  # the evaluation protocol of the loss columns: documents or stream
     boundary: str | None = None  # stream: context crossing documents ("cross", the default) or "mask"
     # seconds of training for all the trained runs together, split into equal tokens per run by a measured
@@ -109,7 +108,15 @@ def load_sweep(spec: str) -> Sweep:
     """A sweep preset or file, checked by the same validator as run configs."""
     path = find_sweep(spec)
     raw = read_toml(path)
-    keys = ", ".join(f.name for f in fields(Sweep))
+    named = [f.name for f in fields(Sweep) if f.name != "task_options"]
+    keys = ", ".join(named[: named.index("tasks") + 1] + task_keys() + named[named.index("tasks") + 1 :])
+    if "task_options" in raw:  # the tables are written at the top level, under each task's key
+        raise UserError(f"{path}: unknown key 'task_options'; a sweep has {keys}.")
+    task_options = {
+        k: schema.check(dict[str, Any] | None, raw.pop(k), f"{path}: key '{k}'")
+        for k in task_keys()
+        if k in raw
+    }
     raw_rows = raw.pop("rows", [])
     sweep = schema.build(
         Sweep,
@@ -118,6 +125,7 @@ def load_sweep(spec: str) -> Sweep:
         unknown=f"{path}: unknown key '{{key}}'; a sweep has {keys}.",
     )
     sweep.title = sweep.title or path.stem
+    sweep.task_options = {k: v for k, v in task_options.items() if v is not None}
     row_keys = ", ".join(f.name for f in fields(SweepRow))
     for i, r in enumerate(raw_rows):
         r = dict(r)
@@ -162,13 +170,7 @@ def task_specs(sweep: Sweep, path: Path | str) -> TaskSpecs:
     return parse_task_specs(
         Path(path),
         sweep.tasks,
-        {
-            "synthetic": sweep.synthetic,
-            "passkey": sweep.passkey,
-            "ruler": sweep.ruler,
-            "lm_eval": sweep.lm_eval,
-            "attention": sweep.attention,
-        },
+        sweep.task_options,
     )
 
 

@@ -49,7 +49,7 @@ from torch import Tensor
 from extrapos.attention import bias_block, document_visible
 from extrapos.errors import UserError
 from extrapos.evaluate.driver import drive
-from extrapos.evaluate.evaluator import ColumnAt, Prepared, Scoring, column_name
+from extrapos.evaluate.evaluator import ColumnAt, Evaluator, Prepared, Scoring, column_name
 from extrapos.evaluate.request import EvalRequest
 from extrapos.evaluate.slot import ResultSlot, check_result_name, open_slot
 from extrapos.evaluate.window_options import per_window_options
@@ -615,7 +615,7 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
-class AttentionEvaluator:
+class AttentionEvaluator(Evaluator):
     """`extrapos attention` (``diagnose``): what each head attends to at every length, on eval's windows; in
     one process (the statistics are not dealt out to a group)."""
 

@@ -13,8 +13,8 @@ request and scores; the driver does the rest, in the same order for all seven of
 4. ``evaluator.score``: the work itself, its jobs dealt out to the processes of ``shard`` (default the
    torchrun group this process joined: ``run.runtime.Shard``, the one implementation of the sharding);
 5. the write: atomic, on rank 0, refused when the result holds a NaN (``ResultSlot.write``);
-6. ``evaluator.finish`` where an evaluator has one: the files derived from its result (attention's plot),
-   after a write and for a reused result.
+6. ``evaluator.finish``: the files derived from its result (attention's plot), after a write and for a
+   reused result (the protocol's default does nothing).
 
 A refusal after the slot was opened lets the name's lock go before it is raised.
 """
@@ -44,10 +44,8 @@ def drive(
     how = how or Scoring()
     prepared = evaluator.prepare(run, request, how)
     slot = evaluator.open_slot(prepared, how)
-    finish = getattr(evaluator, "finish", None)  # files derived from the result (attention's plot)
     if slot.previous is not None:
-        if finish is not None:
-            finish(slot, slot.previous, False, how)
+        evaluator.finish(slot, slot.previous, False, how)  # files derived from it (attention's plot)
         return slot.previous  # the same evaluation of the same weights was done: reuse it
     try:
         seconds = evaluator.estimate(prepared, how)
@@ -58,8 +56,7 @@ def drive(
         slot.release()
         raise
     write(evaluator, prepared, slot, result)
-    if finish is not None:
-        finish(slot, result, True, how)
+    evaluator.finish(slot, result, True, how)
     return result
 
 

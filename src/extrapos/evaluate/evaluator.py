@@ -120,6 +120,12 @@ class Evaluator(Protocol):
         """The encoding options a refused result's sentence names."""
         ...
 
+    def finish(self, slot: ResultSlot, result: dict[str, Any], written: bool, how: Scoring) -> None:
+        """What follows the result (``written``: just written; else a saved one reused): the files derived
+        from it (attention's plot) or a line on the console (lm-eval's reuse). Nothing by default: an
+        evaluator that subclasses ``Evaluator`` inherits this."""
+        return None
+
 
 class ColumnEvaluator(Evaluator, Protocol):
     """An evaluator a sweep scores as a task column (``compare/tasks.py``: attention, passkey, RULER,

@@ -29,7 +29,7 @@ import torch
 from extrapos.data.mlm import encoder_special_tokens, mask_tokens, rng_for
 from extrapos.errors import UserError
 from extrapos.evaluate.driver import drive
-from extrapos.evaluate.evaluator import Prepared, Scoring, Unsupported
+from extrapos.evaluate.evaluator import Evaluator, Prepared, Scoring, Unsupported
 from extrapos.evaluate.format import INTERVAL_NOTE
 from extrapos.evaluate.inputs import load_eval_inputs
 from extrapos.evaluate.next_token import result_slot
@@ -257,7 +257,7 @@ class MaskedLMRequest:
     mask_seed: int = 0
 
 
-class MaskedLMEvaluator:
+class MaskedLMEvaluator(Evaluator):
     """`extrapos eval` of an encoder: the masked-LM loss at every length on the same masked tokens. It runs
     in one process (``loss_request`` refuses torchrun), so ``shard`` is a group of one."""
 

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from extrapos.evaluate.documents import score_documents
 from extrapos.evaluate.driver import drive
 from extrapos.evaluate.estimates import check_eval_memory, check_eval_time
-from extrapos.evaluate.evaluator import Prepared, Scoring, Unsupported
+from extrapos.evaluate.evaluator import Evaluator, Prepared, Scoring, Unsupported
 from extrapos.evaluate.format import format_result
 from extrapos.evaluate.request import (
     EvalRequest,
@@ -87,7 +87,7 @@ def result_slot(
     )
 
 
-class NextTokenEvaluator:
+class NextTokenEvaluator(Evaluator):
     """`extrapos eval` of a decoder: the next-token loss at every length (the documents or the stream
     protocol), its windows dealt out to the processes of ``shard``."""
 

@@ -55,7 +55,7 @@ except ImportError as e:  # pragma: no cover - the eval extra is missing
     ) from e
 
 from extrapos.evaluate.driver import drive
-from extrapos.evaluate.evaluator import ColumnAt, Prepared, Scoring, column_name
+from extrapos.evaluate.evaluator import ColumnAt, Evaluator, Prepared, Scoring, column_name
 from extrapos.evaluate.slot import ABSENT, ResultSlot, check_result_name, jsonable, slug, task_slot
 from extrapos.run.handle import Run
 from extrapos.run.runtime import Shard
@@ -534,7 +534,7 @@ def cli() -> None:
     cli_evaluate()
 
 
-class LmEvalEvaluator:
+class LmEvalEvaluator(Evaluator):
     """lm-evaluation-harness tasks (``run_lm_eval``), scored whole by every process (the same numbers)."""
 
     name: ClassVar[str] = "lm-eval"

@@ -30,14 +30,18 @@ import math
 import re
 import statistics
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from extrapos.errors import UserError
 from extrapos.files import atomic_write
 from extrapos.report import stats
 from extrapos.report.portable import portable
+
+if TYPE_CHECKING:
+    from extrapos.report.task_tables import TaskReport
 
 
 @dataclass
@@ -604,11 +608,14 @@ def write_report(
     facts: list[str] | None = None,
     baseline: str | None = None,
     sequence_ppl: bool = False,
+    tasks: Sequence[TaskReport] = (),
 ) -> Path:
     """report.md + results.csv + results.json + plots/ in ``out_dir``; returns the report path.
 
     ``baseline``: the row the differences are taken to (default: the first); ``sequence_ppl``: add
-    the segmented-sequences paper's aggregate (mean of per-window perplexities, Karypis et al. eq. 3).
+    the segmented-sequences paper's aggregate (mean of per-window perplexities, Karypis et al. eq. 3);
+    ``tasks``: the sections of the task columns (the registered tasks, ``tasks.task.registry``; a task
+    without one is reported as an accuracy per length).
     """
     from extrapos.report import task_tables as tables
 
@@ -642,9 +649,9 @@ def write_report(
             parts += _protocol_sections(group, out_dir, title, base, sequence_ppl, plots, "###", cells) + [""]
     if task_rows:
         parts += ([""] if rows else []) + tables.task_sections(
-            task_rows, tables.plot_tasks(task_rows, out_dir / "plots"), baseline
+            task_rows, tables.plot_tasks(task_rows, out_dir / "plots", tasks), baseline, tasks
         )
-        _atomic_write(out_dir / "tasks.csv", tables.tasks_csv(task_rows))
+        _atomic_write(out_dir / "tasks.csv", tables.tasks_csv(task_rows, tasks))
     report = out_dir / "report.md"
     _atomic_write(report, "\n".join(parts) + "\n")
     if rows:
@@ -850,5 +857,6 @@ def _file_row(name: str, doc: dict[str, Any], run_dir: Path | None = None) -> Ro
     a task row, anything else a loss row; a run's eval/ holds both kinds."""
     task = doc.get("task") if isinstance(doc, dict) else None
     if isinstance(task, str):
-        return Row(name, None, {"synthetic" if task.startswith("synthetic:") else task: doc}, run_dir)
+        # the column is the task's name, before the colon of a parametrised one (synthetic:copy:...)
+        return Row(name, None, {task.split(":")[0]: doc}, run_dir)
     return Row(name, doc, run_dir=run_dir)

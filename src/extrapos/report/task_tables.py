@@ -1,14 +1,15 @@
 """Task columns in a comparison report: accuracy-vs-length tables, a plot per task, and a CSV.
 
 Reads the rows' task results (``extrapos.compare.tasks``), never a model, and needs no torch, so
-`extrapos report` re-renders them byte for byte. Accuracy is the metric the papers report for these
-tasks: per-token accuracy and exact match on synthetic tasks (Kazemnejad et al. 2023, §4), passkey
-retrieval accuracy per length, averaged over needle depths (Mohtashami & Jaggi 2023, §4.2), RULER accuracy
-per length, averaged over its tasks as RULER averages them (Hsieh et al. 2024, §4), and the
-harness's own metric for lm-eval tasks (Gao et al. 2021, lm-evaluation-harness). Attention diagnostics
-columns give statistics of the attention averaged over every layer and head per length (the reading of
-attention the segmented-sequences paper uses to explain extrapolation, Karypis et al., Figure 3), with
-intervals over the held-out documents.
+`extrapos report` re-renders them byte for byte. The report names no task: each task's section comes from the
+task itself (``tasks/task.py``: a ``Task`` is a ``LengthReport``), handed to ``task_sections`` by the command
+that renders the report. ``LengthReport`` is what every accuracy task shares: the metric per length with a
+bootstrap interval over the examples (and seeds), the paired difference to the baseline row, the plot and
+the CSV lines; a task that reports otherwise (lm-eval's scores, attention statistics) overrides its hooks.
+Accuracy is the metric the papers report for these tasks: per-token accuracy and exact match on synthetic
+tasks (Kazemnejad et al. 2023, §4), passkey retrieval accuracy per length, averaged over needle depths
+(Mohtashami & Jaggi 2023, §4.2), RULER accuracy per length, averaged over its tasks as RULER averages them
+(Hsieh et al. 2024, §4).
 """
 
 from __future__ import annotations
@@ -16,16 +17,9 @@ from __future__ import annotations
 import csv
 import io
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-# the task order of the report, whatever order the rows list them in
-ORDER = ("synthetic", "passkey", "ruler", "lm-eval", "attention")
-
-
-def task_names(rows) -> list[str]:
-    present = {t for row in rows for t in row.tasks}
-    return [t for t in ORDER if t in present] + sorted(present - set(ORDER))
+from typing import Any, ClassVar, Protocol
 
 
 def _by_length(result: dict[str, Any], metric: str) -> dict[int, float]:
@@ -38,9 +32,8 @@ def _by_length(result: dict[str, Any], metric: str) -> dict[int, float]:
 
 
 def length_metrics(task: str, rows) -> list[tuple[str, str]]:
-    """(result field, label) of the metrics a length table shows for ``task``."""
-    if task == "synthetic":
-        return [("token_accuracy", "token accuracy"), ("exact_match", "exact match")]
+    """(result field, label) of the metrics a length table shows for ``task``: those its results name
+    (``metrics``, or ``metric`` and exact match beside it when both modes were scored)."""
     metrics: list[tuple[str, str]] = []
     for row in rows:
         if task not in row.tasks:
@@ -152,122 +145,66 @@ def difference_table(task: str, rows, metric: str, cells: dict[tuple[str, int], 
     return "\n".join(lines)
 
 
-def _lm_eval_scores(result: dict[str, Any]) -> dict[str, tuple[str, float]]:
-    """lm-eval task -> (metric, value): acc_norm where the task has it, else acc, else its first number."""
-    out = {}
-    for task, metrics in sorted(result.get("results", {}).items()):
-        numbers = {
-            k.split(",")[0]: v
-            for k, v in metrics.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and "stderr" not in k
-        }
-        for name in ("acc_norm", "acc", "exact_match"):
-            if name in numbers:
-                out[task] = (name, float(numbers[name]))
-                break
-        else:
-            if numbers:
-                name = sorted(numbers)[0]
-                out[task] = (name, float(numbers[name]))
-    return out
+class TaskReport(Protocol):
+    """A task's section of the report (``LengthReport`` is the shared implementation)."""
+
+    @property
+    def name(self) -> str:
+        """The task's name: its rows' key in ``Row.tasks``."""
+        ...
+
+    @property
+    def plots(self) -> bool:
+        """Whether it draws ``<name>_vs_length.png``."""
+        ...
+
+    def describe(self, rows: Sequence[Any]) -> str:
+        """The sentence above the task's tables: what was scored and how."""
+        ...
+
+    def tables(self, rows: Sequence[Any], baseline: str | None) -> list[str]:
+        """The task's tables (Markdown lines), rows scored by the task only."""
+        ...
+
+    def csv_rows(self, row_name: str, result: dict[str, Any]) -> list[list[Any]]:
+        """One row's lines of tasks.csv (model, task, ev, length, depth, metric, value)."""
+        ...
+
+    def plot(self, rows: Sequence[Any], out_dir: Path, plt: Any) -> Path:
+        """The task's plot written into ``out_dir`` with matplotlib's ``plt``."""
+        ...
 
 
-def lm_eval_table(rows) -> str:
-    scored = [row for row in rows if "lm-eval" in row.tasks]
-    scores = {row.name: _lm_eval_scores(row.tasks["lm-eval"]) for row in scored}
-    cols = sorted({t for s in scores.values() for t in s})
-    names = {t: next(s[t][0] for s in scores.values() if t in s) for t in cols}
-    lines = [
-        "| model | max length | " + " | ".join(f"{t} ({names[t]})" for t in cols) + " |",
-        "|---|---:|" + "---:|" * len(cols),
-    ]
-    for row in scored:
-        cells = [f"{scores[row.name][t][1]:.3f}" if t in scores[row.name] else "–" for t in cols]
-        lines.append(
-            f"| {row.name} | {row.tasks['lm-eval'].get('max_length', '–')} | " + " | ".join(cells) + " |"
-        )
-    return "\n".join(lines)
+class LengthReport:
+    """The report of an accuracy-per-length task: per metric, a rows x ev table with intervals, the paired
+    differences to the baseline row, the plot of the metric against ev, and the CSV lines of every cell."""
 
+    name: ClassVar[str]
+    plots: ClassVar[bool] = True
 
-def _describe(task: str, rows) -> str:
-    first = next(row.tasks[task] for row in rows if task in row.tasks)
-    if task == "synthetic":
-        req = first.get("request", {})
-        return (
-            f"Synthetic task `{first['task']}`, {req.get('examples', '?')} fresh examples of exactly ev x "
-            "L_t "
-            "tokens per length (never the training examples), scored teacher-forced on the answer tokens: "
-            "per-token accuracy (argmax = answer) and exact match (every answer token of an example right)."
-        )
-    if task == "passkey":
-        req = first["request"]
-        chance = f"; chance {1 / req['candidates']:.2f}" if first.get("metric") == "rank_accuracy" else ""
-        return (
-            f"Passkey retrieval ({req['mode']}, haystack {req['haystack']}): accuracy per length, the mean "
-            "over "
-            f"needle depths {', '.join(f'{d:g}' for d in req['depths'])} ({req['trials']} trials per "
-            f"cell{chance}); "
-            "the per-depth grid is in each row's JSON under tasks/passkey/."
-        )
-    if task == "ruler":
-        req = first["request"]
-        chance = f"; ranking form's chance {1 / req['candidates']:.2f}" if req["mode"] != "generate" else ""
-        return (
-            f"RULER tasks ({req['mode']}: string-match recall of the greedy output and/or rank accuracy, "
-            f"template {req.get('template', 'ruler')}, essay {first.get('essay_source', req.get('essay'))}): "
-            f"per length, the mean over the tasks {', '.join(req['tasks'])} ({req['trials']} examples per "
-            f"task and length{chance}); the per-task table follows."
-        )
-    if task == "attention":
-        req = first.get("request", {})
-        return (
-            f"Attention diagnostics (`extrapos attention`, docs/attention-diagnostics.md) on the held-out "
-            f"windows of each length ({req.get('max_tokens', '?')} tokens per length, split "
-            f"{req.get('split', '?')}): each statistic averaged over every query, layer and head; [a, b] = "
-            "95% interval from a bootstrap over the held-out documents (seeds crossed when the row has "
-            "several). Neither direction is better; the per-layer and per-head values are in each row's "
-            "JSON under tasks/attention/."
-        )
-    return f"lm-evaluation-harness: {', '.join(first.get('tasks', []))}."
+    def __init__(self, name: str | None = None):
+        if name is not None:  # a task whose definition is not installed: reported the shared way
+            self.name = name  # type: ignore[misc]
 
+    def metrics(self, rows: Sequence[Any]) -> list[tuple[str, str]]:
+        """(result field, label) of the metrics a table is shown for."""
+        return length_metrics(self.name, rows)
 
-def ruler_task_table(rows, metric: str) -> str:
-    """Rows x RULER tasks x ev: each task's accuracy per length (the column table averages them)."""
-    scored = [row for row in rows if "ruler" in row.tasks]
-    cells = [c for row in scored for c in row.tasks["ruler"]["results"]]
-    evs = sorted({c["ev"] for c in cells})
-    lines = [
-        "| model | task | " + " | ".join(f"ev={ev}" for ev in evs) + " |",
-        "|---|---|" + "---:|" * len(evs),
-    ]
-    for row in scored:
-        mine = row.tasks["ruler"]["results"]
-        for task in dict.fromkeys(c["task"] for c in mine):
-            values = {c["ev"]: c.get(metric) for c in mine if c["task"] == task}
-            texts = ["–" if values.get(ev) is None else f"{values[ev]:.3f}" for ev in evs]
-            lines.append(f"| {row.name} | {task} | " + " | ".join(texts) + " |")
-    return "\n".join(lines)
+    def describe(self, rows: Sequence[Any]) -> str:
+        return f"{self.name}: accuracy per length (higher is better)."
 
+    def extra_tables(self, rows: Sequence[Any], metric: str, label: str) -> list[str]:
+        """Lines after a metric's tables (RULER: the metric per RULER task)."""
+        return []
 
-def task_sections(rows, plots: dict[str, Path], baseline: str | None = None) -> list[str]:
-    """The report's task part: one accuracy-vs-length table per task and metric with intervals, the
-    paired differences to the baseline row, and the plot."""
-    from extrapos.report import stats
+    def tables(self, rows: Sequence[Any], baseline: str | None) -> list[str]:
+        from extrapos.report import stats
 
-    parts: list[str] = []
-    for task in task_names(rows):
-        parts += [_describe(task, rows), ""]
-        if task == "lm-eval":
-            parts += [lm_eval_table(rows), ""]
-            continue
-        if task == "attention":
-            for stat in attention_statistics(rows):
-                label = ATTENTION_LABELS.get(stat, stat)
-                parts += [f"{label[0].upper() + label[1:]}:", "", attention_table(rows, stat), ""]
-            continue
+        task = self.name
+        parts: list[str] = []
         scored = [row for row in rows if task in row.tasks]
         base = next((row.name for row in scored if row.name == baseline), scored[0].name)
-        for metric, label in length_metrics(task, rows):
+        for metric, label in self.metrics(rows):
             cells = accuracy_cells(task, rows, metric, base)
             parts += [f"{label.capitalize()} (higher is better; best per column in bold):", ""]
             if cells:
@@ -286,78 +223,35 @@ def task_sections(rows, plots: dict[str, Path], baseline: str | None = None) -> 
                     difference_table(task, rows, metric, cells, base),
                     "",
                 ]
-            if task == "ruler":
-                parts += [f"{label.capitalize()} per RULER task:", "", ruler_task_table(rows, metric), ""]
-        if task in plots:
-            parts += [f"![{plots[task].stem}](plots/{plots[task].name})", ""]
-    return parts
+            parts += self.extra_tables(rows, metric, label)
+        return parts
 
+    def csv_task(self, cell: dict[str, Any]) -> str:
+        """The task column of a cell's CSV lines."""
+        return self.name
 
-def tasks_csv(rows) -> str:
-    """One line per (row, task, ev, depth, metric)."""
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(["model", "task", "ev", "length", "depth", "metric", "value"])
-    for row in rows:
-        for task in task_names([row]):
-            result = row.tasks[task]
-            if task == "attention":
-                for r in result["results"]:
-                    for stat in attention_statistics([row]):
-                        value = attention_value(r, stat)
-                        if value is not None:
-                            w.writerow(
-                                [row.name, task, r["ev"], r.get("window", ""), "", stat, f"{value:.6f}"]
-                            )
-                continue
-            if task == "lm-eval":
-                for name, (metric, value) in _lm_eval_scores(result).items():
-                    w.writerow(
+    def csv_rows(self, row_name: str, result: dict[str, Any]) -> list[list[Any]]:
+        lines = []
+        for c in result["results"]:
+            for metric in ("token_accuracy", "exact_match", "answer_loss", "rank_accuracy"):
+                if isinstance(c.get(metric), (int, float)):
+                    lines.append(
                         [
-                            row.name,
-                            f"lm-eval:{name}",
-                            "",
-                            result.get("max_length", ""),
-                            "",
+                            row_name,
+                            self.csv_task(c),
+                            c["ev"],
+                            c.get("length", ""),
+                            c.get("depth", ""),
                             metric,
-                            f"{value:.6f}",
+                            f"{c[metric]:.6f}",
                         ]
                     )
-                continue
-            for c in result["results"]:
-                for metric in ("token_accuracy", "exact_match", "answer_loss", "rank_accuracy"):
-                    if isinstance(c.get(metric), (int, float)):
-                        w.writerow(
-                            [
-                                row.name,
-                                f"{task}:{c['task']}" if task == "ruler" else task,
-                                c["ev"],
-                                c.get("length", ""),
-                                c.get("depth", ""),
-                                metric,
-                                f"{c[metric]:.6f}",
-                            ]
-                        )
-    return buf.getvalue()
+        return lines
 
-
-def plot_tasks(rows, out_dir: Path) -> dict[str, Path]:
-    """<task>_vs_length.png per length task (one panel per metric, log-scaled ev, dashed line at L_t)."""
-    tasks = [t for t in task_names(rows) if t not in ("lm-eval", "attention")]  # attention: its own plots
-    if not tasks:
-        return {}
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("report: matplotlib is not installed, skipping task plots (pip install 'extrapos[plots]').")
-        return {}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = {}
-    for task in tasks:
-        metrics = length_metrics(task, rows)
+    def plot(self, rows: Sequence[Any], out_dir: Path, plt: Any) -> Path:
+        """<task>_vs_length.png: one panel per metric, log-scaled ev, dashed line at L_t."""
+        task = self.name
+        metrics = self.metrics(rows)
         fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4.2), squeeze=False)
         for ax, (metric, label) in zip(axes[0], metrics):
             cols: set[int] = set()
@@ -387,98 +281,60 @@ def plot_tasks(rows, out_dir: Path) -> dict[str, Path]:
         p = out_dir / f"{task}_vs_length.png"
         fig.savefig(p, dpi=120)
         plt.close(fig)
-        written[task] = p
-    return written
+        return p
 
 
-# ---- attention diagnostics ------------------------------------------------------------------------
-
-#: the attention statistics a sweep shows by default: how far the heads look and how spread they are
-ATTENTION_DEFAULT = ("mean_distance", "entropy")
-ATTENTION_LABELS = {
-    "entropy": "entropy (nats)",
-    "entropy_norm": "entropy / log n",
-    "sink1": "mass on first 1",
-    "sink4": "mass on first 4",
-    "mean_distance": "mean attended distance (tokens)",
-    "median_distance": "median attended distance (tokens)",
-    "median_weight": "median weight x n",
-}
+def reports_of(rows: Sequence[Any], reports: Sequence[TaskReport]) -> list[TaskReport]:
+    """The reports of the tasks ``rows`` scored, in the order of ``reports`` (the registry's); a task with
+    no report given (its package is not installed) last, reported the shared way, in name order."""
+    present = {t for row in rows for t in row.tasks}
+    known = [r for r in reports if r.name in present]
+    return known + [LengthReport(n) for n in sorted(present - {r.name for r in known})]
 
 
-def attention_value(row: dict[str, Any], stat: str) -> float | None:
-    """One length's ``stat``, the mean over every layer and head (the heads' means as the JSON holds
-    them); None when no head has it."""
-    values = [v for layer in row["layers"] for v in layer[stat] if v is not None]
-    return statistics.fmean(values) if values else None
+def task_names(rows: Sequence[Any], reports: Sequence[TaskReport] = ()) -> list[str]:
+    return [r.name for r in reports_of(rows, reports)]
 
 
-def _attention_sums(row: dict[str, Any], stat: str):
-    """Per held-out document, the sum of ``stat`` over every query of every layer and head and the number
-    of those (query, head) pairs, as ``attention_stats.statistic_interval`` resamples them; None when the
-    row recorded no per-document sums."""
-    import numpy as np
-
-    parts = [layer["every"] for layer in row.get("per_document") or []]
-    if not parts or any(part is None for part in parts):
-        return None
-    sums = sum(np.asarray(part[stat]).sum(1) for part in parts)
-    if stat == "entropy_norm":
-        counts = sum(np.asarray(part["queries_norm"]).sum(1) for part in parts)
-    else:  # every head of every layer reads the same queries
-        counts = sum(np.asarray(part["queries"]) * np.asarray(part[stat]).shape[1] for part in parts)
-    return np.asarray(sums, dtype=np.float64), np.asarray(counts, dtype=np.float64)
-
-
-def attention_interval(result: dict[str, Any], ev: float, stat: str):
-    """The 95% interval of one length's ``stat`` (over every layer and head) from a bootstrap over the
-    held-out documents, seeds crossed when the row has several (``stats.loss_interval``); None with too
-    few documents or without per-document sums."""
-    import numpy as np
-
-    from extrapos.report import stats
-
-    sums, counts = [], []
-    for one in result.get("seeds") or [result]:
-        row = next((r for r in one["results"] if r["ev"] == ev), None)
-        got = None if row is None else _attention_sums(row, stat)
-        if row is None or got is None or len(row["doc_index"]) < stats.MIN_DOCUMENTS:
-            return None
-        sums.append(got[0])
-        counts.append(got[1])
-    if len({len(s) for s in sums}) != 1:
-        return None
-    return stats.loss_interval(np.stack(sums), np.stack(counts))
+def task_sections(
+    rows: Sequence[Any],
+    plots: dict[str, Path],
+    baseline: str | None = None,
+    reports: Sequence[TaskReport] = (),
+) -> list[str]:
+    """The report's task part: each task's description and tables (``TaskReport``), then its plot."""
+    parts: list[str] = []
+    for report in reports_of(rows, reports):
+        parts += [report.describe(rows), ""]
+        parts += report.tables(rows, baseline)
+        if report.name in plots:
+            parts += [f"![{plots[report.name].stem}](plots/{plots[report.name].name})", ""]
+    return parts
 
 
-def _attention_number(stat: str, value: float) -> str:
-    return f"{value:.1f}" if "distance" in stat else f"{value:.3f}"
+def tasks_csv(rows: Sequence[Any], reports: Sequence[TaskReport] = ()) -> str:
+    """One line per (row, task, ev, depth, metric)."""
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["model", "task", "ev", "length", "depth", "metric", "value"])
+    for row in rows:
+        for report in reports_of([row], reports):
+            w.writerows(report.csv_rows(row.name, row.tasks[report.name]))
+    return buf.getvalue()
 
 
-def attention_statistics(rows) -> list[str]:
-    """The statistics the report shows: those the sweep asked for (``attention.statistics``)."""
-    first = next(row.tasks["attention"] for row in rows if "attention" in row.tasks)
-    return list(first.get("report_statistics") or ATTENTION_DEFAULT)
+def plot_tasks(rows: Sequence[Any], out_dir: Path, reports: Sequence[TaskReport] = ()) -> dict[str, Path]:
+    """task -> its plot, for the tasks that draw one."""
+    drawn = [r for r in reports_of(rows, reports) if r.plots]
+    if not drawn:
+        return {}
+    try:
+        import matplotlib
 
-
-def attention_table(rows, stat: str) -> str:
-    """Rows x ev: ``stat`` over every layer and head, with its interval where the row has one."""
-    scored = [row for row in rows if "attention" in row.tasks]
-    cols = sorted({r["ev"] for row in scored for r in row.tasks["attention"]["results"]})
-    lines = ["| model | " + " | ".join(f"ev={ev}" for ev in cols) + " |", "|---|" + "---:|" * len(cols)]
-    for row in scored:
-        result = row.tasks["attention"]
-        by_ev = {r["ev"]: r for r in result["results"]}
-        texts = []
-        for ev in cols:
-            value = attention_value(by_ev[ev], stat) if ev in by_ev else None
-            if value is None:
-                texts.append("–")
-                continue
-            iv = attention_interval(result, ev, stat)
-            interval = (
-                f" [{_attention_number(stat, iv.low)}, {_attention_number(stat, iv.high)}]" if iv else ""
-            )
-            texts.append(_attention_number(stat, value) + interval)
-        lines.append(f"| {row.name} | " + " | ".join(texts) + " |")
-    return "\n".join(lines)
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("report: matplotlib is not installed, skipping task plots (pip install 'extrapos[plots]').")
+        return {}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return {r.name: r.plot(rows, out_dir, plt) for r in drawn}

@@ -36,7 +36,7 @@ import torch
 
 from extrapos.errors import UserError
 from extrapos.evaluate.driver import drive
-from extrapos.evaluate.evaluator import ColumnAt, Prepared, Scoring, column_name
+from extrapos.evaluate.evaluator import ColumnAt, Evaluator, Prepared, Scoring, column_name
 from extrapos.evaluate.slot import ResultSlot, check_result_name, slug, task_slot
 from extrapos.owned import check_owned_file
 from extrapos.run.handle import LoadedRun, Run
@@ -57,6 +57,7 @@ from extrapos.tasks.common import (
     refuse_encoder,
     task_result,
 )
+from extrapos.tasks.passkey_task import PasskeyColumns
 
 if TYPE_CHECKING:
     from extrapos.data.tokenizer import Tokenizer
@@ -288,7 +289,7 @@ def _corpus_haystack(run: Run | LoadedRun, haystack: str, split: str) -> tuple[n
 
 
 @dataclass
-class PasskeyOptions:
+class PasskeyOptions(PasskeyColumns):
     """What a passkey evaluation asks for, recorded as its result's request (equal requests reuse it).
 
     ``lengths``: multiples of L_t (``base_length``, default the run's); ``depths``: needle depths in [0, 1];
@@ -299,14 +300,7 @@ class PasskeyOptions:
     means the longest length); ``step``: the checkpoint (default the latest)."""
 
     lengths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
-    depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
-    trials: int = 10
-    mode: str = "rank"
-    haystack: str = "filler"
     split: str = "test"
-    candidates: int = 10
-    key_digits: int = 5
-    seed: int = 0
     position_options: dict[str, Any] = field(default_factory=dict)
     base_length: int | None = None
     step: int | None = None
@@ -616,7 +610,7 @@ __all__ = [
 ]
 
 
-class PasskeyEvaluator:
+class PasskeyEvaluator(Evaluator):
     """Passkey retrieval (``passkey``; Mohtashami & Jaggi 2023, §4.2), its prompts dealt out to ``shard``."""
 
     name: ClassVar[str] = "passkey"

@@ -32,10 +32,10 @@ import numpy as np
 import torch
 
 from extrapos.data.ruler_prompts import Essay, RulerBuilder, RulerPrompt
-from extrapos.data.ruler_tasks import GENERATE, METRIC, SYNTHETIC_TASKS, TASK_NAMES, TASKS, RulerShape
+from extrapos.data.ruler_tasks import GENERATE, METRIC, TASK_NAMES, TASKS, RulerShape
 from extrapos.errors import UserError
 from extrapos.evaluate.driver import drive
-from extrapos.evaluate.evaluator import ColumnAt, Prepared, Scoring, column_name
+from extrapos.evaluate.evaluator import ColumnAt, Evaluator, Prepared, Scoring, column_name
 from extrapos.evaluate.slot import MAX_NAME, ResultSlot, check_result_name, slug, task_slot
 from extrapos.run.handle import Run
 from extrapos.run.runtime import Shard
@@ -52,6 +52,7 @@ from extrapos.tasks.common import (
 from extrapos.tasks.passkey import check_passkey_memory
 from extrapos.tasks.ruler_metric import exact, postprocess, recall
 from extrapos.tasks.ruler_report import cell_interval, format_all, format_depths, format_ruler, plot_grid
+from extrapos.tasks.ruler_task import RulerColumns
 
 MODES = ("generate", "rank", "both")
 #: essay haystacks by name (else a path to a text file)
@@ -63,7 +64,7 @@ def primary_metric(mode: str) -> str:
 
 
 @dataclass
-class RulerOptions:
+class RulerOptions(RulerColumns):
     """What a RULER evaluation asks for, recorded as its result's request (equal requests reuse it):
     ``tasks`` at ``lengths`` (multiples of L_t: ``base_length``, default the run's), ``trials`` examples per
     cell, scored by ``mode`` (generate, rank among ``candidates``, both); ``essay``: the essay-like haystack
@@ -72,25 +73,7 @@ class RulerOptions:
     ``max_new_tokens``: the generation budget (None: RULER's per task); ``position_options`` are set on the
     encoding; ``step``: the checkpoint (default the latest)."""
 
-    tasks: list[str] = field(default_factory=lambda: list(SYNTHETIC_TASKS))
     lengths: list[int] = field(default_factory=lambda: [1, 2, 4])
-    trials: int = 20
-    mode: str = "generate"
-    candidates: int = 10
-    essay: str = "auto"
-    template: str = "ruler"
-    digits: int = 7
-    uuid_hex: int = 32
-    needles: int = 4
-    hops: int = 4
-    vt_digits: int = 5
-    var_letters: int = 5
-    common: int = 10
-    coded_letters: int = 6
-    squad: str | None = None
-    hotpotqa: str | None = None
-    max_new_tokens: int | None = None
-    seed: int = 0
     position_options: dict[str, Any] = field(default_factory=dict)
     base_length: int | None = None
     step: int | None = None
@@ -413,7 +396,7 @@ def check_ruler_time(
     return check_time(flops, device, what, "ask for shorter --lengths or fewer --trials", force, ask=ask)
 
 
-class RulerEvaluator:
+class RulerEvaluator(Evaluator):
     """RULER's tasks (``ruler``; Hsieh et al. 2024) in one process (its cells are not dealt out)."""
 
     name: ClassVar[str] = "ruler"

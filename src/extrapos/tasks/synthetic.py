@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from extrapos.data.synthetic import SyntheticTask, build_tokenizer, task_of
 from extrapos.errors import UserError
 from extrapos.evaluate.driver import drive
-from extrapos.evaluate.evaluator import ColumnAt, Prepared, Scoring, column_name
+from extrapos.evaluate.evaluator import ColumnAt, Evaluator, Prepared, Scoring, column_name
 from extrapos.evaluate.slot import ResultSlot, slug, task_slot
 from extrapos.run.handle import Run
 from extrapos.run.memory import check_memory, forward_bytes
@@ -35,6 +35,7 @@ from extrapos.tasks.common import (
     resolve_position_options,
     task_result,
 )
+from extrapos.tasks.synthetic_task import SyntheticColumns
 
 if TYPE_CHECKING:
     from extrapos.model import Decoder, ModelConfig
@@ -86,17 +87,14 @@ def score_examples(
 
 
 @dataclass
-class SyntheticOptions:
+class SyntheticOptions(SyntheticColumns):
     """What a synthetic-task evaluation asks for, recorded as its result's request (equal requests reuse
-    it): ``examples`` fresh examples per length of ``lengths`` x L_t (``base_length``, default the run's),
-    of ``task`` (a ``synthetic:...`` spec; default the task the run trained on, its prepared data's
-    manifest) drawn with ``seed`` (default the task's); ``position_options`` are set on the encoding;
-    ``step``: the checkpoint (default the latest)."""
+    it): the task's options (``SyntheticColumns``: ``examples`` fresh examples per length, of ``task``, a
+    ``synthetic:...`` spec, default the task the run trained on, its prepared data's manifest, drawn with
+    ``seed``, default the task's) at ``lengths`` x L_t (``base_length``, default the run's);
+    ``position_options`` are set on the encoding; ``step``: the checkpoint (default the latest)."""
 
-    task: str | None = None
     lengths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
-    examples: int = 64
-    seed: int | None = None
     position_options: dict[str, Any] = field(default_factory=dict)
     base_length: int | None = None
     step: int | None = None
@@ -243,7 +241,7 @@ def format_synthetic(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-class SyntheticEvaluator:
+class SyntheticEvaluator(Evaluator):
     """Accuracy on a synthetic task's answer tokens (``score_synthetic``; Kazemnejad et al. 2023, §4), every
     process scoring the whole task (the same numbers)."""
 
