@@ -211,7 +211,8 @@ def test_the_h200_step_times_in_prose_are_the_probes():
     probe = json.loads((RESULTS / "gpu" / "h200-first" / "compare.json").read_text())["budget"]["probe"]
     ms = {r["row"]: r["step_seconds"] * 1000 for r in probe["rows"]}
     assert set(ms) == {"NoPE", "RoPE", "ALiBi", "CABLE", "ExPE"}
-    readme = (root / "README.md").read_text()
+    # the README ties the number by a marker (an HTML comment, report/number_guard.py): read it as rendered
+    readme = re.sub(r"<!--.*?-->", "", (root / "README.md").read_text(), flags=re.S)
     assert (
         f"NoPE {ms['NoPE']:.0f} ms per 16k-token step, ExPE {ms['ExPE']:.0f}, RoPE {ms['RoPE']:.0f}, "
         f"ALiBi {ms['ALiBi']:.0f} and CABLE {ms['CABLE']:.0f}" in " ".join(readme.split())
