@@ -4,6 +4,7 @@ came from (``extrapos.report.number_guard``; the rule in docs/results/README.md,
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,34 @@ def test_what_counts_as_a_measurement():
         counted("L_t = 64, 12 documents, 16x, Table 3.2, torch 2.13.0, x0.5, chunk-0.25, 95% interval") == []
     )
     assert counted("0.24-0.31 vs 2026-11-26") == ["0.24", "0.31"]
+
+
+#: the committed reports whose table cells the pages' markers name: their difference, change-with-length and
+#: seed tables are recomputed here from results.json, so a marker into report.md is a marker into the JSON
+MARKED_REPORTS = sorted(
+    {
+        path
+        for page in pages(ROOT)
+        for path in re.findall(r"<!--\s*from\s+(\S+/report\.md):", page.read_text())
+        if (ROOT / path).with_name("results.json").is_file()
+    }
+)
+
+
+@pytest.mark.parametrize("report", MARKED_REPORTS)
+def test_a_marked_report_is_what_its_results_render(report):
+    from extrapos.report import render
+
+    text = (ROOT / report).read_text()
+    results = json.loads((ROOT / report).with_name("results.json").read_text())
+    rows = [render.Row(r["name"], r) for r in results]
+    if len(render.protocol_groups(rows)) != 1 or len(render.kind_groups(rows)) != 1:
+        pytest.skip("a report of several protocols or kinds: one set of tables each")
+    baseline = re.search(r"Difference to the baseline row \((.+?)\), row minus", text)
+    assert baseline is not None
+    cells = render.cell_intervals(rows, baseline.group(1))
+    assert render.difference_table(rows, cells) in text
+    change = render.length_change_table(rows)
+    assert change is None or change in text
+    if any(r.get("seeds") for r in results):
+        assert render.seed_table(rows) in text
