@@ -211,7 +211,8 @@ def test_the_h200_step_times_in_prose_are_the_probes():
     probe = json.loads((RESULTS / "gpu" / "h200-first" / "compare.json").read_text())["budget"]["probe"]
     ms = {r["row"]: r["step_seconds"] * 1000 for r in probe["rows"]}
     assert set(ms) == {"NoPE", "RoPE", "ALiBi", "CABLE", "ExPE"}
-    readme = (root / "README.md").read_text()
+    # the README ties the number by a marker (an HTML comment, report/number_guard.py): read it as rendered
+    readme = re.sub(r"<!--.*?-->", "", (root / "README.md").read_text(), flags=re.S)
     assert (
         f"NoPE {ms['NoPE']:.0f} ms per 16k-token step, ExPE {ms['ExPE']:.0f}, RoPE {ms['RoPE']:.0f}, "
         f"ALiBi {ms['ALiBi']:.0f} and CABLE {ms['CABLE']:.0f}" in " ".join(readme.split())
@@ -221,3 +222,127 @@ def test_the_h200_step_times_in_prose_are_the_probes():
         assert f"| {row} | {value:.1f} |" in page, row
     distributed = " ".join((root / "docs" / "distributed.md").read_text().split())
     assert f"took {ms['NoPE']:.0f} ms for NoPE, {ms['ExPE']:.0f} ExPE, {ms['RoPE']:.0f} RoPE" in distributed
+
+
+# ---- training settings: a preset cannot drift from the table it published --------------------------------
+
+_MODEL_FACT = re.compile(
+    r"^- model: (?P<flavour>\w+), (?P<layers>\d+) layers, d=(?P<d>\d+), (?P<heads>\d+) heads"
+)
+_TRAINING_FACT = re.compile(
+    r"^- training: L_t=(?P<lt>\d+), (?P<tokens>[\d,]+(?:, [\d,]+)*) tokens per model, batch (?P<batch>\d+), "
+    r"lr (?P<lr>\S+) -> (?P<end_lr>\S+), (?P<precision>.+), (?P<seeds>seeds? [\d, ]+)$"
+)
+
+
+def training_mismatches(sweep, report: str, results: list[dict]) -> list[str]:
+    """How the training settings ``sweep`` asks today differ from those the committed ``report`` states (its
+    facts, written from the runs' configs and summaries) and the rows ``results`` holds: the model's
+    flavour, layers, width and heads, L_t, the tokens per model, batch, learning rates, precision, seeds and
+    the rows themselves."""
+    from extrapos.compare.sweep import row_config
+
+    model = next((m for m in map(_MODEL_FACT.match, report.splitlines()) if m), None)
+    training = next((m for m in map(_TRAINING_FACT.match, report.splitlines()) if m), None)
+    if model is None or training is None:
+        return ["the report states no model or training line to compare"]
+    differ = []
+    trained = [r for r in sweep.rows if not r.reuse and r.extend is None and r.run is None]
+    for row in trained:
+        cfg = row_config(sweep, row, [])
+        m, t = cfg.model, cfg.train
+        want = {
+            "model": (m.flavour, m.n_layers, m.d_model, m.n_heads),
+            "L_t": cfg.seq_len,
+            "batch": t.batch_size,
+            "lr": (f"{t.lr:g}", f"{t.end_lr:g}"),
+        }
+        got = {
+            "model": (model["flavour"], int(model["layers"]), int(model["d"]), int(model["heads"])),
+            "L_t": int(training["lt"]),
+            "batch": int(training["batch"]),
+            "lr": (training["lr"], training["end_lr"]),
+        }
+        differ += [
+            f"{row.name}: {k} {got[k]!r}, the preset asks {w!r}" for k, w in want.items() if got[k] != w
+        ]
+        if (
+            t.precision != "auto"
+            and "/" not in training["precision"]
+            and t.precision != training["precision"]
+        ):
+            differ.append(f"{row.name}: precision {training['precision']}, the preset asks {t.precision}")
+        if sweep.budget_seconds is None and t.tokens is not None:
+            # a run trains whole steps: the tokens asked, rounded up to a step of batch x L_t tokens
+            step = t.batch_size * cfg.seq_len
+            counts = [int(x.replace(",", "")) for x in training["tokens"].split(", ")]
+            if not all(t.tokens <= n < t.tokens + step for n in counts):
+                differ.append(
+                    f"{row.name}: {training['tokens']} tokens per model, the preset asks {t.tokens:,}"
+                )
+    seeds = f"seeds {', '.join(map(str, sweep.seeds))}" if sweep.seeds else None
+    if seeds is not None and training["seeds"] != seeds:
+        differ.append(f"{training['seeds']}, the preset asks {seeds}")
+    if (
+        seeds is None
+        and trained
+        and training["seeds"] != f"seed {row_config(sweep, trained[0], []).train.seed}"
+    ):
+        differ.append(
+            f"{training['seeds']}, the preset asks seed {row_config(sweep, trained[0], []).train.seed}"
+        )
+    names, published = [r.name for r in sweep.rows], [r["name"] for r in results]
+    if sorted(names) != sorted(published):
+        differ.append(f"rows {published}, the preset has {names}")
+    return differ
+
+
+@pytest.mark.parametrize("folder", sorted(f for f, preset in PRESETS.items() if preset))
+def test_committed_reports_trained_what_their_preset_trains_today(folder):
+    """A change to a preset's model, tokens, learning rate, seeds or rows fails here until its table is run
+    again (or the change undone): the committed table would no longer be what its command produces."""
+    from extrapos.compare import load_sweep
+
+    differ = training_mismatches(
+        load_sweep(PRESETS[folder]),  # type: ignore[arg-type]
+        (RESULTS / folder / "report.md").read_text(),
+        json.loads((RESULTS / folder / "results.json").read_text()),
+    )
+    assert not differ, f"docs/results/{folder} was trained otherwise than its preset asks: " + "; ".join(
+        differ
+    )
+
+
+@pytest.mark.parametrize(
+    "edit, expect",
+    [
+        (("train.tokens=800_000", "train.tokens=900_000"), "tokens per model"),
+        (('"train.eval_every=0"', '"train.eval_every=0", "train.lr=0.003"'), "lr"),
+        (('"train.eval_every=0"', '"model.d_model=256"'), "model"),
+        (('"train.eval_every=0"', '"train.seq_len=128"'), "L_t"),
+        (('baseline = "RoPE"', 'baseline = "RoPE"\nseeds = [0, 1]'), "seeds 0, 1"),
+        (
+            (
+                'name = "ExQPE"\npositions = { name = "exqpe" }',
+                'name = "XPos"\npositions = { name = "xpos" }',
+            ),
+            "rows",
+        ),
+    ],
+    ids=["tokens", "lr", "width", "L_t", "seeds", "a row"],
+)
+def test_a_preset_changed_after_its_table_fails_the_settings_check(tmp_path, edit, expect):
+    """A copy of the quick preset with one training setting changed no longer matches the committed quick
+    table; the unchanged copy does."""
+    from extrapos.compare import load_sweep
+    from extrapos.compare.sweep import find_sweep
+
+    text = find_sweep("quick").read_text()
+    report = (RESULTS / "quick" / "report.md").read_text()
+    results = json.loads((RESULTS / "quick" / "results.json").read_text())
+    (tmp_path / "same.toml").write_text(text)
+    assert training_mismatches(load_sweep(str(tmp_path / "same.toml")), report, results) == []
+    assert edit[0] in text
+    (tmp_path / "changed.toml").write_text(text.replace(edit[0], edit[1]))
+    differ = training_mismatches(load_sweep(str(tmp_path / "changed.toml")), report, results)
+    assert differ and any(expect in d for d in differ), differ

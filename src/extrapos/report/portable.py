@@ -7,11 +7,17 @@ A path inside the result's folder becomes relative to it (``runs/rope``); one in
 becomes ``$EXTRAPOS_CACHE/<rest>`` (the cache is wherever that variable points, docs/data.md); any other
 becomes relative to the folder as well (``../other/runs/rope``), which holds while the two trees move
 together. Only the keys below are rewritten; numbers and every other field are left as they are.
+
+``portable_tree`` applies the same rule to every string of a JSON document that is an absolute path, under
+any key and at any depth: the committed readings that are not comparison results (``extrapos attention``,
+``extrapos ruler``, lm-eval, gpu-run) name their run, tokenizer or install under keys of their own, and a
+test (tests/report/test_portable.py) refuses an absolute path in any committed JSON under docs/.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +40,22 @@ def portable_path(value: str, folder: Path, cache: Path) -> str:
             continue
         return rest.as_posix() if prefix is None else f"{prefix}/{rest.as_posix()}"
     return Path(os.path.relpath(path.resolve(), folder.resolve())).as_posix()
+
+
+def is_absolute_path(value: Any) -> bool:
+    """A string that names this machine's file system from its root (``/tmp/x``, not ``/`` alone, a URL
+    or ``$EXTRAPOS_CACHE/...``)."""
+    return isinstance(value, str) and re.match(r"/[\w.~-]", value) is not None
+
+
+def portable_tree(doc: Any, folder: Path, cache: Path) -> Any:
+    """A copy of the JSON document ``doc`` with every absolute path in it made portable (module docstring);
+    numbers, other strings and the order of keys are left as they are."""
+    if isinstance(doc, dict):
+        return {k: portable_tree(v, folder, cache) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [portable_tree(v, folder, cache) for v in doc]
+    return portable_path(doc, folder, cache) if is_absolute_path(doc) else doc
 
 
 def portable(result: Any, folder: Path, cache: Path | None = None) -> Any:
