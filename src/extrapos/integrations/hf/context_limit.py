@@ -54,7 +54,7 @@ def table_rows(cfg: ModelConfig) -> int | None:
 
 
 def supported_context(
-    cfg, trained: int, evaluated: list[dict[str, Any]], given: int | None
+    cfg: ModelConfig, trained: int, evaluated: list[dict[str, Any]], given: int | None
 ) -> tuple[int, str]:
     """The context an export records and why, in words. ``cfg``: the ModelConfig; ``trained``: L_t (L_e
     for an extended run); ``given``: ``--context``."""

@@ -71,7 +71,10 @@ def export_context(run_cfg: RunConfig) -> int:
 
 
 def hf_config_for(
-    cfg, eot_id: int | None = None, context: int | None = None, special: dict[str, Any] | None = None
+    cfg: ModelConfig,
+    eot_id: int | None = None,
+    context: int | None = None,
+    special: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The config.json of an exported run (written in the pre-5.0 key names, which 5.x also reads);
     ``context``: the context length it records (default L_t); ``special``: the ``bos_token_id`` /
