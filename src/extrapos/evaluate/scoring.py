@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from extrapos.run.runtime import Shard
 
 if TYPE_CHECKING:
+    from tqdm import tqdm
+
     from extrapos.model import Decoder
 
 
@@ -49,7 +51,7 @@ def score_windows(
     batch_tokens: int,
     precision: str,
     stride: int | None = None,
-    bar=None,
+    bar: tqdm | None = None,
     shard: Shard | None = None,
 ) -> torch.Tensor:
     """Loss of every target of every span, scored in windows of ``window`` tokens: (n_spans, span_len).

@@ -62,6 +62,8 @@ from extrapos.run.handle import Run
 from extrapos.run.runtime import Shard
 
 if TYPE_CHECKING:
+    from tqdm import tqdm
+
     from extrapos.data.shards import TokenSplit
     from extrapos.data.tokenizer import Tokenizer
     from extrapos.model import Decoder
@@ -189,7 +191,7 @@ def score_blocks(
     batch_tokens: int,
     precision: str = "fp32",
     mask: bool = False,
-    bar=None,
+    bar: tqdm | None = None,
     shard: Shard | None = None,
 ) -> torch.Tensor:
     """Loss (n_blocks, block) of every block's targets, each block scored by the window of ``window``
