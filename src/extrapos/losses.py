@@ -13,6 +13,9 @@ backward are most of a CPU step's non-matmul time (``benchmarks/bench_train.py``
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -37,7 +40,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx,
+        ctx: Any,  # torch's autograd context object, which torch.autograd.Function types as Any
         h: Tensor,
         weight: Tensor,
         targets: Tensor,
@@ -90,7 +93,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return total
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor):
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         grad_h, grad_w = ctx.saved_tensors
         g = grad_out
         return (
@@ -125,7 +128,7 @@ def linear_cross_entropy_sum(
 
 
 def model_loss_sum(
-    model,
+    model: Callable[..., Tensor],
     tokens: Tensor,
     positions: Tensor,
     targets: Tensor,

@@ -68,7 +68,7 @@ from torch import Tensor, nn
 from extrapos.attention import AttentionMask, attention
 from extrapos.errors import UserError
 from extrapos.losses import linear_cross_entropy_sum, masked_loss_sum
-from extrapos.positions.base import EncodingContext, PositionalEncoding
+from extrapos.positions.base import Bias, EncodingContext, PositionalEncoding
 from extrapos.positions.registry import spec
 from extrapos.positions.schedule import Plan, build_positions, plan_positions
 
@@ -380,7 +380,7 @@ class LayerCache:
     def length(self) -> int:
         return self.seen
 
-    def update(self, k: Tensor, v: Tensor, bias):
+    def update(self, k: Tensor, v: Tensor, bias: Bias | None) -> tuple[Tensor, Tensor, Bias | None]:
         """Append the new keys/values (and bias key features); return every key still visible (all of
         them without a window)."""
         if self.window is not None:

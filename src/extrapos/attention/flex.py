@@ -175,7 +175,7 @@ def flex_score_mod(bias: Bias | None, B: int, H: int, Tq: int, Tk: int) -> Calla
         qf = bias.q_feat.float().expand(B, H, Tq)
         kf = (kf - kf[..., -1:].detach()).expand(B, H, Tk)
 
-        def folded(score, b, h, qi, kj):
+        def folded(score: Tensor, b: Tensor, h: Tensor, qi: Tensor, kj: Tensor) -> Tensor:
             return score + qf[b, h, qi] * kf[b, h, kj]
 
         return folded
@@ -190,7 +190,7 @@ def flex_score_mod(bias: Bias | None, B: int, H: int, Tq: int, Tk: int) -> Calla
         # (K-CABLE's (g, S)): its compiled backward takes one indexing read per such tensor
         q_cols, k_cols = flex_reads_once([qf.movedim(-1, 0), kf.movedim(-1, 0)])
 
-        def pairwise(score, b, h, qi, kj):
+        def pairwise(score: Tensor, b: Tensor, h: Tensor, qi: Tensor, kj: Tensor) -> Tensor:
             # one scalar per feature: flex differentiates a captured tensor through scalar indexing only
             a = [col[b, h if hq else 0, qi] for col in q_cols]
             c = [col[b, h if hk else 0, kj] for col in k_cols]
@@ -199,7 +199,7 @@ def flex_score_mod(bias: Bias | None, B: int, H: int, Tq: int, Tk: int) -> Calla
         return pairwise
     fn = bias.fn
 
-    def by_fn(score, b, h, qi, kj):
+    def by_fn(score: Tensor, b: Tensor, h: Tensor, qi: Tensor, kj: Tensor) -> Tensor:
         # fn on one (query, key) pair, features kept 4-D as fn expects (forward only, see flex_wanted)
         a = qf[b, h if hq else 0, qi].reshape(1, 1, 1, -1)
         c = kf[b, h if hk else 0, kj].reshape(1, 1, 1, -1)

@@ -292,12 +292,12 @@ class AttentionMask:
             if not causal:
                 return None
 
-            def visible(b, h, qi, kj):
+            def visible(b: Tensor, h: Tensor, qi: Tensor, kj: Tensor) -> Tensor:
                 return _visible(qi + past, kj, None, causal, window)
 
             return visible
 
-        def visible_in_document(b, h, qi, kj):
+        def visible_in_document(b: Tensor, h: Tensor, qi: Tensor, kj: Tensor) -> Tensor:
             same = documents[b, qi + past] == documents[b, kj]
             return _visible(qi + past, kj, same, causal, window)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -73,7 +74,9 @@ def gpu_settings(quick: bool) -> BenchSettings:
     )
 
 
-def gpu_training(name: str, s: BenchSettings, precision: str, cuda: CudaDevice, peak: float | None):
+def gpu_training(
+    name: str, s: BenchSettings, precision: str, cuda: CudaDevice, peak: float | None
+) -> dict[str, float | None]:
     """One encoding's training step on the GPU, alone on the card: absolute time, the allocator's peak
     (weights, gradients, AdamW state and activations: ``max_memory_allocated``), MFU against ``peak``."""
     from extrapos.run.runtime import autocast
@@ -119,7 +122,9 @@ def gpu_training(name: str, s: BenchSettings, precision: str, cuda: CudaDevice, 
 
 
 @torch.no_grad()
-def _gpu_eval_and_generation(name: str, s: BenchSettings, precision: str, cuda: CudaDevice):
+def _gpu_eval_and_generation(
+    name: str, s: BenchSettings, precision: str, cuda: CudaDevice
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """(evaluation time per length, the allocator's peak above the resident weights per length, decoding)
     of one encoding at batch 1, in ``precision``."""
     from extrapos.inference.generate import generate_tokens
@@ -134,7 +139,7 @@ def _gpu_eval_and_generation(name: str, s: BenchSettings, precision: str, cuda: 
         tokens = torch.randint(0, s.vocab, (1, T), generator=g).to(dev)
         pos = torch.arange(T, device=dev).unsqueeze(0)
 
-        def forward(tokens=tokens, pos=pos) -> float:
+        def forward(tokens: torch.Tensor = tokens, pos: torch.Tensor = pos) -> float:
             cuda.sync()
             t0 = time.perf_counter()
             with autocast(dev, precision):
@@ -172,7 +177,7 @@ def _gpu_eval_and_generation(name: str, s: BenchSettings, precision: str, cuda: 
 
 
 def run_bench_gpu(
-    names: list[str], s: BenchSettings, cuda: CudaDevice, progress=lambda: None
+    names: list[str], s: BenchSettings, cuda: CudaDevice, progress: Callable[[], object] = lambda: None
 ) -> dict[str, Any]:
     """The bench on one GPU: every encoding alone on the card, one after the other (the interleaving
     that keeps CPU ratios honest on a shared machine would keep every model resident at once).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,7 +25,9 @@ PEER_SHAPE = {
 }
 
 
-def bench_peer(rounds: int = 7, progress=None, clock: str = "wall") -> dict[str, Any] | None:
+def bench_peer(
+    rounds: int = 7, progress: Callable[[], object] | None = None, clock: str = "wall"
+) -> dict[str, Any] | None:
     """extrapos llama + RoPE vs Hugging Face ``LlamaForCausalLM`` of the same shape, one training step
     each (fp32, fused AdamW on both sides), interleaved rounds, medians; None without transformers.
 

@@ -4,6 +4,7 @@ processes."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -11,6 +12,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,7 +84,7 @@ def bench_model(name: str, s: BenchSettings, seed: int = 0) -> Decoder:
     return Decoder(cfg)
 
 
-def _precision_ctx(precision: str):
+def _precision_ctx(precision: str) -> torch.autocast | nullcontext[None]:
     from extrapos.run.runtime import autocast
 
     return autocast(torch.device("cpu"), precision)
@@ -92,7 +95,7 @@ def timing_spread(times: list[float]) -> float:
     return (max(times) - min(times)) / statistics.median(times)
 
 
-def interleaved(names: list[str], repeats: int, fn) -> dict[str, list[float]]:
+def interleaved(names: list[str], repeats: int, fn: Callable[[str], float]) -> dict[str, list[float]]:
     """Run fn(name) -> seconds for every name, ``repeats`` rounds, names in a rotating order."""
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeats):
@@ -142,7 +145,7 @@ def bench_steps(
     names: list[str],
     s: BenchSettings,
     variants: list[tuple[str, bool]],
-    progress,
+    progress: Callable[[], object],
     peak_floor: dict[str, float] | None = None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """The training step of every encoding in every (precision, compiled) variant, all interleaved in the
@@ -215,14 +218,16 @@ def bench_steps(
 
 
 def bench_training(
-    names: list[str], s: BenchSettings, precision: str, progress, compiled: bool = False
+    names: list[str], s: BenchSettings, precision: str, progress: Callable[[], object], compiled: bool = False
 ) -> dict[str, dict[str, Any]]:
     """The training step of every encoding in one precision (see bench_steps)."""
     return bench_steps(names, s, [(precision, compiled)], progress)[variant_key(precision, compiled)]
 
 
 @torch.no_grad()
-def bench_eval_time(names: list[str], s: BenchSettings, progress) -> dict[str, dict[str, Any]]:
+def bench_eval_time(
+    names: list[str], s: BenchSettings, progress: Callable[[], object]
+) -> dict[str, dict[str, Any]]:
     models = {n: bench_model(n, s).eval() for n in names}
     g = torch.Generator().manual_seed(1)
     result: dict[str, dict[str, Any]] = {n: {} for n in names}
@@ -231,7 +236,7 @@ def bench_eval_time(names: list[str], s: BenchSettings, progress) -> dict[str, d
         tokens = torch.randint(0, s.vocab, (1, T), generator=g)
         pos = torch.arange(T).unsqueeze(0)
 
-        def run(name: str, tokens=tokens, pos=pos) -> float:
+        def run(name: str, tokens: torch.Tensor = tokens, pos: torch.Tensor = pos) -> float:
             t0 = clock_now(s.clock)
             models[name].hidden_states(tokens, pos)
             progress()
@@ -251,7 +256,7 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def peak_rss_growth_mb(fn) -> float:
+def peak_rss_growth_mb(fn: Callable[[], object]) -> float:
     """Peak growth of the resident set while ``fn()`` runs, sampled every 0.5 ms by a thread
     (torch kernels release the GIL, so the sampler sees the peaks)."""
     base = _rss_bytes()
@@ -283,11 +288,13 @@ def child_memory(name: str, s: BenchSettings) -> dict[str, float]:
         for k in sorted(s.eval_lengths):
             T = k * s.train_length
             tokens, pos = torch.randint(0, s.vocab, (1, T), generator=g), torch.arange(T).unsqueeze(0)
-            out[f"peak_mb_{k}x"] = peak_rss_growth_mb(lambda t=tokens, p=pos: model.hidden_states(t, p))
+            out[f"peak_mb_{k}x"] = peak_rss_growth_mb(functools.partial(model.hidden_states, tokens, pos))
     return out
 
 
-def bench_eval_memory(names: list[str], s: BenchSettings, progress) -> dict[str, dict[str, float]]:
+def bench_eval_memory(
+    names: list[str], s: BenchSettings, progress: Callable[[], object]
+) -> dict[str, dict[str, float]]:
     out = {}
     for n in names:
         cmd = [
@@ -310,7 +317,9 @@ def bench_eval_memory(names: list[str], s: BenchSettings, progress) -> dict[str,
 
 
 @torch.no_grad()
-def bench_generation(names: list[str], s: BenchSettings, progress) -> dict[str, dict[str, Any]]:
+def bench_generation(
+    names: list[str], s: BenchSettings, progress: Callable[[], object]
+) -> dict[str, dict[str, Any]]:
     from extrapos.inference.generate import generate_tokens
 
     g = torch.Generator().manual_seed(2)

@@ -562,7 +562,9 @@ def interleave(keys: list[str], rounds: int, fn: Callable[[str], float]) -> dict
 # ---- the measurements ------------------------------------------------------------------------------
 
 
-def measure_training(sides: dict[str, Side], shape: PeerShape, rounds: int, tick) -> dict[str, list[float]]:
+def measure_training(
+    sides: dict[str, Side], shape: PeerShape, rounds: int, tick: Callable[[], object]
+) -> dict[str, list[float]]:
     g = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, shape.vocab, (shape.batch, shape.train_length + 1), generator=g)
     x, y = tokens[:, :-1], tokens[:, 1:]
@@ -585,7 +587,7 @@ def measure_training(sides: dict[str, Side], shape: PeerShape, rounds: int, tick
 
 @torch.no_grad()
 def measure_eval(
-    sides: dict[str, Side], shape: PeerShape, rounds: int, tick
+    sides: dict[str, Side], shape: PeerShape, rounds: int, tick: Callable[[], object]
 ) -> dict[int, dict[str, list[float]]]:
     for s in sides.values():
         s.module.eval()
@@ -594,7 +596,7 @@ def measure_eval(
     for k in shape.multiples:
         tokens = torch.randint(0, shape.vocab, (1, k * shape.train_length), generator=g)
 
-        def forward(key: str, tokens=tokens) -> float:
+        def forward(key: str, tokens: Tensor = tokens) -> float:
             t0 = time.perf_counter()
             sides[key].hidden(tokens)
             tick()
@@ -623,7 +625,9 @@ def decode_seconds(side: Side, prompt: Tensor, shape: PeerShape) -> float:
     return sec
 
 
-def measure_decode(sides: dict[str, Side], shape: PeerShape, rounds: int, tick) -> dict[str, list[float]]:
+def measure_decode(
+    sides: dict[str, Side], shape: PeerShape, rounds: int, tick: Callable[[], object]
+) -> dict[str, list[float]]:
     for s in sides.values():
         s.module.eval()
     g = torch.Generator().manual_seed(2)
@@ -686,7 +690,9 @@ def memory_child(key: str, shape: PeerShape, threads: int) -> dict[str, float]:
     return out
 
 
-def measure_memory(keys: list[str], shape: PeerShape, threads: int, tick) -> dict[str, dict[str, float]]:
+def measure_memory(
+    keys: list[str], shape: PeerShape, threads: int, tick: Callable[[], object]
+) -> dict[str, dict[str, float]]:
     out = {}
     for key in keys:
         spec = json.dumps({"key": key, "shape": dataclasses.asdict(shape), "threads": threads})

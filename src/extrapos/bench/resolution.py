@@ -10,6 +10,8 @@ Q/K projections read the overridden inputs in bf16.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,7 +40,7 @@ def distinct_rows(x: torch.Tensor) -> int:
 
 def position_resolution(
     train_length: int = 512,
-    multiples=(1, 2, 4, 8, 16),
+    multiples: Sequence[int] = (1, 2, 4, 8, 16),
     l: int = 24,
     theta: float = 1 / 2048,
     theta1: float = 1 / 2048,
@@ -91,7 +93,10 @@ def format_resolution(r: dict[str, Any]) -> str:
 
 
 def bf16_eval_delta(
-    run_dirs, lengths=(1, 4, 16), max_tokens: int = 16_384, progress: bool = False
+    run_dirs: Sequence[str | Path],
+    lengths: Sequence[int | float] = (1, 4, 16),
+    max_tokens: int = 16_384,
+    progress: bool = False,
 ) -> list[dict]:
     """Evaluation loss of each run in fp32 and under bf16 autocast at the same lengths."""
     from extrapos.evaluate import EvalRequest, evaluate

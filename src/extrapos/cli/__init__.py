@@ -19,6 +19,7 @@ import importlib
 import os
 import sys
 import traceback
+from typing import NoReturn
 
 from extrapos.errors import INTERNAL_ERROR, UserError
 
@@ -43,7 +44,7 @@ COMMAND_MODULES = [
 class Parser(argparse.ArgumentParser):
     """argparse with the house's error form: one sentence on one line, exit status 2."""
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"extrapos: error: {message.rstrip('.')}; see `{self.prog} --help`.\n")
 
 
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.modules["extrapos.run.lock"].release_result_locks()
 
 
-def _run(args) -> int:
+def _run(args: argparse.Namespace) -> int:
     try:
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit

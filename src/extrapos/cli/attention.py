@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from extrapos.cli.eval import add_length_flags, add_position_flags
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "attention",
         help="attention entropy, sinks and attended distance per layer and head at each length",
@@ -57,7 +58,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from extrapos.cli.eval import (
         check_position_options,
         eval_lengths,

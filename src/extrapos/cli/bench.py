@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("bench", help="speed and memory of every encoding, as ratios to nope")
     p.add_argument("--quick", action="store_true", help="fewer repeats and a shorter context (a few minutes)")
     p.add_argument("--encodings", default=None, help="comma-separated subset (nope is always included)")
@@ -64,7 +65,7 @@ def check_bench_out(out: Path) -> None:
     check_owned_file(out, "--out", "extrapos bench", lambda _: bench_json(out.with_suffix(".json")))
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from extrapos.bench import format_bench, run_bench
     from extrapos.bench.resolution import (
         bf16_eval_delta,

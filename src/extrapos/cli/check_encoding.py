@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 
-def register(sub) -> None:
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "check-encoding",
         help="check an encoding (built-in or plug-in): causality, cache, fast path, state, export",
@@ -27,7 +29,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     import json
 
     from extrapos.cli.eval import parse_value

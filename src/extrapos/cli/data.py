@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 PREPARE_EXAMPLE = "example: extrapos data prepare --corpus sotu --tokenizer bpe:8192 --min-doc-tokens 4000"
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     data = sub.add_parser(
         "data",
         help="prepare and inspect tokenized corpora",
@@ -98,13 +99,15 @@ def register(sub) -> None:
     info.set_defaults(func=run_info)
 
 
-def file_system_errors_as_sentences(run):
+def file_system_errors_as_sentences(
+    run: Callable[[argparse.Namespace], int],
+) -> Callable[[argparse.Namespace], int]:
     """A file-system error the library did not name (it names the ones it expects) is still one
     sentence with exit status 2, never a traceback."""
     import functools
 
     @functools.wraps(run)
-    def wrapped(args) -> int:
+    def wrapped(args: argparse.Namespace) -> int:
         from extrapos.errors import UserError
 
         try:
@@ -120,7 +123,7 @@ def file_system_errors_as_sentences(run):
 
 
 @file_system_errors_as_sentences
-def run_prepare(args) -> int:
+def run_prepare(args: argparse.Namespace) -> int:
     from extrapos.files import check_text
 
     for flag in ("corpus", "tokenizer", "out", "text_field"):
@@ -160,7 +163,7 @@ def run_prepare(args) -> int:
 
 
 @file_system_errors_as_sentences
-def run_info(args) -> int:
+def run_info(args: argparse.Namespace) -> int:
     import numpy as np
 
     from extrapos.data.shards import PERCENTILES, load_offsets, read_manifest

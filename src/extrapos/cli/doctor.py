@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 
-def register(sub) -> None:
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "doctor",
         help="check this machine: device, capability, and every encoding against the float64 reference",
@@ -19,7 +21,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 

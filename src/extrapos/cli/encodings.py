@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+
 DEFAULT_SIZE = "gpt2-tiny"
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("encodings", help="list the positional encodings, their options and papers")
     p.add_argument(
         "--size",
@@ -16,7 +18,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from extrapos.tools.catalog import encodings_text
 
     print(encodings_text(args.size, args.json))

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 from pathlib import Path
 from typing import Any
 
 
-def add_length_flags(p, tokens_help: str) -> None:
+def add_length_flags(p: argparse.ArgumentParser, tokens_help: str) -> None:
     """--lengths (multiples of L_t) and --tokens (window lengths), as eval and attention read them."""
     p.add_argument(
         "--lengths",
@@ -18,7 +19,7 @@ def add_length_flags(p, tokens_help: str) -> None:
     p.add_argument("--tokens", default=None, help=tokens_help)
 
 
-def add_position_flags(p) -> None:
+def add_position_flags(p: argparse.ArgumentParser) -> None:
     """The inference-time encoding changes, the same flags on every command that scores a run (eval,
     attention, passkey, ruler, synthetic-eval, lm-eval); ``position_options`` reads them."""
     p.add_argument(
@@ -49,7 +50,7 @@ def add_position_flags(p) -> None:
     )
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "eval",
         help="evaluate a run at 1x..16x its training length",
@@ -164,7 +165,7 @@ def parse_tokens(text: str) -> list[int]:
     return values
 
 
-def eval_lengths(args) -> tuple[list[int | float], list[int] | None]:
+def eval_lengths(args: argparse.Namespace) -> tuple[list[int | float], list[int] | None]:
     """(multiples, tokens) of the request: --lengths defaults to 1,2,4,8,16 unless --tokens alone is given."""
     tokens = parse_tokens(args.tokens) if args.tokens is not None else None
     if args.lengths is None:
@@ -196,7 +197,7 @@ def parse_value(text: str) -> Any:
     return {"true": True, "false": False, "none": None}.get(text.lower(), text)
 
 
-def position_options(args, lengths: list[int]) -> dict[str, Any]:
+def position_options(args: argparse.Namespace, lengths: list[int]) -> dict[str, Any]:
     """The inference-time encoding changes the flags ask for."""
     from extrapos.errors import UserError
 
@@ -236,7 +237,7 @@ def open_run(run_dir: str) -> Any:
     return Run(run_dir)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from extrapos.errors import UserError
     from extrapos.evaluate import EvalRequest
     from extrapos.evaluate.driver import drive

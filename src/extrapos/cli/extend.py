@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+from typing import TYPE_CHECKING
 
-def register(sub) -> None:
+if TYPE_CHECKING:
+    from extrapos.training.trainer import TrainResult
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "extend",
         help="extend a run's context to K x L_t (segmented-sequence training)",
@@ -58,7 +64,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def recipe(args) -> tuple[str, int, float | None]:
+def recipe(args: argparse.Namespace) -> tuple[str, int, float | None]:
     """--method, --factor, --alpha as given, or as --preset sets them (not both)."""
     from extrapos.errors import UserError
 
@@ -80,7 +86,7 @@ def recipe(args) -> tuple[str, int, float | None]:
     return preset.method, preset.factor, preset.alpha
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from extrapos.files import check_text
     from extrapos.training.extend import extend
 
@@ -108,7 +114,7 @@ def run(args) -> int:
     return 0
 
 
-def summary(parent: str, result) -> None:
+def summary(parent: str, result: TrainResult) -> None:
     import json
 
     from extrapos.training.extension_plan import summary_lines

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "generate",
         help="continue a prompt with a trained run (KV cache, streamed)",
@@ -73,7 +74,7 @@ def read_prompt_file(path: Path) -> str:
     return text
 
 
-def decoding(args) -> tuple[float, int | None, float | None]:
+def decoding(args: argparse.Namespace) -> tuple[float, int | None, float | None]:
     """The temperature, top-k and top-p to decode with: greedy (temperature 0) unless sampling is asked
     for (--do-sample, or a --temperature above 0), as transformers' generate does by default."""
     from extrapos.errors import UserError
@@ -95,7 +96,7 @@ def decoding(args) -> tuple[float, int | None, float | None]:
     return temperature, 50 if args.top_k is None else args.top_k, args.top_p
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from extrapos.errors import UserError
     from extrapos.inference.generate import generate_text
     from extrapos.run.runtime import resolve_device

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+from typing import TYPE_CHECKING
 
-def register(sub) -> None:
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "import",
         help="import a Hugging Face model (GPT-2, Pythia, Bloom, Llama, Mistral, Qwen2, SmolLM3) as a run",
@@ -73,7 +79,7 @@ def register(sub) -> None:
     e.set_defaults(func=run_export)
 
 
-def run_import(args) -> int:
+def run_import(args: argparse.Namespace) -> int:
     from extrapos.files import check_text
     from extrapos.integrations.hf import import_pretrained
 
@@ -95,7 +101,7 @@ def run_import(args) -> int:
     return 0
 
 
-def context_line(run) -> str:
+def context_line(run: str | Path) -> str:
     """The training length L_t an import recorded and where it comes from, read from its source.json."""
     import json
     from pathlib import Path
@@ -112,7 +118,7 @@ def context_line(run) -> str:
     return f"{arch}: L_t = {L_t} ({why})"
 
 
-def run_export(args) -> int:
+def run_export(args: argparse.Namespace) -> int:
     import json
 
     from extrapos.errors import UserError

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "train",
         help="train a language model with a positional encoding",
@@ -36,7 +37,7 @@ def register(sub) -> None:
     ps.set_defaults(func=run_presets)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from extrapos.files import check_text
     from extrapos.run.config import load_config, load_run_config, with_overrides
     from extrapos.training.trainer import train
@@ -65,7 +66,7 @@ def run(args) -> int:
     return 0
 
 
-def run_presets(args) -> int:
+def run_presets(args: argparse.Namespace) -> int:
     from extrapos.presets import preset_names
     from extrapos.training.extension_presets import PRESETS
 

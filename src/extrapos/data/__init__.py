@@ -11,6 +11,7 @@ the CLI and for code that only needs one piece.
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 _EXPORTS = {
     "Batch": "extrapos.data.batch",
@@ -32,7 +33,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:  # the value of a lazily imported name: its type depends on the name
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value
@@ -40,5 +41,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'extrapos.data' has no attribute {name!r}")
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(list(globals()) + __all__)

@@ -37,8 +37,10 @@ import os
 import re
 import sys
 import sysconfig
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import IO, NoReturn
 
 from extrapos.errors import UserError
 from extrapos.plugins import corpus_names, corpus_plugin
@@ -365,7 +367,7 @@ def _walk(root: Path) -> Iterator[Path]:
     """Every file under ``root``; an unreadable subdirectory is an error, not silently less corpus
     (``Path.rglob`` skips it without a word)."""
 
-    def fail(error: OSError):
+    def fail(error: OSError) -> NoReturn:
         raise UserError(
             f"Cannot read the corpus directory '{error.filename}' ({error.strerror}); fix its "
             "permissions or leave it out of the corpus."
@@ -384,7 +386,7 @@ def _glob_root(pattern: str) -> str:
     return str(Path(*fixed)) if fixed else "."
 
 
-def _open_binary(path: Path, compression: str):
+def _open_binary(path: Path, compression: str) -> IO[bytes] | gzip.GzipFile:
     if compression == ".gz":
         return gzip.open(path, "rb")
     if compression == ".zst":
@@ -503,7 +505,7 @@ def _hub_corpus(spec: str, text_field: str) -> Corpus:
     return Corpus(spec, iterate, f"hub:{spec}")
 
 
-def _import_datasets():
+def _import_datasets() -> ModuleType:
     try:
         import datasets
     except ImportError:
@@ -518,7 +520,7 @@ def hub_documents(
     name: str | None = None,
     *,
     split: str = "train",
-    data_files=None,
+    data_files: str | Sequence[str] | Mapping[str, str | Sequence[str]] | None = None,
     text_field: str = "text",
     load_dataset: Callable | None = None,
 ) -> Iterator[Document]:

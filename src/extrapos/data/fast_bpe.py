@@ -34,6 +34,11 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import tiktoken
+    from tokenizers import Tokenizer as RustTokenizer
 
 # Text that exercises each part of the pattern, run through both encoders whenever a mirror is
 # built: a cheap guard should a future version of either library cut text differently.
@@ -56,7 +61,7 @@ def byte_level_table() -> dict[str, int]:
     return table
 
 
-def tiktoken_mirror(backend):
+def tiktoken_mirror(backend: RustTokenizer) -> tuple[tiktoken.Encoding | None, str]:
     """``(tiktoken.Encoding, "")`` giving the ids of the ``tokenizers.Tokenizer`` ``backend`` (with
     its added tokens matched in the text, as ``backend.encode(text, add_special_tokens=False)``
     does), or ``(None, reason)`` when that cannot be guaranteed (see the module docstring)."""

@@ -17,14 +17,19 @@ are added to the tokenizer for sentence embeddings and fine-tuning (docs/encoder
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from extrapos.data.batch import Batch
 from extrapos.errors import UserError
+
+if TYPE_CHECKING:
+    from extrapos.data.sampling import Sampler
+    from extrapos.data.tokenizer import Tokenizer
 
 SELECT_RATE, MASK_SHARE, RANDOM_SHARE = 0.15, 0.8, 0.1  # BERT §3.1 / App. A.1
 #: names an existing tokenizer may already use for each role, tried in order; else the first is added
@@ -53,7 +58,7 @@ class SpecialTokens:
         return tuple(sorted({self.cls, self.sep, self.mask, self.pad, self.eot}))
 
 
-def encoder_special_tokens(tokenizer) -> SpecialTokens:
+def encoder_special_tokens(tokenizer: Tokenizer) -> SpecialTokens:
     """The [CLS], [SEP], [MASK], [PAD] ids of ``tokenizer``: existing tokens under a known name
     (``ALIASES``: a trained bpe:N already has <|mask|> and <|pad|>), the others added to it."""
     found = {
@@ -120,11 +125,11 @@ class MLMSampler:
     (Wettig et al. 2023, "Should You Mask 15% in Masked Language Modeling?").
     """
 
-    def __init__(self, inner, specials: SpecialTokens, vocab_size: int, rate: float = SELECT_RATE):
+    def __init__(self, inner: Sampler, specials: SpecialTokens, vocab_size: int, rate: float = SELECT_RATE):
         self.inner, self.specials, self.vocab_size, self.rate = inner, specials, vocab_size, rate
         self.batches = 0
 
-    def __getattr__(self, name: str):  # only called for names this wrapper does not have
+    def __getattr__(self, name: str) -> Any:  # only called for names this wrapper does not have
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
@@ -134,7 +139,7 @@ class MLMSampler:
         self.batches += 1
         return mask_batch(self.inner.next_batch(), key, self.specials, self.vocab_size, self.rate)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Batch]:
         while True:
             yield self.next_batch()
 
@@ -153,11 +158,13 @@ class MLMSampler:
 
 def objective_sampler(
     objective: str,
-    sampler,
-    tokenizer=None,
+    sampler: Sampler,
+    tokenizer: Tokenizer | None = None,
     model_vocab_size: int | None = None,
     mask_rate: float = SELECT_RATE,
-):
+) -> Any:
+    # Sampler | MLMSampler; Any until training/trainer.py is annotated (issue 45): it assigns the result
+    # to a variable that holds a ContiguousSampler
     """``sampler`` for objective "lm"; for "mlm", its batches masked (``mask_rate`` of the tokens
     selected), with the encoder's special tokens added to ``tokenizer`` (default: the sampler's data
     directory's, which is then only read)."""

@@ -38,6 +38,7 @@ import time
 from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from extrapos import __version__
 from extrapos.data.cache import cache_root
@@ -70,6 +71,9 @@ from extrapos.data.tokenizer import (
 )
 from extrapos.errors import UserError
 from extrapos.plugins import corpus_names
+
+if TYPE_CHECKING:
+    import numpy as np
 
 DEFAULT_SPLIT_FRACTIONS = (0.9, 0.05, 0.05)
 # bpe:N on a streamed hub corpus would otherwise read the whole stream before tokenizing it.
@@ -111,7 +115,7 @@ def _cached(corpus: str, tokenizer: str, key: str) -> Path:
 
 
 def prepare_data(
-    corpus: str, tokenizer: str, out: str | Path | None = None, *, progress: bool = True, **options
+    corpus: str, tokenizer: str, out: str | Path | None = None, *, progress: bool = True, **options: Any
 ) -> Path:
     """Tokenize ``corpus`` with ``tokenizer`` into train/val/test shards; return the directory.
 
@@ -289,7 +293,7 @@ def _ordered(manifest: dict) -> dict:
 
 
 def _train_tokenizer(
-    source: Corpus, spec: str, fractions, seed: int, rule: dict, progress: bool
+    source: Corpus, spec: str, fractions: Sequence[float], seed: int, rule: dict, progress: bool
 ) -> Tokenizer:
     """Train ``bpe:N`` on the train-split text (at most BPE_TRAINING_BYTES of it): the train
     documents under the ``document`` rule, the first ``train fraction`` of every document's
@@ -410,7 +414,7 @@ def _write_splits(
     directory: Path,
     source: Corpus,
     tok: Tokenizer,
-    fractions,
+    fractions: Sequence[float],
     seed: int,
     rule: dict,
     min_doc_tokens: int,
@@ -434,7 +438,7 @@ def _tokenize_into(
     directory: Path,
     source: Corpus,
     tok: Tokenizer,
-    fractions,
+    fractions: Sequence[float],
     seed: int,
     rule: dict,
     min_doc_tokens: int,
@@ -538,7 +542,12 @@ def _tokenize_into(
 
 
 def _add_spans(
-    writers: dict[str, SplitWriter], tok: Tokenizer, ids, num_bytes: int, fractions, gap: int
+    writers: dict[str, SplitWriter],
+    tok: Tokenizer,
+    ids: np.ndarray,
+    num_bytes: int,
+    fractions: Sequence[float],
+    gap: int,
 ) -> int:
     """Write one document's spans under the ``within`` rule; 1 when it was too short to cut (it
     then goes whole to train), else 0. A span's byte count is that of its decoded text."""
@@ -558,7 +567,7 @@ def _encoder_of(tok: Tokenizer) -> str:
     return getattr(tok, "encoder", tok.kind)
 
 
-def _empty_split_warnings(splits: dict, fractions, rule: dict, kept: int) -> list[str]:
+def _empty_split_warnings(splits: dict, fractions: Sequence[float], rule: dict, kept: int) -> list[str]:
     """One sentence per split that has a non-zero fraction and no document."""
     empty = [s for s, f in zip(SPLITS, fractions) if f > 0 and splits[s]["num_docs"] == 0]
     if not empty:

@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from extrapos.data import ruler_words as W
 from extrapos.data.ruler_tasks import DEPTHS, TASKS, RulerShape, RulerText, generate, least_units
 from extrapos.errors import UserError
+
+if TYPE_CHECKING:
+    from extrapos.data.tokenizer import HFTokenizer, Tokenizer
 
 #: redraws of an example whose haystack happens to hold an answer (or too few ranked answers fit)
 _TRIES = 20
@@ -73,7 +76,11 @@ class RulerBuilder:
     haystack (an ``Essay``), ``qa`` maps "squad" / "hotpotqa" to loaded data (``ruler_qa.load_qa``)."""
 
     def __init__(
-        self, tokenizer, shape: RulerShape, essay: Essay | None = None, qa: dict[str, Any] | None = None
+        self,
+        tokenizer: Tokenizer,
+        shape: RulerShape,
+        essay: Essay | None = None,
+        qa: dict[str, Any] | None = None,
     ):
         self.tok, self.shape, self.essay, self.qa = tokenizer, shape.check(), essay, qa or {}
         self.noise = self.encode(W.NOISE)
@@ -270,7 +277,7 @@ class RulerBuilder:
         return high
 
 
-def synthetic_tokenizer():
+def synthetic_tokenizer() -> HFTokenizer:
     """The tokenizer of ``synthetic:ruler``: the RULER templates', pools' and fixed texts' words whole, and
     any other string (numbers, UUIDs, variables, coded words) spelled a character per token (WordPiece's
     "##" continuations), so every task's text has tokens."""

@@ -103,7 +103,7 @@ def read_squad(data: dict) -> QaData:
 
 
 def read_hotpotqa(data: list) -> QaData:
-    def doc(title, sentences) -> str:
+    def doc(title: str, sentences: list[str]) -> str:
         return _clean(f"{_clean(title)} {''.join(sentences)}")  # a title of null is a TypeError too
 
     docs = sorted({doc(t, s) for d in data for t, s in d["context"]})

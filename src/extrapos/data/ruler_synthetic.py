@@ -10,14 +10,18 @@ token end it and carry the loss, so a trained model learns to stop after the ans
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from extrapos.data.ruler_tasks import SYNTHETIC_TASKS, RulerShape
 
+if TYPE_CHECKING:
+    from extrapos.data.ruler_prompts import RulerBuilder
+
 
 @lru_cache(maxsize=8)
-def builder(shape: RulerShape):
+def builder(shape: RulerShape) -> RulerBuilder:
     """The word-vocabulary builder of ``shape`` (one per shape: the essay is encoded once)."""
     from extrapos.data import ruler_words
     from extrapos.data.ruler_prompts import Essay, RulerBuilder, synthetic_tokenizer

@@ -10,6 +10,8 @@ helpers ``windows_in_documents`` and ``gather`` are meant for the segmented samp
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 
@@ -147,7 +149,7 @@ class Sampler:
     def next_batch(self) -> Batch:
         return self._build_batch(*self.next_items(self.batch_size))
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Batch]:
         while True:
             yield self.next_batch()
 

@@ -51,7 +51,7 @@ class SplitWriter:
         self.doc_bytes = array.array("q")
         self.num_bytes = 0
 
-    def add(self, ids, num_bytes: int) -> None:
+    def add(self, ids: Sequence[int] | np.ndarray, num_bytes: int) -> None:
         """One document's token ids (a list or an integer array) and the UTF-8 byte count of its text."""
         tokens = np.ascontiguousarray(ids, dtype=self.dtype)  # no copy when it is already such an array
         self._file.write(tokens.data.cast("B"))
@@ -190,7 +190,7 @@ def _well_formed(manifest: dict) -> bool:
     )
 
 
-def _unsigned_dtype(name) -> bool:
+def _unsigned_dtype(name: object) -> bool:
     """uint16 / uint32 for text, uint8 for small synthetic vocabularies; nothing else holds token ids."""
     try:
         return isinstance(name, str) and np.dtype(name).kind == "u"

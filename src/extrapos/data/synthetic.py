@@ -40,6 +40,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -49,6 +50,10 @@ from extrapos.data.sampling import Sampler
 from extrapos.data.shards import FORMAT, SPLITS, SplitWriter, TokenSplit, write_manifest
 from extrapos.data.special_tokens import SPECIALS
 from extrapos.errors import UserError
+
+if TYPE_CHECKING:
+    from extrapos.data.ruler_tasks import RulerShape
+    from extrapos.data.tokenizer import HFTokenizer
 
 PREFIX = "synthetic:"
 TASKS = ("passkey", "kv-recall", "copy", "ruler")
@@ -229,7 +234,7 @@ class SyntheticTask:
         return ids.astype(np.int64), answer
 
     @property
-    def ruler_shape(self):
+    def ruler_shape(self) -> RulerShape:
         """The RULER task sizes of this spec (``digits`` and the ruler-only fields; the short template)."""
         from extrapos.data.ruler_tasks import RulerShape
 
@@ -266,7 +271,7 @@ def is_synthetic(spec: str) -> bool:
     return isinstance(spec, str) and spec.strip().startswith(PREFIX)
 
 
-def build_tokenizer(task: str | None = None):
+def build_tokenizer(task: str | None = None) -> HFTokenizer:
     """The fixed word-level tokenizer of the synthetic vocabulary (one token per space-separated word); the
     ``ruler`` task has its own (``ruler_prompts.synthetic_tokenizer``: RULER's words whole, the rest
     spelled)."""

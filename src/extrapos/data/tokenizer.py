@@ -35,12 +35,16 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from extrapos.data.patterns import CL100K_PATTERN, GPT2_PATTERN, O200K_PATTERN
 from extrapos.errors import UserError
+
+if TYPE_CHECKING:
+    import tiktoken
+    from tokenizers import Tokenizer as RustTokenizer
 
 EOT_TOKEN, PAD_TOKEN, MASK_TOKEN = "<|endoftext|>", "<|pad|>", "<|mask|>"
 BPE_SPECIAL_TOKENS = [EOT_TOKEN, PAD_TOKEN, MASK_TOKEN]  # ids 0, 1, 2 in a trained bpe:N
@@ -72,7 +76,9 @@ def _in_threads(encode_one: Callable[[str], np.ndarray], texts: list[str]) -> li
         return [ids for run in pool.map(lambda run: [encode_one(t) for t in run], runs) for ids in run]
 
 
-def _numpy_encoder(encoding, allowed_special: frozenset[str], dtype: str) -> Callable[[str], np.ndarray]:
+def _numpy_encoder(
+    encoding: tiktoken.Encoding, allowed_special: frozenset[str], dtype: str
+) -> Callable[[str], np.ndarray]:
     """One text -> ids of ``dtype`` through tiktoken's buffer (no Python int per token), converted on
     the encoding thread; the special tokens of ``allowed_special`` are matched in the text, all
     others are text."""
@@ -148,7 +154,7 @@ class HFTokenizer(Tokenizer):
 
     kind = "hf"
 
-    def __init__(self, tokenizer, source: str = ""):
+    def __init__(self, tokenizer: RustTokenizer, source: str = ""):
         self.backend = tokenizer
         self._mirror: tuple[Any, str] | None = None  # (tiktoken.Encoding or None, why not), on first use
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)

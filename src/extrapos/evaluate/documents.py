@@ -5,6 +5,7 @@ at position 0, so every length scores the same targets and only the context diff
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -16,9 +17,18 @@ from extrapos.evaluate.window_options import per_window_options
 from extrapos.run.handle import Run
 from extrapos.run.runtime import Shard
 
+if TYPE_CHECKING:
+    from extrapos.run.checkpoint import Checkpoint
+
 
 def score_documents(
-    handle: Run, req: EvalRequest, ckpt, device, batch_tokens: int, progress: bool, shard: Shard | None = None
+    handle: Run,
+    req: EvalRequest,
+    ckpt: Checkpoint | None,
+    device: str | torch.device,
+    batch_tokens: int,
+    progress: bool,
+    shard: Shard | None = None,
 ) -> Scored:
     """The documents protocol: the spans of max(lengths) x L_t tokens, split into windows of each length."""
     from tqdm.auto import tqdm

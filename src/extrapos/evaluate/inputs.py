@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -16,8 +16,15 @@ from extrapos.evaluate.request import EvalRequest, request_lengths
 from extrapos.evaluate.spans import collect_spans
 from extrapos.run.handle import Run
 
+if TYPE_CHECKING:
+    import torch
 
-def eval_split(run, req: EvalRequest, progress: bool):
+    from extrapos.data.shards import TokenSplit
+    from extrapos.run.checkpoint import Checkpoint
+    from extrapos.run.handle import LoadedRun
+
+
+def eval_split(run: LoadedRun, req: EvalRequest, progress: bool) -> tuple[TokenSplit, str]:
     """The token split to score: the run's held-out split, or another corpus tokenized with the run's
     tokenizer; data tokenized with another tokenizer is refused (its ids would be scored as other tokens)."""
     from extrapos.data import open_split, prepare_data
@@ -64,7 +71,9 @@ class ScoredRun:
     windows: list[int] = field(default_factory=list)  # each length's window in tokens, ascending
 
 
-def load_scored_run(handle: Run, req: EvalRequest, ckpt, device, progress: bool) -> ScoredRun:
+def load_scored_run(
+    handle: Run, req: EvalRequest, ckpt: Checkpoint | None, device: str | torch.device, progress: bool
+) -> ScoredRun:
     """Load the run at ``ckpt``, set the request's fixed position options and open the held-out split."""
     from extrapos.run.directory import load_run
 
@@ -101,7 +110,9 @@ class EvalInputs:
     windows: list[int] = field(default_factory=list)  # each length's window in tokens, ascending
 
 
-def load_eval_inputs(handle: Run, req: EvalRequest, ckpt, device, progress: bool) -> EvalInputs:
+def load_eval_inputs(
+    handle: Run, req: EvalRequest, ckpt: Checkpoint | None, device: str | torch.device, progress: bool
+) -> EvalInputs:
     """Load the run at ``ckpt``, set the request's fixed position options and cut the held-out spans of the
     documents protocol: the shared start of the next-token and the masked-LM evaluations."""
     if req.protocol != "documents":

@@ -18,6 +18,7 @@ exactly one token and a binary rounding error never makes a valid length look fr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -40,12 +41,12 @@ def ev_value(x: Fraction | float | int) -> int | float:
     return int(f) if f.denominator == 1 else float(f)
 
 
-def is_multiple(k) -> bool:
+def is_multiple(k: object) -> bool:
     """A positive number (not a bool): what ``lengths`` may hold."""
     return isinstance(k, (int, float)) and not isinstance(k, bool) and k > 0
 
 
-def is_token_count(n) -> bool:
+def is_token_count(n: object) -> bool:
     """A whole number of at least MIN_WINDOW tokens (not a bool): what ``tokens`` may hold."""
     return isinstance(n, int) and not isinstance(n, bool) and n >= MIN_WINDOW
 
@@ -71,7 +72,7 @@ def window_of(k: int | float, L: int) -> int:
     )
 
 
-def resolve_lengths(lengths, tokens, L: int) -> list[EvalLength]:
+def resolve_lengths(lengths: Sequence[int | float], tokens: Sequence[int] | None, L: int) -> list[EvalLength]:
     """The lengths of a request at training length ``L``, sorted by window, each window once."""
     by_window: dict[int, EvalLength] = {}
     for k in lengths:

@@ -5,7 +5,7 @@ per-position curve in buckets, and ``Scored``, what a protocol hands back to the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -13,10 +13,15 @@ import torch.nn.functional as F
 
 from extrapos.run.runtime import Shard
 
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+    from extrapos.model import Decoder
+
 
 @torch.no_grad()
 def token_losses(
-    model,
+    model: Decoder,
     tokens: torch.Tensor,
     positions: torch.Tensor,
     targets: torch.Tensor,
@@ -40,13 +45,13 @@ def token_losses(
 
 
 def score_windows(
-    model,
+    model: Decoder,
     spans: torch.Tensor,
     window: int,
     batch_tokens: int,
     precision: str,
     stride: int | None = None,
-    bar=None,
+    bar: tqdm | None = None,
     shard: Shard | None = None,
 ) -> torch.Tensor:
     """Loss of every target of every span, scored in windows of ``window`` tokens: (n_spans, span_len).

@@ -4,16 +4,40 @@ or taken from the first ones), a digest of the targets, and the per-document sum
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING, Literal, overload
 
 import numpy as np
 import torch
 
 from extrapos.errors import UserError
 
+if TYPE_CHECKING:
+    from extrapos.data.shards import TokenSplit
+
+
+@overload
+def collect_spans(
+    split: TokenSplit,
+    span_len: int,
+    max_tokens: int,
+    with_documents: Literal[False] = False,
+    selection: str = "spread",
+) -> tuple[np.ndarray, int, int]: ...
+
+
+@overload
+def collect_spans(
+    split: TokenSplit,
+    span_len: int,
+    max_tokens: int,
+    with_documents: Literal[True],
+    selection: str = "spread",
+) -> tuple[np.ndarray, int, int, np.ndarray]: ...
+
 
 def collect_spans(
-    split, span_len: int, max_tokens: int, with_documents: bool = False, selection: str = "spread"
-):
+    split: TokenSplit, span_len: int, max_tokens: int, with_documents: bool = False, selection: str = "spread"
+) -> tuple[np.ndarray, int, int] | tuple[np.ndarray, int, int, np.ndarray]:
     """Non-overlapping spans of ``span_len + 1`` tokens from documents long enough, up to a target budget
     of ``max(1, max_tokens // span_len)`` spans.
 

@@ -46,6 +46,7 @@ Crossing a document boundary (``boundary``, named in every result):
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -60,12 +61,20 @@ from extrapos.evaluate.window_options import per_window_options
 from extrapos.run.handle import Run
 from extrapos.run.runtime import Shard
 
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+    from extrapos.data.shards import TokenSplit
+    from extrapos.data.tokenizer import Tokenizer
+    from extrapos.model import Decoder
+    from extrapos.run.checkpoint import Checkpoint
+
 
 class TokenStream:
     """The documents of a split joined in their order, each opened by an end-of-text:
     ``EOT d0 EOT d1 ... EOT d_{N-1} EOT`` (stream index i, 0 <= i < length)."""
 
-    def __init__(self, split):
+    def __init__(self, split: TokenSplit):
         self.split = split
         n = split.num_docs
         offsets = np.asarray(split.offsets, dtype=np.int64)
@@ -145,7 +154,7 @@ def window_batch(
 
 @torch.no_grad()
 def block_losses(
-    model,
+    model: Decoder,
     tokens: torch.Tensor,
     positions: torch.Tensor,
     targets: torch.Tensor,
@@ -158,9 +167,8 @@ def block_losses(
     from extrapos.run.runtime import autocast
 
     device = tokens.device
-    extra = {} if documents is None else {"documents": documents}
     with autocast(device, precision):
-        h = model.hidden_states(tokens, positions, **extra)
+        h = model.hidden_states(tokens, positions, documents=documents)
     b = targets.shape[1]
     h = h[:, -b:].reshape(-1, h.shape[-1])
     flat = targets.reshape(-1)
@@ -175,7 +183,7 @@ def block_losses(
 
 
 def score_blocks(
-    model,
+    model: Decoder,
     stream: TokenStream,
     ends: np.ndarray,
     block: int,
@@ -183,7 +191,7 @@ def score_blocks(
     batch_tokens: int,
     precision: str = "fp32",
     mask: bool = False,
-    bar=None,
+    bar: tqdm | None = None,
     shard: Shard | None = None,
 ) -> torch.Tensor:
     """Loss (n_blocks, block) of every block's targets, each block scored by the window of ``window``
@@ -213,7 +221,7 @@ def score_blocks(
     return shard.sum(out)  # every block was scored by exactly one rank and is 0 on the others
 
 
-def target_bytes(stream: TokenStream, ends: np.ndarray, block: int, tokenizer) -> int:
+def target_bytes(stream: TokenStream, ends: np.ndarray, block: int, tokenizer: Tokenizer) -> int:
     """UTF-8 bytes of the document text the blocks' targets decode to (an end-of-text counts none); each
     run of one document's tokens is decoded alone."""
     total = 0
@@ -230,8 +238,8 @@ def target_bytes(stream: TokenStream, ends: np.ndarray, block: int, tokenizer) -
 def score_stream(
     handle: Run,
     req: EvalRequest,
-    ckpt,
-    device,
+    ckpt: Checkpoint | None,
+    device: str | torch.device,
     batch_tokens: int = 16_384,
     progress: bool = True,
     shard: Shard | None = None,

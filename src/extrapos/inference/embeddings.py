@@ -21,12 +21,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from extrapos.errors import UserError
+
+if TYPE_CHECKING:
+    from extrapos.data.mlm import SpecialTokens
+    from extrapos.data.tokenizer import Tokenizer
+    from extrapos.model import Decoder
+    from extrapos.run.handle import LoadedRun
 
 POOLINGS = ("mean", "cls")
 
@@ -49,7 +56,11 @@ def check_max_length(max_length: int, wrap: bool = True) -> int:
 
 
 def text_ids(
-    tokenizer, texts: Sequence[str], max_length: int, specials=None, wrap: bool = True
+    tokenizer: Tokenizer,
+    texts: Sequence[str],
+    max_length: int,
+    specials: SpecialTokens | None = None,
+    wrap: bool = True,
 ) -> list[list[int]]:
     """Each text's token ids: ``[CLS] text [SEP]`` truncated to ``max_length`` tokens (the [SEP] kept);
     with ``wrap`` False, the text's own tokens only. ``specials``: the run's ``SpecialTokens`` (found or
@@ -66,7 +77,7 @@ def text_ids(
     return [[specials.cls, *x[: max_length - 2], specials.sep] for x in ids]
 
 
-def token_states(model, ids: Sequence[Sequence[int]], batch_size: int = 32) -> list[Tensor]:
+def token_states(model: Decoder, ids: Sequence[Sequence[int]], batch_size: int = 32) -> list[Tensor]:
     """The final hidden states (n_i, d) of each sequence of ``ids``, in order; differentiable (call it under
     ``torch.no_grad`` to embed). Sequences of equal length run together, ``batch_size`` at a time, at
     positions 0..n-1; none is padded (module docstring)."""
@@ -101,7 +112,7 @@ def pool(states: Sequence[Tensor], pooling: str = "mean", normalize: bool = Fals
 
 
 def embed_texts(
-    run,
+    run: str | Path | LoadedRun,
     texts: Sequence[str],
     pooling: str = "mean",
     max_length: int | None = None,
@@ -141,7 +152,7 @@ def embed_texts(
     return emb.float().cpu().numpy()
 
 
-def encoder_run_dir(run_dir) -> Path:
+def encoder_run_dir(run_dir: str | Path) -> Path:
     """``run_dir`` checked to hold an encoder run (before any weights are read)."""
     from extrapos.run.config import load_run_config
 

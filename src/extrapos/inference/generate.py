@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from extrapos.errors import UserError
+
+if TYPE_CHECKING:
+    from extrapos.model import Decoder, ModelConfig
 
 
 def filter_logits(
@@ -35,7 +39,7 @@ def filter_logits(
 
 @torch.no_grad()
 def generate_tokens(
-    model,
+    model: Decoder,
     prompt: list[int],
     max_new_tokens: int,
     temperature: float = 0.8,
@@ -111,7 +115,7 @@ def check_sampling(
         raise UserError(f"--seed must be a non-negative integer below 2^63, got {seed}.")
 
 
-def check_prompt_memory(model_cfg, tokens: int, use_cache: bool, device: str) -> None:
+def check_prompt_memory(model_cfg: ModelConfig, tokens: int, use_cache: bool, device: str) -> None:
     """Refuse a prompt whose KV cache (or, without one, whose full forward) cannot fit in memory, in one
     sentence naming the limit (``run.memory.forward_bytes``: tokens x layers x heads x head_dim x 2 x 4
     bytes for the cache, one prefill chunk's activations)."""
@@ -133,7 +137,13 @@ def check_prompt_memory(model_cfg, tokens: int, use_cache: bool, device: str) ->
 
 
 def check_generation_time(
-    model_cfg, prompt: int, new: int, use_cache: bool, device: str, force: bool, ask: bool = False
+    model_cfg: ModelConfig,
+    prompt: int,
+    new: int,
+    use_cache: bool,
+    device: str,
+    force: bool,
+    ask: bool = False,
 ) -> float | None:
     """Print the least time the prefill and the continuation take when past a minute, and refuse them past
     a day unless ``force``, past an hour confirmed with ``ask``; returns the estimate (``run.timing``: a 5 MB

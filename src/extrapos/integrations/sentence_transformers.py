@@ -110,7 +110,7 @@ class ExtraposEncoder(InputModule):
             mask[i, : len(x)] = 1
         return {"input_ids": input_ids, "attention_mask": mask}
 
-    def forward(self, features: dict[str, Any], **kwargs) -> dict[str, Any]:
+    def forward(self, features: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         from extrapos.inference.embeddings import token_states
 
         ids, mask = features["input_ids"], features["attention_mask"].bool()
@@ -144,7 +144,7 @@ class ExtraposEncoder(InputModule):
             "source": getattr(self, "source", None),
         }
 
-    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
+    def save(self, output_path: str, *args: Any, safe_serialization: bool = True, **kwargs: Any) -> None:
         from safetensors.torch import save_model
 
         out = Path(output_path)
@@ -197,7 +197,7 @@ class ExtraposEncoder(InputModule):
         return module
 
 
-def _tokenizer_files(tokenizer) -> list[str]:
+def _tokenizer_files(tokenizer: Tokenizer) -> list[str]:
     """The file names ``tokenizer.save`` writes (the first is the one ``load_tokenizer`` reads)."""
     import tempfile
 

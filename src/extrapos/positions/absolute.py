@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -66,7 +67,15 @@ class Sinusoidal(PositionalEncoding):
         super().__init__(ctx, options)
         self.register_buffer(self.MARKER, torch.ones(()))
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, *args) -> None:
+    def _load_from_state_dict(
+        self,
+        state_dict: Mapping[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        *args: Any,
+    ) -> None:
         key = prefix + self.MARKER
         older = key not in state_dict
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, *args)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -86,12 +86,12 @@ class _KCableBlock(torch.autograd.Function):
     recomputed rather than stored (autograd of the plain expression keeps four blocks alive)."""
 
     @staticmethod
-    def forward(ctx, g: Tensor, s_i: Tensor, kf: Tensor) -> Tensor:
+    def forward(ctx: Any, g: Tensor, s_i: Tensor, kf: Tensor) -> Tensor:  # ctx: torch types it Any
         ctx.save_for_backward(g, s_i, kf)
         return -torch.log1p((g * (s_i - kf.transpose(-1, -2))) ** 2)  # the same ops as the plain form
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         g, s_i, kf = ctx.saved_tensors
         w = g * (s_i - kf.transpose(-1, -2))
         d = w.mul(-2).div_(w.square_().add_(1)).mul_(grad)  # dz/dw * G, (B, H, tq, Tk)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 BOOTSTRAP_SEED = 14
 LEVEL = 0.95
@@ -69,7 +70,11 @@ class Samples:
 
 
 def loss_interval(
-    sums, counts, level: float = LEVEL, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED
+    sums: ArrayLike,
+    counts: ArrayLike,
+    level: float = LEVEL,
+    resamples: int = RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
 ) -> Interval:
     """Interval of the mean token loss; ``sums``/``counts`` are (documents,) or (seeds, documents)."""
     s, c = _as_2d(sums), _as_2d(counts)
@@ -77,10 +82,10 @@ def loss_interval(
 
 
 def paired_difference(
-    sums,
-    counts,
-    ref_sums,
-    ref_counts,
+    sums: ArrayLike,
+    counts: ArrayLike,
+    ref_sums: ArrayLike,
+    ref_counts: ArrayLike,
     level: float = LEVEL,
     resamples: int = RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
@@ -92,12 +97,12 @@ def paired_difference(
     return _bootstrap([(1.0, a, ca), (-1.0, b, cb)], level, resamples, seed)
 
 
-def _as_2d(x) -> np.ndarray:
+def _as_2d(x: ArrayLike) -> np.ndarray:
     a = np.asarray(x, dtype=np.float64)
     return a[None, :] if a.ndim == 1 else a
 
 
-def _per_seed(parts, weights: np.ndarray) -> np.ndarray:
+def _per_seed(parts: list[tuple[float, np.ndarray, np.ndarray]], weights: np.ndarray) -> np.ndarray:
     """(replicates, seeds): the statistic of each seed under document weights (replicates, documents)."""
     out: np.ndarray | float = 0.0
     for sign, s, c in parts:
@@ -106,7 +111,9 @@ def _per_seed(parts, weights: np.ndarray) -> np.ndarray:
     return out
 
 
-def _bootstrap(parts, level: float, resamples: int, seed: int) -> Interval:
+def _bootstrap(
+    parts: list[tuple[float, np.ndarray, np.ndarray]], level: float, resamples: int, seed: int
+) -> Interval:
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
     n_seeds, n_docs = parts[0][1].shape
@@ -164,7 +171,7 @@ def cell_samples(result: dict[str, Any], ev: int) -> Samples | None:
     return Samples(docs, np.stack(sums), np.stack(counts))
 
 
-def length_interval(result: dict[str, Any], ev) -> tuple[Interval | None, str]:
+def length_interval(result: dict[str, Any], ev: int) -> tuple[Interval | None, str]:
     """The 95% interval of one length's mean token loss (``loss_interval`` over the documents that
     ``cell_samples`` reads), or None and the reason in words: too few documents, or none recorded."""
     samples = cell_samples(result, ev)
@@ -177,7 +184,7 @@ def length_interval(result: dict[str, Any], ev) -> tuple[Interval | None, str]:
     return interval, f"[{interval.low:.4f}, {interval.high:.4f}]"
 
 
-def length_difference(result: dict[str, Any], ev, ref_ev) -> tuple[Interval | None, str]:
+def length_difference(result: dict[str, Any], ev: int, ref_ev: int) -> tuple[Interval | None, str]:
     """The paired 95% interval of one length's loss minus the reference length's (``ref_ev``, usually 1x),
     within one result: every length scores the same target tokens, so one resample of the documents
     (and seeds) is applied to both lengths and the document-to-document spread they share cancels. This is

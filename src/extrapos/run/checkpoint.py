@@ -138,7 +138,7 @@ def _verify_headers(path: Path) -> str | None:
     return None
 
 
-def latest_intact(run_dir: Path, say=print) -> Checkpoint | None:
+def latest_intact(run_dir: Path, say: Callable[[str], object] = print) -> Checkpoint | None:
     """The newest checkpoint that passes ``verify``; a damaged newer one is reported and skipped."""
     found = list_checkpoints(run_dir)
     for i, ckpt in enumerate(reversed(found)):
@@ -153,7 +153,7 @@ def latest_intact(run_dir: Path, say=print) -> Checkpoint | None:
     return None
 
 
-def checkpoint_at(run_dir: Path, step: int | None, say=print) -> Checkpoint:
+def checkpoint_at(run_dir: Path, step: int | None, say: Callable[[str], object] = print) -> Checkpoint:
     """The checkpoint at ``step`` (None: the newest intact one), verified; a UserError otherwise."""
     found = list_checkpoints(run_dir)
     if not found:

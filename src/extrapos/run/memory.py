@@ -8,10 +8,14 @@ refuse in one sentence what cannot fit instead of being killed by the kernel mid
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from extrapos.errors import UserError
+
+if TYPE_CHECKING:
+    from extrapos.model import ModelConfig
 
 
 def available_bytes(device: str | torch.device) -> int:
@@ -45,7 +49,7 @@ def available_bytes(device: str | torch.device) -> int:
     return int(avail)
 
 
-def forward_bytes(model_cfg, tokens: int, rows: int = 1, cache: bool = False) -> int:
+def forward_bytes(model_cfg: ModelConfig, tokens: int, rows: int = 1, cache: bool = False) -> int:
     """Bytes one no-grad forward of ``rows`` x ``tokens`` holds at once, in fp32 (an estimate from above,
     in Python integers so a huge request never overflows): the hidden states of one block (residual,
     normed input, q, k, v, attention output, the MLP's hidden layer, twice for a gated MLP), the

@@ -11,11 +11,16 @@ import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from extrapos.errors import UserError
 from extrapos.run.config import RunConfig
+
+if TYPE_CHECKING:
+    from extrapos.data.sampling import ContiguousSampler
+    from extrapos.data.shards import TokenSplit
 
 # ---- device and processes ------------------------------------------------------------------------
 
@@ -112,7 +117,7 @@ class Shard:
         return summed.cpu()
 
 
-def autocast(device: torch.device, precision: str):
+def autocast(device: torch.device, precision: str) -> torch.autocast | nullcontext[None]:
     """bf16 autocast for ``precision == "bf16"``, else nothing (fp32)."""
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
@@ -229,7 +234,7 @@ def _encoder_tokenizer_of(data_dir: str | Path, tokenizer_hash: str) -> bool:
 LOW_COVERAGE = 0.5
 
 
-def coverage_note(sampler, seq_len: int) -> tuple[str, bool]:
+def coverage_note(sampler: ContiguousSampler, seq_len: int) -> tuple[str, bool]:
     """One sentence on the share of the split's tokens an epoch of ``sampler`` predicts, and whether it is
     low enough to warn (unpacked windows skip every document shorter than the window)."""
     reached, total = sampler.coverage()
@@ -244,7 +249,11 @@ def coverage_note(sampler, seq_len: int) -> tuple[str, bool]:
     )
 
 
-def build_sampler(cfg: RunConfig, split, batch_size: int, seed: int, rank: int = 0, world: int = 1):
+def build_sampler(
+    cfg: RunConfig, split: TokenSplit, batch_size: int, seed: int, rank: int = 0, world: int = 1
+) -> Any:
+    # a Sampler; Any until training/trainer.py is annotated (issue 45): it hands the result to
+    # coverage_note after a hasattr test, which mypy does not narrow to ContiguousSampler
     """The training sampler ``data.sampler`` names: contiguous windows or a segmented sampler.
 
     chunk / prefix / randompos cut examples of the run's sequence length (L_t) from windows of

@@ -20,10 +20,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from extrapos.errors import UserError
+
+if TYPE_CHECKING:
+    from extrapos.model import ModelConfig
 
 #: work estimated past this is refused without --force
 DAY_SECONDS = 86_400.0
@@ -36,7 +40,7 @@ SAY_ABOVE_SECONDS = 60.0
 CEILING_FLOPS = {"cpu": 1e12, "cuda": 1e16}
 
 
-def forward_flops(model_cfg, tokens: int, keys: float) -> float:
+def forward_flops(model_cfg: ModelConfig, tokens: int, keys: float) -> float:
     """FLOPs of no-grad forwards over ``tokens`` tokens, each attending to ``keys`` keys on average (a
     causal window of T: T / 2)."""
     from extrapos.model import flops_per_token

@@ -20,10 +20,13 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from extrapos.model import Decoder
 
 #: relative error allowed on the fast path, by the precision it computes in
 TOLERANCE = {"bf16": 1e-2, "tf32": 1e-3, "fp32": 1e-5}
@@ -107,7 +110,9 @@ def _rel(fast: torch.Tensor, ref: torch.Tensor) -> float:
     return float(diff.norm() / ref.norm().clamp_min(1e-30))
 
 
-def _step(model, tokens, positions, device, precision) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _step(
+    model: Decoder, tokens: torch.Tensor, positions: torch.Tensor, device: torch.device, precision: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, logits, flattened gradients) of one forward and backward."""
     model.zero_grad(set_to_none=True)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
@@ -118,7 +123,9 @@ def _step(model, tokens, positions, device, precision) -> tuple[torch.Tensor, to
     return loss, logits, grads
 
 
-def _decode(model, tokens, positions, device, precision) -> torch.Tensor:
+def _decode(
+    model: Decoder, tokens: torch.Tensor, positions: torch.Tensor, device: torch.device, precision: str
+) -> torch.Tensor:
     """The logits of the last T - PREFILL tokens, decoded one at a time after a cached prefill."""
     cache = model.new_cache()
     out = []

@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from extrapos.errors import UserError
 from extrapos.files import atomic_write
@@ -28,6 +28,10 @@ from extrapos.run.config import (
     with_overrides,
 )
 from extrapos.run.runtime import prepare_run_data, tokens_per_step
+
+if TYPE_CHECKING:
+    from extrapos.data.shards import TokenSplit
+    from extrapos.training.trainer import TrainResult
 
 METHODS = ("chunk", "prefix", "full", "randompos", "pose", "continue")
 EXTENSION_LR_FRACTION = 0.1
@@ -47,7 +51,7 @@ def default_out(parent: Path, method: str, factor: int, alpha: float | None = No
     return parent.parent / f"{parent.name}-{method_label(method, alpha)}-x{factor}"
 
 
-def _parent_split(parent: Path, cfg: RunConfig):
+def _parent_split(parent: Path, cfg: RunConfig) -> TokenSplit:
     """The parent's train split: the data it trained on (data.json), else its data prepared again; either
     must hold the parent's tokenizer."""
     from extrapos.data import load_tokenizer, open_split
@@ -332,7 +336,7 @@ def extend(
     progress: bool = True,
     rope_scaling: str | None = None,
     preset: str | None = None,
-):
+) -> TrainResult:
     """Create (or with ``resume`` continue) the extension run ``out``; returns train's TrainResult. With
     ``progress`` it prints its plan first (training/extension_plan.py)."""
     import torch

@@ -4,13 +4,16 @@ blocks an export. Each architecture family is one module of ``architectures/`` (
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from extrapos.errors import UserError
 from extrapos.integrations.hf.weight_map import WeightMap
 
+if TYPE_CHECKING:
+    from extrapos.model import ModelConfig
 
-def attention_bias(cfg) -> bool:
+
+def attention_bias(cfg: ModelConfig) -> bool:
     """The block has attention biases (all of them, or Q/K/V only)."""
     return bool(cfg.use_bias or cfg.use_qkv_bias)
 
@@ -37,20 +40,20 @@ class Adapter:
 
     # ---- export ----
 
-    def claims(self, cfg) -> bool:
+    def claims(self, cfg: ModelConfig) -> bool:
         """Whether a run of this ModelConfig exports to this architecture (its encoding is ``exports``)."""
         return False
 
-    def export_blocker(self, cfg) -> str | None:
+    def export_blocker(self, cfg: ModelConfig) -> str | None:
         """Why this architecture cannot hold the run (a clause), or None."""
         return None
 
-    def check_export(self, cfg) -> None:
+    def check_export(self, cfg: ModelConfig) -> None:
         why = self.export_blocker(cfg)
         if why:
             raise UserError(f"this run cannot be exported as {self.model_type}: {why}.")
 
-    def config_for(self, cfg, common: dict[str, Any], context: int) -> dict[str, Any]:
+    def config_for(self, cfg: ModelConfig, common: dict[str, Any], context: int) -> dict[str, Any]:
         """The exported config.json; ``common``: the keys every architecture writes (vocabulary, tie,
         dtype, bos / eos), ``context``: the run's context length (L_t, or L_e for an extended run)."""
         raise NotImplementedError

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from extrapos.errors import UserError
+
+if TYPE_CHECKING:
+    from extrapos.model import ModelConfig
 
 
 def evaluations(run_path: Path, step: int) -> list[dict[str, Any]]:
@@ -40,7 +43,7 @@ def evaluations(run_path: Path, step: int) -> list[dict[str, Any]]:
     return found
 
 
-def table_rows(cfg) -> int | None:
+def table_rows(cfg: ModelConfig) -> int | None:
     """The rows of a learned position table (its longest input), or None for an encoding without one."""
     from extrapos.positions.absolute import LearnedAbsolute
 
@@ -51,7 +54,7 @@ def table_rows(cfg) -> int | None:
 
 
 def supported_context(
-    cfg, trained: int, evaluated: list[dict[str, Any]], given: int | None
+    cfg: ModelConfig, trained: int, evaluated: list[dict[str, Any]], given: int | None
 ) -> tuple[int, str]:
     """The context an export records and why, in words. ``cfg``: the ModelConfig; ``trained``: L_t (L_e
     for an extended run); ``given``: ``--context``."""

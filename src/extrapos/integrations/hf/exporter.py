@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
@@ -25,6 +25,10 @@ from extrapos.integrations.hf.registry import adapter_for, adapters, exporting_a
 from extrapos.integrations.hf.special_tokens import SpecialTokens
 from extrapos.integrations.hf.special_tokens import of_run as special_tokens_of
 
+if TYPE_CHECKING:
+    from extrapos.model import Decoder, ModelConfig
+    from extrapos.run.config import RunConfig
+
 # what every refusal of a native export offers instead (integrations/hf_remote/)
 REMOTE_CODE_HINT = (
     "export it with --format remote-code, which any run exports to (loaded with trust_remote_code=True, "
@@ -32,7 +36,7 @@ REMOTE_CODE_HINT = (
 )
 
 
-def export_architecture(cfg) -> str:
+def export_architecture(cfg: ModelConfig) -> str:
     """The Hugging Face model_type a run's ModelConfig exports to, or a UserError saying why none fits."""
     if cfg.flavour == "encoder":
         raise UserError(
@@ -61,13 +65,16 @@ def export_architecture(cfg) -> str:
     return adapter.model_type
 
 
-def export_context(run_cfg) -> int:
+def export_context(run_cfg: RunConfig) -> int:
     """The context length an export records: L_t, or L_e for a run extended to longer windows."""
     return max(run_cfg.model.train_length, run_cfg.data.extended_length or 0)
 
 
 def hf_config_for(
-    cfg, eot_id: int | None = None, context: int | None = None, special: dict[str, Any] | None = None
+    cfg: ModelConfig,
+    eot_id: int | None = None,
+    context: int | None = None,
+    special: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The config.json of an exported run (written in the pre-5.0 key names, which 5.x also reads);
     ``context``: the context length it records (default L_t); ``special``: the ``bos_token_id`` /
@@ -82,7 +89,7 @@ def hf_config_for(
     return adapter.config_for(cfg, common, context or cfg.train_length)
 
 
-def hf_state_dict(model, arch: str) -> dict[str, Tensor]:
+def hf_state_dict(model: Decoder, arch: str) -> dict[str, Tensor]:
     """The exported weights under Hugging Face names (absent biases written as zeros): the adapter's
     weight map read backwards."""
     state = {k: v.detach() for k, v in model.state_dict().items()}

@@ -13,7 +13,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,6 +27,9 @@ from extrapos.integrations.hf.shards import check_shards, iter_hf_tensors
 from extrapos.integrations.hf.source import read_hf_config, resolve_source, weight_files
 from extrapos.integrations.hf.special_tokens import imported as special_tokens
 from extrapos.integrations.hf.tokenizer import find_tokenizer, read_tokenizer
+
+if TYPE_CHECKING:
+    from extrapos.model import Decoder, ModelConfig
 
 
 @dataclass
@@ -65,7 +68,7 @@ def model_options_from_hf(hf: dict, context_length: int | None = None) -> Import
     return ImportedConfig(adapter.model_type, model, ctx, key, notes)
 
 
-def _empty_decoder(cfg):
+def _empty_decoder(cfg: ModelConfig) -> Decoder:
     """A Decoder whose weights are allocated but not initialised (every one is overwritten by the import)."""
     from extrapos.model import Decoder
     from extrapos.positions.base import EncodingContext
@@ -82,7 +85,7 @@ def _empty_decoder(cfg):
 
 
 @torch.no_grad()
-def load_hf_weights(model, adapter: Adapter, files: list[Path]) -> None:
+def load_hf_weights(model: Decoder, adapter: Adapter, files: list[Path]) -> None:
     """Stream the shards into ``model`` tensor by tensor; UserError if anything is missing or misfit."""
     cfg = model.cfg
     params = dict(model.named_parameters(remove_duplicate=False))
@@ -121,7 +124,7 @@ def load_hf_weights(model, adapter: Adapter, files: list[Path]) -> None:
     _check_filled(params, filled, cfg)
 
 
-def _check_filled(params: dict, filled: dict[str, int], cfg) -> None:
+def _check_filled(params: dict, filled: dict[str, int], cfg: ModelConfig) -> None:
     """Every weight of the model was written in full (the tied head and derived tables excepted)."""
     for name, p in params.items():
         if cfg.tie_embeddings and name == "lm_head.weight":

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from extrapos.run.handle import LoadedRun
 
 
 def _named(spec: Any) -> str:
@@ -26,7 +29,7 @@ def _named(spec: Any) -> str:
     return text
 
 
-def _training(run) -> list[str]:
+def _training(run: LoadedRun) -> list[str]:
     """Lines saying what the weights were trained on (or imported from, or extended from)."""
     path, cfg = run.path, run.cfg
     source = path / "source.json"
@@ -63,7 +66,7 @@ def _training(run) -> list[str]:
     return lines
 
 
-def _manifest(run) -> dict[str, Any]:
+def _manifest(run: LoadedRun) -> dict[str, Any]:
     """The prepared data's manifest (corpus and tokenizer as prepared), or {} when the data is gone."""
     try:
         directory = run.data_dir
@@ -161,7 +164,7 @@ def _loading(name: str, remote: bool, causal: bool) -> list[str]:
 
 
 def model_card(
-    run,
+    run: LoadedRun,
     *,
     name: str,
     remote: bool,

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import TYPE_CHECKING
 
 from extrapos.errors import UserError
 from extrapos.integrations.hf.adapter import Adapter
+
+if TYPE_CHECKING:
+    from extrapos.model import ModelConfig
 
 _REGISTRY: dict[str, Adapter] = {}
 _loaded = False
@@ -54,6 +58,6 @@ def adapter_for(model_type: object) -> Adapter:
     return _REGISTRY[model_type]
 
 
-def exporting_adapter(cfg) -> Adapter | None:
+def exporting_adapter(cfg: ModelConfig) -> Adapter | None:
     """The architecture a run of this ModelConfig exports to, or None."""
     return next((a for a in adapters() if a.claims(cfg)), None)

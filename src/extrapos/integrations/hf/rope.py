@@ -24,6 +24,7 @@ from extrapos.integrations.hf.config_checks import (
 )
 
 if TYPE_CHECKING:
+    from extrapos.model import ModelConfig
     from extrapos.positions.rotary import RoPE
 
 
@@ -267,7 +268,7 @@ def _hf_field(option: str, hf: dict, section: str) -> str:
     return f"{section}.{option}"
 
 
-def rope_export(cfg, context: int) -> tuple[float, dict | None, int]:
+def rope_export(cfg: ModelConfig, context: int) -> tuple[float, dict | None, int]:
     """(rope_theta, rope_scaling or None, max_position_embeddings) for an exported RoPE run whose
     context length is ``context`` (L_t, or L_e for an extended run)."""
     o = rope_options(cfg)
@@ -327,7 +328,7 @@ def rope_export(cfg, context: int) -> tuple[float, dict | None, int]:
     )
 
 
-def rope_export_blocker(cfg, whole_heads: bool) -> str | None:
+def rope_export_blocker(cfg: ModelConfig, whole_heads: bool) -> str | None:
     """Why a RoPE run has no faithful Hugging Face config (``whole_heads``: the architecture rotates
     every dim of a head, as Llama does), or None."""
     o = rope_options(cfg)
@@ -341,7 +342,7 @@ def rope_export_blocker(cfg, whole_heads: bool) -> str | None:
     return None
 
 
-def rotary_fraction(cfg) -> float:
+def rotary_fraction(cfg: ModelConfig) -> float:
     return rope_options(cfg).rotary_fraction
 
 

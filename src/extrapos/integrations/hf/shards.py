@@ -7,10 +7,15 @@ import math
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
 from extrapos.errors import UserError
+
+if TYPE_CHECKING:
+    from extrapos.integrations.hf.adapter import Adapter
+    from extrapos.model import ModelConfig
 
 _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names of the dtypes a model's weights may have
 
@@ -38,7 +43,7 @@ def shard_header(file: Path) -> dict[str, tuple[str, int]]:
         raise _unreadable(file, e) from None
 
 
-def check_shards(files: list[Path], adapter, cfg) -> None:
+def check_shards(files: list[Path], adapter: Adapter, cfg: ModelConfig) -> None:
     """Before any work: every shard's header is readable, every tensor is a weight of the adapter's
     architecture, every weight is floating point (integer or quantized tensors would be cast to
     meaningless numbers), and the shards hold at least as many values as the model config.json

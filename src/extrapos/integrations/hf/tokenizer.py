@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from extrapos.errors import UserError
+
+if TYPE_CHECKING:
+    from extrapos.data.tokenizer import Tokenizer
 
 
 def find_tokenizer(src: Path, tokenizer: str | Path | None) -> tuple[Path, str]:
@@ -36,7 +40,7 @@ def find_tokenizer(src: Path, tokenizer: str | Path | None) -> tuple[Path, str]:
     return file, suffix
 
 
-def read_tokenizer(file: Path):
+def read_tokenizer(file: Path) -> Tokenizer:
     """Load the tokenizer where the user keeps it, so that an error names that file (not a temporary copy)."""
     from extrapos.data.tokenizer import load_tokenizer
 

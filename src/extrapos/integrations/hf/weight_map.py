@@ -12,25 +12,29 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from extrapos.errors import UserError
 
+if TYPE_CHECKING:
+    from extrapos.model import ModelConfig
+
 
 class Layout:
     """How a Hugging Face tensor sits inside ours: the identity here."""
 
-    def load(self, t: Tensor, cfg) -> Tensor:
+    def load(self, t: Tensor, cfg: ModelConfig) -> Tensor:
         """The Hugging Face tensor in our layout."""
         return t
 
-    def rows(self, cfg) -> slice | None:
+    def rows(self, cfg: ModelConfig) -> slice | None:
         """The rows of our tensor it fills (None: all of it)."""
         return None
 
-    def save(self, t: Tensor, cfg) -> Tensor:
+    def save(self, t: Tensor, cfg: ModelConfig) -> Tensor:
         """Our tensor (or its rows) in the Hugging Face layout: the inverse of ``load``."""
         return t
 
@@ -38,10 +42,10 @@ class Layout:
 class Transposed(Layout):
     """GPT-2's Conv1D stores (in, out), nn.Linear (out, in)."""
 
-    def load(self, t: Tensor, cfg) -> Tensor:
+    def load(self, t: Tensor, cfg: ModelConfig) -> Tensor:
         return t.t()
 
-    def save(self, t: Tensor, cfg) -> Tensor:
+    def save(self, t: Tensor, cfg: ModelConfig) -> Tensor:
         return t.t()
 
 
@@ -60,10 +64,10 @@ def blocks_to_per_head(t: Tensor, heads: int) -> Tensor:
 class PerHeadQKV(Layout):
     """GPT-NeoX and Bloom fuse Q, K and V head by head; our fused projection is [Q; K; V]."""
 
-    def load(self, t: Tensor, cfg) -> Tensor:
+    def load(self, t: Tensor, cfg: ModelConfig) -> Tensor:
         return per_head_to_blocks(t, cfg.n_heads)
 
-    def save(self, t: Tensor, cfg) -> Tensor:
+    def save(self, t: Tensor, cfg: ModelConfig) -> Tensor:
         return blocks_to_per_head(t, cfg.n_heads)
 
 
@@ -73,12 +77,12 @@ class QKVRows(Layout):
 
     part: str  # "q", "k" or "v"
 
-    def rows(self, cfg) -> slice:
+    def rows(self, cfg: ModelConfig) -> slice:
         q_out, kv_out = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         start = {"q": 0, "k": q_out, "v": q_out + kv_out}[self.part]
         return slice(start, start + (q_out if self.part == "q" else kv_out))
 
-    def save(self, t: Tensor, cfg) -> Tensor:
+    def save(self, t: Tensor, cfg: ModelConfig) -> Tensor:
         return t[self.rows(cfg)]
 
 
@@ -86,10 +90,10 @@ COPY = Layout()
 TRANSPOSED = Transposed()
 PER_HEAD_QKV = PerHeadQKV()
 
-Condition = Callable[[object], bool]  # of a ModelConfig
+Condition = Callable[["ModelConfig"], bool]
 
 
-def always(cfg) -> bool:
+def always(cfg: ModelConfig) -> bool:
     return True
 
 
@@ -152,7 +156,7 @@ class WeightMap:
 
     # ---- export ----
 
-    def export(self, state: dict[str, Tensor], cfg) -> dict[str, Tensor]:
+    def export(self, state: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
         """Our state dict under Hugging Face names: the inverse of the import, entry by entry."""
         out: dict[str, Tensor] = {}
         for weight in self.weights:

@@ -3,13 +3,16 @@ non-power-of-two head counts), ``embed_norm``, fused QKV per head; tied head."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from extrapos.errors import UserError
 from extrapos.integrations.hf.adapter import Adapter
 from extrapos.integrations.hf.config_checks import first
 from extrapos.integrations.hf.registry import register
 from extrapos.integrations.hf.weight_map import PER_HEAD_QKV, Weight, WeightMap, pair
+
+if TYPE_CHECKING:
+    from extrapos.model import ModelConfig
 
 BLOOM_CONTEXT = 2048  # Le Scao et al. 2022, §3.3: Bloom was trained on 2048-token sequences
 
@@ -41,7 +44,9 @@ class Bloom(Adapter):
         ],
     )
 
-    def options_from_hf(self, hf, context_length, notes) -> tuple[dict[str, Any], int, str]:
+    def options_from_hf(
+        self, hf: dict, context_length: int | None, notes: list[str]
+    ) -> tuple[dict[str, Any], int, str]:
         if hf.get("apply_residual_connection_post_layernorm"):
             raise UserError(
                 "Bloom checkpoints with apply_residual_connection_post_layernorm are not supported."
@@ -64,10 +69,10 @@ class Bloom(Adapter):
             notes.append(f"config.json has no seq_length; Bloom's training length {BLOOM_CONTEXT} is assumed")
         return model, int(hf.get("seq_length") or BLOOM_CONTEXT), "seq_length"
 
-    def claims(self, cfg) -> bool:
+    def claims(self, cfg: ModelConfig) -> bool:
         return cfg.positions_plan().name == "alibi"
 
-    def export_blocker(self, cfg) -> str | None:
+    def export_blocker(self, cfg: ModelConfig) -> str | None:
         if cfg.flavour != "gpt2":
             return "bloom blocks use LayerNorm and a plain MLP, the run has the llama flavour"
         if cfg.kv_heads != cfg.n_heads:
@@ -83,7 +88,7 @@ class Bloom(Adapter):
             return "Bloom's MLP is 4 d wide with the tanh GELU"
         return None
 
-    def config_for(self, cfg, common, context) -> dict[str, Any]:
+    def config_for(self, cfg: ModelConfig, common: dict[str, Any], context: int) -> dict[str, Any]:
         return {
             "architectures": ["BloomForCausalLM"],
             "model_type": "bloom",

@@ -12,6 +12,7 @@ from extrapos.integrations.hf.registry import register
 from extrapos.integrations.hf.weight_map import TRANSPOSED, Weight, WeightMap, always, pair
 
 if TYPE_CHECKING:
+    from extrapos.model import ModelConfig
     from extrapos.positions.absolute import LearnedAbsolute
 
 HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
@@ -55,7 +56,9 @@ class GPT2(Adapter):
         ignored=[r"h\.(\d+)\.attn\.(bias|masked_bias)"],  # causal-mask buffers of old checkpoints
     )
 
-    def options_from_hf(self, hf, context_length, notes) -> tuple[dict[str, Any], int, str]:
+    def options_from_hf(
+        self, hf: dict, context_length: int | None, notes: list[str]
+    ) -> tuple[dict[str, Any], int, str]:
         if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("scale_attn_weights") is False:
             raise UserError(
                 "GPT-2 checkpoints with scale_attn_by_inverse_layer_idx or without scale_attn_weights "
@@ -76,10 +79,10 @@ class GPT2(Adapter):
         )
         return model, n_pos, "n_positions"
 
-    def claims(self, cfg) -> bool:
+    def claims(self, cfg: ModelConfig) -> bool:
         return cfg.positions_plan().name == "learned"
 
-    def check_export(self, cfg) -> None:
+    def check_export(self, cfg: ModelConfig) -> None:
         if learned_options(cfg).interpolate_to:
             raise UserError(
                 "GPT-2 reads its position table without interpolation; extend the table first "
@@ -87,7 +90,7 @@ class GPT2(Adapter):
             )
         super().check_export(cfg)
 
-    def export_blocker(self, cfg) -> str | None:
+    def export_blocker(self, cfg: ModelConfig) -> str | None:
         if cfg.flavour != "gpt2":
             return "gpt2 blocks use LayerNorm and a plain MLP, the run has the llama flavour"
         if cfg.kv_heads != cfg.n_heads:
@@ -98,7 +101,7 @@ class GPT2(Adapter):
             return "gpt2 has no embedding LayerNorm"
         return None
 
-    def config_for(self, cfg, common, context) -> dict[str, Any]:
+    def config_for(self, cfg: ModelConfig, common: dict[str, Any], context: int) -> dict[str, Any]:
         # the position table's rows are the context (an extended run's table was resized to L_e)
         rows = learned_options(cfg).max_length or cfg.train_length
         return {

@@ -4,7 +4,7 @@ for every head h) split into our [Q; K; V]; untied head."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from extrapos.errors import UserError
 from extrapos.integrations.hf.adapter import Adapter, attention_bias
@@ -18,6 +18,9 @@ from extrapos.integrations.hf.rope import (
     rotary_fraction,
 )
 from extrapos.integrations.hf.weight_map import PER_HEAD_QKV, Weight, WeightMap, pair
+
+if TYPE_CHECKING:
+    from extrapos.model import ModelConfig
 
 # the keys of every architecture configured by hidden_size and max_position_embeddings
 SIZES = [
@@ -56,7 +59,9 @@ class GPTNeoX(Adapter):
         ignored=[r"layers\.(\d+)\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)"],
     )
 
-    def options_from_hf(self, hf, context_length, notes) -> tuple[dict[str, Any], int, str]:
+    def options_from_hf(
+        self, hf: dict, context_length: int | None, notes: list[str]
+    ) -> tuple[dict[str, Any], int, str]:
         d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
         params = hf.get("rope_parameters") or {}
         raw = first(
@@ -92,10 +97,10 @@ class GPTNeoX(Adapter):
             )
         return model, int(hf["max_position_embeddings"]), "max_position_embeddings"
 
-    def claims(self, cfg) -> bool:
+    def claims(self, cfg: ModelConfig) -> bool:
         return cfg.positions_plan().name == "rope" and cfg.flavour != "llama"
 
-    def export_blocker(self, cfg) -> str | None:
+    def export_blocker(self, cfg: ModelConfig) -> str | None:
         if cfg.flavour != "gpt2":
             return "gpt_neox blocks use LayerNorm and a plain MLP, the run has the llama flavour"
         if cfg.kv_heads != cfg.n_heads:
@@ -106,7 +111,7 @@ class GPTNeoX(Adapter):
             return f"activation {cfg.act} is not available in GPT-NeoX"
         return rope_export_blocker(cfg, whole_heads=False)
 
-    def config_for(self, cfg, common, context) -> dict[str, Any]:
+    def config_for(self, cfg: ModelConfig, common: dict[str, Any], context: int) -> dict[str, Any]:
         theta, scaling, max_pos = rope_export(cfg, context)
         fraction = rotary_fraction(cfg)
         return {

@@ -9,7 +9,7 @@ whose window covers every layer; Qwen2 when only Q/K/V have biases (with its win
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from extrapos.errors import UserError
 from extrapos.integrations.hf.adapter import Adapter, attention_bias
@@ -19,16 +19,20 @@ from extrapos.integrations.hf.registry import register
 from extrapos.integrations.hf.rope import rope_export, rope_export_blocker, rope_options_from_hf
 from extrapos.integrations.hf.weight_map import QKVRows, Weight, WeightMap, pair
 
+if TYPE_CHECKING:
+    from extrapos.integrations.hf.weight_map import Condition
+    from extrapos.model import ModelConfig
 
-def _mlp_bias(cfg) -> bool:
+
+def _mlp_bias(cfg: ModelConfig) -> bool:
     return bool(cfg.use_bias)
 
 
-def _never(cfg) -> bool:
+def _never(cfg: ModelConfig) -> bool:
     return False
 
 
-def llama_weights(output_bias) -> WeightMap:
+def llama_weights(output_bias: Condition) -> WeightMap:
     """The Llama layout; ``output_bias``: when o_proj has a bias (Llama's attention_bias; never in
     Qwen2, whose Q/K/V biases stand alone)."""
     attn, mlp = "layers.{i}.self_attn", "layers.{i}.mlp"
@@ -87,7 +91,9 @@ class Llama(Adapter):
         """The positions option of the whole stack (SmolLM3 overrides it)."""
         return positions
 
-    def options_from_hf(self, hf, context_length, notes) -> tuple[dict[str, Any], int, str]:
+    def options_from_hf(
+        self, hf: dict, context_length: int | None, notes: list[str]
+    ) -> tuple[dict[str, Any], int, str]:
         d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
         head_dim = int(hf.get("head_dim") or d // heads)
         if head_dim * heads != d:
@@ -120,7 +126,7 @@ class Llama(Adapter):
         model.update(self.window_options(hf, model["n_layers"], notes))
         return model, ctx, "max_position_embeddings"
 
-    def claims(self, cfg) -> bool:
+    def claims(self, cfg: ModelConfig) -> bool:
         # Q/K/V biases alone are Qwen2's block; Llama's attention_bias also covers the output projection;
         # a run without biases and with a window on every layer is Mistral's
         return (
@@ -130,7 +136,7 @@ class Llama(Adapter):
             and not (_window_everywhere(cfg) and not cfg.use_qkv_bias)
         )
 
-    def export_blocker(self, cfg) -> str | None:
+    def export_blocker(self, cfg: ModelConfig) -> str | None:
         if cfg.sliding_window is not None and not self.holds_window:
             return (
                 "Hugging Face's Llama has no sliding window (Mistral holds one on every layer without "
@@ -144,7 +150,7 @@ class Llama(Adapter):
             return f"{self.model_type} has no embedding LayerNorm"
         return rope_export_blocker(cfg, whole_heads=True)
 
-    def config_for(self, cfg, common, context) -> dict[str, Any]:
+    def config_for(self, cfg: ModelConfig, common: dict[str, Any], context: int) -> dict[str, Any]:
         theta, scaling, max_pos = rope_export(cfg, context)
         return {
             "architectures": ["LlamaForCausalLM"],
@@ -160,7 +166,7 @@ class Llama(Adapter):
         }
 
     @staticmethod
-    def layer_sizes(cfg) -> dict[str, Any]:
+    def layer_sizes(cfg: ModelConfig) -> dict[str, Any]:
         return {
             "hidden_size": cfg.d_model,
             "num_hidden_layers": cfg.n_layers,
@@ -186,11 +192,11 @@ class Mistral(Llama):
         # Mistral has no use_sliding_window switch: a sliding_window set is in use, on every layer
         return list(range(n_layers)) if hf.get("sliding_window") is not None else []
 
-    def claims(self, cfg) -> bool:
+    def claims(self, cfg: ModelConfig) -> bool:
         rope_llama = cfg.positions_plan().name == "rope" and cfg.flavour == "llama"
         return rope_llama and _window_everywhere(cfg) and not cfg.use_bias and not cfg.use_qkv_bias
 
-    def config_for(self, cfg, common, context) -> dict[str, Any]:
+    def config_for(self, cfg: ModelConfig, common: dict[str, Any], context: int) -> dict[str, Any]:
         theta, scaling, max_pos = rope_export(cfg, context)
         return {
             "architectures": ["MistralForCausalLM"],
@@ -205,7 +211,7 @@ class Mistral(Llama):
         }
 
 
-def _window_everywhere(cfg) -> bool:
+def _window_everywhere(cfg: ModelConfig) -> bool:
     """A sliding window on every layer of the run."""
     layers = cfg.sliding_window_layers
     return cfg.sliding_window is not None and (layers is None or set(layers) == set(range(cfg.n_layers)))
@@ -238,12 +244,12 @@ class Qwen2(Llama):
         first_sliding = int(first(hf, "max_window_layers", default=28))
         return _typed_window_layers(hf, n_layers, list(range(first_sliding, n_layers)))
 
-    def claims(self, cfg) -> bool:
+    def claims(self, cfg: ModelConfig) -> bool:
         rope_llama = cfg.positions_plan().name == "rope" and cfg.flavour == "llama"
         return rope_llama and bool(cfg.use_qkv_bias and not cfg.use_bias)
 
     @staticmethod
-    def window_config(cfg) -> dict[str, Any]:
+    def window_config(cfg: ModelConfig) -> dict[str, Any]:
         """Qwen2's window keys: the layer of each type, and max_window_layers where the sliding layers are
         the last ones (which is how versions of transformers that predate layer_types read it)."""
         if cfg.sliding_window is None:
@@ -257,7 +263,7 @@ class Qwen2(Llama):
         ]
         return out
 
-    def config_for(self, cfg, common, context) -> dict[str, Any]:
+    def config_for(self, cfg: ModelConfig, common: dict[str, Any], context: int) -> dict[str, Any]:
         theta, scaling, max_pos = rope_export(cfg, context)
         return {
             "architectures": ["Qwen2ForCausalLM"],
@@ -279,7 +285,7 @@ class SmolLM3(Llama):
     label = "SmolLM3"
     exports = None
 
-    def claims(self, cfg) -> bool:
+    def claims(self, cfg: ModelConfig) -> bool:
         return False
 
     def window_layers(self, hf: dict, n_layers: int) -> list[int]:
