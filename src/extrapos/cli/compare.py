@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "compare",
         help="train and evaluate a set of encodings; write a report",
@@ -42,7 +43,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from extrapos.compare import compare, load_sweep, slug
     from extrapos.compare.published import check_against, closing_words
     from extrapos.files import check_text
@@ -72,7 +73,7 @@ def run(args) -> int:
     return 0
 
 
-def _changed(args) -> str | None:
+def _changed(args: argparse.Namespace) -> str | None:
     """The options by which this run departs from its preset, in the user's words (None: none)."""
     given = [f"--set {o}" for o in args.overrides]
     if args.max_eval_tokens is not None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("report", help="rebuild tables and plots from saved evaluation results")
     p.add_argument("paths", nargs="+", help="a compare directory, run directories or eval JSON files")
     p.add_argument(
@@ -72,7 +73,7 @@ def _older_report(entries: set[str]) -> bool:
     return "report.md" in entries and entries <= REPORT_NAMES
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from extrapos.files import atomic_write, check_text
 
     for flag in ("out", "title", "baseline"):

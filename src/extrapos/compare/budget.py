@@ -24,6 +24,7 @@ import json
 import shutil
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,13 +34,16 @@ import torch
 from extrapos.compare.sweep import Sweep, SweepRow, row_config, slug
 from extrapos.errors import UserError
 from extrapos.files import atomic_write
+from extrapos.run.config import RunConfig
 
 PROBE_WARMUP = 2  # untimed steps: the first one compiles and selects kernels
 PROBE_TIMED = 3  # timed steps: their median is the row's step time
 BUDGET_FILE = "budget.json"
 
 
-def _step_times(cfg, probe_dir: Path, device: torch.device, rank: int, world: int) -> dict[str, Any]:
+def _step_times(
+    cfg: RunConfig, probe_dir: Path, device: torch.device, rank: int, world: int
+) -> dict[str, Any]:
     """``PROBE_WARMUP + PROBE_TIMED`` optimizer steps of ``cfg`` (the Trainer's own step: its data, its
     precision, its document mask) in ``probe_dir``; the median timed step and what warming up cost."""
     from extrapos.training.trainer import Trainer
@@ -89,7 +93,7 @@ def plan_budget(
     device: torch.device,
     rank: int = 0,
     world: int = 1,
-    say=print,
+    say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """The sweep's budget (module docstring): tokens per run and how they were measured, also written to
     ``OUT/budget.json`` by rank 0; the saved one when ``out`` already holds a plan for this budget and

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -410,7 +411,7 @@ def _sweep_words(run_dir: Path, refusal: Unsupported, req: EvalRequest) -> str:
 
 
 @contextmanager
-def _compare_advice(run_dir: Path):
+def _compare_advice(run_dir: Path) -> Iterator[None]:
     """The evaluation's "holds a different evaluation; pass --name ... or --overwrite" in words compare can
     follow: it has neither flag, and its result names follow from the sweep."""
     try:
@@ -510,7 +511,7 @@ def _run_extensions(
     extra: list[str],
     progress: bool,
     seeds: list[int | None],
-    say=print,
+    say: Callable[[str], None] = print,
 ) -> dict[tuple[str, int, int | None], Path]:
     """Train (or reuse / resume) every extension run: OUT/runs/<row>-x<k>[-seed<s>], from its parent row's
     run of the same seed (an extension keeps its parent's train.seed)."""

@@ -21,7 +21,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -40,8 +40,14 @@ from extrapos.report.stats import length_interval
 from extrapos.run.handle import Run
 from extrapos.run.runtime import Shard, distributed_env
 
+if TYPE_CHECKING:
+    from extrapos.model import Decoder
+    from extrapos.run.handle import LoadedRun
 
-def mask_spans(spans: np.ndarray, specials, vocab_size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+
+def mask_spans(
+    spans: np.ndarray, specials: Any, vocab_size: int, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """(corrupted, selected) for every span (n, L): span s masked with the draw keyed by (seed, s)."""
     corrupted, selected = np.empty_like(spans), np.empty(spans.shape, dtype=bool)
     for s in range(len(spans)):
@@ -49,7 +55,7 @@ def mask_spans(spans: np.ndarray, specials, vocab_size: int, seed: int = 0) -> t
     return corrupted, selected
 
 
-def unigram_loss(run, targets: np.ndarray, specials) -> float | None:
+def unigram_loss(run: LoadedRun, targets: np.ndarray, specials: Any) -> float | None:
     """Cross-entropy of ``targets`` under the token frequencies of the run's training split (special tokens
     excluded, add-one smoothed over the vocabulary): the loss of a model that ignores context. None when
     the run's prepared data is no longer there."""
@@ -67,7 +73,7 @@ def unigram_loss(run, targets: np.ndarray, specials) -> float | None:
 
 @torch.no_grad()
 def score_masked(
-    model,
+    model: Decoder,
     corrupted: torch.Tensor,
     text: torch.Tensor,
     window: int,

@@ -31,7 +31,7 @@ def _by_length(result: dict[str, Any], metric: str) -> dict[int, float]:
     return {ev: statistics.fmean(v) for ev, v in values.items()}
 
 
-def length_metrics(task: str, rows) -> list[tuple[str, str]]:
+def length_metrics(task: str, rows: Sequence[Any]) -> list[tuple[str, str]]:
     """(result field, label) of the metrics a length table shows for ``task``: those its results name
     (``metrics``, or ``metric`` and exact match beside it when both modes were scored)."""
     metrics: list[tuple[str, str]] = []
@@ -76,7 +76,9 @@ def example_samples(result: dict[str, Any], ev: int, metric: str) -> tuple[Any, 
     return np.asarray(nums, dtype=np.float64), np.asarray(dens, dtype=np.float64), digests
 
 
-def accuracy_cells(task: str, rows, metric: str, baseline: str | None = None) -> dict[tuple[str, int], Any]:
+def accuracy_cells(
+    task: str, rows: Sequence[Any], metric: str, baseline: str | None = None
+) -> dict[tuple[str, int], Any]:
     """(row, ev) -> (interval, paired difference to the baseline row or None): a bootstrap over the
     examples (and seeds), the same resampling as the loss tables' (stats.py) with the example as unit;
     rows that scored the same examples (equal digests) are paired."""
@@ -100,7 +102,9 @@ def accuracy_cells(task: str, rows, metric: str, baseline: str | None = None) ->
     return out
 
 
-def length_table(task: str, rows, metric: str, cells: dict[tuple[str, int], Any] | None = None) -> str:
+def length_table(
+    task: str, rows: Sequence[Any], metric: str, cells: dict[tuple[str, int], Any] | None = None
+) -> str:
     """Rows x ev, the metric in each cell, best of each column in bold (higher is better); with
     ``cells``, each value carries its interval."""
     scored = [row for row in rows if task in row.tasks]
@@ -124,7 +128,9 @@ def length_table(task: str, rows, metric: str, cells: dict[tuple[str, int], Any]
     return "\n".join(lines)
 
 
-def difference_table(task: str, rows, metric: str, cells: dict[tuple[str, int], Any], baseline: str) -> str:
+def difference_table(
+    task: str, rows: Sequence[Any], metric: str, cells: dict[tuple[str, int], Any], baseline: str
+) -> str:
     """Each row minus the baseline, with its paired interval; "within noise" when it contains 0."""
     scored = [row for row in rows if task in row.tasks]
     cols = sorted({ev for row in scored for ev in _by_length(row.tasks[task], metric)})
