@@ -80,7 +80,7 @@ def test_a_run_reads_each_file_on_first_use_and_keeps_it(run_dir, monkeypatch):
     run = Run(run_dir)
     assert reads == [] and run.exists  # nothing read until asked
     assert run.cfg.model.train_length == 16 and run.cfg is run.cfg and len(reads) == 1
-    assert Run.of(run) is run and len(reads) == 1
+    assert Run.open(run) is run and len(reads) == 1
     assert run.tokenizer is run.tokenizer and run.data_dir is not None and not run.is_encoder
     ckpt, digest = run.checkpoint()
     assert run.checkpoint() == (ckpt, digest) and len(digest) == 64
@@ -103,7 +103,7 @@ def test_a_directory_without_a_run_is_refused_where_it_is_first_read(tmp_path):
     run = Run(tmp_path / "nothing")  # a command may hold it from its start: nothing is read yet
     assert not run.exists
     with pytest.raises(UserError, match="is not a run directory \\(no config.toml\\); pass the --out"):
-        Run.of(run)
+        Run.open(run)
     with pytest.raises(UserError, match="is not a run directory"):
         Run.open(tmp_path)
 

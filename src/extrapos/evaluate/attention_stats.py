@@ -633,7 +633,7 @@ class AttentionEvaluator(Evaluator):
                 "attention diagnostics read the documents protocol's windows (no stream, no --stride); drop "
                 "those options."
             )
-        handle = Run.of(run)
+        handle = Run.open(run)
         name = check_result_name(how.name or default_name(req))
         # fractional and token lengths are checked against L_t before any result is looked at
         request_lengths(req, req.base_length or handle.cfg.model.train_length)

@@ -300,7 +300,7 @@ class MaskedLMEvaluator(Evaluator):
     def prepare(self, run: Run | str | Path, request: MaskedLMRequest, how: Scoring) -> Prepared:
         req, seed = request.request, request.mask_seed
         check_request(req)
-        handle = Run.of(run)
+        handle = Run.open(run)
         objective = handle.cfg.train.objective
         if objective != "mlm":
             raise UserError(

@@ -112,7 +112,7 @@ class NextTokenEvaluator(Evaluator):
     def prepare(self, run: Run | str | Path, request: EvalRequest, how: Scoring) -> Prepared:
         req = resolve_request(request)
         check_request(req)
-        handle = Run.of(run)
+        handle = Run.open(run)
         check_lengths(handle, req)
         return Prepared(handle, req, check_result_name(how.name or default_name(req)))
 

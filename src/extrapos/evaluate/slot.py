@@ -78,7 +78,7 @@ def scored_checkpoint(run: Any, step: int | None) -> tuple[Any, str]:
     weights; ``run`` a ``run.handle.Run`` (it looks each step up once) or a run directory."""
     from extrapos.run.handle import Run
 
-    return Run.of(run).checkpoint(step)
+    return Run.open(run).checkpoint(step)
 
 
 @dataclass

@@ -313,7 +313,7 @@ def lm_eval_request(run_dir: Run | str | Path, opts: LmEvalOptions, name: str | 
         limit = int(limit)
     if name is not None:
         check_result_name(name)  # before anything is loaded: a name, never a path
-    handle = Run.of(run_dir)
+    handle = Run.open(run_dir)
     refuse_encoder(handle, "lm-eval")
     options = position_options(
         opts.scale,

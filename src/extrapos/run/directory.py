@@ -28,4 +28,4 @@ def load_run(
 
     if isinstance(device, str):  # a bad device is named before a missing run, as it always was
         device = resolve_device(device, "device")
-    return Run.of(run_dir).load(device, step=step, checkpoint=checkpoint)
+    return Run.open(run_dir).load(device, step=step, checkpoint=checkpoint)

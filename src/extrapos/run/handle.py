@@ -22,12 +22,15 @@ from __future__ import annotations
 import json
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from extrapos.run import checkpoint as ckpt_io
 from extrapos.run.config import RunConfig, load_run_config
+
+if TYPE_CHECKING:
+    from extrapos.model import Decoder
 
 
 class Run:
@@ -39,21 +42,14 @@ class Run:
         self._checkpoints: dict[int | None, tuple[ckpt_io.Checkpoint, str]] = {}
 
     @classmethod
-    def open(cls, run_dir: str | Path) -> Run:
-        """The run in ``run_dir`` with its config read; a UserError naming the fix when it holds no
-        config.toml."""
-        run = cls(run_dir)
-        run.cfg  # noqa: B018 (read now: a directory that holds no run is refused here)
-        return run
-
-    @classmethod
-    def of(cls, run: Run | str | Path) -> Run:
-        """``run`` itself, its config read now if it was not yet, or the run a path names (``open``): what an
-        evaluator calls where it first needs the run."""
-        if isinstance(run, Run):
-            run.cfg  # noqa: B018 (read now, as ``open`` does)
-            return run
-        return cls.open(run)
+    def open(cls, run: Run | str | Path) -> Run:
+        """The run ``run`` names (a directory, or a ``Run`` already made: itself) with its config read: the
+        one way a command, an evaluator or a library call opens a run (``Run(path)`` alone reads nothing,
+        for a command that reports a missing run where it first needs it). A UserError naming the fix when
+        the directory holds no config.toml."""
+        opened = run if isinstance(run, Run) else cls(run)
+        opened.cfg  # noqa: B018 (read now: a directory that holds no run is refused here)
+        return opened
 
     @property
     def exists(self) -> bool:
@@ -122,9 +118,9 @@ class Run:
 class LoadedRun:
     """A run with its weights loaded: the model beside the run's config, tokenizer and data."""
 
-    def __init__(self, run: Run, model: torch.nn.Module, step: int, weights_sha256: str = ""):
+    def __init__(self, run: Run, model: Decoder, step: int, weights_sha256: str = ""):
         self.handle = run
-        self.model: Any = model
+        self.model = model
         self.step = step
         self.weights_sha256 = weights_sha256
 

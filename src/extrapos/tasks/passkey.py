@@ -620,7 +620,7 @@ class PasskeyEvaluator(Evaluator):
     def prepare(self, run: Run | str | Path, request: PasskeyOptions, how: Scoring) -> Prepared:
         opts = request.checked()
         name = check_result_name(how.name or default_name(opts.mode, opts.haystack, opts.position_options))
-        handle = Run.of(run)
+        handle = Run.open(run)
         refuse_encoder(handle, "passkey")
         return Prepared(handle, opts, name)
 

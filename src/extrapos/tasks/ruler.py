@@ -409,7 +409,7 @@ class RulerEvaluator(Evaluator):
 
         opts = request.checked()
         name = check_result_name(how.name or default_name(opts))
-        handle = Run.of(run)
+        handle = Run.open(run)
         refuse_encoder(handle, "ruler")
         qa = {d: load_qa(d, getattr(opts, d)) for d in ("squad", "hotpotqa") if getattr(opts, d) is not None}
         return Prepared(handle, opts, name, qa)

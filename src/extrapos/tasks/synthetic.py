@@ -145,7 +145,7 @@ def prepare_synthetic(run_dir: Run | str | Path, opts: SyntheticOptions, how: Sc
     lengths, examples = opts.lengths, opts.examples
     if opts.task is not None:
         SyntheticTask.parse(opts.task)  # a malformed spec is named before the run is loaded
-    handle = Run.of(run_dir)
+    handle = Run.open(run_dir)
     run_dir = handle.path
     refuse_encoder(handle, "synthetic-eval")
     check_synthetic_memory(handle.cfg.model, lengths, examples, opts.base_length, device, batch_tokens)

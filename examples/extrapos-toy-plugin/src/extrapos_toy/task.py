@@ -58,7 +58,7 @@ class RepeatEvaluator(Evaluator):
         if request.examples < 1 or not request.lengths or min(request.lengths) < 1:
             raise UserError("toy-repeat needs at least one example and lengths of 1 or more.")
         lengths = "_".join(map(str, request.lengths))
-        return Prepared(Run.of(run), request, check_result_name(how.name or f"toy-repeat-ev{lengths}"))
+        return Prepared(Run.open(run), request, check_result_name(how.name or f"toy-repeat-ev{lengths}"))
 
     def open_slot(self, prepared: Prepared, how: Scoring) -> ResultSlot:
         req = prepared.request
