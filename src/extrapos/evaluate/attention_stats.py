@@ -385,7 +385,7 @@ def diagnose(
     return drive(AttentionEvaluator(), run_dir, req or EvalRequest(), None, how)
 
 
-def score_attention(prepared: Prepared, slot: ResultSlot, how: Scoring) -> dict[str, Any]:
+def score_attention(prepared: Prepared[EvalRequest], slot: ResultSlot, how: Scoring) -> dict[str, Any]:
     """The statistics of every layer and head at every length (``AttentionEvaluator.score``): the result
     to write."""
     from tqdm.auto import tqdm
@@ -615,7 +615,7 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
-class AttentionEvaluator(Evaluator):
+class AttentionEvaluator(Evaluator[EvalRequest]):
     """`extrapos attention` (``diagnose``): what each head attends to at every length, on eval's windows; in
     one process (the statistics are not dealt out to a group)."""
 
@@ -623,7 +623,7 @@ class AttentionEvaluator(Evaluator):
     request_type: ClassVar[type] = EvalRequest
     refused_as: ClassVar[str] = "attention diagnostics"
 
-    def prepare(self, run: Run | str | Path, request: EvalRequest, how: Scoring) -> Prepared:
+    def prepare(self, run: Run | str | Path, request: EvalRequest, how: Scoring) -> Prepared[EvalRequest]:
         from extrapos.evaluate.request import check_request, request_lengths, resolve_request
 
         req = resolve_request(request)
@@ -639,10 +639,10 @@ class AttentionEvaluator(Evaluator):
         request_lengths(req, req.base_length or handle.cfg.model.train_length)
         return Prepared(handle, req, name)
 
-    def open_slot(self, prepared: Prepared, how: Scoring) -> ResultSlot:
+    def open_slot(self, prepared: Prepared[EvalRequest], how: Scoring) -> ResultSlot:
         return result_slot(prepared.run, prepared.request, prepared.name, how.overwrite)
 
-    def estimate(self, prepared: Prepared, how: Scoring) -> float | None:
+    def estimate(self, prepared: Prepared[EvalRequest], how: Scoring) -> float | None:
         from extrapos.evaluate.estimates import check_eval_memory, check_eval_time
 
         check_eval_memory(prepared.run, prepared.request, how.device, how.batch_tokens)
@@ -651,7 +651,9 @@ class AttentionEvaluator(Evaluator):
     def options(self, request: EvalRequest) -> dict[str, Any]:
         return request.position_options
 
-    def score(self, prepared: Prepared, slot: ResultSlot, shard: Shard, how: Scoring) -> dict[str, Any]:
+    def score(
+        self, prepared: Prepared[EvalRequest], slot: ResultSlot, shard: Shard, how: Scoring
+    ) -> dict[str, Any]:
         return score_attention(prepared, slot, how)
 
     def finish(self, slot: ResultSlot, result: dict[str, Any], written: bool, how: Scoring) -> None:

@@ -29,7 +29,7 @@ import importlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, cast
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 from extrapos.errors import UserError
 from extrapos.evaluate.slot import ResultSlot, slug
@@ -63,13 +63,17 @@ class Scoring:
     ask: bool = False
 
 
+#: an evaluator's request type (``Evaluator.request_type``)
+R = TypeVar("R")
+
+
 @dataclass
-class Prepared:
+class Prepared(Generic[R]):
     """An evaluation ready to be scored (``Evaluator.prepare``): its run (config read), its checked
     request and its result name."""
 
     run: Run
-    request: Any
+    request: R
     name: str
     inputs: Any = None  # what the evaluator read while checking (e.g. RULER's QA sets), kept for scoring
 
@@ -90,33 +94,33 @@ class ColumnAt:
         )
 
 
-class Evaluator(Protocol):
+class Evaluator(Protocol[R]):
     """One evaluation of a run (see the module's docstring); ``evaluate.driver.drive`` calls its steps in
-    order."""
+    order. ``R`` is its request type: a concrete evaluator subclasses ``Evaluator[ItsRequest]``."""
 
     name: ClassVar[str]
     request_type: ClassVar[type]
     refused_as: ClassVar[str]  # what a result holding a NaN is called when it is refused
 
-    def prepare(self, run: Run | str | Path, request: Any, how: Scoring) -> Prepared:
+    def prepare(self, run: Run | str | Path, request: R, how: Scoring) -> Prepared[R]:
         """The request checked (every refusal of the request, the run's kind or a flag), the run opened
         where it is first needed and the result's name."""
         ...
 
-    def open_slot(self, prepared: Prepared, how: Scoring) -> ResultSlot:
+    def open_slot(self, prepared: Prepared[R], how: Scoring) -> ResultSlot:
         """The result's slot: a saved equal result is reused, another one refused unless overwritten."""
         ...
 
-    def estimate(self, prepared: Prepared, how: Scoring) -> float | None:
+    def estimate(self, prepared: Prepared[R], how: Scoring) -> float | None:
         """The memory and time the work needs, refused before any weights are loaded; returns the time
         estimated in seconds (None: too small to estimate, or not estimated)."""
         ...
 
-    def score(self, prepared: Prepared, slot: ResultSlot, shard: Shard, how: Scoring) -> dict[str, Any]:
+    def score(self, prepared: Prepared[R], slot: ResultSlot, shard: Shard, how: Scoring) -> dict[str, Any]:
         """The work: the result (not written), its jobs dealt out to ``shard``."""
         ...
 
-    def options(self, request: Any) -> dict[str, Any] | None:
+    def options(self, request: R) -> dict[str, Any] | None:
         """The encoding options a refused result's sentence names."""
         ...
 
@@ -127,7 +131,7 @@ class Evaluator(Protocol):
         return None
 
 
-class ColumnEvaluator(Evaluator, Protocol):
+class ColumnEvaluator(Evaluator[R], Protocol[R]):
     """An evaluator a sweep scores as a task column (``compare/tasks.py``: attention, passkey, RULER,
     synthetic, lm-eval)."""
 
@@ -136,7 +140,7 @@ class ColumnEvaluator(Evaluator, Protocol):
         ...
 
 
-class LossEvaluator(Evaluator, Protocol):
+class LossEvaluator(Evaluator[R], Protocol[R]):
     """The loss evaluation of a run (``loss_evaluator``): `extrapos eval` and a sweep's rows build their
     request as an ``evaluate.EvalRequest`` and each loss evaluator takes it as its own."""
 
@@ -161,7 +165,7 @@ class Unsupported(UserError):
         self.what = what
 
 
-def evaluator(name: str) -> Evaluator:
+def evaluator(name: str) -> Evaluator[Any]:
     """The evaluator registered as ``name`` (a KeyError naming the registered ones otherwise: a caller's
     defect, never the user's input, which is checked against ``names()`` first)."""
     if name not in REGISTERED:
@@ -171,19 +175,19 @@ def evaluator(name: str) -> Evaluator:
     return cls()
 
 
-def column_evaluator(name: str) -> ColumnEvaluator:
+def column_evaluator(name: str) -> ColumnEvaluator[Any]:
     """The evaluator registered as ``name`` as a sweep's task column scores it."""
-    return cast(ColumnEvaluator, evaluator(name))
+    return cast(ColumnEvaluator[Any], evaluator(name))
 
 
 def names() -> list[str]:
     return list(REGISTERED)
 
 
-def loss_evaluator(run: Run) -> LossEvaluator:
+def loss_evaluator(run: Run) -> LossEvaluator[Any]:
     """The loss evaluation a run takes: the masked-LM loss for an encoder (objective mlm), the next-token
     loss otherwise (also for a directory that holds no run: its evaluation then says so)."""
-    return cast(LossEvaluator, evaluator("mlm" if run.exists and run.is_encoder else "eval"))
+    return cast(LossEvaluator[Any], evaluator("mlm" if run.exists and run.is_encoder else "eval"))
 
 
 def column_name(

@@ -263,7 +263,7 @@ class MaskedLMRequest:
     mask_seed: int = 0
 
 
-class MaskedLMEvaluator(Evaluator):
+class MaskedLMEvaluator(Evaluator[MaskedLMRequest]):
     """`extrapos eval` of an encoder: the masked-LM loss at every length on the same masked tokens. It runs
     in one process (``loss_request`` refuses torchrun), so ``shard`` is a group of one."""
 
@@ -297,7 +297,9 @@ class MaskedLMEvaluator(Evaluator):
     def format(self, result: dict[str, Any]) -> str:
         return format_mlm_result(result)
 
-    def prepare(self, run: Run | str | Path, request: MaskedLMRequest, how: Scoring) -> Prepared:
+    def prepare(
+        self, run: Run | str | Path, request: MaskedLMRequest, how: Scoring
+    ) -> Prepared[MaskedLMRequest]:
         req, seed = request.request, request.mask_seed
         check_request(req)
         handle = Run.open(run)
@@ -319,17 +321,19 @@ class MaskedLMEvaluator(Evaluator):
         name = f"{self.name_prefix}{default_name(req)}" + (f"-mask{seed}" if seed else "")
         return Prepared(handle, request, check_result_name(how.name or name))
 
-    def open_slot(self, prepared: Prepared, how: Scoring) -> ResultSlot:
+    def open_slot(self, prepared: Prepared[MaskedLMRequest], how: Scoring) -> ResultSlot:
         request = prepared.request
         suffix = f"-mlm{request.mask_seed}"
         return result_slot(prepared.run, request.request, prepared.name, how.overwrite, how.progress, suffix)
 
-    def estimate(self, prepared: Prepared, how: Scoring) -> float | None:
+    def estimate(self, prepared: Prepared[MaskedLMRequest], how: Scoring) -> float | None:
         """Nothing: the masked-LM evaluation has never estimated its memory or time (kept as it was)."""
 
     def options(self, request: MaskedLMRequest) -> dict[str, Any]:
         return request.request.position_options
 
-    def score(self, prepared: Prepared, slot: ResultSlot, shard: Shard, how: Scoring) -> dict[str, Any]:
+    def score(
+        self, prepared: Prepared[MaskedLMRequest], slot: ResultSlot, shard: Shard, how: Scoring
+    ) -> dict[str, Any]:
         request = prepared.request
         return score_mlm(prepared.run, request.request, slot, prepared.name, request.mask_seed, how)

@@ -87,7 +87,7 @@ def result_slot(
     )
 
 
-class NextTokenEvaluator(Evaluator):
+class NextTokenEvaluator(Evaluator[EvalRequest]):
     """`extrapos eval` of a decoder: the next-token loss at every length (the documents or the stream
     protocol), its windows dealt out to the processes of ``shard``."""
 
@@ -109,24 +109,26 @@ class NextTokenEvaluator(Evaluator):
     def format(self, result: dict[str, Any]) -> str:
         return format_result(result)
 
-    def prepare(self, run: Run | str | Path, request: EvalRequest, how: Scoring) -> Prepared:
+    def prepare(self, run: Run | str | Path, request: EvalRequest, how: Scoring) -> Prepared[EvalRequest]:
         req = resolve_request(request)
         check_request(req)
         handle = Run.open(run)
         check_lengths(handle, req)
         return Prepared(handle, req, check_result_name(how.name or default_name(req)))
 
-    def open_slot(self, prepared: Prepared, how: Scoring) -> ResultSlot:
+    def open_slot(self, prepared: Prepared[EvalRequest], how: Scoring) -> ResultSlot:
         return result_slot(prepared.run, prepared.request, prepared.name, how.overwrite, how.progress)
 
-    def estimate(self, prepared: Prepared, how: Scoring) -> float | None:
+    def estimate(self, prepared: Prepared[EvalRequest], how: Scoring) -> float | None:
         check_eval_memory(prepared.run, prepared.request, how.device, how.batch_tokens)
         return check_eval_time(prepared.run, prepared.request, how.device, how.force, how.ask)
 
     def options(self, request: EvalRequest) -> dict[str, Any]:
         return request.position_options
 
-    def score(self, prepared: Prepared, slot: ResultSlot, shard: Shard, how: Scoring) -> dict[str, Any]:
+    def score(
+        self, prepared: Prepared[EvalRequest], slot: ResultSlot, shard: Shard, how: Scoring
+    ) -> dict[str, Any]:
         handle, req = prepared.run, prepared.request
         t0 = time.perf_counter()
         protocol = score_stream if req.protocol == "stream" else score_documents

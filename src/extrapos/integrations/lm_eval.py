@@ -534,7 +534,7 @@ def cli() -> None:
     cli_evaluate()
 
 
-class LmEvalEvaluator(Evaluator):
+class LmEvalEvaluator(Evaluator[Any]):  # given LmEvalOptions, it prepares the recorded request (a dict)
     """lm-evaluation-harness tasks (``run_lm_eval``), scored whole by every process (the same numbers)."""
 
     name: ClassVar[str] = "lm-eval"

@@ -355,7 +355,9 @@ def passkey(
     return drive(PasskeyEvaluator(), run_dir, opts, shard, how)
 
 
-def score_passkey(prepared: Prepared, slot: ResultSlot, shard: Shard, how: Scoring) -> dict[str, Any]:
+def score_passkey(
+    prepared: Prepared[PasskeyOptions], slot: ResultSlot, shard: Shard, how: Scoring
+) -> dict[str, Any]:
     """The passkey grid of ``prepared`` (``PasskeyEvaluator.score``): the result to write, its prompts
     dealt out to the processes of ``shard``."""
     from tqdm.auto import tqdm
@@ -610,25 +612,27 @@ __all__ = [
 ]
 
 
-class PasskeyEvaluator(Evaluator):
+class PasskeyEvaluator(Evaluator[PasskeyOptions]):
     """Passkey retrieval (``passkey``; Mohtashami & Jaggi 2023, §4.2), its prompts dealt out to ``shard``."""
 
     name: ClassVar[str] = "passkey"
     request_type: ClassVar[type] = PasskeyOptions
     refused_as: ClassVar[str] = "result"
 
-    def prepare(self, run: Run | str | Path, request: PasskeyOptions, how: Scoring) -> Prepared:
+    def prepare(
+        self, run: Run | str | Path, request: PasskeyOptions, how: Scoring
+    ) -> Prepared[PasskeyOptions]:
         opts = request.checked()
         name = check_result_name(how.name or default_name(opts.mode, opts.haystack, opts.position_options))
         handle = Run.open(run)
         refuse_encoder(handle, "passkey")
         return Prepared(handle, opts, name)
 
-    def open_slot(self, prepared: Prepared, how: Scoring) -> ResultSlot:
+    def open_slot(self, prepared: Prepared[PasskeyOptions], how: Scoring) -> ResultSlot:
         opts = prepared.request
         return task_slot(prepared.run, prepared.name, asdict(opts), opts.step, how.overwrite)
 
-    def estimate(self, prepared: Prepared, how: Scoring) -> float | None:
+    def estimate(self, prepared: Prepared[PasskeyOptions], how: Scoring) -> float | None:
         opts = prepared.request
         check_passkey_memory(
             prepared.run.cfg.model, opts.lengths, opts.trials, opts.mode, opts.candidates, opts.base_length,
@@ -639,7 +643,9 @@ class PasskeyEvaluator(Evaluator):
     def options(self, request: PasskeyOptions) -> dict[str, Any]:
         return request.position_options
 
-    def score(self, prepared: Prepared, slot: ResultSlot, shard: Shard, how: Scoring) -> dict[str, Any]:
+    def score(
+        self, prepared: Prepared[PasskeyOptions], slot: ResultSlot, shard: Shard, how: Scoring
+    ) -> dict[str, Any]:
         return score_passkey(prepared, slot, shard, how)
 
     def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]:

@@ -279,7 +279,7 @@ def ruler(
     return drive(RulerEvaluator(), run_dir, given_options(RulerOptions, options, fields), None, how)
 
 
-def score_ruler(prepared: Prepared, slot: ResultSlot, how: Scoring) -> dict[str, Any]:
+def score_ruler(prepared: Prepared[RulerOptions], slot: ResultSlot, how: Scoring) -> dict[str, Any]:
     """RULER's cells of ``prepared`` (``RulerEvaluator.score``), in this process: the result to write."""
     from tqdm.auto import tqdm
 
@@ -396,14 +396,14 @@ def check_ruler_time(
     return check_time(flops, device, what, "ask for shorter --lengths or fewer --trials", force, ask=ask)
 
 
-class RulerEvaluator(Evaluator):
+class RulerEvaluator(Evaluator[RulerOptions]):
     """RULER's tasks (``ruler``; Hsieh et al. 2024) in one process (its cells are not dealt out)."""
 
     name: ClassVar[str] = "ruler"
     request_type: ClassVar[type] = RulerOptions
     refused_as: ClassVar[str] = "result"
 
-    def prepare(self, run: Run | str | Path, request: RulerOptions, how: Scoring) -> Prepared:
+    def prepare(self, run: Run | str | Path, request: RulerOptions, how: Scoring) -> Prepared[RulerOptions]:
         """The options checked, the run a decoder, the QA sets read (``Prepared.inputs``)."""
         from extrapos.data.ruler_qa import load_qa
 
@@ -414,11 +414,11 @@ class RulerEvaluator(Evaluator):
         qa = {d: load_qa(d, getattr(opts, d)) for d in ("squad", "hotpotqa") if getattr(opts, d) is not None}
         return Prepared(handle, opts, name, qa)
 
-    def open_slot(self, prepared: Prepared, how: Scoring) -> ResultSlot:
+    def open_slot(self, prepared: Prepared[RulerOptions], how: Scoring) -> ResultSlot:
         opts = prepared.request
         return task_slot(prepared.run, prepared.name, asdict(opts), opts.step, how.overwrite)
 
-    def estimate(self, prepared: Prepared, how: Scoring) -> float | None:
+    def estimate(self, prepared: Prepared[RulerOptions], how: Scoring) -> float | None:
         opts = prepared.request
         check_passkey_memory(
             prepared.run.cfg.model, opts.lengths, opts.trials, opts.mode, opts.candidates, opts.base_length,
@@ -430,7 +430,9 @@ class RulerEvaluator(Evaluator):
     def options(self, request: RulerOptions) -> dict[str, Any]:
         return request.position_options
 
-    def score(self, prepared: Prepared, slot: ResultSlot, shard: Shard, how: Scoring) -> dict[str, Any]:
+    def score(
+        self, prepared: Prepared[RulerOptions], slot: ResultSlot, shard: Shard, how: Scoring
+    ) -> dict[str, Any]:
         return score_ruler(prepared, slot, how)
 
     def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]:

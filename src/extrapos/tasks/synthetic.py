@@ -134,7 +134,9 @@ def score_synthetic(
     return drive(SyntheticEvaluator(), run_dir, given_options(SyntheticOptions, options, fields), None, how)
 
 
-def prepare_synthetic(run_dir: Run | str | Path, opts: SyntheticOptions, how: Scoring) -> Prepared:
+def prepare_synthetic(
+    run_dir: Run | str | Path, opts: SyntheticOptions, how: Scoring
+) -> Prepared[SyntheticOptions]:
     """The options checked, the memory estimated and the run loaded before its slot: the request names the
     task, which may be the run's own (read from its data). ``Prepared.inputs``: (the loaded run, the
     task, the request the result records)."""
@@ -173,7 +175,7 @@ def prepare_synthetic(run_dir: Run | str | Path, opts: SyntheticOptions, how: Sc
     return Prepared(handle, opts, name, (run, t, request))
 
 
-def score_task(prepared: Prepared, slot: ResultSlot, how: Scoring) -> dict[str, Any]:
+def score_task(prepared: Prepared[SyntheticOptions], slot: ResultSlot, how: Scoring) -> dict[str, Any]:
     """The synthetic task's accuracy at every length (``SyntheticEvaluator.score``): the result to write."""
     opts, name, (run, t, request) = prepared.request, prepared.name, prepared.inputs
     lengths, examples, batch_tokens, progress = opts.lengths, opts.examples, how.batch_tokens, how.progress
@@ -241,7 +243,7 @@ def format_synthetic(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-class SyntheticEvaluator(Evaluator):
+class SyntheticEvaluator(Evaluator[SyntheticOptions]):
     """Accuracy on a synthetic task's answer tokens (``score_synthetic``; Kazemnejad et al. 2023, §4), every
     process scoring the whole task (the same numbers)."""
 
@@ -249,20 +251,24 @@ class SyntheticEvaluator(Evaluator):
     request_type: ClassVar[type] = SyntheticOptions
     refused_as: ClassVar[str] = "result"
 
-    def prepare(self, run: Run | str | Path, request: SyntheticOptions, how: Scoring) -> Prepared:
+    def prepare(
+        self, run: Run | str | Path, request: SyntheticOptions, how: Scoring
+    ) -> Prepared[SyntheticOptions]:
         return prepare_synthetic(run, request, how)
 
-    def open_slot(self, prepared: Prepared, how: Scoring) -> ResultSlot:
+    def open_slot(self, prepared: Prepared[SyntheticOptions], how: Scoring) -> ResultSlot:
         request = prepared.inputs[2]
         return task_slot(prepared.run, prepared.name, request, prepared.request.step, how.overwrite)
 
-    def estimate(self, prepared: Prepared, how: Scoring) -> float | None:
+    def estimate(self, prepared: Prepared[SyntheticOptions], how: Scoring) -> float | None:
         """Nothing more: the memory was estimated before the run was loaded (``prepare_synthetic``)."""
 
     def options(self, request: SyntheticOptions) -> dict[str, Any]:
         return request.position_options
 
-    def score(self, prepared: Prepared, slot: ResultSlot, shard: Shard, how: Scoring) -> dict[str, Any]:
+    def score(
+        self, prepared: Prepared[SyntheticOptions], slot: ResultSlot, shard: Shard, how: Scoring
+    ) -> dict[str, Any]:
         return score_task(prepared, slot, how)
 
     def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]:
