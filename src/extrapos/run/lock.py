@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from extrapos.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 if sys.platform == "win32":  # pragma: no cover - no advisory locks, runs are not protected
     fcntl = None
@@ -64,7 +68,8 @@ class ResultLock:
         self.path = self.result.parent / f".{self.result.name}.lock"
         self._fd: int | None = None
 
-    def acquire(self, wait: bool = True, say=print) -> ResultLock:
+    def acquire(self, wait: bool = True, say: Callable[[str], None] | None = None) -> ResultLock:
+        """Take the lock; a wait is said once (``say``; by default this module's logger, at info)."""
         if fcntl is None:  # pragma: no cover - no advisory locks
             return self
         stale = _HELD.get(self.path)
@@ -86,7 +91,7 @@ class ResultLock:
                         "(the same request is then reused)."
                     ) from None
                 if not said:
-                    say(f"extrapos: waiting for {holder}, which is scoring {self.result}.")
+                    (say or logger.info)(f"extrapos: waiting for {holder}, which is scoring {self.result}.")
                     said = True
                 fcntl.flock(fd, fcntl.LOCK_EX)
             try:

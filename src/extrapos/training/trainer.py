@@ -14,8 +14,8 @@ How exact resume works is described in docs/architecture.md.
 from __future__ import annotations
 
 import json
+import logging
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from extrapos.console import ABOVE_BARS
 from extrapos.data.batch import Batch
 from extrapos.data.mlm import objective_sampler
 from extrapos.errors import UserError
@@ -52,6 +53,8 @@ from extrapos.run.runtime import (
     warn_slow_bf16,
 )
 from extrapos.training.held import HeldChanges
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["TrainResult", "Trainer", "TrainingDiverged", "read_metrics", "run_is_complete", "train"]
 
@@ -365,15 +368,12 @@ def train(
         restore_from = None
         if resume and not complete and not restart:
             restore_from = _checkpoint_to_resume(
-                run_dir, _saved_checkpoint_every(run_dir), say=_say if is_main else lambda _: None
+                run_dir, _saved_checkpoint_every(run_dir), say=_say_warning if is_main else lambda _: None
             )
         if restart and is_main:
-            print(
-                f"extrapos train: {run_dir} stopped before its first checkpoint; starting it over.",
-                flush=True,
-            )
+            logger.info(f"extrapos train: {run_dir} stopped before its first checkpoint; starting it over.")
         if changes and is_main:  # config.toml and summary.json change only once the Trainer's checks pass
-            print("extrapos train: resuming with " + ", ".join(changes), flush=True)
+            logger.info("extrapos train: resuming with " + ", ".join(changes))
         if complete:
             result = TrainResult.from_summary(run_dir)
         else:
@@ -488,12 +488,11 @@ class Trainer:
         train_split, val_split = open_split(data_dir, "train"), open_split(data_dir, "val")
         longest = int(val_split.doc_lengths.max(initial=0))
         if self.is_main and longest < cfg.seq_len + 1 and not cfg.data.packed:
-            print(
+            logger.warning(
                 f"extrapos: warning: no validation document holds one window of {cfg.seq_len + 1} tokens "
                 "(the "
                 f"longest has {longest}), so this run reports no validation loss; prepare the data with "
-                'data.split_rule = "within" or a larger validation fraction to get one.',
-                flush=True,
+                'data.split_rule = "within" or a larger validation fraction to get one.'
             )
         return tokenizer, data_dir, train_split, val_split
 
@@ -512,7 +511,7 @@ class Trainer:
 
     def _restore(self) -> ckpt_io.Checkpoint | None:
         """Continue from the latest checkpoint: weights, optimizer moments, RNG, data position, log."""
-        last = self.restore_from or ckpt_io.latest_intact(self.run_dir, say=_say)
+        last = self.restore_from or ckpt_io.latest_intact(self.run_dir, say=_say_warning)
         if last is None:  # killed before its first checkpoint: start over cleanly
             self.metrics.truncate_after(-1)
             if self.held is not None:  # a direct caller's finished run without a checkpoint
@@ -649,15 +648,17 @@ class Trainer:
             self.before_start()
         cfg, plan = self.cfg, self.plan
         n_params = count_parameters(self.model)
-        print(
+        logger.info(
             f"extrapos train: {n_params['total'] / 1e6:.2f}M parameters, encoding "
             f"{cfg.model.positions_plan().name}, {plan.total_steps} steps x {plan.tokens_per_step} tokens "
-            f"(accumulation {plan.accumulation}) on {self.device} in {cfg.train.precision}",
-            flush=True,
+            f"(accumulation {plan.accumulation}) on {self.device} in {cfg.train.precision}"
         )
         if self.coverage is not None:
             text, low = self.coverage
-            print(f"extrapos: warning: {text}." if low else f"extrapos train: {text}.", flush=True)
+            if low:
+                logger.warning(f"extrapos: warning: {text}.")
+            else:
+                logger.info(f"extrapos train: {text}.")
 
     def run(self) -> TrainResult:
         total = self.plan.total_steps
@@ -718,10 +719,12 @@ def _finite(x: float | None) -> float | None:
 
 
 def _say(message: str) -> None:
-    from tqdm.auto import tqdm
+    """A line said during training: written above the progress bar by the command's console."""
+    logger.info(message, extra=ABOVE_BARS)
 
-    tqdm.write(message, file=sys.stdout)
-    sys.stdout.flush()
+
+def _say_warning(message: str) -> None:
+    logger.warning(message, extra=ABOVE_BARS)
 
 
 def _progress(total: int, initial: int, enabled: bool):
