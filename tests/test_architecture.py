@@ -27,6 +27,7 @@ LAYERS = [
             "owned",
             "plugins",
             "console",
+            "locks",
         },
     ),
     ("data", {"data"}),
@@ -281,7 +282,8 @@ TOP_LEVEL_TESTS = {
     "test_published_results.py",
     "test_plugins.py",
     "test_console.py",
-}  # plugins.py and console.py are top-level modules
+    "test_locks.py",
+}  # plugins.py, console.py and locks.py are top-level modules
 
 
 def test_tests_mirror_the_source_folders():
