@@ -12,6 +12,16 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("EXTRAPOS_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
+@pytest.fixture
+def console():
+    """The commands' console around a library call: what the library logs is printed as ``extrapos``
+    prints it (stdout, or stderr for its notes); without it a library call prints nothing."""
+    from extrapos.console import console as installed
+
+    with installed() as handler:
+        yield handler
+
+
 def pytest_configure(config):
     torch.manual_seed(0)
     if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -74,7 +74,7 @@ def test_open_split_is_memory_mapped(sotu_data):
         open_split(sotu_data / "nope", "train")
 
 
-def test_same_inputs_reuse_the_directory(text_dir, tmp_path, capsys):
+def test_same_inputs_reuse_the_directory(text_dir, tmp_path, capsys, console):
     out = tmp_path / "out"
     assert prepare_data(str(text_dir), "bpe:300", out, **SMALL) == out
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}

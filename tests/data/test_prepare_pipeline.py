@@ -96,7 +96,7 @@ class Terminal(io.StringIO):
         return True
 
 
-def test_progress_shows_tokens_per_second_only_on_a_terminal(text_dir, tmp_path, monkeypatch):
+def test_progress_shows_tokens_per_second_only_on_a_terminal(text_dir, tmp_path, monkeypatch, console):
     piped = io.StringIO()
     monkeypatch.setattr(sys, "stderr", piped)
     prepare_data(str(text_dir), "bpe:300", tmp_path / "a", split_fractions=(0.5, 0.25, 0.25), progress=True)

@@ -381,7 +381,7 @@ def test_commands_name_their_device_flag(trained, cache, command):
     assert "train.device" not in sentence
 
 
-def test_bf16_on_a_cpu_without_native_bf16_is_said_once(monkeypatch, capsys):
+def test_bf16_on_a_cpu_without_native_bf16_is_said_once(monkeypatch, capsys, console):
     import torch
 
     from extrapos.run import runtime

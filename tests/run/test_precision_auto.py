@@ -92,7 +92,7 @@ def test_fp32_training_is_bit_identical_and_auto_records_its_choice(tiny_data, t
     assert 'precision = "fp32"' in (tmp_path / "auto" / "config.toml").read_text()
 
 
-def test_auto_trains_a_wide_model_in_bf16_on_a_native_cpu(tiny_data, tmp_path, monkeypatch, capsys):
+def test_auto_trains_a_wide_model_in_bf16_on_a_native_cpu(tiny_data, tmp_path, monkeypatch, capsys, console):
     cpu_with(monkeypatch, "AVX512", amx=True)
     sets = tiny_overrides(
         tiny_data, **{"train.steps": 2, "model.d_model": MID, "model.n_heads": 8, "model.n_layers": 1}

@@ -25,7 +25,7 @@ def run(short_data, tmp_path, capsys, length=128, **extra):
     return capsys.readouterr().out
 
 
-def test_unpacked_run_on_short_documents_warns_in_one_sentence(short_data, tmp_path, capsys):
+def test_unpacked_run_on_short_documents_warns_in_one_sentence(short_data, tmp_path, capsys, console):
     out = run(short_data, tmp_path, capsys, length=1024)  # a 512-token BPE: ~2.5x GPT-2's tokens
     warning = [line for line in out.splitlines() if "predicts" in line]
     assert len(warning) == 1 and warning[0].startswith("extrapos: warning: an epoch of 1024-token windows")
@@ -35,7 +35,7 @@ def test_unpacked_run_on_short_documents_warns_in_one_sentence(short_data, tmp_p
 
 
 @pytest.mark.parametrize("mask", [False, True])
-def test_packed_run_reaches_the_split_and_says_so(short_data, tmp_path, capsys, mask):
+def test_packed_run_reaches_the_split_and_says_so(short_data, tmp_path, capsys, mask, console):
     extra = {"data.packed": "true"}
     if mask:
         extra.update({"data.document_mask": "true", "data.document_positions": '"restart"'})

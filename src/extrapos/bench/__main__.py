@@ -3,6 +3,7 @@
 
 import argparse
 import json
+import sys
 
 import torch
 
@@ -17,4 +18,5 @@ raw["eval_lengths"] = tuple(raw["eval_lengths"])
 settings = BenchSettings(**raw)
 if settings.threads:  # the parent's --threads: the same kernels' scratch buffers as in its timings
     torch.set_num_threads(settings.threads)
-print(json.dumps(child_memory(a.memory_child, settings)))
+# the answer to the parent (measure.py reads it): this child's data on stdout, not a message to a person
+sys.stdout.write(json.dumps(child_memory(a.memory_child, settings)) + "\n")

@@ -1008,4 +1008,5 @@ if __name__ == "__main__":  # the memory child: python -m extrapos.bench.peers -
     spec = json.loads(ap.parse_args().memory_child)
     raw = spec["shape"]
     raw["multiples"] = tuple(raw["multiples"])
-    print(json.dumps(memory_child(spec["key"], PeerShape(**raw), spec["threads"])))
+    # the answer to the parent, on stdout: data, not a message to a person
+    sys.stdout.write(json.dumps(memory_child(spec["key"], PeerShape(**raw), spec["threads"])) + "\n")

@@ -9,7 +9,8 @@ imports the library function it calls.
 full disk) is the user's to fix and ends with one sentence and exit status 2; any other exception is
 a defect of extrapos and ends with one line, ``internal error in <command>: <type>: <message>``, and
 exit status ``INTERNAL_ERROR`` (70, sysexits.h's EX_SOFTWARE). ``--debug`` (before or after the
-command) prints the traceback as well.
+command) prints the traceback as well. It also installs the console (``extrapos.console``) for the
+command's lifetime: what the library logs is printed, on stdout or stderr, as the command's output.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import traceback
 from typing import NoReturn
 
+from extrapos.console import console
 from extrapos.errors import INTERNAL_ERROR, UserError
 
 COMMAND_MODULES = [
@@ -111,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return _run(args)
+        with console():  # what the library logs is the command's output (console.py)
+            return _run(args)
     finally:  # a refused or failed evaluation leaves no result lock in the run
         if "extrapos.run.lock" in sys.modules:
             sys.modules["extrapos.run.lock"].release_result_locks()

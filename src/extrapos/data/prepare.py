@@ -31,6 +31,7 @@ import glob
 import hashlib
 import itertools
 import json
+import logging
 import re
 import sys
 import tempfile
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from extrapos import __version__
+from extrapos.console import STDERR
 from extrapos.data.cache import cache_root
 from extrapos.data.cache import publish as _publish  # by name here: a fault test patches prepare:_publish
 from extrapos.data.cache import reusable as _reusable
@@ -74,6 +76,8 @@ from extrapos.plugins import corpus_names
 
 if TYPE_CHECKING:
     import numpy as np
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_SPLIT_FRACTIONS = (0.9, 0.05, 0.05)
 # bpe:N on a streamed hub corpus would otherwise read the whole stream before tokenizing it.
@@ -124,10 +128,10 @@ def prepare_data(
     """
     path, reused = prepare(corpus, tokenizer, out, progress=progress, **options)
     if progress:
-        print(
+        logger.info(
             f"{'Reusing' if reused else 'Prepared'} data in {path}"
             f"{' (same corpus, tokenizer and filters)' if reused else ''}.",
-            file=sys.stderr,
+            extra=STDERR,
         )
     return path
 
@@ -216,7 +220,7 @@ def prepare(
                 tmp, source, tok, fractions, seed, rule, min_doc_tokens, max_tokens, progress
             )
             for warning in manifest["warnings"]:
-                print(f"extrapos: warning: {warning}", file=sys.stderr)
+                logger.warning(f"extrapos: warning: {warning}", extra=STDERR)
             manifest.update(
                 {
                     "format": FORMAT,
@@ -490,10 +494,10 @@ def _tokenize_into(
                 break
         if not bar.disable:
             seconds = time.perf_counter() - started
-            print(
+            logger.info(
                 f"tokenized {read:,} documents ({kept_tokens:,} tokens kept) in {seconds:.1f} s: "
                 f"{bar.n / max(seconds, 1e-9) / 1e6:.2f} M tokens/s with {_encoder_of(tok)}",
-                file=sys.stderr,
+                extra=STDERR,
             )
     finally:
         batches.close()  # now, not when the generator is collected: stops the encoding thread

@@ -6,7 +6,8 @@ A staging directory is ``.<name>.tmp-<random>`` next to its target, with a lock 
 - It is created with ``os.mkdir(path, 0o777)``, so the process umask decides its mode, as for
   every other file we write: a team sharing a cache (umask 002 or 022) can read what a teammate
   prepared. (``tempfile.mkdtemp`` would force 0700.)
-- Its owner creates the lock file and holds an ``flock`` on it *before* the directory exists,
+- Its owner creates the lock file and holds a lock on it (``extrapos.locks``: ``flock`` on Unix,
+  ``LockFileEx`` on Windows) *before* the directory exists,
   until the directory is renamed or removed. The kernel drops the lock when the owner dies, even
   by SIGKILL, so ``sweep_stale`` can tell an abandoned staging directory (lock file unlocked) from
   one a concurrent prepare is filling (locked) with no window in between, and removes only the
@@ -19,7 +20,6 @@ A staging directory is ``.<name>.tmp-<random>`` next to its target, with a lock 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import secrets
 import shutil
@@ -28,6 +28,8 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from extrapos import locks
 
 MARKER = ".tmp-"
 LOCK_SUFFIX = ".lock"
@@ -52,7 +54,7 @@ def staged(target: Path) -> Iterator[Path]:
         except FileExistsError:
             continue
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # before the directory exists: a sweeper never sees it unlocked
+        locks.wait_lock(fd)  # before the directory exists: a sweeper never sees it unlocked
         os.mkdir(path, 0o777)  # the umask applies
         with terminate_raises():
             yield path
@@ -60,9 +62,8 @@ def staged(target: Path) -> Iterator[Path]:
         try:
             if path.exists():
                 shutil.rmtree(path, ignore_errors=True)
-            lock_path(path).unlink(missing_ok=True)
         finally:
-            os.close(fd)
+            locks.remove_held(lock_path(path), fd)
 
 
 def sweep_stale(parent: Path, pattern: str = f".*{MARKER}*") -> list[Path]:
@@ -84,33 +85,36 @@ def sweep_stale(parent: Path, pattern: str = f".*{MARKER}*") -> list[Path]:
             continue
         try:  # holding the dead owner's lock while removing, so two sweepers never race
             shutil.rmtree(path, ignore_errors=True)
-            lock_path(path).unlink(missing_ok=True)
-            if not path.exists():
-                removed.append(path)
         finally:
             if fd >= 0:
-                os.close(fd)
+                locks.remove_held(lock_path(path), fd)
+            else:
+                lock_path(path).unlink(missing_ok=True)
+        if not path.exists():
+            removed.append(path)
     return removed
 
 
-def _remove_orphan_locks(locks: list[Path]) -> None:
+def _remove_orphan_locks(lock_files: list[Path]) -> None:
     """Lock files whose directory is gone (the owner died between the two): removed when unlocked
     and older than ORPHAN_LOCK_SECONDS, which covers an owner between creating and locking one."""
-    for lock in locks:
+    for lock in lock_files:
         staging = lock.with_name(lock.name[: -len(LOCK_SUFFIX)])
         try:
             if staging.exists() or time.time() - lock.stat().st_mtime < ORPHAN_LOCK_SECONDS:
                 continue
-            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW)
+            fd = os.open(lock, os.O_RDWR | locks.NOFOLLOW)
         except OSError:
             continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            lock.unlink(missing_ok=True)
+            taken = locks.try_lock(fd)
         except OSError:
-            pass
-        finally:
+            taken = False
+        if not taken:
             os.close(fd)
+            continue
+        with contextlib.suppress(OSError):  # housekeeping: a read-only directory keeps it
+            locks.remove_held(lock, fd)
 
 
 def _claim_if_abandoned(path: Path) -> int | None:
@@ -120,12 +124,14 @@ def _claim_if_abandoned(path: Path) -> int | None:
     try:
         if not lock.exists():
             return -1 if time.time() - path.stat().st_mtime > FOREIGN_AGE_SECONDS else None
-        fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW)
+        fd = os.open(lock, os.O_RDWR | locks.NOFOLLOW)
     except OSError:
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        taken = locks.try_lock(fd)
     except OSError:
+        taken = False
+    if not taken:
         os.close(fd)
         return None  # a live prepare holds it
     return fd

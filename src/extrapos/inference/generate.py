@@ -8,6 +8,7 @@ baseline, and a check that both give the same tokens).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,10 +16,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from extrapos.console import STDERR
 from extrapos.errors import UserError
 
 if TYPE_CHECKING:
     from extrapos.model import Decoder, ModelConfig
+
+logger = logging.getLogger(__name__)
 
 
 def filter_logits(
@@ -145,12 +149,10 @@ def check_generation_time(
     force: bool,
     ask: bool = False,
 ) -> float | None:
-    """Print the least time the prefill and the continuation take when past a minute, and refuse them past
+    """Say the least time the prefill and the continuation take when past a minute, and refuse them past
     a day unless ``force``, past an hour confirmed with ``ask``; returns the estimate (``run.timing``: a 5 MB
     prompt ran for hours): with a KV cache the prompt once and each new token against the keys before it;
     without one, every new token runs the whole prefix again."""
-    import sys
-
     from extrapos.run.timing import check_time, forward_flops
 
     if use_cache:
@@ -163,7 +165,7 @@ def check_generation_time(
         f"a prompt of {prompt:,} tokens and {new:,} new ones",
         "give a shorter prompt or fewer --max-new-tokens",
         force,
-        say=lambda line: print(line, file=sys.stderr, flush=True),
+        say=lambda line: logger.info(line, extra=STDERR),  # the continuation streams on stdout
         ask=ask,
     )
 

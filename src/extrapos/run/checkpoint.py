@@ -17,6 +17,7 @@ newest checkpoint that is whole, saying so in one line.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -31,6 +32,8 @@ from torch import nn
 
 from extrapos.errors import UserError
 from extrapos.files import sha256_file
+
+logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -138,22 +141,23 @@ def _verify_headers(path: Path) -> str | None:
     return None
 
 
-def latest_intact(run_dir: Path, say: Callable[[str], object] = print) -> Checkpoint | None:
-    """The newest checkpoint that passes ``verify``; a damaged newer one is reported and skipped."""
+def latest_intact(run_dir: Path, say: Callable[[str], None] | None = None) -> Checkpoint | None:
+    """The newest checkpoint that passes ``verify``; a damaged newer one is reported (``say``, a warning of
+    this module's logger by default) and skipped."""
     found = list_checkpoints(run_dir)
     for i, ckpt in enumerate(reversed(found)):
         problem = verify(ckpt)
         if problem is None:
             return ckpt
         older = [c for c in found[: len(found) - 1 - i]]
-        say(
+        (say or logger.warning)(
             f"extrapos: checkpoint {ckpt.path} is damaged ({problem}); "
             + (f"trying step {older[-1].step}." if older else "no older checkpoint is left.")
         )
     return None
 
 
-def checkpoint_at(run_dir: Path, step: int | None, say: Callable[[str], object] = print) -> Checkpoint:
+def checkpoint_at(run_dir: Path, step: int | None, say: Callable[[str], None] | None = None) -> Checkpoint:
     """The checkpoint at ``step`` (None: the newest intact one), verified; a UserError otherwise."""
     found = list_checkpoints(run_dir)
     if not found:

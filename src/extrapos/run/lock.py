@@ -2,50 +2,55 @@
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from extrapos import locks
 from extrapos.errors import UserError
 
-if sys.platform == "win32":  # pragma: no cover - no advisory locks, runs are not protected
-    fcntl = None
-else:
-    import fcntl
+logger = logging.getLogger(__name__)
 
 
 class RunLock:
-    """``with RunLock(run_dir):`` holds ``RUN/.lock`` (flock, released by the OS if the process dies)."""
+    """``with RunLock(run_dir):`` holds ``RUN/.lock`` (locks.py: released by the OS if the process dies)."""
 
     def __init__(self, run_dir: str | Path, enabled: bool = True):
         self.path = Path(run_dir) / ".lock"
-        self.enabled = enabled and fcntl is not None
+        self.enabled = enabled
         self._fd: int | None = None
 
     def __enter__(self) -> RunLock:
         if not self.enabled:
             return self
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "another process"
+        if not _try_lock(self._fd):
+            holder = locks.read_holder(self._fd)
             os.close(self._fd)
             self._fd = None
             raise UserError(
                 f"{self.path.parent} is being trained by {holder}; wait for it to finish "
                 "(or stop it) before starting another process on the same run."
             ) from None
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, f"process {os.getpid()}".encode(), 0)
+        locks.write_holder(self._fd)
         return self
 
     def __exit__(self, *exc) -> None:
         if self._fd is not None:
-            os.ftruncate(self._fd, 0)  # no holder named once released
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            locks.clear_holder(self._fd)  # no holder named once released
+            locks.unlock(self._fd)
             os.close(self._fd)
             self._fd = None
+
+
+def _try_lock(fd: int) -> bool:
+    """Whether the lock was taken; a file system that refuses locks reads as another holder, as it always
+    has (the refusal names the lock file's holder, "another process" when it names none)."""
+    try:
+        return locks.try_lock(fd)
+    except OSError:
+        return False
 
 
 #: result locks this process holds, by path: a second slot of one name in one process would wait on itself
@@ -53,7 +58,7 @@ _HELD: dict[Path, ResultLock] = {}
 
 
 class ResultLock:
-    """``RUN/<folder>/.<name>.json.lock`` (flock, as ``RunLock``): held by a result slot from the moment it
+    """``RUN/<folder>/.<name>.json.lock`` (locks.py, as ``RunLock``): held by a result slot from the moment it
     decides to score until its result is on disk, so two requests of one result name take turns and the
     second reads what the first wrote (reused when it is the same request, refused when it is another)
     instead of writing over it. ``wait`` False refuses at once instead of waiting (under torchrun, where
@@ -64,9 +69,8 @@ class ResultLock:
         self.path = self.result.parent / f".{self.result.name}.lock"
         self._fd: int | None = None
 
-    def acquire(self, wait: bool = True, say=print) -> ResultLock:
-        if fcntl is None:  # pragma: no cover - no advisory locks
-            return self
+    def acquire(self, wait: bool = True, say: Callable[[str], None] | None = None) -> ResultLock:
+        """Take the lock; a wait is said once (``say``; by default this module's logger, at info)."""
         stale = _HELD.get(self.path)
         if stale is not None:
             # one process scores one result at a time, so a lock it still holds belongs to an evaluation
@@ -75,10 +79,8 @@ class ResultLock:
         said = False
         while True:  # the holder removes the file as it lets go: lock the file that is at the path now
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
+            if not _try_lock(fd):
+                holder = locks.read_holder(fd)
                 if not wait:
                     os.close(fd)
                     raise UserError(
@@ -86,17 +88,16 @@ class ResultLock:
                         "(the same request is then reused)."
                     ) from None
                 if not said:
-                    say(f"extrapos: waiting for {holder}, which is scoring {self.result}.")
+                    (say or logger.info)(f"extrapos: waiting for {holder}, which is scoring {self.result}.")
                     said = True
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                locks.wait_lock(fd)
             try:
                 if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
                     break
             except FileNotFoundError:
                 pass
             os.close(fd)  # it was removed while we waited: take the next one
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"process {os.getpid()}".encode(), 0)
+        locks.write_holder(fd)
         self._fd = fd
         _HELD[self.path] = self
         return self
@@ -105,10 +106,8 @@ class ResultLock:
         """Remove the file, then let go (a waiter on the removed file takes the next one), so a run keeps
         no lock files."""
         if self._fd is not None:
-            self.path.unlink(missing_ok=True)
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+            fd, self._fd = self._fd, None
+            locks.remove_held(self.path, fd)
             if _HELD.get(self.path) is self:
                 del _HELD[self.path]
 

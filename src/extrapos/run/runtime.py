@@ -6,6 +6,7 @@ micro-batches make a step, which data a run uses, what bf16 means) is written on
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from contextlib import nullcontext
@@ -21,6 +22,8 @@ from extrapos.run.config import RunConfig
 if TYPE_CHECKING:
     from extrapos.data.sampling import ContiguousSampler
     from extrapos.data.shards import TokenSplit
+
+logger = logging.getLogger(__name__)
 
 # ---- device and processes ------------------------------------------------------------------------
 
@@ -372,8 +375,7 @@ def cpu_has_fast_bf16() -> bool:
 
 def warn_slow_bf16(device: torch.device, precision: str) -> None:
     if precision == "bf16" and device.type == "cpu" and not cpu_has_fast_bf16():
-        print(
+        logger.warning(
             f"extrapos: this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native bf16, so "
-            "precision=bf16 runs about 20x slower than fp32 here; use train.precision=fp32 on this machine.",
-            flush=True,
+            "precision=bf16 runs about 20x slower than fp32 here; use train.precision=fp32 on this machine."
         )

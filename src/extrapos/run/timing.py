@@ -18,16 +18,20 @@ hour of silence looks like a hang. A library call or a sweep does not ask; its c
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
+from extrapos.console import ask as ask_terminal
 from extrapos.errors import UserError
 
 if TYPE_CHECKING:
     from extrapos.model import ModelConfig
+
+logger = logging.getLogger(__name__)
 
 #: work estimated past this is refused without --force
 DAY_SECONDS = 86_400.0
@@ -62,13 +66,13 @@ def check_time(
     what: str,
     advice: str,
     force: bool,
-    say: Callable[[str], None] = print,
+    say: Callable[[str], None] | None = None,
     ask: bool = False,
 ) -> float | None:
     """Refuse ``what`` (its estimate past a day, unless ``force``) in one sentence naming ``advice``, or
-    print its estimate when it is past a minute and, with ``ask`` (a command's own work), confirm it past an
-    hour unless ``force`` (``confirm``); returns the estimate in seconds (None: too small to measure the
-    machine for)."""
+    say its estimate when it is past a minute (``say``; by default this module's logger, at info) and, with
+    ``ask`` (a command's own work), confirm it past an hour unless ``force`` (``confirm``); returns the
+    estimate in seconds (None: too small to measure the machine for)."""
     from extrapos.run.perf import matmul_peak_flops
 
     dev = torch.device(device)
@@ -89,7 +93,7 @@ def check_time(
             f"it on; {advice}, or pass --force to run it anyway."
         )
     if seconds > SAY_ABOVE_SECONDS:
-        say(f"extrapos: {what} will take at least {duration(seconds)} on {where}.")
+        (say or logger.info)(f"extrapos: {what} will take at least {duration(seconds)} on {where}.")
     if asked:
         confirm(what, advice)
     return seconds
@@ -108,11 +112,7 @@ def can_ask() -> bool:
 
 def confirm(what: str, advice: str) -> None:
     """Ask on the terminal whether to run ``what``; anything but yes refuses it in one sentence."""
-    print("extrapos: run it? [y/N] ", end="", file=sys.stderr, flush=True)
-    try:
-        answer = sys.stdin.readline().strip().lower()
-    except (OSError, ValueError):
-        answer = ""
+    answer = ask_terminal("extrapos: run it? [y/N] ")
     if answer not in ("y", "yes"):
         raise UserError(f"{what} was not confirmed; {advice}, or pass --force to run it without asking.")
 

@@ -10,6 +10,7 @@ The rules and why they are what they are: docs/extension.md.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from extrapos.data.shards import TokenSplit
     from extrapos.training.trainer import TrainResult
 
+logger = logging.getLogger(__name__)
 METHODS = ("chunk", "prefix", "full", "randompos", "pose", "continue")
 EXTENSION_LR_FRACTION = 0.1
 EXTENSION_WARMUP = 0.05
@@ -410,18 +412,17 @@ def extend(
 
     def show_plan() -> None:
         # the plan and its time estimate always (docs/extension.md), on stdout as train's own first line;
-        # printed once the trainer's checks pass, so that a refused config is its one sentence alone and
+        # said once the trainer's checks pass, so that a refused config is its one sentence alone and
         # stderr holds nothing but the error of a run that fails (the battery's contract)
         from extrapos.training.extension_plan import plan_lines, seconds_per_micro_batch
 
         lines = plan_lines(cfg, record, parent, seconds_per_micro_batch(cfg))
-        print(
+        logger.info(
             f"extrapos extend: {record['method']} x{factor} of {parent} (step {record['step']}): L_t "
             f"{record['train_length']} -> L_e {record['extended_length']}\n  "
             + "\n  ".join(lines + ["changes:"])
             + "\n    "
-            + "\n    ".join(record["changes"]),
-            flush=True,
+            + "\n    ".join(record["changes"])
         )
 
     return train(cfg, out, resume=False, progress=progress, init_from=init_from, before_start=show_plan)

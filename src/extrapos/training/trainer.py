@@ -14,8 +14,8 @@ How exact resume works is described in docs/architecture.md.
 from __future__ import annotations
 
 import json
+import logging
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,15 +25,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from extrapos.console import ABOVE_BARS
 from extrapos.data.batch import Batch
 from extrapos.data.mlm import objective_sampler
 from extrapos.errors import UserError
 from extrapos.files import atomic_write, ensure_writable_dir, sweep_temporaries
 from extrapos.losses import model_loss_sum
 from extrapos.model import Decoder, count_parameters, flops_per_token
-from extrapos.owned import refuse_inside_run
 from extrapos.run import checkpoint as ckpt_io
-from extrapos.run.config import RunConfig, load_run_config
+from extrapos.run.config import RunConfig
 from extrapos.run.lock import RunLock
 from extrapos.run.metrics import MetricsLog, read_metrics
 from extrapos.run.parallelize import Parallel
@@ -45,13 +45,23 @@ from extrapos.run.runtime import (
     build_sampler,
     coverage_note,
     distributed_env,
-    init_distributed,
     prepare_run_data,
     resolve_device,
     step_plan,
     warn_slow_bf16,
 )
 from extrapos.training.held import HeldChanges
+from extrapos.training.placement import Placement
+from extrapos.training.start import (
+    Kind,
+    RunDirectoryFacts,
+    checkpoint_to_resume,
+    decide,
+    run_is_complete,
+    saved_checkpoint_every,
+)
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["TrainResult", "Trainer", "TrainingDiverged", "read_metrics", "run_is_complete", "train"]
 
@@ -156,160 +166,6 @@ def validation_loss(model: nn.Module, cfg: RunConfig, split, device: torch.devic
 # ---- the run -------------------------------------------------------------------------------------
 
 
-def run_is_complete(run_dir: Path) -> bool:
-    return (Path(run_dir) / "summary.json").is_file()
-
-
-# keys a --resume may change: they decide how long to train and what to log, not what is learned
-RESUMABLE_KEYS = {
-    f"train.{k}"
-    for k in (
-        "steps",
-        "tokens",
-        "epochs",
-        "log_every",
-        "eval_every",
-        "eval_batches",
-        "checkpoint_every",
-        "keep_checkpoints",
-        "threads",
-        "tensorboard",
-        "wandb",
-        "parallel",
-        "activation_checkpointing",
-    )
-}
-
-
-def _flat(d: dict, prefix: str = "") -> dict[str, object]:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and key != "model.positions":
-            out.update(_flat(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def resume_config(run_dir: Path, cfg: RunConfig | None) -> tuple[RunConfig, list[str]]:
-    """The config a resumed run continues with, and the changes to its saved one.
-
-    ``cfg`` None is the saved config. Otherwise only the keys in ``RESUMABLE_KEYS`` (the budget,
-    logging, checkpointing) may differ from the saved config; anything else would silently mix two
-    different runs in one directory, so it is an error naming the key.
-    """
-    saved = load_run_config(run_dir)
-    if cfg is None:
-        return saved, []
-    old, new = _flat(saved.to_dict()), _flat(cfg.to_dict())
-    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-    fixed = [k for k in changed if k not in RESUMABLE_KEYS]
-    if fixed:
-        k = fixed[0]
-        raise UserError(
-            f"{run_dir} was trained with {k} = {old.get(k, '(default)')!r}; --resume cannot change it "
-            f"to {new.get(k, '(default)')!r}; drop that --set/--config, or start a new run with another "
-            "--out."
-        )
-    return cfg, [f"{k} {old.get(k, '(default)')} -> {new.get(k, '(default)')}" for k in changed]
-
-
-def stopped_before_first_checkpoint(run_dir: Path) -> bool:
-    """A trained run directory (config.toml) that holds no checkpoint, finished or partial, no summary and
-    was not imported: it failed or was killed before its first checkpoint, so nothing in it is lost by
-    starting it over."""
-    run_dir = Path(run_dir)
-    return (
-        (run_dir / "config.toml").is_file()
-        and not (run_dir / "summary.json").exists()
-        and not (run_dir / "source.json").exists()
-        and not ckpt_io.list_checkpoints(run_dir)
-        and not any((run_dir / "checkpoints").glob("*"))
-        and not trained_without_checkpoint(run_dir, _saved_checkpoint_every(run_dir))
-    )
-
-
-def _saved_checkpoint_every(run_dir: Path) -> int:
-    """The run's saved ``train.checkpoint_every`` (0, checkpoints at the end only, when unreadable)."""
-    try:
-        return load_run_config(run_dir).train.checkpoint_every
-    except UserError:
-        return 0
-
-
-def _last_logged_step(run_dir: Path) -> int:
-    """The highest step metrics.jsonl logs (0 when it logs none; a torn line ends the reading)."""
-    last = 0
-    path = Path(run_dir) / "metrics.jsonl"
-    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
-    for line in lines:
-        try:
-            step = json.loads(line).get("step")
-        except (ValueError, AttributeError):
-            break
-        if isinstance(step, int):
-            last = max(last, step)
-    return last
-
-
-def trained_without_checkpoint(run_dir: Path, checkpoint_every: int) -> list[str]:
-    """What shows that ``run_dir`` was trained past a checkpoint it no longer has (nothing when it was
-    not): ``summary.json`` (written after the final checkpoint), ``metrics.jsonl`` logging a step past
-    ``checkpoint_every`` (a step is logged before its checkpoint is saved, so a later step means the save
-    returned), and what ``checkpoints/`` holds that is not a checkpoint. A run that has none of these
-    stopped before its first checkpoint was due, and starting it over loses nothing."""
-    run_dir = Path(run_dir)
-    found = ["summary.json"] if (run_dir / "summary.json").is_file() else []
-    last = _last_logged_step(run_dir)
-    if last and (found or (checkpoint_every and last > checkpoint_every)):
-        found.append(f"metrics.jsonl up to step {last}")
-    return found + ckpt_io.untrusted_entries(run_dir)
-
-
-def _checkpoint_to_resume(run_dir: Path, checkpoint_every: int, say) -> ckpt_io.Checkpoint | None:
-    """The newest intact checkpoint a resume continues from (None: the run stopped before its first
-    checkpoint was due); a UserError when the run was trained further than that and has no checkpoint to
-    trust, or every checkpoint is damaged, as training again from step 0 would replace its metrics and
-    summary."""
-    if not ckpt_io.list_checkpoints(run_dir):
-        found = trained_without_checkpoint(run_dir, checkpoint_every)
-        if found:
-            raise UserError(
-                f"{run_dir} holds {', '.join(found)} but no checkpoint a resume can trust, so --resume would "
-                "train it again from step 0 and replace them; restore checkpoints/ from a copy, or start a "
-                "new run with another --out."
-            )
-        return None
-    last = ckpt_io.latest_intact(run_dir, say=say)
-    if last is None:
-        raise UserError(
-            f"every checkpoint of {run_dir} is damaged, so --resume would train it again from step 0 and "
-            "replace its metrics; restore the checkpoints from a copy, or start a new run with another --out."
-        )
-    return last
-
-
-def _require_usable_checkpoint(run_dir: Path) -> None:
-    """A finished run resumed with its own budget has nothing to train, but it must still hold a checkpoint
-    whole: without one it was reported "done" (exit 0) although nothing in it can be evaluated, exported or
-    trained further (issue 48, item 6). Refused in one sentence saying what is wrong and the fix."""
-    found = ckpt_io.list_checkpoints(run_dir)
-    if ckpt_io.latest_intact(run_dir, say=lambda _: None) is not None:
-        return
-    if found:
-        newest = found[-1]
-        what = f"every checkpoint is damaged ({newest.path.name}: {ckpt_io.verify(newest)})"
-    else:
-        untrusted = ckpt_io.untrusted_entries(run_dir)
-        what = f"it holds no checkpoint ({', '.join(untrusted)})" if untrusted else "it holds no checkpoint"
-    raise UserError(
-        f"{run_dir} is finished but has no usable checkpoint left: {what}, so nothing in it can be "
-        "evaluated, exported or trained further; restore checkpoints/ from a copy, or train it again with "
-        "another --out (or after deleting this run)."
-    )
-
-
 def train(
     cfg: RunConfig | None,
     run_dir: str | Path,
@@ -328,34 +184,22 @@ def train(
     the run directory is created or changed.
     """
     run_dir = Path(run_dir)
+    device = None
     if cfg is not None:  # "auto" becomes what it picks here before a saved run's config is compared with it
-        cfg, note = with_resolved_precision(cfg, resolve_device(cfg.train.device))
+        device = resolve_device(cfg.train.device)
+        cfg, note = with_resolved_precision(cfg, device)
         if note and distributed_env()[0] == 0:
             _say(f"extrapos train: {note}")
-    existing = (run_dir / "config.toml").is_file()
-    if not existing:  # the other run's pruning, resumes and evaluations would delete or replace it
-        refuse_inside_run(run_dir, "--out")
-    # a run that stopped before its first checkpoint (e.g. a loss that was NaN at step 1) holds nothing
-    # trained: the same command, or one with a corrected config, starts it over
-    restart = existing and cfg is not None and stopped_before_first_checkpoint(run_dir)
-    if existing and not resume and not restart:
-        raise UserError(
-            f"{run_dir} already holds a run; pass --resume to continue it or choose another --out."
-        )
-    changes: list[str] = []
-    if existing and not restart:  # --resume of a saved run
-        cfg, changes = resume_config(run_dir, cfg)
-    elif cfg is None:  # a restart always has a config, so this is a new run without one
-        raise UserError(f"{run_dir} holds no run to resume; start it with --config FILE_OR_PRESET.")
-    else:  # a new run, or a restart: resumed from no checkpoint (the Trainer truncates metrics.jsonl)
-        resume = restart
-    # decided before anything is written (a larger budget, ``changes``, continues a finished run)
-    complete = resume and not changes and run_is_complete(run_dir)
-    if complete:
-        _require_usable_checkpoint(run_dir)
-    rank, world, device = init_distributed(resolve_device(cfg.train.device))
-    parallel = Parallel.of(cfg, device, world)  # checked here, before anything is written
-    is_main = rank == 0
+    start = decide(RunDirectoryFacts(run_dir), cfg, resume)
+    if start.kind is Kind.REFUSE:
+        raise UserError(start.refusal)
+    assert start.cfg is not None
+    cfg = start.cfg
+    if device is None:  # a resume with the run's own config: its device and precision, resolved once here
+        device = resolve_device(cfg.train.device)
+        cfg = with_resolved_precision(cfg, device)[0]
+    placement = Placement.join(cfg, device)  # the parallel plan is checked here, before anything is written
+    is_main = placement.is_main
     barrier()  # under torchrun: every process has looked at run_dir before rank 0 writes into it
     if is_main:
         ensure_writable_dir(run_dir, "the run")
@@ -363,32 +207,26 @@ def train(
         if is_main:  # a killed run's temporary files and folders: no one else writes here
             sweep_temporaries(run_dir)
         restore_from = None
-        if resume and not complete and not restart:
-            restore_from = _checkpoint_to_resume(
-                run_dir, _saved_checkpoint_every(run_dir), say=_say if is_main else lambda _: None
+        if start.kind is Kind.RESUME:
+            restore_from = checkpoint_to_resume(
+                run_dir, saved_checkpoint_every(run_dir), say=_say_warning if is_main else lambda _: None
             )
-        if restart and is_main:
-            print(
-                f"extrapos train: {run_dir} stopped before its first checkpoint; starting it over.",
-                flush=True,
-            )
-        if changes and is_main:  # config.toml and summary.json change only once the Trainer's checks pass
-            print("extrapos train: resuming with " + ", ".join(changes), flush=True)
-        if complete:
+        if start.kind is Kind.RESTART and is_main:
+            logger.info(f"extrapos train: {run_dir} stopped before its first checkpoint; starting it over.")
+        if start.changes and is_main:  # config.toml and summary.json change once the Trainer's checks pass
+            logger.info("extrapos train: resuming with " + ", ".join(start.changes))
+        if start.kind is Kind.COMPLETE:
             result = TrainResult.from_summary(run_dir)
         else:
             trainer = Trainer(
                 cfg,
                 run_dir,
-                device,
-                rank,
-                world,
-                resume=resume,
+                resume=start.resume,
                 progress=progress,
                 init_from=init_from,
                 restore_from=restore_from,
-                parallel=parallel,
                 before_start=before_start,
+                placement=placement,
             )
             result = trainer.run()
     barrier()  # every process returns once the run is complete on disk (compare reads it next)
@@ -403,7 +241,7 @@ class Trainer:
         self,
         cfg: RunConfig,
         run_dir: Path,
-        device: torch.device,
+        device: torch.device | None = None,
         rank: int = 0,
         world: int = 1,
         resume: bool = False,
@@ -412,16 +250,24 @@ class Trainer:
         restore_from: ckpt_io.Checkpoint | None = None,
         parallel: Parallel | None = None,
         before_start: Callable[[], None] | None = None,
+        placement: Placement | None = None,
     ):
-        """``parallel``: the launch's plan, when the caller has checked it already (``train``);
+        """``placement``: the device, process group, precision and parallel plan ``train`` resolved (its
+        config is then ``placement.cfg``, which ``cfg`` is); a direct caller gives ``device`` (with
+        ``rank``, ``world``, and ``parallel`` when it has checked one) and they are resolved here, once.
         ``before_start``: see ``train``."""
+        if placement is None:
+            if device is None:
+                raise TypeError("Trainer needs a device or a Placement")
+            placement = Placement.given(cfg, device, rank, world, parallel)
         self.before_start = before_start
-        cfg = with_resolved_precision(cfg, device)[0]  # ``train`` resolved it already; direct callers
+        self.placement = placement
+        cfg, device, rank, world = placement.cfg, placement.device, placement.rank, placement.world
         self.cfg, self.run_dir, self.device, self.rank, self.world = cfg, run_dir, device, rank, world
-        self.is_main = rank == 0
+        self.is_main = placement.is_main
         self.progress = progress and self.is_main
         t = cfg.train
-        parallel = parallel or Parallel.of(cfg, device, world)
+        parallel = placement.parallel
         if t.threads and device.type == "cpu":
             torch.set_num_threads(t.threads)
         warn_slow_bf16(device, t.precision)
@@ -488,12 +334,11 @@ class Trainer:
         train_split, val_split = open_split(data_dir, "train"), open_split(data_dir, "val")
         longest = int(val_split.doc_lengths.max(initial=0))
         if self.is_main and longest < cfg.seq_len + 1 and not cfg.data.packed:
-            print(
+            logger.warning(
                 f"extrapos: warning: no validation document holds one window of {cfg.seq_len + 1} tokens "
                 "(the "
                 f"longest has {longest}), so this run reports no validation loss; prepare the data with "
-                'data.split_rule = "within" or a larger validation fraction to get one.',
-                flush=True,
+                'data.split_rule = "within" or a larger validation fraction to get one.'
             )
         return tokenizer, data_dir, train_split, val_split
 
@@ -512,7 +357,7 @@ class Trainer:
 
     def _restore(self) -> ckpt_io.Checkpoint | None:
         """Continue from the latest checkpoint: weights, optimizer moments, RNG, data position, log."""
-        last = self.restore_from or ckpt_io.latest_intact(self.run_dir, say=_say)
+        last = self.restore_from or ckpt_io.latest_intact(self.run_dir, say=_say_warning)
         if last is None:  # killed before its first checkpoint: start over cleanly
             self.metrics.truncate_after(-1)
             if self.held is not None:  # a direct caller's finished run without a checkpoint
@@ -649,15 +494,17 @@ class Trainer:
             self.before_start()
         cfg, plan = self.cfg, self.plan
         n_params = count_parameters(self.model)
-        print(
+        logger.info(
             f"extrapos train: {n_params['total'] / 1e6:.2f}M parameters, encoding "
             f"{cfg.model.positions_plan().name}, {plan.total_steps} steps x {plan.tokens_per_step} tokens "
-            f"(accumulation {plan.accumulation}) on {self.device} in {cfg.train.precision}",
-            flush=True,
+            f"(accumulation {plan.accumulation}) on {self.device} in {cfg.train.precision}"
         )
         if self.coverage is not None:
             text, low = self.coverage
-            print(f"extrapos: warning: {text}." if low else f"extrapos train: {text}.", flush=True)
+            if low:
+                logger.warning(f"extrapos: warning: {text}.")
+            else:
+                logger.info(f"extrapos train: {text}.")
 
     def run(self) -> TrainResult:
         total = self.plan.total_steps
@@ -718,10 +565,12 @@ def _finite(x: float | None) -> float | None:
 
 
 def _say(message: str) -> None:
-    from tqdm.auto import tqdm
+    """A line said during training: written above the progress bar by the command's console."""
+    logger.info(message, extra=ABOVE_BARS)
 
-    tqdm.write(message, file=sys.stdout)
-    sys.stdout.flush()
+
+def _say_warning(message: str) -> None:
+    logger.warning(message, extra=ABOVE_BARS)
 
 
 def _progress(total: int, initial: int, enabled: bool):
