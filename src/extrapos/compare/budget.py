@@ -21,6 +21,7 @@ resumed sweep gives its rows the token budget their runs started with.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import statistics
 import time
@@ -35,6 +36,8 @@ from extrapos.compare.sweep import Sweep, SweepRow, row_config, slug
 from extrapos.errors import UserError
 from extrapos.files import atomic_write
 from extrapos.run.config import RunConfig
+
+logger = logging.getLogger(__name__)
 
 PROBE_WARMUP = 2  # untimed steps: the first one compiles and selects kernels
 PROBE_TIMED = 3  # timed steps: their median is the row's step time
@@ -93,7 +96,7 @@ def plan_budget(
     device: torch.device,
     rank: int = 0,
     world: int = 1,
-    say: Callable[[str], None] = print,
+    say: Callable[[str], None] = logger.info,
 ) -> dict[str, Any]:
     """The sweep's budget (module docstring): tokens per run and how they were measured, also written to
     ``OUT/budget.json`` by rank 0; the saved one when ``out`` already holds a plan for this budget and

@@ -4,6 +4,7 @@ report."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +40,8 @@ from extrapos.presets import find_sweep
 from extrapos.report.render import Row, loss_rows, markdown_table, write_report
 from extrapos.run.config import RunConfig, load_config
 from extrapos.tasks.task import registry
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import torch
@@ -121,7 +124,7 @@ def compare(  # noqa: C901
 
     def say(text: str) -> None:
         if main:
-            print(text, flush=True)
+            logger.info(text)
 
     run_dirs: dict[tuple[str, int | None], Path] = {
         (r.name, None): existing_run(r) for r in sweep.rows if r.run
@@ -220,8 +223,8 @@ def compare(  # noqa: C901
     atomic_write(out / "report.json", json.dumps(settings, indent=1))
     report = write_report(rows, out, facts=facts, **settings, tasks=list(registry().values()))
     if loss_rows(rows):
-        print(markdown_table(loss_rows(rows)))
-    print(f"-> {report}")
+        logger.info(markdown_table(loss_rows(rows)))
+    logger.info(f"-> {report}")
     return report
 
 
@@ -511,7 +514,7 @@ def _run_extensions(
     extra: list[str],
     progress: bool,
     seeds: list[int | None],
-    say: Callable[[str], None] = print,
+    say: Callable[[str], None] = logger.info,
 ) -> dict[tuple[str, int, int | None], Path]:
     """Train (or reuse / resume) every extension run: OUT/runs/<row>-x<k>[-seed<s>], from its parent row's
     run of the same seed (an extension keeps its parent's train.seed)."""

@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -57,6 +58,8 @@ from extrapos.files import atomic_write
 from extrapos.positions.base import FoldedBias, LogitBias, PairwiseBias
 from extrapos.run.handle import Run
 from extrapos.run.runtime import Shard
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from extrapos.model import Attention, Decoder
@@ -572,7 +575,9 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("attention: matplotlib is not installed, skipping the plot (pip install 'extrapos[plots]').")
+        logger.info(
+            "attention: matplotlib is not installed, skipping the plot (pip install 'extrapos[plots]')."
+        )
         return None
     rows = result["results"]
     evs = [r["ev"] for r in rows]

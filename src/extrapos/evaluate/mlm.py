@@ -17,6 +17,7 @@ says anything about positions.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -39,6 +40,8 @@ from extrapos.evaluate.window_options import per_window_options
 from extrapos.report.stats import length_interval
 from extrapos.run.handle import Run
 from extrapos.run.runtime import Shard, distributed_env
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from extrapos.model import Decoder
@@ -163,7 +166,7 @@ def score_mlm(
         if window == max_len:
             per_position = _bucketed_masked(losses, selected, window, req.buckets)
         if how.progress:
-            print(f"extrapos eval (mlm): ev {k}: loss {mean:.4f}", flush=True)
+            logger.info(f"extrapos eval (mlm): ev {k}: loss {mean:.4f}")
     return {
         "name": name,
         "run": str(handle.path),

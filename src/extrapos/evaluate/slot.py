@@ -18,6 +18,7 @@ barrier until it is on disk.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from typing import Any
 
 from extrapos.errors import UserError
 from extrapos.files import atomic_write, ensure_writable_dir, finite_json
+
+logger = logging.getLogger(__name__)
 
 #: a field a saved result must not hold (an older result's missing field)
 ABSENT = object()
@@ -195,7 +198,7 @@ def _lock(out_path: Path) -> Any:
     rank, world = process_group()
     if rank != 0:
         return None
-    return ResultLock(out_path).acquire(wait=world == 1, say=lambda line: print(line, flush=True))
+    return ResultLock(out_path).acquire(wait=world == 1, say=logger.info)
 
 
 def _decide(
@@ -218,11 +221,11 @@ def _decide(
         again = next(((fields, note) for fields, note in older if _holds(saved, fields)), None)
         if again is not None:
             if again[1] and notes:
-                print(again[1], flush=True)
+                logger.info(again[1])
         elif not _holds(saved, request):
             raise UserError(f"{out_path} {refusal}")
         elif stale is not None and notes:
-            print(stale(saved), flush=True)
+            logger.info(stale(saved))
 
 
 #: what a task result under a name that holds another request says

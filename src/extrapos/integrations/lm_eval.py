@@ -29,6 +29,7 @@ context) over the continuation tokens (context cut from the left to fit ``max_le
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -60,6 +61,8 @@ from extrapos.evaluate.slot import ABSENT, ResultSlot, check_result_name, jsonab
 from extrapos.run.handle import Run
 from extrapos.run.runtime import Shard
 from extrapos.tasks.common import check_lm_eval_request, greedy_batch, refuse_encoder
+
+logger = logging.getLogger(__name__)
 
 
 def position_options(
@@ -559,9 +562,7 @@ class LmEvalEvaluator(Evaluator[Any]):  # given LmEvalOptions, it prepares the r
     def finish(self, slot: ResultSlot, result: dict[str, Any], written: bool, how: Scoring) -> None:
         """A reused result said on the console (unless quiet)."""
         if not written and how.progress:
-            print(
-                f"extrapos lm-eval: {slot.out_path} holds this request on these weights; reused.", flush=True
-            )
+            logger.info(f"extrapos lm-eval: {slot.out_path} holds this request on these weights; reused.")
 
     def column(self, run: Run, spec: Any, at: ColumnAt, how: Scoring) -> dict[str, Any]:
         """A sweep's lm-eval column, scored once per row at the run's L_t (unless ``spec.max_length``): the

@@ -19,6 +19,7 @@ Both intervals cover the held-out documents of these trained models, not trainin
 from __future__ import annotations
 
 import io
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,8 @@ import numpy as np
 
 from extrapos.errors import UserError
 from extrapos.files import atomic_write
+
+logger = logging.getLogger(__name__)
 
 STAT = "median_weight"
 
@@ -118,7 +121,9 @@ def plot(results: list[tuple[str, dict[str, Any]]], evs: list[Any], path: Path) 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("attention: matplotlib is not installed, skipping the figure (pip install 'extrapos[plots]').")
+        logger.info(
+            "attention: matplotlib is not installed, skipping the figure (pip install 'extrapos[plots]')."
+        )
         return None
     fig, axes = plt.subplots(1, len(evs), figsize=(5.5 * len(evs), 4.2), squeeze=False)
     for ax, ev in zip(axes[0], evs):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import re
 import statistics
@@ -38,10 +39,13 @@ from typing import Any
 
 import numpy as np
 
+from extrapos.console import STDERR, console
 from extrapos.errors import UserError
 from extrapos.files import atomic_write
 from extrapos.presets import read_toml
 from extrapos.report import attention_figure, stats
+
+logger = logging.getLogger(__name__)
 
 VERDICTS = ("reproduces the shape", "does not", "inconclusive at this scale", "not measured")
 DATA_FILE = "claims.toml"
@@ -665,19 +669,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=Path("docs/results"), help="the results folder")
     parser.add_argument("--check", action="store_true", help="only say whether the committed page is current")
     args = parser.parse_args(argv)
-    try:
-        text = render(args.results)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    page = args.results / PAGE
-    if args.check:
-        current = page.is_file() and page.read_text() == text
-        print(f"{page} is current" if current else f"{page} is stale: run python -m extrapos.report.claims")
-        return 0 if current else 1
-    atomic_write(page, text)
-    print(f"wrote {page}")
-    return 0
+    with console():  # the script's lines on the console, as a command's (the library only logs them)
+        try:
+            text = render(args.results)
+        except UserError as e:
+            logger.error(f"error: {e}", extra=STDERR)
+            return 2
+        page = args.results / PAGE
+        if args.check:
+            current = page.is_file() and page.read_text() == text
+            logger.info(
+                f"{page} is current" if current else f"{page} is stale: run python -m extrapos.report.claims"
+            )
+            return 0 if current else 1
+        atomic_write(page, text)
+        logger.info(f"wrote {page}")
+        return 0
 
 
 if __name__ == "__main__":

@@ -26,19 +26,22 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import math
 import re
 import statistics
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
+from extrapos.console import STDERR
 from extrapos.errors import UserError
 from extrapos.files import atomic_write
 from extrapos.report import stats
 from extrapos.report.portable import portable
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from extrapos.report.task_tables import TaskReport
@@ -499,7 +502,7 @@ def plot(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("report: matplotlib is not installed, skipping plots (pip install 'extrapos[plots]').")
+        logger.info("report: matplotlib is not installed, skipping plots (pip install 'extrapos[plots]').")
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -632,7 +635,7 @@ def write_report(
         baseline_row(rows, baseline)  # a named baseline must be a row of the report
         steps, warnings = checkpoint_notes(rows)
         for warning in warnings:
-            print(f"extrapos: warning: {warning}", file=sys.stderr, flush=True)
+            logger.warning(f"extrapos: warning: {warning}", extra=STDERR)
         parts += [line for line in [steps, *(f"Warning: {w}" for w in warnings)] if line] + [""]
     kinds = kind_groups(rows)
     if len(kinds) == 1:

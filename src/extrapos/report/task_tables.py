@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
+
+logger = logging.getLogger(__name__)
 
 
 def _by_length(result: dict[str, Any], metric: str) -> dict[int, float]:
@@ -340,7 +343,9 @@ def plot_tasks(rows: Sequence[Any], out_dir: Path, reports: Sequence[TaskReport]
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("report: matplotlib is not installed, skipping task plots (pip install 'extrapos[plots]').")
+        logger.info(
+            "report: matplotlib is not installed, skipping task plots (pip install 'extrapos[plots]')."
+        )
         return {}
     out_dir.mkdir(parents=True, exist_ok=True)
     return {r.name: r.plot(rows, out_dir, plt) for r in drawn}
