@@ -75,7 +75,7 @@ def test_tokens_per_run_split_the_seconds_by_the_measured_steps(tmp_path, tiny_d
         budget_mod.plan_budget(sweep, sweep.rows, 2, [], out, CPU, say=lambda _: None)
 
 
-def test_a_budget_sweep_trains_equal_tokens_and_resumes_with_them(tmp_path, tiny_data, capsys):
+def test_a_budget_sweep_trains_equal_tokens_and_resumes_with_them(tmp_path, tiny_data, capsys, console):
     spec = sweep_file(tmp_path, tiny_data, "budget_seconds = 1.5\n")
     out = tmp_path / "out"
     compare(str(spec), out, progress=False)

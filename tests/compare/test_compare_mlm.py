@@ -103,7 +103,7 @@ def test_an_mlm_sweep_reports_evaluate_mlm_numbers_with_intervals(tmp_path, many
     assert {f: (out / f).read_bytes() for f in before} == before
 
 
-def test_an_mlm_sweep_with_seeds_combines_them_like_the_loss_rows(tmp_path, many_docs, capsys):
+def test_an_mlm_sweep_with_seeds_combines_them_like_the_loss_rows(tmp_path, many_docs, capsys, console):
     out = tmp_path / "out"
     report = compare(str(_sweep(tmp_path, many_docs, seeds=[0, 1])), out, progress=True)
     # the console shows each row as `extrapos eval` prints an encoder's result (its loss evaluator's format)

@@ -260,7 +260,7 @@ def test_keys_change_exactly_where_the_targets_changed():
     assert len({new.key(), old.key(), stream.key(), replace(stream, boundary="mask").key()}) == 4
 
 
-def test_results_saved_before_the_spread_are_scored_again_never_reused(runs, capsys):
+def test_results_saved_before_the_spread_are_scored_again_never_reused(runs, capsys, console):
     from dataclasses import replace
 
     from extrapos.evaluate import LEGACY_FIELDS
