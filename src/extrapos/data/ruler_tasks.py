@@ -27,6 +27,7 @@ ranks the true answer first only by chance.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -503,6 +504,19 @@ def least_units(task: str, shape: RulerShape, length: int) -> int:
     return 0
 
 
+def answer_values(task: str, answer: str) -> list[str]:
+    """The values a target or wrong answer of ``task`` is made of, as its generator joins them: NIAH's
+    ", ", vt's and fwe's " ", cwe's numbered list; a QA answer is one value."""
+    family = TASKS[task].family
+    if family == "niah":
+        return answer.split(", ")
+    if family in ("vt", "fwe"):
+        return answer.split(" ")
+    if family == "cwe":
+        return re.findall(r"\d+\. (\S+)", answer)
+    return [answer]
+
+
 def all_text(t: RulerText) -> str:
     """The prompt's words without the haystack: prefix, needles or units, question (for checks)."""
     return " ".join([t.prefix, *t.needles, *t.units, t.question])
@@ -519,6 +533,7 @@ __all__ = [
     "TASK_NAMES",
     "TaskSpec",
     "all_text",
+    "answer_values",
     "cwe_counts",
     "fwe_counts",
     "generate",
