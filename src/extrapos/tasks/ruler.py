@@ -50,6 +50,7 @@ from extrapos.tasks.common import (
     task_result,
 )
 from extrapos.tasks.passkey import check_passkey_memory
+from extrapos.tasks.ruler_copiers import copier_accuracy
 from extrapos.tasks.ruler_metric import exact, postprocess, recall
 from extrapos.tasks.ruler_report import cell_interval, format_all, format_depths, format_ruler, plot_grid
 from extrapos.tasks.ruler_task import RulerColumns
@@ -316,6 +317,9 @@ def score_ruler(prepared: Prepared, slot: ResultSlot, how: Scoring) -> dict[str,
                 ranked = [builder.build(task, k * L, rng, decoys) for _ in range(opts.trials)]
             budget = opts.max_new_tokens or short_budget(GENERATE[TASKS[task].family], k * L, gen)
             scores = score_cell(run.model, builder, gen, ranked, budget, batch_tokens)
+            if ranked:  # the reference baselines on the very prompts scored (no model: ruler_copiers)
+                tie_break = np.random.default_rng([opts.seed, k, i, 2])
+                scores["copiers"] = copier_accuracy(ranked, builder.encode, tie_break)
             seconds = round(time.perf_counter() - t_cell, 3)
             cell = {"task": task, "ev": k, "length": k * L, **scores, "budget": budget, "seconds": seconds}
             cells.append(cell)

@@ -21,7 +21,7 @@ right 1 / candidates of the time. Torch-free: the report and the tests run them 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,9 +46,7 @@ def occurrences(tokens: Sequence[int], value: Sequence[int]) -> list[int]:
     ]
 
 
-def candidate_scores(
-    prompt: RulerPrompt, encode: Callable[[str], list[int]]
-) -> dict[str, np.ndarray]:
+def candidate_scores(prompt: RulerPrompt, encode: Callable[[str], list[int]]) -> dict[str, np.ndarray]:
     """Each copier's score of each candidate, the true answer first (the highest score is picked)."""
     tokens = prompt.tokens
     texts = [prompt.text.target, *prompt.wrong_text]
@@ -99,4 +97,20 @@ def copier_accuracy(
     return {c: float(np.mean(h)) if h else float("nan") for c, h in copier_hits(prompts, encode, rng).items()}
 
 
-__all__ = ["COPIERS", "SKILL", "candidate_scores", "choices", "copier_accuracy", "copier_hits", "occurrences"]
+def copier_mean(cells: Sequence[dict[str, Any]], copier: str) -> float:
+    """A copier's mean accuracy over result cells (one length's tasks) that hold it, leaving out the tasks
+    whose skill it is (counting on cwe and fwe); nan when none is left."""
+    values = [c["copiers"][copier] for c in cells if "copiers" in c and SKILL.get(c["task"]) != copier]
+    return float(np.mean(values)) if values else float("nan")
+
+
+__all__ = [
+    "COPIERS",
+    "SKILL",
+    "candidate_scores",
+    "choices",
+    "copier_accuracy",
+    "copier_hits",
+    "copier_mean",
+    "occurrences",
+]

@@ -1,6 +1,7 @@
 """What `extrapos ruler` shows of a result: the task x length grid of each metric with 95% intervals and the
-mean over the tasks per length (RULER's average, Hsieh et al. 2024, §4), the needle depth x length table
-(RULER's and the needle-in-a-haystack test's view of where retrieval fails), and the heatmap."""
+mean over the tasks per length (RULER's average, Hsieh et al. 2024, §4), the ranking form's copier baselines
+beside its grid, the needle depth x length table (RULER's and the needle-in-a-haystack test's view of where
+retrieval fails), and the heatmap."""
 
 from __future__ import annotations
 
@@ -74,6 +75,40 @@ def format_ruler(result: dict[str, Any], metric: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def format_copiers(result: dict[str, Any]) -> str:
+    """The ranking form's copier baselines beside the model's grid (``ruler_copiers``): per task and length,
+    the accuracy of recency / primacy / counting on the very prompts scored, and their mean over the tasks
+    (counting left out where it is the task's skill); "" for a result without them (saved before them)."""
+    from extrapos.tasks.ruler_copiers import COPIERS, SKILL, copier_mean
+
+    cells = [c for c in result["results"] if "copiers" in c]
+    if not cells:
+        return ""
+    lengths = sorted({(c["ev"], c["length"]) for c in cells})
+    lines = [
+        "copier baselines (no model; recency / primacy / counting: the candidate whose values occur last / "
+        f"first / most often in the prompt, ties drawn; chance {cells[0]['chance']:.2f}; * = the task's own "
+        "skill, left out of the mean):",
+        "| task | " + " | ".join(f"{ev}x ({n})" for ev, n in lengths) + " |",
+        "|---|" + "---:|" * len(lengths),
+    ]
+    for task in dict.fromkeys(c["task"] for c in cells):
+        texts = []
+        for ev, _ in lengths:
+            c = next((c for c in cells if c["task"] == task and c["ev"] == ev), None)
+            texts.append(
+                "–"
+                if c is None
+                else " / ".join(
+                    f"{c['copiers'][k]:.2f}" + ("*" if SKILL.get(task) == k else "") for k in COPIERS
+                )
+            )
+        lines.append(f"| {task} | " + " | ".join(texts) + " |")
+    means = [[copier_mean([c for c in cells if c["ev"] == ev], k) for k in COPIERS] for ev, _ in lengths]
+    lines.append("| **mean** | " + " | ".join(" / ".join(f"{m:.2f}" for m in ms) for ms in means) + " |")
+    return "\n".join(lines)
+
+
 def depth_table(result: dict[str, Any], metric: str) -> list[tuple[str, list[tuple[float, int]]]]:
     """(depth bin label, [(mean, examples) per length]) over the needle tasks' examples, binned by the
     asked needle's depth; the mean is nan where a bin holds no example."""
@@ -121,6 +156,9 @@ def format_all(result: dict[str, Any]) -> str:
     parts = []
     for metric in result.get("metrics") or [result["metric"]]:
         parts.append(format_ruler(result, metric))
+        copiers = format_copiers(result) if metric == "rank_accuracy" else ""
+        if copiers:
+            parts.append(copiers)
         depths = format_depths(result, metric)
         if depths:
             parts.append(depths)
