@@ -19,9 +19,11 @@ Whitespace is single spaces (RULER's ``remove_newline_tab`` option). Every draw 
 answer (distinct keys, distinct values, counts that single out the asked words) and redrawn otherwise.
 
 ``decoys`` > 0 asks for the candidate-ranking form the small models need: ``decoys`` wrong answers, each
-made of values that occur in the prompt (extra needles under other keys, the other chain of a second vt
-chain, the list's other words, other questions' answers), so a model that copies an in-context value
-ranks the true answer first only by chance.
+made of values that occur in the prompt (extra needles under other keys, other vt chains' names, the list's
+other words, other questions' answers), so a model that copies an in-context value ranks the true answer
+first only by chance: the values the candidates differ by occur alike (as often, as early, as late), and
+the true answer is any member of the candidates' design (``extrapos.tasks.ruler_copiers`` checks it;
+issue 47). ``decoys`` = 0 (RULER's own form) draws as it did before the ranking form was redrawn.
 """
 
 from __future__ import annotations

@@ -9,9 +9,11 @@ the run's tokens ``extrapos.data.ruler_prompts``'s. Two ways to score:
   (``ruler_metric``), per example;
 * ``rank`` (the candidate-ranking form small base models need): the log-likelihood of the true answer
   against ``candidates - 1`` wrong answers of its token length, each made of values that occur in the
-  prompt (the prompt gains needles under other keys, or a second vt chain, to hold them), so a model that
+  prompt (the prompt gains needles under other keys, or vt chains, to hold them), so a model that
   copies any in-context value is right only by chance (1 / candidates); QA compares the answers' mean
-  per-token log-likelihood, as its answers differ in length;
+  per-token log-likelihood, as its answers differ in length. Each cell also records the accuracy of three
+  copier baselines on its prompts (``ruler_copiers``: the candidate whose values occur last, first, most
+  often; they run no model);
 * ``both`` scores the two, each on its own prompts (the ranking form's have the extra needles).
 
 Every cell records its per-example outcomes (the intervals resample them) and the asked needle's depth, from
