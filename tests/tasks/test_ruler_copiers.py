@@ -1,8 +1,9 @@
 """RULER's ranking form without leaks (issue 47, item 3): three copier baselines that run no model
 (recency, primacy, counting: the candidate whose values occur last, first, most often in the prompt) pick
 the true answer only by chance, 1 / candidates, on every task whose skill they are not; counting all but
-solves cwe and fwe, which ask for the most frequent words; RULER's own form (generate mode) draws the same prompts as
-before the ranking form was redrawn; the result and both reports show the copiers beside the model.
+solves cwe and fwe, which ask for the most frequent words; RULER's own form (generate mode) draws the same
+prompts as before the ranking form was redrawn; the result and both reports show the copiers beside the
+model.
 
 The rule: a copier is at chance when its accuracy over n draws lies in the two-sided 99.9% normal interval of
 a binomial around chance, 1/C +- 3.29 sqrt(C^-1 (1 - C^-1) / n). Measured on the preset's shapes (the short
