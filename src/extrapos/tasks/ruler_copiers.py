@@ -35,20 +35,22 @@ COPIERS = ("recency", "primacy", "counting")
 SKILL = {"cwe": "counting", "fwe": "counting"}
 
 
-def occurrences(tokens: Sequence[int], value: Sequence[int]) -> list[int]:
+def occurrences(tokens: Sequence[int] | np.ndarray, value: Sequence[int]) -> list[int]:
     """The start positions at which ``value``'s tokens occur as a run of ``tokens``."""
-    n = len(value)
-    if n == 0:
+    seq, n = np.asarray(tokens), len(value)
+    if n == 0 or n > len(seq):
         return []
-    first, rest = value[0], list(value[1:])
-    return [
-        i for i in range(len(tokens) - n + 1) if tokens[i] == first and list(tokens[i + 1 : i + n]) == rest
-    ]
+    starts = np.flatnonzero(seq[: len(seq) - n + 1] == value[0])
+    for k in range(1, n):  # keep the starts whose k-th token matches too
+        starts = starts[seq[starts + k] == value[k]]
+    return [int(i) for i in starts]
 
 
 def candidate_scores(prompt: RulerPrompt, encode: Callable[[str], list[int]]) -> dict[str, np.ndarray]:
     """Each copier's score of each candidate, the true answer first (the highest score is picked)."""
-    tokens = prompt.tokens
+    tokens = np.asarray(prompt.tokens)
+    if len(prompt.wrong_text) != len(prompt.wrong):
+        raise ValueError("a copier needs the wrong answers' texts (RulerPrompt.wrong_text: RulerBuilder's)")
     texts = [prompt.text.target, *prompt.wrong_text]
     cache: dict[str, tuple[float, float, int]] = {}
     scores = {c: np.zeros(len(texts)) for c in COPIERS}
