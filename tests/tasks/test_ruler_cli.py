@@ -89,6 +89,10 @@ def test_cli_scores_every_task_and_length_writes_the_result_and_the_plot(ruler_r
         assert (c["depths"][0] is None) == (c["task"] == "cwe")
     assert result["metrics"] == ["recall", "exact", "rank_accuracy"] and result["essay_source"] == "builtin"
     assert all(0 <= c["exact"] <= c["recall"] for c in result["results"])  # exact implies every reference
+    # the copier baselines on the very prompts ranked, printed beside the model's rank accuracy
+    assert all(set(c["copiers"]) == {"recency", "primacy", "counting"} for c in result["results"])
+    assert all(0 <= v <= 1 for c in result["results"] for v in c["copiers"].values())
+    assert "(copiers " in out and "copiers r / p / c" in out
     assert out.count("| niah_multikey_2 |") == 3 and "1x (128) | 2x (256)" in out
     assert "by the asked needle's depth" in out and "| 0.0-0.2 |" in out
     assert (tmp_path / "g.png").stat().st_size > 1000

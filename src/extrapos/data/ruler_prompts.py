@@ -37,7 +37,7 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 @dataclass
 class RulerPrompt:
     """One example in tokens: the prompt, the target (the answer's tokens), its text, the asked needle's
-    depth in [0, 1] (None when the task has no needle) and the ranking form's wrong targets."""
+    depth in [0, 1] (None when the task has no needle), the ranking form's wrong targets and their texts."""
 
     task: str
     tokens: list[int]
@@ -45,6 +45,7 @@ class RulerPrompt:
     text: RulerText
     depth: float | None = None
     wrong: list[list[int]] = field(default_factory=list)
+    wrong_text: list[str] = field(default_factory=list)
 
 
 class Essay:
@@ -63,12 +64,13 @@ class Essay:
     def window(self, n: int, rng: np.random.Generator) -> tuple[list[int], list[int]]:
         """``n`` tokens from a random sentence start (wrapping around) and the sentence starts in them."""
         total = len(self.tokens)
-        begin = int(self.starts[int(rng.integers(len(self.starts)))])
+        first = int(rng.integers(len(self.starts)))
+        begin = int(self.starts[first])
         idx = (begin + np.arange(n)) % total
-        starts = sorted({int((s - begin) % total) for s in self.starts} | {0})
-        reps = n // total + 1
-        starts = sorted({s + r * total for s in starts for r in range(reps)} & set(range(n)))
-        return self.tokens[idx].tolist(), starts
+        # the sentence starts from the window's on (0 among them), repeated while the window wraps around
+        rel = np.concatenate([self.starts[first:] - begin, self.starts[:first] - begin + total])
+        every = (rel[None, :] + total * np.arange(n // total + 1)[:, None]).ravel()
+        return self.tokens[idx].tolist(), [int(s) for s in np.unique(every[every < n])]
 
 
 class RulerBuilder:
@@ -140,13 +142,13 @@ class RulerBuilder:
         decoys: int,
     ) -> RulerPrompt | None:
         wrong = [
-            w
-            for w in (self.encode(x) for x in text.wrong)
+            (w, x)
+            for w, x in ((self.encode(x), x) for x in text.wrong)
             if len(w) == len(target) or TASKS[task].family == "qa"
-        ]
+        ][:decoys]
         if len(wrong) < decoys:
             return None
-        return RulerPrompt(task, tokens, target, text, depth, wrong[:decoys])
+        return RulerPrompt(task, tokens, target, text, depth, [w for w, _ in wrong], [x for _, x in wrong])
 
     def _hay_prompt(self, task: str, length: int, seed: int, decoys: int) -> RulerPrompt | None:
         text = self._text(task, seed, 0, length, decoys)

@@ -19,14 +19,18 @@ Whitespace is single spaces (RULER's ``remove_newline_tab`` option). Every draw 
 answer (distinct keys, distinct values, counts that single out the asked words) and redrawn otherwise.
 
 ``decoys`` > 0 asks for the candidate-ranking form the small models need: ``decoys`` wrong answers, each
-made of values that occur in the prompt (extra needles under other keys, the other chain of a second vt
-chain, the list's other words, other questions' answers), so a model that copies an in-context value
-ranks the true answer first only by chance.
+made of values that occur in the prompt (extra needles under other keys, other vt chains' names, the list's
+other words, other questions' answers), so a model that copies an in-context value ranks the true answer
+first only by chance: the values the candidates differ by occur alike (as often, as early, as late), and
+the true answer is any member of the candidates' design (``extrapos.tasks.ruler_copiers`` checks it;
+issue 47). ``decoys`` = 0 (RULER's own form) draws as it did before the ranking form was redrawn.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -177,23 +181,47 @@ def _distinct(kind: str, rng: np.random.Generator, shape: RulerShape, n: int, ta
     )
 
 
-def _substituted(
+def _substitutions(answers: list[str], pool: list[str], same: SameLength) -> list[tuple[int, str]]:
+    """Every (slot, value) by which one answer can be replaced by a value of ``pool`` of its token length."""
+    return [(p, v) for p in range(len(answers)) for v in pool if v not in answers and same(answers[p], v)]
+
+
+def _wrong_answers(
     answers: list[str], pool: list[str], n: int, rng: np.random.Generator, same: SameLength
-) -> list[str]:
-    """Up to ``n`` wrong answers: the answers with one of them replaced by a value of ``pool`` (in the
-    prompt, of the replaced one's token length), joined as the target is; distinct, in random order."""
-    options = [(p, v) for p in range(len(answers)) for v in pool if v not in answers and same(answers[p], v)]
-    out: list[str] = []
-    for i in rng.permutation(len(options)):
-        p, v = options[int(i)]
-        wrong = list(answers)
-        wrong[p] = v
-        text = ", ".join(wrong)
-        if text not in out:
-            out.append(text)
-        if len(out) == n:
-            break
-    return out
+) -> list[list[str]]:
+    """Up to ``n`` wrong answers, each the answers with one value replaced by a value of ``pool`` (in the
+    prompt, of the replaced one's token length), then relabelled so that the true answer is a uniformly
+    random member of the candidates' design (issue 47). Without the relabelling the true answer is the
+    design's centre, the one candidate that shares a value with every other: a scorer that weighs each value
+    by a prompt statistic (where it occurs last, first, how often) ranks the centre first less often than
+    1 / candidates (multi-value 0.21, multi-query 0.20 for 0.25 at 3,000 draws). A value of the pool and
+    the answer it swaps with occur alike in the prompt, so the swap keeps the prompt's law and the true
+    answer is any member of the design with the same probability."""
+    options = _substitutions(answers, pool, same)
+    picked = [options[int(i)] for i in rng.permutation(len(options))[:n]]
+    star = [answers[:p] + [v] + answers[p + 1 :] for p, v in picked]
+    centre = int(rng.integers(len(star) + 1))  # 0: the true answer stays the centre
+    if centre == 0:
+        return star
+    p, v = picked[centre - 1]
+    swap = {answers[p]: v, v: answers[p]}
+    return [c for c in ([swap.get(x, x) for x in c] for c in [answers, *star]) if c != answers]
+
+
+def _spread(listed: list[str], candidates: list[str], rng: np.random.Generator) -> list[str]:
+    """The ranking form's order of a counted list (cwe, fwe): each candidate word once, in a random order,
+    first; once, in another random order, last; every other copy shuffled between. Where a word first and
+    last occurs is then the same for a frequent word and a rare one, so only counting (the task's skill)
+    tells the answer: in RULER's shuffled list a common word's last occurrence is the latest of its 6
+    (a recency scorer picked cwe's answer 0.65 of the time, fwe's 0.57, for 0.25)."""
+    rest = Counter(listed)
+    rest.subtract(candidates * 2)
+    if min(rest[w] for w in candidates) < 0:
+        raise AssertionError("a ranked list word occurs fewer than twice")
+    middle = [w for w, c in rest.items() for _ in range(c)]
+    head = [candidates[int(i)] for i in rng.permutation(len(candidates))]
+    tail = [candidates[int(i)] for i in rng.permutation(len(candidates))]
+    return head + [middle[int(i)] for i in rng.permutation(len(middle))] + tail
 
 
 # ---- the families ---------------------------------------------------------------------------------------
@@ -228,7 +256,7 @@ def _niah(
         others += [x for _, x in hay_needles]
     extra: list[tuple[str, str]] = []
     if decoys:  # the ranking form: more needles under other keys until every wrong answer is in the prompt
-        while len(_substituted(answers, others, decoys, rng, same)) < decoys and len(extra) < decoys + 8:
+        while len(_substitutions(answers, others, same)) < decoys and len(extra) < decoys + 8:
             # a value of the token length of the answer it replaces (drawn again until it is)
             like = answers[len(extra) % len(answers)]
             for _ in range(200):
@@ -258,7 +286,8 @@ def _niah(
         out.asked = slots[first_asked]
     else:
         out.needles, out.asked = placed, first_asked
-    out.wrong = _substituted(answers, others, decoys, rng, same) if decoys else []
+    if decoys:
+        out.wrong = [", ".join(w) for w in _wrong_answers(answers, others, decoys, rng, same)]
     return out
 
 
@@ -288,25 +317,33 @@ def _vt(
     value = W.number(rng, shape.vt_digits)
     steps = _chain(names, value)
     wrong: list[str] = []
-    if decoys:  # the ranking form: a second chain of another value (RULER's num_chains = 2)
-        other_value = value
-        while other_value == value:
-            other_value = W.number(rng, shape.vt_digits)
-        other = _distinct_vars(rng, shape, n, taken)
-        wrong = [x.replace(", ", " ") for x in _substituted(names, other, decoys, rng, same)]
-        # interleave the chains at random, each in its own order (RULER's shuffle of chains)
-        other_steps = _chain(other, other_value)
-        take = rng.permutation([0] * len(steps) + [1] * len(other_steps))
-        a, b, merged = iter(steps), iter(other_steps), []
-        for t in take:
-            merged.append(next(a) if t == 0 else next(b))
-        steps = merged
+    if decoys:
+        # the ranking form: a chain per candidate, each of its own value (RULER's num_chains), interleaved
+        # at random, each in its own order; the wrong answers are the true chain with the name at one slot
+        # (the same for all) replaced by the name at that slot of another chain. The names a candidate
+        # differs by then occur alike (as often, as early, as late), so no copier tells them apart; with one
+        # other chain whose names filled any slot, the true chain's last name (written once) was set
+        # against names written twice (issue 47)
+        slot = int(rng.integers(n))
+        values, chains = {value}, [steps]
+        for _ in range(decoys):
+            other_value = _fresh(lambda: W.number(rng, shape.vt_digits), values, "vt values", "--vt-digits")
+            other = _distinct_vars(rng, shape, n, taken)
+            for _ in range(200):  # a name of the replaced one's token length
+                if same(names[slot], other[slot]):
+                    break
+                other[slot] = _distinct_vars(rng, shape, 1, taken)[0]
+            wrong.append(" ".join(names[:slot] + [other[slot]] + names[slot + 1 :]))
+            chains.append(_chain(other, other_value))
+        take = rng.permutation(np.repeat(np.arange(len(chains)), n))
+        lines = [iter(c) for c in chains]
+        steps = [next(lines[int(t)]) for t in take]
     pre, ques, ans = _template("vt", shape)
     fill = {"query": value, "count": n}
     question = " ".join(x for x in (ques.format(**fill), ans.format(**fill)) if x)
     if pre and icl:  # RULER's one solved example first: a shorter chain in a little noise
         example = _vt(task, spec, shape, rng, 0, 0, same, icl=False)
-        while example.question == question or set(example.answers) & set(names):  # another value and names
+        while example.question == question or set(example.answers) & taken:  # another value and names
             example = _vt(task, spec, shape, rng, 0, 0, same, icl=False)
         noise = " ".join([W.NOISE] * 2)
         solved = [example.prefix, noise, *example.needles, noise, example.question, example.target]
@@ -317,13 +354,22 @@ def _vt(
 
 
 def _distinct_vars(rng: np.random.Generator, shape: RulerShape, n: int, taken: set[str]) -> list[str]:
-    out: list[str] = []
-    while len(out) < n:
-        name = W.variable(rng, shape.var_letters)
-        if name not in taken:
-            taken.add(name)
-            out.append(name)
-    return out
+    return [
+        _fresh(lambda: W.variable(rng, shape.var_letters), taken, "vt variables", "--var-letters")
+        for _ in range(n)
+    ]
+
+
+def _fresh(draw: Callable[[], str], taken: set[str], what: str, flag: str) -> str:
+    """A draw not in ``taken`` (which grows by it)."""
+    for _ in range(10_000):
+        x = draw()
+        if x not in taken:
+            taken.add(x)
+            return x
+    raise UserError(
+        f"could not draw {len(taken) + 1} distinct {what}; use a larger {flag} or fewer --candidates."
+    )
 
 
 def cwe_counts(length: int) -> tuple[int, int]:
@@ -370,9 +416,15 @@ def _cwe(
     others = sorted(set(listed) - set(common), key=listed.index)
     out = RulerText(task, pre, " ".join(x for x in (ques, ans) if x), "units", units=[_numbered(listed)])
     out.answers, out.target = common, _numbered(common)
-    if decoys:
-        wrong = _substituted(common, others, decoys, rng, same)
-        out.wrong = [_numbered(w.split(", ")) for w in wrong]
+    if decoys:  # the candidates' words twice at least (RULER's rare count 1), spread first and last
+        wrong = _wrong_answers(common, others, decoys, rng, same)
+        words = list(dict.fromkeys(common + [x for w in wrong for x in w]))
+        have = Counter(listed)
+        listed = _spread(listed + [w for w in words for _ in range(2 - have[w])], words, rng)
+        first = {w: i for i, w in reversed(list(enumerate(listed)))}
+        out.units, out.answers = [_numbered(listed)], sorted(common, key=first.__getitem__)
+        out.target = _numbered(out.answers)
+        out.wrong = [_numbered(sorted(w, key=first.__getitem__)) for w in wrong]
     return out
 
 
@@ -422,8 +474,20 @@ def _fwe(
     out = RulerText(task, pre, " ".join(x for x in (ques, ans) if x), "units", units=[" ".join(listed)])
     out.answers, out.target = answers, " ".join(answers)
     if decoys:
-        others = ["..."] + [w for w, c in zip(vocab[4:], counts[4:]) if c > 0]  # the noise word too
-        out.wrong = [w.replace(", ", " ") for w in _substituted(answers, others, decoys, rng, same)]
+        # the wrong answers' words listed twice at least (the answers still more often than any other
+        # coded word) and spread first and last with the answers (``_spread``); the noise '...' among them
+        # unless the question writes it (the ruler template's '....', closest to the answer)
+        others = [w for w, c in zip(vocab, counts) if c and w not in answers]
+        others = [w for w in others if not (w == "..." and w in out.question)]
+        wrong = _wrong_answers(answers, others, decoys, rng, same)
+        words = list(dict.fromkeys(answers + [x for w in wrong for x in w]))
+        have = Counter(listed)
+        need = {w: max(2, have[w]) for w in words}
+        top = max(need.get(w, have[w]) for w in vocab[4:])  # the most any other coded word is listed
+        need.update({a: max(need[a], top + 1) for a in answers})
+        extra = [w for w in words for _ in range(need[w] - have[w])]
+        out.units = [" ".join(_spread(listed + extra, words, rng))]
+        out.wrong = [" ".join(w) for w in wrong]
     return out
 
 
@@ -503,6 +567,19 @@ def least_units(task: str, shape: RulerShape, length: int) -> int:
     return 0
 
 
+def answer_values(task: str, answer: str) -> list[str]:
+    """The values a target or wrong answer of ``task`` is made of, as its generator joins them: NIAH's
+    ", ", vt's and fwe's " ", cwe's numbered list; a QA answer is one value."""
+    family = TASKS[task].family
+    if family == "niah":
+        return answer.split(", ")
+    if family in ("vt", "fwe"):
+        return answer.split(" ")
+    if family == "cwe":
+        return re.findall(r"\d+\. (\S+)", answer)
+    return [answer]
+
+
 def all_text(t: RulerText) -> str:
     """The prompt's words without the haystack: prefix, needles or units, question (for checks)."""
     return " ".join([t.prefix, *t.needles, *t.units, t.question])
@@ -519,6 +596,7 @@ __all__ = [
     "TASK_NAMES",
     "TaskSpec",
     "all_text",
+    "answer_values",
     "cwe_counts",
     "fwe_counts",
     "generate",

@@ -9,9 +9,11 @@ the run's tokens ``extrapos.data.ruler_prompts``'s. Two ways to score:
   (``ruler_metric``), per example;
 * ``rank`` (the candidate-ranking form small base models need): the log-likelihood of the true answer
   against ``candidates - 1`` wrong answers of its token length, each made of values that occur in the
-  prompt (the prompt gains needles under other keys, or a second vt chain, to hold them), so a model that
+  prompt (the prompt gains needles under other keys, or vt chains, to hold them), so a model that
   copies any in-context value is right only by chance (1 / candidates); QA compares the answers' mean
-  per-token log-likelihood, as its answers differ in length;
+  per-token log-likelihood, as its answers differ in length. Each cell also records the accuracy of three
+  copier baselines on its prompts (``ruler_copiers``: the candidate whose values occur last, first, most
+  often; they run no model);
 * ``both`` scores the two, each on its own prompts (the ranking form's have the extra needles).
 
 Every cell records its per-example outcomes (the intervals resample them) and the asked needle's depth, from
@@ -50,6 +52,7 @@ from extrapos.tasks.common import (
     task_result,
 )
 from extrapos.tasks.passkey import check_passkey_memory
+from extrapos.tasks.ruler_copiers import copier_accuracy
 from extrapos.tasks.ruler_metric import exact, postprocess, recall
 from extrapos.tasks.ruler_report import cell_interval, format_all, format_depths, format_ruler, plot_grid
 from extrapos.tasks.ruler_task import RulerColumns
@@ -316,6 +319,9 @@ def score_ruler(prepared: Prepared[RulerOptions], slot: ResultSlot, how: Scoring
                 ranked = [builder.build(task, k * L, rng, decoys) for _ in range(opts.trials)]
             budget = opts.max_new_tokens or short_budget(GENERATE[TASKS[task].family], k * L, gen)
             scores = score_cell(run.model, builder, gen, ranked, budget, batch_tokens)
+            if ranked:  # the reference baselines on the very prompts scored (no model: ruler_copiers)
+                tie_break = np.random.default_rng([opts.seed, k, i, 2])
+                scores["copiers"] = copier_accuracy(ranked, builder.encode, tie_break)
             seconds = round(time.perf_counter() - t_cell, 3)
             cell = {"task": task, "ev": k, "length": k * L, **scores, "budget": budget, "seconds": seconds}
             cells.append(cell)

@@ -1,6 +1,7 @@
 """What `extrapos ruler` shows of a result: the task x length grid of each metric with 95% intervals and the
-mean over the tasks per length (RULER's average, Hsieh et al. 2024, §4), the needle depth x length table
-(RULER's and the needle-in-a-haystack test's view of where retrieval fails), and the heatmap."""
+mean over the tasks per length (RULER's average, Hsieh et al. 2024, §4), the ranking form's copier baselines
+beside the model's accuracy, the needle depth x length table (RULER's and the needle-in-a-haystack test's
+view of where retrieval fails), and the heatmap."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def _describe(result: dict[str, Any], metric: str) -> str:
 
 def format_ruler(result: dict[str, Any], metric: str | None = None) -> str:
     """A markdown grid: one row per task, one column per length, the metric and its 95% interval in each
-    cell, and the mean over tasks per length."""
+    cell (rank accuracy: and the copier baselines' beside it, where the result holds them), and the mean over
+    tasks per length."""
     metric = metric or result["metric"]
     cells = [c for c in result["results"] if metric in c]
     lengths = sorted({(c["ev"], c["length"]) for c in cells})
@@ -60,18 +62,49 @@ def format_ruler(result: dict[str, Any], metric: str | None = None) -> str:
         "| task | " + " | ".join(f"{ev}x ({n})" for ev, n in lengths) + " |",
         "|---|" + "---:|" * len(lengths),
     ]
+    copied = metric == "rank_accuracy" and any("copiers" in c for c in cells)
     for task in tasks:
         texts = []
         for ev, _ in lengths:
             c = next(c for c in cells if c["task"] == task and c["ev"] == ev)
             iv = cell_interval(c, metric)
-            texts.append(f"{c[metric]:.2f}" + (f" [{iv.low:.2f}, {iv.high:.2f}]" if iv else ""))
+            texts.append(
+                f"{c[metric]:.2f}"
+                + (f" [{iv.low:.2f}, {iv.high:.2f}]" if iv else "")
+                + (_copiers(c.get("copiers"), task) if copied else "")
+            )
         lines.append(f"| {task} | " + " | ".join(texts) + " |")
     means = [np.mean([c[metric] for c in cells if c["ev"] == ev]) for ev, _ in lengths]
-    lines.append("| **mean** | " + " | ".join(f"{m:.2f}" for m in means) + " |")
+    if copied:
+        from extrapos.tasks.ruler_copiers import COPIERS, copier_mean
+
+        at = [[c for c in cells if c["ev"] == ev] for ev, _ in lengths]
+        mean_texts = [
+            f"{m:.2f}" + _copiers({k: copier_mean(group, k) for k in COPIERS}, "")
+            for m, group in zip(means, at)
+        ]
+    else:
+        mean_texts = [f"{m:.2f}" for m in means]
+    lines.append("| **mean** | " + " | ".join(mean_texts) + " |")
     if metric == "rank_accuracy" and cells:
         lines.append(f"(chance: {cells[0]['chance']:.2f})")
+    if copied:
+        lines.append(
+            "(copiers r / p / c: the accuracy of three baselines that run no model on the same prompts, the "
+            "candidate whose values occur last (recency), first (primacy), most often (counting) in the "
+            "prompt, ties drawn; * = the task's own skill, left out of the mean)"
+        )
     return "\n".join(lines)
+
+
+def _copiers(copiers: dict[str, float] | None, task: str) -> str:
+    """ " (copiers r / p / c)" of a cell (``ruler_copiers``), "" for a cell without them."""
+    from extrapos.tasks.ruler_copiers import COPIERS, SKILL
+
+    if not copiers:
+        return ""
+    texts = [f"{copiers[k]:.2f}" + ("*" if SKILL.get(task) == k else "") for k in COPIERS]
+    return " (copiers " + " / ".join(texts) + ")"
 
 
 def depth_table(result: dict[str, Any], metric: str) -> list[tuple[str, list[tuple[float, int]]]]:

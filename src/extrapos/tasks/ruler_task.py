@@ -88,15 +88,30 @@ class RulerTask(Task):
         first = next(row.tasks[self.name] for row in rows if self.name in row.tasks)
         req = first["request"]
         chance = f"; ranking form's chance {1 / req['candidates']:.2f}" if req["mode"] != "generate" else ""
+        follow = (
+            "the per-task table and the copier baselines beside chance follow"
+            if _copier_rows(rows)
+            else "the per-task table follows"
+        )
         return (
             f"RULER tasks ({req['mode']}: string-match recall of the greedy output and/or rank accuracy, "
             f"template {req.get('template', 'ruler')}, essay {first.get('essay_source', req.get('essay'))}): "
             f"per length, the mean over the tasks {', '.join(req['tasks'])} ({req['trials']} examples per "
-            f"task and length{chance}); the per-task table follows."
+            f"task and length{chance}); {follow}."
         )
 
     def extra_tables(self, rows: Sequence[Any], metric: str, label: str) -> list[str]:
-        return [f"{label.capitalize()} per RULER task:", "", task_table(rows, metric), ""]
+        out = [f"{label.capitalize()} per RULER task:", "", task_table(rows, metric), ""]
+        if metric == "rank_accuracy" and _copier_rows(rows):
+            out += [
+                "Copier baselines of the ranking form (no model, on each row's own prompts: the candidate "
+                "whose values occur last (recency), first (primacy), most often (counting) in the prompt; "
+                "the mean over the tasks, counting leaving out cwe and fwe, its skill) beside chance:",
+                "",
+                copier_table(rows),
+                "",
+            ]
+        return out
 
     def csv_task(self, cell: dict[str, Any]) -> str:
         return f"ruler:{cell['task']}"
@@ -117,4 +132,44 @@ def task_table(rows: Sequence[Any], metric: str) -> str:
             values = {c["ev"]: c.get(metric) for c in mine if c["task"] == task}
             texts = ["–" if values.get(ev) is None else f"{values[ev]:.3f}" for ev in evs]
             lines.append(f"| {row.name} | {task} | " + " | ".join(texts) + " |")
+    return "\n".join(lines)
+
+
+def _copier_rows(rows: Sequence[Any]) -> list[Any]:
+    """The rows whose RULER result holds the copier baselines (results saved before them do not)."""
+    return [
+        row
+        for row in rows
+        if "ruler" in row.tasks and any("copiers" in c for c in row.tasks["ruler"]["results"])
+    ]
+
+
+def copier_table(rows: Sequence[Any]) -> str:
+    """Copier x ev: each copier's mean accuracy over the tasks per length, then chance; rows whose prompts
+    gave the same numbers (the same tokenizer and seed) share a line."""
+    from extrapos.tasks.ruler_copiers import COPIERS, copier_mean
+
+    scored = _copier_rows(rows)
+    cells = [c for row in scored for c in row.tasks["ruler"]["results"] if "copiers" in c]
+    evs = sorted({c["ev"] for c in cells})
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for row in scored:
+        mine = [c for c in row.tasks["ruler"]["results"] if "copiers" in c]
+        texts = tuple(
+            "–"
+            if not any(c["ev"] == ev for c in mine)
+            else f"{copier_mean([c for c in mine if c['ev'] == ev], k):.3f}"
+            for k in COPIERS
+            for ev in evs
+        )
+        groups.setdefault(texts, []).append(row.name)
+    lines = ["| prompts of | copier | " + " | ".join(f"ev={ev}" for ev in evs) + " |"]
+    lines.append("|---|---|" + "---:|" * len(evs))
+    for texts, names in groups.items():
+        for j, k in enumerate(COPIERS):
+            lines.append(
+                f"| {', '.join(names)} | {k} | " + " | ".join(texts[j * len(evs) : (j + 1) * len(evs)]) + " |"
+            )
+    chance = {c["ev"]: c["chance"] for c in cells}
+    lines.append("| | chance | " + " | ".join(f"{chance[ev]:.3f}" for ev in evs) + " |")
     return "\n".join(lines)
