@@ -1,6 +1,6 @@
 """Why does ExPE fail past 4x on the medium table? Its loss against the position VALUE it sees (issue 47).
 
-    python benchmarks/expe_mechanism.py --out docs/results/expe-mechanism          # the committed result
+    python benchmarks/expe_mechanism.py --out docs/results/expe-mechanism --runs runs/expe-mechanism
     python benchmarks/expe_mechanism.py --out /tmp/m --quick --data DIR --set model.vocab_size=512
 
 ExPE (Datseris et al., ExPE, eq. 3) writes p_n[k] = scale * theta * (n + k) into the first l dims of every
@@ -24,8 +24,9 @@ What it does, in one process:
 4. writes ``OUT/mechanism.json`` (paths relative to OUT or ``$EXTRAPOS_CACHE``), ``OUT/report.md`` (its
    tables) and ``OUT/mechanism.png`` (loss against index and against value, one curve per scale).
 
-The runs go to ``OUT/runs`` (not committed); a second invocation with the same OUT reuses the trained run and
-the saved evaluations.
+The run goes to ``RUNS/expe`` (``--runs``, default ``OUT/runs``; the committed result keeps it in the
+checkout's ignored ``runs/``, out of docs/); a second invocation reuses the trained run and its saved
+evaluations.
 """
 
 from __future__ import annotations
@@ -444,7 +445,7 @@ def plot(doc: dict[str, Any], path: Path) -> bool:
 # ---- the whole ------------------------------------------------------------------------------------------
 
 
-def run(s: Settings, out: Path) -> dict[str, Any]:
+def run(s: Settings, out: Path, runs: Path | None = None) -> dict[str, Any]:
     import torch
 
     from extrapos.data.cache import cache_root
@@ -453,7 +454,7 @@ def run(s: Settings, out: Path) -> dict[str, Any]:
     torch.set_num_threads(s.threads)
     out = out.resolve()  # every path the JSON names is made relative to it below
     out.mkdir(parents=True, exist_ok=True)
-    run_dir = out / "runs" / "expe"
+    run_dir = (runs.resolve() if runs is not None else out / "runs") / "expe"
     load_before = list(os.getloadavg())
     t0 = time.perf_counter()
     trained = train_run(s, run_dir)
@@ -516,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--out", required=True, help="the folder for mechanism.json, report.md, the plot and runs/"
     )
+    p.add_argument("--runs", default=None, help="folder for the trained run (default OUT/runs)")
     p.add_argument("--quick", action="store_true", help="a tiny model and budget: seconds, for the tests")
     p.add_argument("--config", default=None, help="the training preset (default cpu/small; --quick cpu/tiny)")
     p.add_argument("--data", default=None, help="a prepared data directory to train and score on")
@@ -531,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     s.overrides += a.overrides
     if a.max_tokens:
         s.max_tokens = a.max_tokens
-    doc = run(s, Path(a.out))
+    doc = run(s, Path(a.out), Path(a.runs) if a.runs else None)
     print(report_md(doc))
     return 0
 
