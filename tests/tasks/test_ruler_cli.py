@@ -148,3 +148,24 @@ def test_compare_column_options_are_checked_before_training(tmp_path):
         parse_task_specs(tmp_path / "s.toml", ["ruler"], {"ruler": {"tasks": ["sorting"]}})
     with pytest.raises(UserError, match=r"needs the SQuAD data, which must be provided"):
         parse_task_specs(tmp_path / "s.toml", ["ruler"], {"ruler": {"tasks": ["qa_1"]}})
+
+
+def test_a_ranking_result_of_the_earlier_draw_is_scored_again(ruler_run, capsys, console):
+    """The ranking draw changed (copiers at chance) while the request did not: a saved ranking result without
+    ``rank_form`` is scored again with a note, never reused; the new one is reused as before."""
+    import json
+
+    ask = dict(
+        tasks=["niah_single_1"], lengths=[1], trials=2, mode="rank", candidates=3, name="drawn", **SHAPE
+    )
+    first = ruler(ruler_run, **ask)
+    assert first["rank_form"] == 2
+    saved = ruler_run / "eval" / "drawn.json"
+    earlier = {k: v for k, v in json.loads(saved.read_text()).items() if k != "rank_form"}
+    earlier["results"][0]["rank_accuracy"] = 0.123  # a number this draw does not make
+    saved.write_text(json.dumps(earlier))
+    capsys.readouterr()
+    again = ruler(ruler_run, **ask)
+    assert again["rank_form"] == 2 and again["results"][0]["rank_accuracy"] != 0.123
+    assert "a ranking result of the earlier draw" in capsys.readouterr().out
+    assert ruler(ruler_run, **ask) == again  # reused now

