@@ -14,7 +14,7 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any
 
-from extrapos import schema
+from extrapos.schema import build as build_checked
 from extrapos.bounds import CheckedOptions
 from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, PositionalEncoding
@@ -96,7 +96,7 @@ def build_options(
             f"encoding {name!r} has no option {', '.join(unknown)}; its options are: "
             f"{', '.join(sorted(fields)) or '(none)'}."
         )
-    built: CheckedOptions = schema.build(
+    built: CheckedOptions = build_checked(
         s.cls.Options, merged, where=f"{table}.{{key}} (an option of encoding {name!r})"
     )
     return built

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
-from extrapos import schema
+from extrapos.schema import check
 from extrapos.bounds import CheckedOptions
 from extrapos.errors import UserError
 from extrapos.positions.base import Bias, EncodingContext, PositionalEncoding
@@ -50,7 +50,7 @@ _FORMS = '"all", "every 4th", "every 4th from 0", "all but every 4th" or a list 
 
 def parse_layers(spec_: Any, n_layers: int) -> tuple[int, ...]:
     """The sorted 0-based layers a ``model.positions.layers`` value selects in a model of n_layers."""
-    value = schema.check(str | list[int], spec_, "model.positions.layers")
+    value = check(str | list[int], spec_, "model.positions.layers")
     if isinstance(value, str):
         text = " ".join(value.lower().split())
         m = _EVERY.fullmatch(text)
