@@ -17,10 +17,16 @@ __all__ = ["CONFIG_FILE", "MODELING_FILE", "auto_map", "encoding_classes", "writ
 
 
 def encoding_classes(cfg) -> list[type]:
-    """The classes of the encodings a ModelConfig uses (a layer schedule's two)."""
+    """The classes of every encoding a ModelConfig's model builds: a layer schedule's two, and those an
+    encoding builds by name inside itself (DAPE's base encoding). Read from the encodings built once,
+    so an option naming another encoding is followed however it is spelled."""
+    from extrapos.positions.base import EncodingContext, PositionalEncoding
     from extrapos.positions.registry import spec
+    from extrapos.positions.schedule import build_positions
 
-    return [spec(name).cls for name in cfg.positions_plan().names]
+    built = build_positions(cfg.positions_plan(), EncodingContext.of(cfg))
+    named = {getattr(m, "registry_name", None) for m in built.modules() if isinstance(m, PositionalEncoding)}
+    return [spec(name).cls for name in sorted(n for n in named if isinstance(n, str))]
 
 
 def write_remote_code(directory: str | Path, cfg) -> None:
