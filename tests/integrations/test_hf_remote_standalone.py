@@ -84,7 +84,8 @@ for name, job in jobs.items():
     out[name] = got
 
 tok = {}
-for label, kwargs in (("refused", {"trust_remote_code": False}), ("trusted", {"trust_remote_code": True}), ("plain", {})):
+asked = {"refused": {"trust_remote_code": False}, "trusted": {"trust_remote_code": True}, "plain": {}}
+for label, kwargs in asked.items():
     shown = io.StringIO()
     with contextlib.redirect_stdout(shown):  # a question about remote code is written here (stdin is closed)
         t = AutoTokenizer.from_pretrained(jobs[next(iter(jobs))]["folder"], **kwargs)
@@ -130,7 +131,12 @@ def test_every_encoding_loads_generates_and_trains_where_extrapos_cannot_be_impo
         torch.manual_seed(i)
         tokens = torch.randint(0, VOCAB, (2, L if causal else 48))
         jobs[name] = dict(
-            folder=str(folder), tokens=tokens.tolist(), causal=causal, prompt=CONTEXT + 10, new=NEW, scratch=str(base)
+            folder=str(folder),
+            tokens=tokens.tolist(),
+            causal=causal,
+            prompt=CONTEXT + 10,
+            new=NEW,
+            scratch=str(base),
         )
         refs[name] = _reference(base / "run", tokens, causal)
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
@@ -163,7 +169,10 @@ def test_every_encoding_loads_generates_and_trains_where_extrapos_cannot_be_impo
     # the tokenizer: transformers' own fast tokenizer, the run's ids, and no code of the folder's
     folder = Path(jobs[next(iter(jobs))]["folder"])
     tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
-    assert tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast" and "auto_map" not in tokenizer_config
+    assert (
+        tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast"
+        and "auto_map" not in tokenizer_config
+    )
     assert "AutoTokenizer" not in json.loads((folder / "config.json").read_text())["auto_map"]
     want = load_run(tmp_path / "c0" / "run").tokenizer.encode(text)
     for label, tok in out["tokenizer"].items():
@@ -195,4 +204,7 @@ def test_the_folders_code_imports_only_torch_transformers_and_the_standard_libra
     for unit in ("data", "run", "training", "evaluate", "inference", "cli", "plugins", "auto_registration"):
         assert not any(f.startswith(f"extrapos_{unit}") for f in files), unit
     integrations = {f for f in files if f.startswith("extrapos_integrations")}
-    assert integrations == {"extrapos_integrations_hf_remote_cache.py", "extrapos_integrations_hf_remote_copy_code.py"}
+    assert integrations == {
+        "extrapos_integrations_hf_remote_cache.py",
+        "extrapos_integrations_hf_remote_copy_code.py",
+    }

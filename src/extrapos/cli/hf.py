@@ -33,8 +33,8 @@ def register(sub) -> None:
         "transformers.AutoModelForCausalLM.from_pretrained loads with equal logits (learned -> GPT-2, "
         "RoPE -> GPT-NeoX / Llama, ALiBi -> Bloom), no remote code. "
         "--format remote-code: any run (every encoding, layer schedules, encoders) as a directory the Auto "
-        "classes load with trust_remote_code=True, or without it after import extrapos; its model is built "
-        "by the installed extrapos (docs/huggingface.md). "
+        "classes load with trust_remote_code=True, or without it after import extrapos; the folder carries "
+        "the model's code, so it loads without extrapos installed (docs/huggingface.md). "
         "--format sentence-transformers: an encoder run (any encoding) as a model "
         "SentenceTransformer(DIR, trust_remote_code=True) loads, with mean or [CLS] pooling "
         "(docs/encoder.md).",

@@ -14,10 +14,10 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any
 
-from extrapos.schema import build as build_checked
 from extrapos.bounds import CheckedOptions
 from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, PositionalEncoding
+from extrapos.schema import build as build_checked
 
 # modules of this package that define no encoding (schedule.py combines them per layer)
 _NOT_ENCODINGS = {"base", "registry", "schedule"}

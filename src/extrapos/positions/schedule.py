@@ -36,11 +36,11 @@ from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
-from extrapos.schema import check
 from extrapos.bounds import CheckedOptions
 from extrapos.errors import UserError
 from extrapos.positions.base import Bias, EncodingContext, PositionalEncoding
 from extrapos.positions.registry import build_encoding, build_options, spec
+from extrapos.schema import check
 
 #: the keys of ``model.positions`` that describe a schedule (everything else is the encoding's options)
 SCHEDULE_KEYS = ("layers", "others")

@@ -51,7 +51,9 @@ def check_version(config: Any) -> None:
     exported = getattr(config, "extrapos_version", None)
     if exported is not None and exported != __version__:
         # this module runs as the library's or as an exported folder's copy (modeling_extrapos.py)
-        code = "the installed extrapos" if __name__.startswith("extrapos.") else "the folder's code of extrapos"
+        code = (
+            "the installed extrapos" if __name__.startswith("extrapos.") else "the folder's code of extrapos"
+        )
         warnings.warn(
             f"this model was exported by extrapos {exported} and is built by {code} {__version__}; if its "
             f"outputs differ from the exporter's, install extrapos=={exported} or export the run again.",

@@ -123,7 +123,7 @@ def _offsets(source: bytes) -> list[int]:
     return starts
 
 
-def _span(node: ast.AST, starts: list[int]) -> tuple[int, int]:
+def _span(node: ast.stmt, starts: list[int]) -> tuple[int, int]:
     first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
     start = starts[first - 1] if first != node.lineno else starts[node.lineno - 1] + node.col_offset
     end_line, end_col = node.end_lineno, node.end_col_offset
@@ -161,12 +161,12 @@ class Closure:
         tree = ast.parse(raw, filename=str(copy.path))
         skipped: list[tuple[int, int]] = []
         if copy.module == REGISTRY:  # the folder lists its encodings instead of its package's files
-            for node in tree.body:
-                if isinstance(node, ast.FunctionDef) and node.name in ("encoding_modules", "_load"):
-                    start, _ = _span(node, starts)  # to the end of its last line, comments included
-                    span = (start, starts[node.end_lineno or 0] - 1)
+            for stmt in tree.body:
+                if isinstance(stmt, ast.FunctionDef) and stmt.name in ("encoding_modules", "_load"):
+                    start, _ = _span(stmt, starts)  # to the end of its last line, comments included
+                    span = (start, starts[stmt.end_lineno or 0] - 1)
                     skipped.append(span)
-                    copy.edits.append((*span, self._registry_function(node.name)))
+                    copy.edits.append((*span, self._registry_function(stmt.name)))
             for module, _ in self.load:
                 copy.needs.append(module)
         for node in ast.walk(tree):
@@ -206,10 +206,10 @@ class Closure:
             self._check_allowed(copy, node, top)
             return None
         if module == ROOT:
-            names = {a.name for a in node.names}
-            if names != {"__version__"}:
+            imported = {a.name for a in node.names}
+            if imported != {"__version__"}:
                 raise VendorError(
-                    f"{self._where(copy, node)} imports {', '.join(sorted(names))} from extrapos itself; "
+                    f"{self._where(copy, node)} imports {', '.join(sorted(imported))} from extrapos itself; "
                     "the folder's code may read only its __version__ there."
                 )
             return f"from .{PROVENANCE} import __version__"
@@ -288,8 +288,7 @@ def folder_code(encodings: list[type]) -> dict[str, str]:
             f"# {sources[name]}, copied into this model folder by extrapos export --format remote-code\n"
             f"# ({made_by}).\n"
             "# The library's own code, its imports of extrapos made relative to this folder so that\n"
-            "# loading it needs no extrapos installed. Export again to change it.\n"
-            + _apply(copy)
+            "# loading it needs no extrapos installed. Export again to change it.\n" + _apply(copy)
         )
         for name, copy in ((f"{c.flat}.py", c) for c in by_flat.values())
     }
