@@ -200,6 +200,17 @@ def test_the_folders_code_imports_only_torch_transformers_and_the_standard_libra
             else:
                 continue
             assert all(t in ALLOWED and t != "extrapos" for t in tops), (file, ast.unparse(node))
+    # provenance: the version and commit that wrote the folder, and each copy's library file
+    from extrapos import __version__
+
+    record: dict = {}
+    exec(files["extrapos_provenance.py"], record)
+    assert record["__version__"] == __version__ and "COMMIT" in record
+    assert set(record["SOURCES"]) == set(files) - {"extrapos_provenance.py"}
+    assert record["SOURCES"]["modeling_extrapos.py"] == "extrapos/integrations/hf_remote/modeling.py"
+    for file, source in record["SOURCES"].items():
+        assert files[file].startswith(f"# {source}, copied into this model folder"), file
+        assert (ROOT / "src" / source).is_file(), source
     # the model's code only: no data pipeline, run directory, training, tokenizer or command
     for unit in ("data", "run", "training", "evaluate", "inference", "cli", "plugins", "auto_registration"):
         assert not any(f.startswith(f"extrapos_{unit}") for f in files), unit

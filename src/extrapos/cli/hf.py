@@ -183,7 +183,8 @@ def run_export(args) -> int:
     if remote:
         print(
             f"  load it with AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True) "
-            "(AutoModelForMaskedLM for an encoder); extrapos must be installed where it loads"
+            "(AutoModelForMaskedLM for an encoder); the folder carries its model code, so extrapos need not "
+            "be installed where it loads"
         )
     limit = json.loads((out / "extrapos.json").read_text())["context"]
     print(f"  context limit {limit['limit']} tokens ({limit['why']}); README.md is its model card")

@@ -90,10 +90,17 @@ def source_commit() -> str | None:
     it; or the commit pip recorded for a VCS install (direct_url.json); None when neither is known."""
     here = Path(__file__).resolve().parents[2]  # the extrapos package folder
     try:
+        # only a checkout that tracks this package: an installed copy may sit inside another repository
+        tracked = subprocess.run(
+            ["git", "-C", str(here), "ls-files", "--error-unmatch", "__init__.py"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         head = subprocess.run(
             ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
         )
-        if head.returncode == 0:
+        if tracked.returncode == 0 and head.returncode == 0:
             status = subprocess.run(
                 ["git", "-C", str(here), "status", "--porcelain", "--", "."],
                 capture_output=True,
