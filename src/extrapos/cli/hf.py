@@ -70,6 +70,19 @@ def register(sub) -> None:
         help="remote-code: the context limit the folder records (max_position_embeddings, which lm-eval "
         "reads as the window; default: the longest length the run was evaluated at, at least L_t)",
     )
+    e.add_argument(
+        "--push-to-hub",
+        default=None,
+        metavar="REPO",
+        help="then upload the folder to this Hugging Face Hub model repository (OWNER/NAME, created if "
+        "missing) in one commit; needs a token (hf auth login or HF_TOKEN)",
+    )
+    e.add_argument("--private", action="store_true", help="--push-to-hub: create the repository private")
+    e.add_argument(
+        "--commit-message",
+        default=None,
+        help="--push-to-hub: the commit's message (default: the run, its step and the extrapos version)",
+    )
     e.set_defaults(func=run_export)
 
 
@@ -119,6 +132,7 @@ def run_export(args) -> int:
     from extrapos.files import check_text
 
     check_text(args.out, "--out")
+    check_push(args)
 
     if args.format == "sentence-transformers":
         import importlib.util
@@ -161,6 +175,7 @@ def run_export(args) -> int:
             f"exported {args.run} -> {out} (load it with "
             f"SentenceTransformer({str(out)!r}, trust_remote_code=True))"
         )
+        push(args, out)
         return 0
     given = [f for f, v in (("--pooling", args.pooling), ("--max-length", args.max_length)) if v is not None]
     given += ["--normalize"] if args.normalize else []
@@ -188,7 +203,31 @@ def run_export(args) -> int:
         )
     limit = json.loads((out / "extrapos.json").read_text())["context"]
     print(f"  context limit {limit['limit']} tokens ({limit['why']}); README.md is its model card")
+    push(args, out)
     return 0
+
+
+def check_push(args) -> None:
+    """--private and --commit-message need --push-to-hub; its repository id is checked before the export."""
+    from extrapos.errors import UserError
+
+    if args.push_to_hub is None:
+        given = [f for f, v in (("--private", args.private), ("--commit-message", args.commit_message)) if v]
+        if given:
+            raise UserError(f"{given[0]} applies to --push-to-hub only; drop it or add --push-to-hub REPO.")
+        return
+    from extrapos.integrations.hf.hub import check_repo_id
+
+    check_repo_id(args.push_to_hub)
+
+
+def push(args, out) -> None:
+    if args.push_to_hub is None:
+        return
+    from extrapos.integrations.hf.hub import push_folder
+
+    url = push_folder(out, args.push_to_hub, private=args.private, commit_message=args.commit_message)
+    print(f"pushed {out} -> {args.push_to_hub} ({url})")
 
 
 def native_refusal(run_dir: str) -> str | None:
