@@ -236,8 +236,8 @@ class Closure:
         if top and top not in ALLOWED:
             raise VendorError(
                 f"{self._where(copy, node)} imports {top}, which the exported folder cannot require (it "
-                "loads with the standard library, torch and transformers); import it inside the function "
-                "that needs it, outside the model's code."
+                "loads with the standard library, torch and transformers); move what needs it out of the "
+                "modules the model runs (a folder copies every import of a module, inside functions too)."
             )
 
     def _registry_function(self, name: str) -> str:
