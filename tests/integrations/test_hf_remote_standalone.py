@@ -99,6 +99,9 @@ torch.save(out, sys.argv[2])
 
 ENCODER = dict(flavour="encoder", positions={"name": "t5"})
 SAVED = ("cable", "dape", "schedule-rope-nope", "encoder-t5")  # save_pretrained and load again
+# by default: a folded bias, an encoding built inside another, a gated state, rotation, a schedule, the
+# llama block with grouped-query attention and an encoder
+SOME = ("cable", "dape", "fox", "rope", "schedule-rope-nope", "alibi-llama", "encoder-t5")
 
 
 def _reference(run_dir: Path, tokens: torch.Tensor, causal: bool) -> dict:
@@ -120,11 +123,16 @@ def _reference(run_dir: Path, tokens: torch.Tensor, causal: bool) -> dict:
     return ref
 
 
-def test_every_encoding_loads_generates_and_trains_where_extrapos_cannot_be_imported(tmp_path):
+@pytest.mark.parametrize("which", ["some", pytest.param("every", marks=pytest.mark.slow)])
+def test_every_encoding_loads_generates_and_trains_where_extrapos_cannot_be_imported(tmp_path, which):
+    """``every``: each registered encoding, a layer schedule, Llama-flavour ALiBi and an encoder (about 70
+    CPU seconds, pytest -m slow); ``some``: one of each family of code paths, by default."""
     cases = {name: CASES[name] for name in names()}  # every registered encoding on its own
     cases["schedule-rope-nope"] = CASES["schedule-rope-nope"]
     cases["alibi-llama"] = CASES["alibi-llama"]
     cases["encoder-t5"] = ENCODER
+    if which == "some":
+        cases = {name: options for name, options in cases.items() if name in SOME}
     jobs, refs = {}, {}
     for i, (name, options) in enumerate(cases.items()):
         base = tmp_path / f"c{i}"
