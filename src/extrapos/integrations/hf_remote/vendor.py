@@ -14,14 +14,16 @@ not used: transformers does not copy them reliably.
 Three things differ from the library, each named here:
 
 - the positions registry imports the modules of ``extrapos.positions`` by listing its folder and loads
-  plug-ins; in the folder it imports the modules of the encodings this model uses (``_registry_load``);
+  plug-ins; in the folder it imports the modules of the encodings this model builds, an encoding built
+  inside another (DAPE's base) included (``Closure._registry_function``);
 - ``save_pretrained`` of a model built from the folder writes the folder's own files again
   (``copy_code.py``) instead of generating them;
 - ``from extrapos import __version__`` reads ``extrapos_provenance.py``, which records the extrapos
   version and commit that wrote the folder and the library file each copy came from.
 
 Anything else a copied module imports must be the standard library, torch or transformers; anything else
-fails the export (``VendorError``), so a folder never needs more to load than it says.
+fails the export (``VendorError``, naming the file and line), so a folder never needs more to load than
+it says; a plug-in's encoding module is copied the same way, as ``plugin_<its dotted path>.py``.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from extrapos.errors import UserError
+from extrapos.integrations.hf_remote.copy_code import CONFIG_FILE, MODELING_FILE
+
 ROOT = "extrapos"
-CONFIG_FILE = "configuration_extrapos.py"
-MODELING_FILE = "modeling_extrapos.py"
 PROVENANCE = "extrapos_provenance"
 #: library modules that keep the file names transformers' convention gives them
 ENTRIES = {
@@ -50,9 +53,10 @@ REGISTRY = "extrapos.positions.registry"
 ALLOWED = frozenset(sys.stdlib_module_names) | {"torch", "transformers"}
 
 
-class VendorError(RuntimeError):
+class VendorError(UserError):
     """A module the folder's code needs cannot be copied (it imports something outside the copies, the
-    standard library, torch and transformers, or imports an extrapos module as an object)."""
+    standard library, torch and transformers, or imports an extrapos module as an object): a plug-in's
+    encoding module, or a library module, to change."""
 
 
 @dataclass
