@@ -118,7 +118,9 @@ with torch.no_grad():
     logits = model(tokens).logits
 model.generation_config.eos_token_id = None
 greedy = model.generate(tokens[:1, :20], max_new_tokens=10, do_sample=False, pad_token_id=0)[0, 20:]
-print(json.dumps({"logits": logits.tolist(), "greedy": greedy.tolist(), "class": type(model).__module__}))
+library = sorted(m for m in sys.modules if m == "extrapos" or m.startswith("extrapos."))
+print(json.dumps({"logits": logits.tolist(), "greedy": greedy.tolist(), "class": type(model).__module__,
+                  "library": library}))
 """
 
 
@@ -132,13 +134,15 @@ def _python(code: str, *args: str) -> str:
 
 
 def test_a_fresh_process_loads_it_with_only_transformers_in_its_code(tmp_path):
-    """The user's code imports transformers alone; the folder's own files import extrapos."""
+    """The user's code imports transformers alone, where extrapos is installed: the folder's own files
+    build the model, and import nothing of the installed library (the two never mix)."""
     out = _export(tmp_path, positions={"name": "cable"})
     run = load_run(tmp_path / "run")
     torch.manual_seed(4)
     tokens = torch.randint(0, VOCAB, (2, 48))
     got = json.loads(_python(FRESH, str(out), json.dumps(tokens.tolist())))
     assert got["class"].startswith("transformers_modules")  # the folder's modeling_extrapos.py
+    assert got["library"] == []
     assert (torch.tensor(got["logits"]) - ours_logits(run.model, tokens)).abs().max() < TOL
     want = list(generate_tokens(run.model, tokens[0, :20].tolist(), 10, temperature=0.0))
     assert got["greedy"] == want

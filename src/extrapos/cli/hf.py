@@ -39,8 +39,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "transformers.AutoModelForCausalLM.from_pretrained loads with equal logits (learned -> GPT-2, "
         "RoPE -> GPT-NeoX / Llama, ALiBi -> Bloom), no remote code. "
         "--format remote-code: any run (every encoding, layer schedules, encoders) as a directory the Auto "
-        "classes load with trust_remote_code=True, or without it after import extrapos; its model is built "
-        "by the installed extrapos (docs/huggingface.md). "
+        "classes load with trust_remote_code=True, or without it after import extrapos; the folder carries "
+        "the model's code, so it loads without extrapos installed (docs/huggingface.md). "
         "--format sentence-transformers: an encoder run (any encoding) as a model "
         "SentenceTransformer(DIR, trust_remote_code=True) loads, with mean or [CLS] pooling "
         "(docs/encoder.md).",
@@ -75,6 +75,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="N",
         help="remote-code: the context limit the folder records (max_position_embeddings, which lm-eval "
         "reads as the window; default: the longest length the run was evaluated at, at least L_t)",
+    )
+    e.add_argument(
+        "--push-to-hub",
+        default=None,
+        metavar="REPO",
+        help="then upload the folder to this Hugging Face Hub model repository (OWNER/NAME, created if "
+        "missing) in one commit; needs a token (hf auth login or HF_TOKEN)",
+    )
+    e.add_argument("--private", action="store_true", help="--push-to-hub: create the repository private")
+    e.add_argument(
+        "--commit-message",
+        default=None,
+        help="--push-to-hub: the commit's message (default: the run, its step and the extrapos version)",
     )
     e.set_defaults(func=run_export)
 
@@ -125,6 +138,7 @@ def run_export(args: argparse.Namespace) -> int:
     from extrapos.files import check_text
 
     check_text(args.out, "--out")
+    check_push(args)
 
     if args.format == "sentence-transformers":
         import importlib.util
@@ -167,6 +181,7 @@ def run_export(args: argparse.Namespace) -> int:
             f"exported {args.run} -> {out} (load it with "
             f"SentenceTransformer({str(out)!r}, trust_remote_code=True))"
         )
+        push(args, out)
         return 0
     given = [f for f, v in (("--pooling", args.pooling), ("--max-length", args.max_length)) if v is not None]
     given += ["--normalize"] if args.normalize else []
@@ -189,11 +204,36 @@ def run_export(args: argparse.Namespace) -> int:
     if remote:
         print(
             f"  load it with AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True) "
-            "(AutoModelForMaskedLM for an encoder); extrapos must be installed where it loads"
+            "(AutoModelForMaskedLM for an encoder); the folder carries its model code, so extrapos need not "
+            "be installed where it loads"
         )
     limit = json.loads((out / "extrapos.json").read_text())["context"]
     print(f"  context limit {limit['limit']} tokens ({limit['why']}); README.md is its model card")
+    push(args, out)
     return 0
+
+
+def check_push(args) -> None:
+    """--private and --commit-message need --push-to-hub; its repository id is checked before the export."""
+    from extrapos.errors import UserError
+
+    if args.push_to_hub is None:
+        given = [f for f, v in (("--private", args.private), ("--commit-message", args.commit_message)) if v]
+        if given:
+            raise UserError(f"{given[0]} applies to --push-to-hub only; drop it or add --push-to-hub REPO.")
+        return
+    from extrapos.integrations.hf.hub import check_repo_id
+
+    check_repo_id(args.push_to_hub)
+
+
+def push(args, out) -> None:
+    if args.push_to_hub is None:
+        return
+    from extrapos.integrations.hf.hub import push_folder
+
+    url = push_folder(out, args.push_to_hub, private=args.private, commit_message=args.commit_message)
+    print(f"pushed {out} -> {args.push_to_hub} ({url})")
 
 
 def native_refusal(run_dir: str) -> str | None:

@@ -14,10 +14,10 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any
 
-from extrapos import schema
 from extrapos.bounds import CheckedOptions
 from extrapos.errors import UserError
 from extrapos.positions.base import EncodingContext, PositionalEncoding
+from extrapos.schema import build as build_checked
 
 # modules of this package that define no encoding (schedule.py combines them per layer)
 _NOT_ENCODINGS = {"base", "registry", "schedule"}
@@ -96,7 +96,7 @@ def build_options(
             f"encoding {name!r} has no option {', '.join(unknown)}; its options are: "
             f"{', '.join(sorted(fields)) or '(none)'}."
         )
-    built: CheckedOptions = schema.build(
+    built: CheckedOptions = build_checked(
         s.cls.Options, merged, where=f"{table}.{{key}} (an option of encoding {name!r})"
     )
     return built

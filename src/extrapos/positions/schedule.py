@@ -36,11 +36,11 @@ from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
-from extrapos import schema
 from extrapos.bounds import CheckedOptions
 from extrapos.errors import UserError
 from extrapos.positions.base import Bias, EncodingContext, PositionalEncoding
 from extrapos.positions.registry import build_encoding, build_options, spec
+from extrapos.schema import check
 
 #: the keys of ``model.positions`` that describe a schedule (everything else is the encoding's options)
 SCHEDULE_KEYS = ("layers", "others")
@@ -50,7 +50,7 @@ _FORMS = '"all", "every 4th", "every 4th from 0", "all but every 4th" or a list 
 
 def parse_layers(spec_: Any, n_layers: int) -> tuple[int, ...]:
     """The sorted 0-based layers a ``model.positions.layers`` value selects in a model of n_layers."""
-    value = schema.check(str | list[int], spec_, "model.positions.layers")
+    value = check(str | list[int], spec_, "model.positions.layers")
     if isinstance(value, str):
         text = " ".join(value.lower().split())
         m = _EVERY.fullmatch(text)

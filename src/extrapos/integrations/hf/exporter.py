@@ -116,7 +116,8 @@ def export_pretrained(
     context: int | None = None,
 ) -> Path:
     """Write ``out``: config.json, model.safetensors, the run's tokenizer, a model card (README.md) and
-    extrapos.json (the run's name, step and encoding), for transformers.
+    extrapos.json (the run's name, step and encoding, and the extrapos version and commit), for
+    transformers.
 
     ``step`` picks a checkpoint (default: the latest). UserError when the run's encoding or block has
     no Hugging Face architecture (see ``export_architecture``), unless ``remote_code``: then any run is
@@ -147,6 +148,8 @@ def export_pretrained(
         special = special_tokens_of(run.path, tokenizer)
         trained = export_context(run.cfg)
         evaluated = evaluations(run.path, run.step)
+        from extrapos.integrations.hf_remote.vendor import source_commit
+
         if remote_code:
             from extrapos.integrations.hf_remote.export import write_remote_model
 
@@ -185,6 +188,7 @@ def export_pretrained(
                     "step": run.step,
                     "positions": run.cfg.model.positions,
                     "extrapos_version": __version__,
+                    "extrapos_commit": source_commit(),
                     "context": {"limit": limit, "why": why, "train_length": trained},
                 },
                 indent=1,

@@ -145,9 +145,11 @@ def _loading(name: str, remote: bool, causal: bool) -> list[str]:
     if remote:
         lines += [
             "",
-            "The folder's model code imports the extrapos library, which must be installed where it loads; "
-            "with `import extrapos` done first, the folder loads without `trust_remote_code`. The tokenizer "
-            "is a standard fast tokenizer and runs no code (`trust_remote_code=False` only keeps "
+            "The folder's model code is extrapos' own, copied into it when it was exported (the "
+            "`extrapos_*.py` files; `extrapos_provenance.py` names the extrapos version and commit): it "
+            "loads with torch and transformers alone, no extrapos installed. With `import extrapos` done "
+            "first, the folder loads without `trust_remote_code`, built by the installed library. The "
+            "tokenizer is a standard fast tokenizer and runs no code (`trust_remote_code=False` only keeps "
             "transformers from asking about the model's code while it reads config.json).",
         ]
     if causal:

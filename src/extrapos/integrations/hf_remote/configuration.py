@@ -53,11 +53,26 @@ class ExtraposConfig(PreTrainedConfig):
 
     def model_config(self):
         """The library's ModelConfig (checked key by key as a run's config.toml is)."""
-        from extrapos.model import ModelConfig
-        from extrapos.run.config import build_section
+        return model_config_of(self)
 
-        if not self.extrapos_model:
-            raise ValueError(
-                "this ExtraposConfig has no extrapos_model; it was not written by extrapos export."
-            )
-        return build_section(ModelConfig, dict(self.extrapos_model), "model")
+
+def model_config_of(config: Any):
+    """The ModelConfig of an ExtraposConfig, built by this module's own imports.
+
+    The model classes call this rather than ``config.model_config()``: transformers loads an exported
+    folder's configuration file and its modeling file as two module trees (each file with the files it
+    imports), and the ModelConfig, its encodings' options and the model must all come from the modeling
+    file's tree, whose copy of this module this is."""
+    from extrapos.model import ModelConfig
+    from extrapos.schema import build
+
+    values = getattr(config, "extrapos_model", None)
+    if not values:
+        raise ValueError("this ExtraposConfig has no extrapos_model; it was not written by extrapos export.")
+    # run/config.py's build_section, whose module (data, TOML) an exported folder does not carry
+    return build(
+        ModelConfig,
+        dict(values),
+        where="config key 'model.{key}'",
+        unknown="unknown config key 'model.{key}'; the keys of [model] are: {keys}.",
+    )

@@ -1,77 +1,37 @@
 """The Python files of an exported folder and the ``auto_map`` in its config.json that points at them.
 
-transformers runs a folder's own files for ``from_pretrained(DIR, trust_remote_code=True)`` (and checks
-that every package they import is installed, naming the missing one: ``pip install extrapos``). Here
-they only subclass the library's classes, so the model is built by the installed extrapos: the folder
-carries no copy of the library to drift from it, and a model loaded from it saves the same files
-(transformers copies a remote class's own file; ``save_pretrained`` rewrites them and the map).
+transformers runs a folder's own files for ``from_pretrained(DIR, trust_remote_code=True)``. They are
+the library's modules the model runs, copied from the installed extrapos at export time with their
+imports made relative (vendor.py), so the folder loads with torch and transformers alone; a model
+saved again (``save_pretrained``, however it was loaded) writes the same files and map. In a folder,
+``copy_code.py`` takes this module's place and copies the folder's own files.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-CONFIG_FILE = "configuration_extrapos.py"
-MODELING_FILE = "modeling_extrapos.py"
+from extrapos.integrations.hf_remote.copy_code import CONFIG_FILE, MODELING_FILE, auto_map, write_auto_map
 
-CONFIGURATION = '''"""The configuration of an extrapos model: transformers runs this file for
-AutoConfig.from_pretrained(DIR, trust_remote_code=True).
-
-The model is built by the extrapos library (positional encodings for length extrapolation), which must
-be installed: pip install extrapos. With extrapos imported, this folder also loads without
-trust_remote_code.
-"""
-
-from extrapos.integrations.hf_remote.configuration import ExtraposConfig as LibraryConfig
+__all__ = ["CONFIG_FILE", "MODELING_FILE", "auto_map", "encoding_classes", "write_remote_code"]
 
 
-class ExtraposConfig(LibraryConfig):
-    """The run's extrapos ModelConfig (extrapos_model) and its context length."""
-'''
+def encoding_classes(cfg) -> list[type]:
+    """The classes of every encoding a ModelConfig's model builds: a layer schedule's two, and those an
+    encoding builds by name inside itself (DAPE's base encoding). Read from the encodings built once,
+    so an option naming another encoding is followed however it is spelled."""
+    from extrapos.positions.base import EncodingContext, PositionalEncoding
+    from extrapos.positions.registry import spec
+    from extrapos.positions.schedule import build_positions
 
-MODELING = '''"""The model classes of an extrapos model: transformers runs this file for
-AutoModelForCausalLM / AutoModelForMaskedLM / AutoModel.from_pretrained(DIR, trust_remote_code=True).
-
-Each class is the installed extrapos library's (pip install extrapos), which builds the model with its
-own positional encoding, so the logits are the ones extrapos computes.
-"""
-
-from extrapos.integrations.hf_remote import modeling
-
-from .configuration_extrapos import ExtraposConfig
-
-
-class ExtraposModel(modeling.ExtraposModel):
-    config_class = ExtraposConfig
-
-
-class ExtraposForCausalLM(modeling.ExtraposForCausalLM):
-    config_class = ExtraposConfig
-
-
-class ExtraposForMaskedLM(modeling.ExtraposForMaskedLM):
-    config_class = ExtraposConfig
-'''
-
-
-def auto_map(causal: bool) -> dict[str, str]:
-    """The Auto classes a folder of a decoder (causal) or an encoder answers to."""
-    head = "AutoModelForCausalLM" if causal else "AutoModelForMaskedLM"
-    model = "ExtraposForCausalLM" if causal else "ExtraposForMaskedLM"
-    return {
-        "AutoConfig": "configuration_extrapos.ExtraposConfig",
-        "AutoModel": "modeling_extrapos.ExtraposModel",
-        head: f"modeling_extrapos.{model}",
-    }
+    built = build_positions(cfg.positions_plan(), EncodingContext.of(cfg))
+    named = {getattr(m, "registry_name", None) for m in built.modules() if isinstance(m, PositionalEncoding)}
+    return [spec(name).cls for name in sorted(n for n in named if isinstance(n, str))]
 
 
 def write_remote_code(directory: str | Path, cfg) -> None:
-    """Write the two Python files into ``directory`` and point its config.json's auto_map at them."""
-    directory = Path(directory)
-    (directory / CONFIG_FILE).write_text(CONFIGURATION)
-    (directory / MODELING_FILE).write_text(MODELING)
-    config_path = directory / "config.json"
-    config = json.loads(config_path.read_text())
-    config["auto_map"] = auto_map(cfg.causal)
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    """Write the folder's Python files into ``directory`` and point its config.json's auto_map at them."""
+    from extrapos.integrations.hf_remote.vendor import write_folder_code
+
+    write_folder_code(directory, encoding_classes(cfg))
+    write_auto_map(directory, cfg.causal)

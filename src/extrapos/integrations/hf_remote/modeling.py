@@ -13,8 +13,10 @@ it has alone), optional ``position_ids``, the cache as ``cache`` (transformers 5
 ``past_key_values`` (earlier), ``logits_to_keep`` and ``output_hidden_states`` (the input of every
 block, then the final normed states, as transformers' own decoders return them).
 
-Loading a folder exported by another extrapos version warns once (``check_version``): the model is built
-by the installed library, not by the one that exported it.
+An exported folder holds a copy of this file as ``modeling_extrapos.py`` (vendor.py), which transformers
+runs without extrapos installed; after ``import extrapos`` transformers builds the model from the
+installed library's classes instead (registration.py), and loading a folder exported by another extrapos
+version warns once (``check_version``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.modeling_utils import PreTrainedModel
 
 from extrapos.integrations.hf_remote.cache import ExtraposCache
-from extrapos.integrations.hf_remote.configuration import ExtraposConfig
+from extrapos.integrations.hf_remote.configuration import ExtraposConfig, model_config_of
 from extrapos.model import Decoder
 
 # the outputs' name for the cache: ``cache`` from transformers 5.24, which deprecates ``past_key_values``
@@ -42,15 +44,19 @@ CACHE_NAME = next(
 
 
 def check_version(config: Any) -> None:
-    """One warning when the folder was exported by another extrapos than the one building its model."""
+    """One warning when the folder was exported by another extrapos than the code building its model (the
+    installed library, or a folder's copy of it whose config.json another version wrote)."""
     from extrapos import __version__
 
     exported = getattr(config, "extrapos_version", None)
     if exported is not None and exported != __version__:
+        # this module runs as the library's or as an exported folder's copy (modeling_extrapos.py)
+        code = (
+            "the installed extrapos" if __name__.startswith("extrapos.") else "the folder's code of extrapos"
+        )
         warnings.warn(
-            f"this model was exported by extrapos {exported} and is built by the installed extrapos "
-            f"{__version__}; if its outputs differ from the exporter's, install extrapos=={exported} or "
-            "export the run again.",
+            f"this model was exported by extrapos {exported} and is built by {code} {__version__}; if its "
+            f"outputs differ from the exporter's, install extrapos=={exported} or export the run again.",
             UserWarning,
             stacklevel=3,
         )
@@ -75,7 +81,7 @@ class ExtraposPreTrainedModel(PreTrainedModel):
 
     def __init__(self, config: ExtraposConfig, decoder: Decoder | None = None) -> None:
         super().__init__(config)
-        cfg = config.model_config()
+        cfg = model_config_of(config)  # built by this module tree (configuration.py)
         self.check_flavour(cfg)
         # ``decoder``: an existing model to wrap (export); otherwise the library builds one
         self.model = decoder if decoder is not None else Decoder(cfg)
