@@ -346,3 +346,14 @@ def test_a_preset_changed_after_its_table_fails_the_settings_check(tmp_path, edi
     (tmp_path / "changed.toml").write_text(text.replace(edit[0], edit[1]))
     differ = training_mismatches(load_sweep(str(tmp_path / "changed.toml")), report, results)
     assert differ and any(expect in d for d in differ), differ
+
+
+def test_the_figure3_table_is_what_its_attention_results_render():
+    """The segmented-figure3 page's table is copied from median-weight.md (its number guard marker says so);
+    that table is what the three committed attention results render today."""
+    from extrapos.report.attention_figure import check_comparable, summary_table
+
+    folder = RESULTS / "segmented-figure3"
+    labels = {"parent": "parent (RoPE)", "chunk": "chunk-0.25 x4", "continue": "continue"}
+    results = [(label, json.loads((folder / f"{name}.json").read_text())) for name, label in labels.items()]
+    assert summary_table(results, check_comparable(results)) in (folder / "median-weight.md").read_text()
