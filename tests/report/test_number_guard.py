@@ -27,11 +27,10 @@ PENDING = {
     "docs/results/peers.md": 349,
     "docs/results/quick-precision.md": 224,
     "docs/results/quick.md": 238,
-    "docs/results/rehearsal.md": 95,
     "docs/results/retrieval.md": 168,
 }
 #: numbers marked ``untied`` (measured, but no committed file holds them), per page: may only fall
-UNTIED_MARKED = {"README.md": 12, "docs/results/README.md": 4, "docs/results/segmented-figure3.md": 2, "docs/results/sinusoidal.md": 1}
+UNTIED_MARKED = {"README.md": 12, "docs/results/README.md": 4, "docs/results/rehearsal.md": 3, "docs/results/segmented-figure3.md": 2, "docs/results/sinusoidal.md": 1}
 
 
 @pytest.mark.parametrize("page", pages(ROOT), ids=lambda p: str(p.relative_to(ROOT)))
