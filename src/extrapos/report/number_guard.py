@@ -331,7 +331,9 @@ def ref_values(root: Path, path: str, ref: str, cache: dict[str, Any]) -> list[f
         cache[path] = json.loads(file.read_text()) if path.endswith(".json") else file.read_text()
     doc = cache[path]
     if ref.startswith('"') and ref.endswith('"') and len(ref) > 1:
-        values = _quoted_values(doc if isinstance(doc, str) else (root / path).read_text(), ref[1:-1])
+        text = doc if isinstance(doc, str) else (root / path).read_text()
+        # a page's own markers are not its text: an expression reads "39 minutes", marked or not
+        values = _quoted_values(_COMMENT.sub("", text) if path.endswith(".md") else text, ref[1:-1])
     elif isinstance(doc, str):
         values = _md_values(doc, " ".join(ref.split()))  # a marker may wrap its references over lines
     else:
