@@ -357,3 +357,20 @@ def test_the_figure3_table_is_what_its_attention_results_render():
     labels = {"parent": "parent (RoPE)", "chunk": "chunk-0.25 x4", "continue": "continue"}
     results = [(label, json.loads((folder / f"{name}.json").read_text())) for name, label in labels.items()]
     assert summary_table(results, check_comparable(results)) in (folder / "median-weight.md").read_text()
+
+
+@pytest.mark.parametrize("folder", sorted(p.parent.name for p in RESULTS.glob("*/pairs.md")))
+def test_a_pairs_file_is_what_its_results_render(folder):
+    """A folder's pairs.md (the paired differences between rows other than the report's baseline, which
+    the pages quote) holds, under each "Difference to X:", the difference table its results.json renders
+    with X as the baseline."""
+    from extrapos.report import render
+
+    text = (RESULTS / folder / "pairs.md").read_text()
+    results = json.loads((RESULTS / folder / "results.json").read_text())
+    rows = [render.Row(r["name"], r) for r in results]
+    baselines = re.findall(r"^Difference to (.+):$", text, flags=re.M)
+    assert baselines
+    for baseline in baselines:
+        table = render.difference_table(rows, render.cell_intervals(rows, baseline))
+        assert f"Difference to {baseline}:\n\n{table}\n" in text, baseline

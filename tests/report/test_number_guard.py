@@ -20,7 +20,6 @@ PENDING = {
     "docs/results/cost.md": 162,
     "docs/results/cpu-profile.md": 339,
     "docs/results/extension-methods.md": 219,
-    "docs/results/extension.md": 118,
     "docs/results/medium.md": 464,
     "docs/results/mlm.md": 142,
     "docs/results/peers.md": 349,
