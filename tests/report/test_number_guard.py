@@ -21,7 +21,6 @@ PENDING = {
     "docs/results/cpu-profile.md": 339,
     "docs/results/extension-methods.md": 219,
     "docs/results/medium.md": 464,
-    "docs/results/mlm.md": 142,
     "docs/results/peers.md": 349,
     "docs/results/quick-precision.md": 224,
     "docs/results/quick.md": 238,
