@@ -7,13 +7,13 @@ in docs/results/README.md ("How a number is tied"):
 
 **What counts.** Outside code (fenced blocks and `inline code`), HTML comments, link targets and headings: a
 number with decimals (``5.442``, ``1.84M``, ``2.5x``), a percentage (``15%``, ``70 %``), a number with a unit
-of time (``68 min``, ``47 ms``, ``75 us``, ``541 s``), a number with a comparative ``x`` (``14x faster``), a number on
-either side of ``->`` (``13 -> 247 tokens``), and the first number of a range whose second counts
-(``23-33 min``). Integers otherwise are settings, counts, lengths, years or ordinals (``L_t = 64``, ``12
-documents``, ``16x``, ``Table 3``) and do not count; nor do version numbers (``2.13.0``, ``Python 3.10``),
-numbers glued to a word (``x0.5``, ``chunk-0.25``, ``issue39``) or numbers after ``Table``, ``Figure``,
-``Section``, ``eq.``. What follows a number at the end of a line is read on the next line (``95%`` ending
-one line and ``interval`` starting the next is a confidence level).
+of time (``68 min``, ``47 ms``, ``75 us``, ``541 s``), a number with a comparative ``x`` (``14x faster``), a
+number on either side of ``->`` (``13 -> 247 tokens``), and the first number of a range whose second counts
+(``23-33 min``, ``92-101 to 75-78 us``). Integers otherwise are settings, counts, lengths, years or
+ordinals (``L_t = 64``, ``12 documents``, ``16x``, ``Table 3``) and do not count; nor do version numbers
+(``2.13.0``, ``Python 3.10``), numbers glued to a word (``x0.5``, ``chunk-0.25``, ``issue39``) or numbers
+after ``Table``, ``Figure``, ``Section``, ``eq.``. What follows a number at the end of a line is read on
+the next line (``95%`` ending one line and ``interval`` starting the next is a confidence level).
 
 **What ties it.** A marker, an HTML comment that renders as nothing, closes a *span*: the text since the
 previous marker in the same block (a paragraph, list item or table row; a marker alone on the line right
@@ -59,7 +59,9 @@ _FENCE = re.compile(r"^\s*(```|~~~)")
 _NUMBER = re.compile(
     r"(?<![\w.])(?<![A-Za-z_]-)(?P<sign>[+\-\u2212]?)(?P<int>\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?P<frac>\.\d+)?"
 )
-_UNIT = re.compile(r"^\s?(%|ms\b|us\b|\u00b5s\b|\u03bcs\b|s\b|sec\b|seconds?\b|min\b|minutes?\b|h\b|hours?\b)")
+_UNIT = re.compile(
+    r"^\s?(%|ms\b|us\b|\u00b5s\b|\u03bcs\b|s\b|sec\b|seconds?\b|min\b|minutes?\b|h\b|hours?\b)"
+)
 _COMPARATIVE = re.compile(r"^x\s+(faster|slower|less|more|fewer|larger|smaller|longer|shorter)\b")
 _BEFORE_EXCLUDED = re.compile(
     r"(\bTable|\bFigure|\bFig\.|\bSection|§|\beq\.|\bEq\.|\bPython|\btorch|\bCUDA|\bversion)\s*$"
