@@ -210,3 +210,29 @@ def test_a_confidence_level_split_over_two_lines_is_not_a_measurement():
     assert [n.text for n in counted_numbers("with a 95%", 1, "interval over documents")] == []
     assert [n.text for n in counted_numbers("took 68", 1, "min on 2 cores")] == ["68"]
     assert [n.text for n in counted_numbers("with a 95%", 1, "of the runs")] == ["95"]
+
+
+@pytest.mark.parametrize(
+    "page, number",
+    [
+        ("docs/results/segmented-figure3.md", "-0.011 [-0.013"),  # prose tied to a figure's table
+        ("docs/results/segmented-figure3.md", "| 0.517"),  # a table under a 'table from' marker
+        ("docs/results/sinusoidal.md", "6.694"),  # a table row tied cell by cell
+        ("docs/results/extension.md", "0.009 [0.006"),  # prose tied to pairs.md
+        ("docs/results/cost.md", "| 4.54"),  # a table row tied to bench.md
+        ("docs/results/cost.md", "1.34-1.41x"),  # prose tied by a quoted expression
+        ("docs/results/README.md", "68 min"),  # the index, tied to the page it summarises
+        ("docs/results/mlm.md", "**6.573**"),  # a JSON key
+        ("docs/results/expe-table2.md", "8.792"),  # a report kept from the git history
+    ],
+)
+def test_a_changed_digit_on_a_results_page_fails_naming_its_line(page, number):
+    """A copy of a results page with one digit of a tied number changed fails, naming the page's line."""
+    text = (ROOT / page).read_text()
+    assert check_text(text, page, ROOT).errors == []
+    at = text.index(number)
+    digit_at = at + max(i for i, c in enumerate(number) if c.isdigit())  # the quoted text's last digit
+    changed = text[:digit_at] + ("1" if text[digit_at] != "1" else "2") + text[digit_at + 1 :]
+    line = text[:at].count("\n") + 1
+    errors = check_text(changed, page, ROOT).errors
+    assert errors and any(e.startswith(f"{page}:{line}:") for e in errors), errors
