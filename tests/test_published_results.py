@@ -374,3 +374,24 @@ def test_a_pairs_file_is_what_its_results_render(folder):
     for baseline in baselines:
         table = render.difference_table(rows, render.cell_intervals(rows, baseline))
         assert f"Difference to {baseline}:\n\n{table}\n" in text, baseline
+
+
+#: an absolute path of a machine: a root folder that holds checkouts, caches, virtual environments or scratch
+_MACHINE_PATH = re.compile(r"(?<![\w.$~/-])/(?:work|tmp|root|home|opt|mnt|var|srv|Users)/[\w.-]")
+
+
+def test_no_committed_page_or_log_under_results_names_a_machines_absolute_path():
+    """Every .md and .log file under docs/results names paths relative to the checkout, or as $EXTRAPOS_CACHE,
+    $VENV, $TMPDIR or $OUT: a path of the machine that ran it means nothing in another clone (issue 47)."""
+    files = sorted([*RESULTS.rglob("*.md"), *RESULTS.rglob("*.log")])
+    assert len(files) >= 60
+    found = [
+        f"{f.relative_to(ROOT)}:{i}: {m.group(0)}"
+        for f in files
+        for i, line in enumerate(f.read_text().splitlines(), 1)
+        for m in _MACHINE_PATH.finditer(line)
+    ]
+    assert not found, "absolute paths (write them relative to the checkout):\n" + "\n".join(found)
+    assert _MACHINE_PATH.search("extrapos from /work/main/src/extrapos") and not _MACHINE_PATH.search(
+        "extrapos from src/extrapos, $VENV/bin/python3, docs/results/x"
+    )
