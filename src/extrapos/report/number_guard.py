@@ -512,7 +512,7 @@ def _check_table(
     for n in numbers:
         cells = _cells(raw[n.line - 1])
         candidates = [rows[cells[0]] for rows in sources if cells[0] in rows]
-        if any(_same_row(cells, c) for c in candidates):
+        if any(_same_row(cells, c, candidates) for c in candidates):
             continue
         left.append(n)
     for line in sorted({n.line for n in left}):
@@ -520,10 +520,26 @@ def _check_table(
     return [] if not left else left
 
 
-def _same_row(cells: list[str], source: list[str]) -> bool:
+def _same_row(cells: list[str], source: list[str], others: list[list[str]]) -> bool:
     """Equal cells; a page may join a second number to a cell ("0.491 [0.466, 0.516] / 0.008": accuracy
-    and exact match side by side), which then starts with the report's cell."""
-    return len(cells) == len(source) and all(a == b or a.startswith(b + " / ") for a, b in zip(cells, source))
+    and exact match side by side), which then starts with the report's cell, and whose rest is the same
+    row's cell (or its estimate, without the interval) in another table of the same header (``others``: the
+    rows of that name in every such table)."""
+    if len(cells) != len(source):
+        return False
+    for i, (a, b) in enumerate(zip(cells, source)):
+        if a == b:
+            continue
+        if not a.startswith(b + " / "):
+            return False
+        rest = a[len(b) + 3 :]
+        if not any(
+            len(o) == len(cells) and (o[i] == rest or o[i].startswith(rest + " ["))
+            for o in others
+            if o is not source
+        ):
+            return False
+    return True
 
 
 #: the pages whose numbers the guard ties: the README and the results pages
