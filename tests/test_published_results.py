@@ -42,6 +42,8 @@ STALE = {
 
 
 def _cells(line: str) -> list[str]:
+    """A row's cells, without bold and without the number guard's markers (HTML comments)."""
+    line = re.sub(r"<!--.*?-->", "", line)
     return [c.strip().replace("**", "") for c in line.strip().strip("|").split("|")]
 
 
