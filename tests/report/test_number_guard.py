@@ -20,7 +20,6 @@ PENDING = {
     "docs/results/cpu-profile.md": 339,
     "docs/results/medium.md": 464,
     "docs/results/peers.md": 349,
-    "docs/results/quick.md": 238,
 }
 #: numbers marked ``untied`` (measured, but no committed file holds them), per page: may only fall
 UNTIED_MARKED = {
@@ -29,6 +28,7 @@ UNTIED_MARKED = {
     "docs/results/cost.md": 8,
     "docs/results/expe-table2.md": 1,
     "docs/results/quick-precision.md": 3,
+    "docs/results/quick.md": 6,
     "docs/results/rehearsal.md": 3,
     "docs/results/retrieval.md": 17,
     "docs/results/segmented-figure3.md": 2,
