@@ -11,8 +11,9 @@ of time (``68 min``, ``47 ms``, ``75 us``, ``541 s``), a number with a comparati
 number on either side of ``->`` (``13 -> 247 tokens``), and the first number of a range whose second counts
 (``23-33 min``, ``92-101 to 75-78 us``). Integers otherwise are settings, counts, lengths, years or
 ordinals (``L_t = 64``, ``12 documents``, ``16x``, ``Table 3``) and do not count; nor do version numbers
-(``2.13.0``, ``Python 3.10``), numbers glued to a word (``x0.5``, ``chunk-0.25``, ``issue39``) or numbers
-after ``Table``, ``Figure``, ``Section``, ``eq.``. What follows a number at the end of a line is read on
+(``2.13.0``, ``Python 3.10``), numbers in scientific notation (``lr 2e-3 -> 2e-4``: settings), numbers
+glued to a word (``x0.5``, ``chunk-0.25``, ``issue39``) or numbers after ``Table``, ``Figure``, ``Section``,
+``eq.``. What follows a number at the end of a line is read on
 the next line (``95%`` ending one line and ``interval`` starting the next is a confidence level).
 
 **What ties it.** A marker, an HTML comment that renders as nothing, closes a *span*: the text since the
@@ -121,8 +122,12 @@ def counted_numbers(line: str, lineno: int, following: str = "") -> list[Number]
         after, before = line[m.end() :], line[: m.start()]
         if following.strip():
             after = after.rstrip() + " " + following.lstrip()
-        if re.match(r"\.\d", after) or _BEFORE_EXCLUDED.search(before) or _CONFIDENCE.match(after):
-            continue  # a version (2.13.0) or a table / section / version number
+        if (
+            re.match(r"\.\d|[eE][+-]?\d", after)
+            or _BEFORE_EXCLUDED.search(before)
+            or _CONFIDENCE.match(after)
+        ):
+            continue  # a version (2.13.0), a setting in scientific notation (2e-4), a table / section number
         counts = (
             bool(m.group("frac"))
             or bool(_UNIT.match(after) or _COMPARATIVE.match(after))
