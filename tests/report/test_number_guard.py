@@ -250,3 +250,21 @@ def test_a_table_may_join_a_second_tables_cell_and_both_are_checked(tmp_path):
     for changed in (ok.replace("/ 0.008", "/ 0.009"), ok.replace("0.491", "0.492")):
         errors = check_text(changed, "p.md", tmp_path).errors
         assert "p.md:4: the row on line 3 is not its row of report.md" in errors, errors
+
+
+def test_a_ratio_of_two_committed_numbers_ties_a_derived_ratio(tmp_path):
+    """``A over B`` ties a ratio the page computes ("3.2x NoPE" from two step times); a changed digit
+    fails, and so does a ratio of the wrong pair."""
+    (tmp_path / "r.json").write_text(json.dumps({"nope": 0.0471, "alibi": 0.1495}))
+    (tmp_path / "steps.log").write_text("fp32 peak 92 GFLOP/s, bf16 peak 205 GFLOP/s\n")
+    ok = (
+        "ALiBi trains 3.2x slower<!-- from r.json: alibi over nope --> and bf16's peak is 2.2x<!-- from "
+        'steps.log: "bf16 peak (\\d+)" over "fp32 peak (\\d+)" --> fp32\'s.\n'
+    )
+    checked = check_text(ok, "p.md", tmp_path)
+    assert checked.errors == [] and checked.tied == 2
+    assert any(
+        "3.3 is not a value" in e for e in check_text(ok.replace("3.2x", "3.3x"), "p.md", tmp_path).errors
+    )
+    errors = check_text(ok.replace("alibi over nope", "nope over alibi"), "p.md", tmp_path).errors
+    assert any("printed nowhere" in e for e in errors), errors

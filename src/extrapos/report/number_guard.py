@@ -30,7 +30,9 @@ under a table covers the rows that have none of their own):
   summarises) and for these too, a REF in double quotes is a regular expression: the numbers of its first
   group in every match are the values (``"step=([0-9.]+) ms"``; it cannot hold ``;``). A REF may end in
   ``*N`` or ``/N`` (seconds to ms: ``*1000``) or in ``**-1``, the reciprocal (a ratio of 0.28 printed as
-  ``3.5x faster``).
+  ``3.5x faster``). ``A over B`` (two REFs of the same file) names their ratio, for a ratio the page
+  derives from two committed numbers (``budget.probe.rows[row=ALiBi].step_seconds over
+  budget.probe.rows[row=NoPE].step_seconds``: "3.2x NoPE").
 - ``<!-- unmeasured: REASON -->``: a paper's number or a definition, not a measurement of this project.
 - ``<!-- untied: REASON -->``: a measurement no committed file holds (a wall time of an earlier session);
   the guard lets it pass and counts it, and the count of each page may only fall.
@@ -322,8 +324,29 @@ def _quoted_values(text: str, pattern: str) -> list[float]:
     return values
 
 
+def _split_over(ref: str) -> tuple[str, str] | None:
+    """``A over B`` split at an " over " outside brackets and quotes (a caption may say "over")."""
+    depth, quoted = 0, False
+    for i, c in enumerate(ref):
+        if c == '"':
+            quoted = not quoted
+        elif not quoted and c == "[":
+            depth += 1
+        elif not quoted and c == "]":
+            depth -= 1
+        elif not quoted and depth == 0 and ref[i - 1 : i] != " ":
+            op = re.match(r"\s+over\s+", ref[i:])
+            if op is not None:
+                return ref[:i], ref[i + op.end() :]
+    return None
+
+
 def ref_values(root: Path, path: str, ref: str, cache: dict[str, Any]) -> list[float]:
     """The numbers ``ref`` names in the committed file ``path`` (module docstring), scaled as it says."""
+    ratio = _split_over(ref.strip())
+    if ratio is not None:  # "A over B": a ratio the page derives from two committed numbers
+        tops, bottoms = (ref_values(root, path, side, cache) for side in ratio)
+        return [a / b for a in tops for b in bottoms if b]
     reciprocal = ref.rstrip().endswith("**-1")  # a ratio printed as its inverse: 0.28 as "3.5x faster"
     ref = ref.rstrip().removesuffix("**-1") if reciprocal else ref
     scale = _SCALE.search(ref)
