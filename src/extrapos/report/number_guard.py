@@ -32,7 +32,7 @@ under a table covers the rows that have none of their own):
   ``*N`` or ``/N`` (seconds to ms: ``*1000``) or in ``**-1``, the reciprocal (a ratio of 0.28 printed as
   ``3.5x faster``). ``A over B`` (two REFs of the same file) names their ratio, for a ratio the page
   derives from two committed numbers (``budget.probe.rows[row=ALiBi].step_seconds over
-  budget.probe.rows[row=NoPE].step_seconds``: "3.2x NoPE").
+  budget.probe.rows[row=NoPE].step_seconds``: "3.2x NoPE"); B may name another file (``A over PATH: B``).
 - ``<!-- unmeasured: REASON -->``: a paper's number or a definition, not a measurement of this project.
 - ``<!-- untied: REASON -->``: a measurement no committed file holds (a wall time of an earlier session);
   the guard lets it pass and counts it, and the count of each page may only fall.
@@ -345,7 +345,11 @@ def ref_values(root: Path, path: str, ref: str, cache: dict[str, Any]) -> list[f
     """The numbers ``ref`` names in the committed file ``path`` (module docstring), scaled as it says."""
     ratio = _split_over(ref.strip())
     if ratio is not None:  # "A over B": a ratio the page derives from two committed numbers
-        tops, bottoms = (ref_values(root, path, side, cache) for side in ratio)
+        sides = [re.fullmatch(r"(\S+\.(?:json|md|log)):\s*(.+)", side, flags=re.S) for side in ratio]
+        tops, bottoms = (  # a side may name another file: "A over PATH: B"
+            ref_values(root, m.group(1), m.group(2), cache) if m else ref_values(root, path, side, cache)
+            for m, side in zip(sides, ratio)
+        )
         return [a / b for a in tops for b in bottoms if b]
     reciprocal = ref.rstrip().endswith("**-1")  # a ratio printed as its inverse: 0.28 as "3.5x faster"
     ref = ref.rstrip().removesuffix("**-1") if reciprocal else ref
