@@ -27,10 +27,8 @@ UNTIED_MARKED = {
     "docs/results/medium.md": 8,
     "docs/results/quick-precision.md": 3,
     "docs/results/quick.md": 6,
-    "docs/results/rehearsal.md": 3,
     "docs/results/retrieval.md": 17,
     "docs/results/segmented-figure3.md": 2,
-    "docs/results/sinusoidal.md": 1,
 }
 
 
