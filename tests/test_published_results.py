@@ -42,6 +42,8 @@ STALE = {
 
 
 def _cells(line: str) -> list[str]:
+    """A row's cells, without bold and without the number guard's markers (HTML comments)."""
+    line = re.sub(r"<!--.*?-->", "", line)
     return [c.strip().replace("**", "") for c in line.strip().strip("|").split("|")]
 
 
@@ -346,3 +348,52 @@ def test_a_preset_changed_after_its_table_fails_the_settings_check(tmp_path, edi
     (tmp_path / "changed.toml").write_text(text.replace(edit[0], edit[1]))
     differ = training_mismatches(load_sweep(str(tmp_path / "changed.toml")), report, results)
     assert differ and any(expect in d for d in differ), differ
+
+
+def test_the_figure3_table_is_what_its_attention_results_render():
+    """The segmented-figure3 page's table is copied from median-weight.md (its number guard marker says so);
+    that table is what the three committed attention results render today."""
+    from extrapos.report.attention_figure import check_comparable, summary_table
+
+    folder = RESULTS / "segmented-figure3"
+    labels = {"parent": "parent (RoPE)", "chunk": "chunk-0.25 x4", "continue": "continue"}
+    results = [(label, json.loads((folder / f"{name}.json").read_text())) for name, label in labels.items()]
+    assert summary_table(results, check_comparable(results)) in (folder / "median-weight.md").read_text()
+
+
+@pytest.mark.parametrize("folder", sorted(p.parent.name for p in RESULTS.glob("*/pairs.md")))
+def test_a_pairs_file_is_what_its_results_render(folder):
+    """A folder's pairs.md (the paired differences between rows other than the report's baseline, which
+    the pages quote) holds, under each "Difference to X:", the difference table its results.json renders
+    with X as the baseline."""
+    from extrapos.report import render
+
+    text = (RESULTS / folder / "pairs.md").read_text()
+    results = json.loads((RESULTS / folder / "results.json").read_text())
+    rows = [render.Row(r["name"], r) for r in results]
+    baselines = re.findall(r"^Difference to (.+):$", text, flags=re.M)
+    assert baselines
+    for baseline in baselines:
+        table = render.difference_table(rows, render.cell_intervals(rows, baseline))
+        assert f"Difference to {baseline}:\n\n{table}\n" in text, baseline
+
+
+#: an absolute path of a machine: a root folder that holds checkouts, caches, virtual environments or scratch
+_MACHINE_PATH = re.compile(r"(?<![\w.$~/-])/(?:work|tmp|root|home|opt|mnt|var|srv|Users)/[\w.-]")
+
+
+def test_no_committed_page_or_log_under_results_names_a_machines_absolute_path():
+    """Every .md and .log file under docs/results names paths relative to the checkout, or as $EXTRAPOS_CACHE,
+    $VENV, $TMPDIR or $OUT: a path of the machine that ran it means nothing in another clone (issue 47)."""
+    files = sorted([*RESULTS.rglob("*.md"), *RESULTS.rglob("*.log")])
+    assert len(files) >= 60
+    found = [
+        f"{f.relative_to(ROOT)}:{i}: {m.group(0)}"
+        for f in files
+        for i, line in enumerate(f.read_text().splitlines(), 1)
+        for m in _MACHINE_PATH.finditer(line)
+    ]
+    assert not found, "absolute paths (write them relative to the checkout):\n" + "\n".join(found)
+    assert _MACHINE_PATH.search("extrapos from /work/main/src/extrapos") and not _MACHINE_PATH.search(
+        "extrapos from src/extrapos, $VENV/bin/python3, docs/results/x"
+    )

@@ -15,26 +15,21 @@ ROOT = Path(__file__).resolve().parents[2]
 UNTIED = "tied to nothing"
 
 #: pages whose numbers are not all tied yet, with how many are tied to nothing: the count may only fall, and a
-#: page leaves this list when it reaches 0 (issue 47 item 5; the README is done, these are the rest)
-PENDING = {
-    "docs/results/README.md": 62,
-    "docs/results/cost.md": 162,
-    "docs/results/cpu-profile.md": 339,
-    "docs/results/expe-table2.md": 104,
-    "docs/results/extension-methods.md": 219,
-    "docs/results/extension.md": 118,
-    "docs/results/medium.md": 464,
-    "docs/results/mlm.md": 142,
-    "docs/results/peers.md": 349,
-    "docs/results/quick-precision.md": 224,
-    "docs/results/quick.md": 238,
-    "docs/results/rehearsal.md": 95,
-    "docs/results/retrieval.md": 168,
-    "docs/results/segmented-figure3.md": 55,
-    "docs/results/sinusoidal.md": 83,
-}
+#: page leaves this list when it reaches 0 (issue 47 item 5: every page has left it; a new page starts tied)
+PENDING: dict[str, int] = {}  # empty: every page is tied through
 #: numbers marked ``untied`` (measured, but no committed file holds them), per page: may only fall
-UNTIED_MARKED = {"README.md": 12}
+UNTIED_MARKED = {
+    "README.md": 12,
+    "docs/results/README.md": 2,
+    "docs/results/cost.md": 8,
+    "docs/results/cpu-profile.md": 16,
+    "docs/results/expe-table2.md": 1,
+    "docs/results/medium.md": 8,
+    "docs/results/quick-precision.md": 3,
+    "docs/results/quick.md": 6,
+    "docs/results/retrieval.md": 17,
+    "docs/results/segmented-figure3.md": 2,
+}
 
 
 @pytest.mark.parametrize("page", pages(ROOT), ids=lambda p: str(p.relative_to(ROOT)))
@@ -148,10 +143,12 @@ def test_what_counts_as_a_measurement():
         "100",
     ]
     assert counted("13 -> 247 tokens; 23-33 min") == ["13", "247", "23", "33"]
+    assert counted("went from 92-101 to 75-78 us (NoPE 57 \u00b5s)") == ["92", "101", "75", "78", "57"]
     assert (
         counted("L_t = 64, 12 documents, 16x, Table 3.2, torch 2.13.0, x0.5, chunk-0.25, 95% interval") == []
     )
     assert counted("0.24-0.31 vs 2026-11-26") == ["0.24", "0.31"]
+    assert counted("lr 2e-3 -> 2e-4, 1.5e+2 and 3E4; took 2 min") == ["2"]
 
 
 #: the committed reports whose table cells the pages' markers name: their difference, change-with-length and
@@ -183,3 +180,95 @@ def test_a_marked_report_is_what_its_results_render(report):
     assert change is None or change in text
     if any(r.get("seeds") for r in results):
         assert render.seed_table(rows) in text
+
+
+def test_a_quoted_expression_ties_numbers_of_a_log_and_a_reciprocal_ties_an_inverse(tmp_path):
+    """A REF in double quotes is a regular expression over a text file (a log): the numbers of its first
+    group are the values; ``**-1`` ties a ratio printed as its inverse. A changed digit fails either way."""
+    (tmp_path / "steps.log").write_text("fp32 step 425.3 ms\nbf16 step 237.6 ms, 1.79x\n")
+    (tmp_path / "r.json").write_text(json.dumps({"eval": {"ratio": 0.2845}}))
+    ok = (
+        'bf16 takes 238 ms<!-- from steps.log: "bf16 step ([0-9.]+) ms" --> against 425.3 ms<!-- from\n'
+        'steps.log: "fp32 step ([0-9.]+) ms" -->, 1.79x faster<!-- from steps.log: ", ([0-9.]+)x" -->; '
+        "evaluation 3.5x faster<!-- from r.json: eval.ratio **-1 -->.\n"
+    )
+    checked = check_text(ok, "p.md", tmp_path)
+    assert checked.errors == [] and checked.tied == 4
+    errors = check_text(ok.replace("238 ms", "239 ms"), "p.md", tmp_path).errors
+    assert any(e.startswith("p.md:1: 239 is not a value") for e in errors), errors
+    errors = check_text(ok.replace("3.5x", "3.6x"), "p.md", tmp_path).errors
+    assert any(e.startswith("p.md:2: 3.6 is not a value") for e in errors), errors
+    errors = check_text(ok.replace('"bf16 step', '"bf17 step'), "p.md", tmp_path).errors
+    assert any("matches no number" in e for e in errors), errors
+
+
+def test_a_confidence_level_split_over_two_lines_is_not_a_measurement():
+    assert [n.text for n in counted_numbers("with a 95%", 1, "interval over documents")] == []
+    assert [n.text for n in counted_numbers("took 68", 1, "min on 2 cores")] == ["68"]
+    assert [n.text for n in counted_numbers("with a 95%", 1, "of the runs")] == ["95"]
+
+
+@pytest.mark.parametrize(
+    "page, number",
+    [
+        ("docs/results/segmented-figure3.md", "-0.011 [-0.013"),  # prose tied to a figure's table
+        ("docs/results/segmented-figure3.md", "| 0.517"),  # a table under a 'table from' marker
+        ("docs/results/sinusoidal.md", "6.694"),  # a table row tied cell by cell
+        ("docs/results/extension.md", "0.009 [0.006"),  # prose tied to pairs.md
+        ("docs/results/cost.md", "| 4.54"),  # a table row tied to bench.md
+        ("docs/results/cost.md", "1.34-1.41x"),  # prose tied by a quoted expression
+        ("docs/results/README.md", "68 min"),  # the index, tied to the page it summarises
+        ("docs/results/mlm.md", "**6.573**"),  # a JSON key
+        ("docs/results/expe-table2.md", "8.792"),  # a report kept from the git history
+        ("docs/results/cpu-profile.md", "| 65 (15%)"),  # a table row tied to its .log by an expression
+        ("docs/results/cpu-profile.md", "1.78x"),  # a ratio of two logged numbers ('over')
+        ("docs/results/medium.md", "2.9-3.3 nats"),  # prose tied to report cells
+        ("docs/results/peers.md", "0.032-0.037"),  # prose tied to pairs.md
+    ],
+)
+def test_a_changed_digit_on_a_results_page_fails_naming_its_line(page, number):
+    """A copy of a results page with one digit of a tied number changed fails, naming the page's line (issue
+    47's "done when": changing any number of a results page fails a default test)."""
+    text = (ROOT / page).read_text()
+    assert check_text(text, page, ROOT).errors == []
+    at = text.index(number)
+    digit_at = at + max(i for i, c in enumerate(number) if c.isdigit())  # the quoted text's last digit
+    changed = text[:digit_at] + ("1" if text[digit_at] != "1" else "2") + text[digit_at + 1 :]
+    line = text[:at].count("\n") + 1
+    errors = check_text(changed, page, ROOT).errors
+    assert errors and any(e.startswith(f"{page}:{line}:") for e in errors), errors
+
+
+def test_a_table_may_join_a_second_tables_cell_and_both_are_checked(tmp_path):
+    """A page's cell "accuracy / exact match" joins the same row's cells of two same-header tables of the
+    report; a changed digit on either side of the " / " fails."""
+    (tmp_path / "report.md").write_text(
+        "Token accuracy:\n\n| model | ev=1 |\n|---|---:|\n| NoPE | 0.491 [0.466, 0.516] |\n\n"
+        "Exact match:\n\n| model | ev=1 |\n|---|---:|\n| NoPE | 0.008 |\n"
+    )
+    ok = "| model | ev=1 |\n|---|---:|\n| NoPE | 0.491 [0.466, 0.516] / 0.008 |\n"
+    ok += "<!-- table from report.md -->\n"
+    assert check_text(ok, "p.md", tmp_path).errors == []
+    for changed in (ok.replace("/ 0.008", "/ 0.009"), ok.replace("0.491", "0.492")):
+        errors = check_text(changed, "p.md", tmp_path).errors
+        assert "p.md:4: the row on line 3 is not its row of report.md" in errors, errors
+
+
+def test_a_ratio_of_two_committed_numbers_ties_a_derived_ratio(tmp_path):
+    """``A over B`` ties a ratio the page computes ("3.2x NoPE" from two step times); a changed digit
+    fails, and so does a ratio of the wrong pair."""
+    (tmp_path / "r.json").write_text(json.dumps({"nope": 0.0471, "alibi": 0.1495}))
+    (tmp_path / "steps.log").write_text("fp32 peak 92 GFLOP/s, bf16 peak 205 GFLOP/s\n")
+    (tmp_path / "t2.json").write_text(json.dumps({"nope": 0.0285}))
+    ok = (
+        "ALiBi trains 3.2x slower<!-- from r.json: alibi over nope --> and bf16's peak is 2.2x<!-- from "
+        'steps.log: "bf16 peak (\\d+)" over "fp32 peak (\\d+)" --> fp32\'s; two threads 1.65x faster'
+        "<!-- from\nr.json: nope over t2.json: nope -->.\n"
+    )
+    checked = check_text(ok, "p.md", tmp_path)
+    assert checked.errors == [] and checked.tied == 3
+    assert any(
+        "3.3 is not a value" in e for e in check_text(ok.replace("3.2x", "3.3x"), "p.md", tmp_path).errors
+    )
+    errors = check_text(ok.replace("alibi over nope", "nope over alibi"), "p.md", tmp_path).errors
+    assert any("printed nowhere" in e for e in errors), errors

@@ -7,12 +7,14 @@ in docs/results/README.md ("How a number is tied"):
 
 **What counts.** Outside code (fenced blocks and `inline code`), HTML comments, link targets and headings: a
 number with decimals (``5.442``, ``1.84M``, ``2.5x``), a percentage (``15%``, ``70 %``), a number with a unit
-of time (``68 min``, ``47 ms``, ``541 s``), a number with a comparative ``x`` (``14x faster``), a number on
-either side of ``->`` (``13 -> 247 tokens``), and the first number of a range whose second counts
-(``23-33 min``). Integers otherwise are settings, counts, lengths, years or ordinals (``L_t = 64``, ``12
-documents``, ``16x``, ``Table 3``) and do not count; nor do version numbers (``2.13.0``, ``Python 3.10``),
-numbers glued to a word (``x0.5``, ``chunk-0.25``, ``issue39``) or numbers after ``Table``, ``Figure``,
-``Section``, ``eq.``.
+of time (``68 min``, ``47 ms``, ``75 us``, ``541 s``), a number with a comparative ``x`` (``14x faster``), a
+number on either side of ``->`` (``13 -> 247 tokens``), and the first number of a range whose second counts
+(``23-33 min``, ``92-101 to 75-78 us``). Integers otherwise are settings, counts, lengths, years or
+ordinals (``L_t = 64``, ``12 documents``, ``16x``, ``Table 3``) and do not count; nor do version numbers
+(``2.13.0``, ``Python 3.10``), numbers in scientific notation (``lr 2e-3 -> 2e-4``: settings), numbers
+glued to a word (``x0.5``, ``chunk-0.25``, ``issue39``) or numbers after ``Table``, ``Figure``, ``Section``,
+``eq.``. What follows a number at the end of a line is read on
+the next line (``95%`` ending one line and ``interval`` starting the next is a confidence level).
 
 **What ties it.** A marker, an HTML comment that renders as nothing, closes a *span*: the text since the
 previous marker in the same block (a paragraph, list item or table row; a marker alone on the line right
@@ -24,7 +26,13 @@ under a table covers the rows that have none of their own):
   For a generated ``.md`` report (``report.md``, whose tables a test recomputes from its results.json) a REF
   is ``[CAPTION][ROW][COLUMN]`` (the table whose caption paragraph contains CAPTION, its row and column by
   their first cell and header) or ``[LINE]`` (the line that starts with ``- LINE``: a report's facts);
-  every number in that cell or line is a value. A REF may end in ``*N`` or ``/N`` (seconds to ms: ``*1000``).
+  every number in that cell or line is a value. For any other text file (a ``.log``, a page another page
+  summarises) and for these too, a REF in double quotes is a regular expression: the numbers of its first
+  group in every match are the values (``"step=([0-9.]+) ms"``; it cannot hold ``;``). A REF may end in
+  ``*N`` or ``/N`` (seconds to ms: ``*1000``) or in ``**-1``, the reciprocal (a ratio of 0.28 printed as
+  ``3.5x faster``). ``A over B`` (two REFs of the same file) names their ratio, for a ratio the page
+  derives from two committed numbers (``budget.probe.rows[row=ALiBi].step_seconds over
+  budget.probe.rows[row=NoPE].step_seconds``: "3.2x NoPE"); B may name another file (``A over PATH: B``).
 - ``<!-- unmeasured: REASON -->``: a paper's number or a definition, not a measurement of this project.
 - ``<!-- untied: REASON -->``: a measurement no committed file holds (a wall time of an earlier session);
   the guard lets it pass and counts it, and the count of each page may only fall.
@@ -54,7 +62,9 @@ _FENCE = re.compile(r"^\s*(```|~~~)")
 _NUMBER = re.compile(
     r"(?<![\w.])(?<![A-Za-z_]-)(?P<sign>[+\-\u2212]?)(?P<int>\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?P<frac>\.\d+)?"
 )
-_UNIT = re.compile(r"^\s?(%|ms\b|s\b|sec\b|seconds?\b|min\b|minutes?\b|h\b|hours?\b)")
+_UNIT = re.compile(
+    r"^\s?(%|ms\b|us\b|\u00b5s\b|\u03bcs\b|s\b|sec\b|seconds?\b|min\b|minutes?\b|h\b|hours?\b)"
+)
 _COMPARATIVE = re.compile(r"^x\s+(faster|slower|less|more|fewer|larger|smaller|longer|shorter)\b")
 _BEFORE_EXCLUDED = re.compile(
     r"(\bTable|\bFigure|\bFig\.|\bSection|§|\beq\.|\bEq\.|\bPython|\btorch|\bCUDA|\bversion)\s*$"
@@ -105,14 +115,21 @@ def _magnitude(match: re.Match[str]) -> tuple[float, int]:
     return float(match.group("int").replace(",", "") + frac), max(len(frac) - 1, 0)
 
 
-def counted_numbers(line: str, lineno: int) -> list[Number]:
+def counted_numbers(line: str, lineno: int, following: str = "") -> list[Number]:
     """The numbers of one line of prose (code, comments and link targets already blanked) that count as
-    measurements (module docstring)."""
+    measurements (module docstring); ``following`` is the next line, for what a number at the end of the
+    line is followed by ("a 95%" ending a line and "interval" starting the next)."""
     found: list[tuple[re.Match[str], bool]] = []
     for m in _NUMBER.finditer(line):
         after, before = line[m.end() :], line[: m.start()]
-        if re.match(r"\.\d", after) or _BEFORE_EXCLUDED.search(before) or _CONFIDENCE.match(after):
-            continue  # a version (2.13.0) or a table / section / version number
+        if following.strip():
+            after = after.rstrip() + " " + following.lstrip()
+        if (
+            re.match(r"\.\d|[eE][+-]?\d", after)
+            or _BEFORE_EXCLUDED.search(before)
+            or _CONFIDENCE.match(after)
+        ):
+            continue  # a version (2.13.0), a setting in scientific notation (2e-4), a table / section number
         counts = (
             bool(m.group("frac"))
             or bool(_UNIT.match(after) or _COMPARATIVE.match(after))
@@ -291,8 +308,51 @@ def _md_values(text: str, ref: str) -> list[float]:
     raise RefError(f"no table captioned ...{caption}... with row {row!r} and column {column!r}")
 
 
+def _quoted_values(text: str, pattern: str) -> list[float]:
+    """The numbers a quoted regular expression picks out of a text file (a log, a page): for each match,
+    the numbers of its first group (or of the whole match, when it has none)."""
+    try:
+        regex = re.compile(pattern)
+    except re.error as e:
+        raise RefError(f"not a regular expression ({e})") from None
+    values = []
+    for m in regex.finditer(text):
+        picked = m.group(1) if regex.groups else m.group(0)
+        values += [_magnitude(n)[0] for n in _NUMBER.finditer(picked or "")]
+    if not values:
+        raise RefError("the expression matches no number in the file")
+    return values
+
+
+def _split_over(ref: str) -> tuple[str, str] | None:
+    """``A over B`` split at an " over " outside brackets and quotes (a caption may say "over")."""
+    depth, quoted = 0, False
+    for i, c in enumerate(ref):
+        if c == '"':
+            quoted = not quoted
+        elif not quoted and c == "[":
+            depth += 1
+        elif not quoted and c == "]":
+            depth -= 1
+        elif not quoted and depth == 0 and ref[i - 1 : i] != " ":
+            op = re.match(r"\s+over\s+", ref[i:])
+            if op is not None:
+                return ref[:i], ref[i + op.end() :]
+    return None
+
+
 def ref_values(root: Path, path: str, ref: str, cache: dict[str, Any]) -> list[float]:
     """The numbers ``ref`` names in the committed file ``path`` (module docstring), scaled as it says."""
+    ratio = _split_over(ref.strip())
+    if ratio is not None:  # "A over B": a ratio the page derives from two committed numbers
+        sides = [re.fullmatch(r"(\S+\.(?:json|md|log)):\s*(.+)", side, flags=re.S) for side in ratio]
+        tops, bottoms = (  # a side may name another file: "A over PATH: B"
+            ref_values(root, m.group(1), m.group(2), cache) if m else ref_values(root, path, side, cache)
+            for m, side in zip(sides, ratio)
+        )
+        return [a / b for a in tops for b in bottoms if b]
+    reciprocal = ref.rstrip().endswith("**-1")  # a ratio printed as its inverse: 0.28 as "3.5x faster"
+    ref = ref.rstrip().removesuffix("**-1") if reciprocal else ref
     scale = _SCALE.search(ref)
     factor = 1.0
     if scale is not None:
@@ -304,14 +364,17 @@ def ref_values(root: Path, path: str, ref: str, cache: dict[str, Any]) -> list[f
             raise RefError(f"{path} is not a committed file")
         cache[path] = json.loads(file.read_text()) if path.endswith(".json") else file.read_text()
     doc = cache[path]
-    ref = " ".join(ref.split())  # a marker may wrap its references over lines
-    if isinstance(doc, str):
-        values = _md_values(doc, ref)
+    if ref.startswith('"') and ref.endswith('"') and len(ref) > 1:
+        text = doc if isinstance(doc, str) else (root / path).read_text()
+        # a page's own markers are not its text: an expression reads "39 minutes", marked or not
+        values = _quoted_values(_COMMENT.sub("", text) if path.endswith(".md") else text, ref[1:-1])
+    elif isinstance(doc, str):
+        values = _md_values(doc, " ".join(ref.split()))  # a marker may wrap its references over lines
     else:
-        values = [x for v in _json_values(doc, ref) for x in _leaves(v)]
+        values = [x for v in _json_values(doc, " ".join(ref.split())) for x in _leaves(v)]
     if not values:
         raise RefError("it names no number")
-    return [v * factor for v in values]
+    return [(1 / v if reciprocal and v else v) * factor for v in values]
 
 
 # ---- checking a page -----------------------------------------------------------------------------------
@@ -327,7 +390,8 @@ def _events(text: str) -> list[tuple[int, int, Number | Marker]]:
     raw, prose, code = text.split("\n"), _prose(text), _code_lines(text)
     events: list[tuple[int, int, Number | Marker]] = []
     for i, line in enumerate(prose):
-        events += [(i, n.column, n) for n in counted_numbers(line, i + 1)]
+        following = prose[i + 1] if i + 1 < len(prose) else ""
+        events += [(i, n.column, n) for n in counted_numbers(line, i + 1, following)]
     starts = [0]
     for text_line in raw:
         starts.append(starts[-1] + len(text_line) + 1)
@@ -370,7 +434,11 @@ def check_text(text: str, name: str, root: Path) -> Checked:
     out = Checked()
     raw = text.split("\n")
     if text.startswith(GENERATED):
-        out.generated = sum(len(counted_numbers(line, i + 1)) for i, line in enumerate(_prose(text)))
+        prose = _prose(text)
+        out.generated = sum(
+            len(counted_numbers(line, i + 1, prose[i + 1] if i + 1 < len(prose) else ""))
+            for i, line in enumerate(prose)
+        )
         return out
     ids, under = _blocks(raw)
     spans: dict[int, list[tuple[list[Number], list[Marker]]]] = {}
@@ -476,7 +544,7 @@ def _check_table(
     for n in numbers:
         cells = _cells(raw[n.line - 1])
         candidates = [rows[cells[0]] for rows in sources if cells[0] in rows]
-        if any(_same_row(cells, c) for c in candidates):
+        if any(_same_row(cells, c, candidates) for c in candidates):
             continue
         left.append(n)
     for line in sorted({n.line for n in left}):
@@ -484,10 +552,26 @@ def _check_table(
     return [] if not left else left
 
 
-def _same_row(cells: list[str], source: list[str]) -> bool:
+def _same_row(cells: list[str], source: list[str], others: list[list[str]]) -> bool:
     """Equal cells; a page may join a second number to a cell ("0.491 [0.466, 0.516] / 0.008": accuracy
-    and exact match side by side), which then starts with the report's cell."""
-    return len(cells) == len(source) and all(a == b or a.startswith(b + " / ") for a, b in zip(cells, source))
+    and exact match side by side), which then starts with the report's cell, and whose rest is the same
+    row's cell (or its estimate, without the interval) in another table of the same header (``others``: the
+    rows of that name in every such table)."""
+    if len(cells) != len(source):
+        return False
+    for i, (a, b) in enumerate(zip(cells, source)):
+        if a == b:
+            continue
+        if not a.startswith(b + " / "):
+            return False
+        rest = a[len(b) + 3 :]
+        if not any(
+            len(o) == len(cells) and (o[i] == rest or o[i].startswith(rest + " ["))
+            for o in others
+            if o is not source
+        ):
+            return False
+    return True
 
 
 #: the pages whose numbers the guard ties: the README and the results pages
