@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from extrapos.errors import UserError
-from extrapos.files import atomic_write
+from extrapos.files import ABANDONED_SECONDS, atomic_write, sweep_temporaries
 from extrapos.report import stats
 from extrapos.report.portable import portable
 
@@ -624,6 +624,7 @@ def write_report(
     if not rows and not task_rows:
         raise UserError("nothing to report: no evaluation results were found; run `extrapos eval` first.")
     out_dir.mkdir(parents=True, exist_ok=True)
+    sweep_temporaries(out_dir, older_than=ABANDONED_SECONDS)  # what a killed report left before a rename
     parts = [f"# {title}", ""]
     if facts:
         parts += [f"- {f}" for f in facts] + [""]
