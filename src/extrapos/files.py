@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,19 +105,49 @@ def atomic_write(path: str | Path, data: bytes | str, skip_unchanged: bool = Tru
 _TEMPORARY = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
 
 
-def sweep_temporaries(folder: str | Path) -> list[Path]:
+# a temporary older than this is abandoned: ``atomic_write`` keeps one only while it writes one small file
+ABANDONED_SECONDS = 60.0
+
+
+def sweep_temporaries(folder: str | Path, older_than: float = 0.0) -> list[Path]:
     """Remove the temporary files ``atomic_write`` (or a writer like it) left in ``folder`` when killed
     between creating one and renaming it, and the ``.tokenizer-*`` folders of a killed run's tokenizer
     copy; return them. Call it only while holding what keeps every other writer out of ``folder`` (a run's
-    ``RunLock`` for the run's own files): a live writer's temporary looks the same. Errors are ignored:
-    sweeping is housekeeping, never the job at hand."""
-    removed: list[Path] = []
+    ``RunLock`` for the run's own files): a live writer's temporary looks the same. A folder no lock guards
+    (a compare's or a report's) passes ``older_than=ABANDONED_SECONDS``: only what has not been touched
+    for that long goes, so a writer alive beside it keeps its temporary. Errors are ignored: sweeping is
+    housekeeping, never the job at hand."""
     try:
         found = [p for p in Path(folder).iterdir() if _TEMPORARY.match(p.name)]
         found += [p for p in Path(folder).glob(".tokenizer-*") if p.is_dir() and not p.is_symlink()]
     except OSError:
-        return removed
+        return []
+    return _remove(found, older_than)
+
+
+def sweep_temporaries_of(path: str | Path) -> list[Path]:
+    """Remove the temporaries ``atomic_write(path, ...)`` left beside ``path`` when killed before its rename
+    (``.<name>.<8 characters>.tmp``); return them. Call it only while holding what keeps every other writer
+    of ``path`` out (a result's ``ResultLock``)."""
+    path = Path(path)
+    own = re.compile(re.escape(f".{path.name}.") + r"[a-z0-9_]{8}\.tmp")
+    try:
+        found = [p for p in path.parent.iterdir() if own.fullmatch(p.name)]
+    except OSError:
+        return []
+    return _remove(found, 0.0)
+
+
+def _remove(found: list[Path], older_than: float) -> list[Path]:
+    removed: list[Path] = []
+    now = time.time()
     for path in found:
+        if older_than:
+            try:
+                if now - path.lstat().st_mtime < older_than:
+                    continue
+            except OSError:
+                continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         elif path.is_file() and not path.is_symlink():

@@ -36,10 +36,13 @@ from harness import assert_one_sentence_error
 from write_faults import Server, sample
 
 from extrapos.data.staging import LOCK_SUFFIX, MARKER, ORPHAN_LOCK_SECONDS
-from tests.conftest import tiny_overrides
+from extrapos.files import ABANDONED_SECONDS
+from tests.conftest import encoder_overrides, tiny_overrides
 
 # values that measure time, never equal between two runs
 VOLATILE = {"wall_time", "tokens_per_s", "mfu", "elapsed", "seconds", "time", "created", "date"}
+# compare's facts: "sweep wall time 0.1 min (...); the 2 trained runs took 0.0 min of training"
+VOLATILE_TEXT = re.compile(rb"(wall time|took) [0-9.]+ min")
 FAULTS = {"ENOSPC": errno.ENOSPC, "EIO": errno.EIO, "kill": None}
 WORDS = {errno.ENOSPC: "No space left", errno.EIO: "nput/output error"}
 TRAIN = {"train.steps": 4, "train.checkpoint_every": 2, "train.keep_checkpoints": 1}
@@ -54,6 +57,7 @@ class Command:
     may_remove: tuple[str, ...] = ()  # files the command removes before it writes their new version
     stderr_noise: str | None = None  # a known defect: lines on stderr beside the sentence (set aside)
     compare_values: bool = True  # False: compare a JSON report by its keys and non-float values
+    preload: str | None = None  # a module the server imports once, before its first case (seconds to import)
     known: dict = field(default_factory=dict)  # (fault, point kind) -> xfail reason
 
 
@@ -128,6 +132,54 @@ def commands(data_dir) -> dict[str, Command]:
             ),
             ("run",),
         ),  # fmt: skip
+        "compare": Command(("compare", "sweep.toml", "--out", "cmp", "--no-progress"), ("sweep.toml",), True),
+        "report (a compare directory)": Command(("report", "cmp"), ("cmp",)),
+        "report --out (a run's results)": Command(("report", "evaluated", "--out", "rep"), ("evaluated",)),
+        "ruler": Command(
+            (
+                "ruler",
+                "run",
+                "--lengths",
+                "8",
+                "--tasks",
+                "niah_single_1",
+                "--trials",
+                "1",
+                "--mode",
+                "rank",
+                "--candidates",
+                "2",
+                "--template",
+                "short",
+                "--no-progress",
+                "--device",
+                "cpu",
+            ),
+            ("run",),
+        ),  # fmt: skip
+        "synthetic-eval": Command(
+            (
+                "synthetic-eval",
+                "syn",
+                "--lengths",
+                "1,2",
+                "--examples",
+                "2",
+                "--no-progress",
+                "--device",
+                "cpu",
+            ),
+            ("syn",),
+        ),
+        "attention": Command(
+            ("attention", "run", "--lengths", "1", "--max-tokens", "64", "--no-progress", "--device", "cpu"),
+            ("run",),
+        ),
+        "export --format sentence-transformers": Command(
+            ("export", "encoder", "--out", "st", "--format", "sentence-transformers"),
+            ("encoder",),
+            preload="extrapos.integrations.sentence_transformers",
+        ),
         "doctor --json": Command(
             ("doctor", "--encodings", "rope", "--no-speed", "--json", "doctor.json", "--no-progress"),
             compare_values=False,
@@ -158,34 +210,94 @@ def server(tmp_path_factory):
     forks.close()
 
 
-class Templates:
-    """What a case folder starts with, made once: "run" (the finished run), "hf" (it exported as a Hugging
-    Face folder, what ``import`` starts from; made on first use)."""
+def sweep_text(data_dir) -> str:
+    """A two-row sweep of seconds: two training steps a row, the loss columns at 4 and 8 x L_t and a passkey
+    column of one trial per cell (lengths at which a passkey prompt holds its needle)."""
+    sets = tiny_overrides(data_dir, **{"train.steps": 2, "train.warmup": 1, "train.checkpoint_every": 0})
+    return (
+        'title = "faults"\ntrain = "cpu/tiny"\nlengths = [4, 8]\nmax_eval_tokens = 256\n'
+        'tasks = ["passkey"]\npasskey = { depths = [0.5], trials = 1, candidates = 2 }\n'
+        f"set = {json.dumps(sets)}\n"
+        '[[rows]]\nname = "RoPE"\npositions = { name = "rope" }\n'
+        '[[rows]]\nname = "NoPE"\npositions = { name = "nope" }\n'
+    )
 
-    def __init__(self, finished: Path, scratch: Path):
+
+SYNTHETIC = (
+    "model.vocab_size=65",
+    "model.train_length=16",
+    'data.corpus="synthetic:passkey:length=16,train=400,val=8,test=8"',
+    'data.tokenizer="synthetic"',
+    "train.batch_size=8",
+    "train.steps=4",
+    "train.warmup=2",
+    "train.threads=1",
+    "train.eval_every=0",
+    "train.checkpoint_every=0",
+)
+EVAL = ("--lengths", "1,2", "--max-tokens", "256", "--no-progress")
+PASSKEY = ("--lengths", "8", "--depths", "0.5", "--trials", "1", "--candidates", "2", "--no-progress")
+
+
+class Templates:
+    """What a case folder starts with, each made once on first use by the fork server: "run" (the finished
+    run), "hf" (it exported as a Hugging Face folder, what ``import`` starts from), "evaluated" (a copy of it
+    with an eval and a passkey result, what ``report`` reads), "sweep.toml" (``sweep_text``), "cmp" (that
+    sweep compared, what ``report`` renders again), "syn" (a run trained on a synthetic task, what
+    ``synthetic-eval`` scores) and "encoder" (a masked-LM run, what the sentence-transformers export
+    writes)."""
+
+    def __init__(self, finished: Path, scratch: Path, server, data_dir):
         self.made = {"run": finished}
-        self.scratch = scratch
+        self.scratch, self.server, self.data_dir = scratch, server, data_dir
+
+    def _make(self, *args) -> None:
+        result = self.server.run(args, cache=self.scratch / "cache", root=self.scratch, cwd=self.scratch)
+        assert result.returncode == 0, result.stderr
 
     def __getitem__(self, name: str) -> Path:
-        if name not in self.made:
-            from harness import run
+        if name in self.made:
+            return self.made[name]
+        target = self.scratch / name
+        run = self["run"]
+        if name in ("hf", "remote-code"):
+            self._make("export", run, "--out", target, "--format", name)
+        elif name == "evaluated":
+            shutil.copytree(run, target)
+            self._make("eval", target, *EVAL)
+            self._make("passkey", target, *PASSKEY, "--device", "cpu")
+        elif name == "sweep.toml":
+            target.write_text(sweep_text(self.data_dir))
+        elif name == "cmp":
+            self._make("compare", self["sweep.toml"], "--out", target, "--no-progress")
+        elif name == "syn":
+            self._make("train", "--out", target, "--no-progress", "--config", "cpu/tiny", *sets(SYNTHETIC))
+        elif name == "encoder":
+            overrides = encoder_overrides(self.data_dir)
+            self._make("train", "--out", target, "--no-progress", "--config", "cpu/tiny", *sets(overrides))
+        else:
+            raise KeyError(name)
+        self.made[name] = target
+        return target
 
-            args = ["export", self.made["run"], "--out", self.scratch / name, "--format", name]
-            result = run(args, cache=self.scratch / "cache")
-            assert result.returncode == 0, result.stderr
-            self.made[name] = self.scratch / name
-        return self.made[name]
+
+def sets(overrides) -> list[str]:
+    return [arg for s in overrides for arg in ("--set", s)]
 
 
 @pytest.fixture(scope="module")
-def templates(finished, tmp_path_factory) -> Templates:
-    return Templates(finished, tmp_path_factory.mktemp("templates"))
+def templates(finished, server, tiny_data, tmp_path_factory) -> Templates:
+    return Templates(finished, tmp_path_factory.mktemp("templates"), server, tiny_data)
 
 
 def setup(folder: Path, command: Command, templates: Templates) -> None:
     folder.mkdir(parents=True)
     for name in command.starts_with:
-        shutil.copytree(templates[name], folder / name)
+        source = templates[name]
+        if source.is_dir():
+            shutil.copytree(source, folder / name)
+        else:
+            shutil.copy2(source, folder / name)
 
 
 def files(folder: Path) -> dict[str, bytes]:
@@ -210,7 +322,9 @@ def _drop(value, keep_floats: bool):
 
 
 def normal(name: str, data: bytes, compare_values: bool = True):
-    """A file's bytes with its time measurements set aside (JSON and JSON lines)."""
+    """A file's bytes with its time measurements set aside (JSON and JSON lines, and the minutes a compare's
+    facts and report state in words)."""
+    data = VOLATILE_TEXT.sub(rb"\1 <minutes> min", data)
     try:
         if name.endswith(".jsonl"):
             return [_drop(json.loads(line), True) for line in data.decode().splitlines()]
@@ -281,10 +395,11 @@ def check_point(server, name, command, ref, fault, k, templates, folder) -> tupl
                 continue
             raise AssertionError(f"{path} was changed, neither its old bytes nor the complete new ones")
         # a staging lock without its folder is swept once a minute old (an owner may be between creating and
-        # locking it, data/staging.py): the command runs again a minute later
-        for lock in folder.rglob(f"*{MARKER}*{LOCK_SUFFIX}"):
-            old_time = time.time() - ORPHAN_LOCK_SECONDS - 1
-            os.utime(lock, (old_time, old_time))
+        # locking it, data/staging.py), and so is a temporary in a folder no lock guards (a compare's or a
+        # report's, files.ABANDONED_SECONDS): the command runs again a minute later
+        old_time = time.time() - max(ORPHAN_LOCK_SECONDS, ABANDONED_SECONDS) - 1
+        for left in [*folder.rglob(f"*{MARKER}*{LOCK_SUFFIX}"), *folder.rglob(".*.tmp")]:
+            os.utime(left, (old_time, old_time), follow_symlinks=False)
         # a command that coped has completed: its files are compared as they are (run again, one that
         # refuses an existing --out would say so)
         rerun = result if coped else server.strike(command.args, cache=cache, root=folder, at=0, cwd=folder)
@@ -313,6 +428,8 @@ def matrix(server, name: str, fault: str, budget: int | None, templates, data_di
     command = commands(data_dir)[name]
     if fault == "kill" and not command.resumes:
         pytest.skip(f"{name} does not resume: a kill is a fault only for the commands that resume")
+    if command.preload:
+        server.preload(command.preload)
     ref = reference(server, name, command, templates, base)
     n = len(ref.points)
     points = sample(n, budget or n)
@@ -343,6 +460,13 @@ MORE = [  # in the slow matrix only
     "import",
     pytest.param("extend", marks=pytest.mark.xfail(reason=EXTEND_RNG, strict=False)),
     "passkey",
+    "compare",
+    "report (a compare directory)",
+    "report --out (a run's results)",
+    "ruler",
+    "synthetic-eval",
+    "attention",
+    "export --format sentence-transformers",
 ]
 
 
@@ -366,6 +490,10 @@ def test_every_write_fault(name, fault, server, templates, tiny_data, tmp_path):
 REGRESSIONS = [
     ("train", "replace", "run/summary.json"),
     ("train --resume", "fsync", "run/.config.toml."),
+    # a result's temporary (now swept by the next request of its name, under the name's lock) and a report's
+    # (swept by the next report once abandoned, files.ABANDONED_SECONDS); compare's own in the slow matrix
+    ("eval", "replace", "run/eval/test.json"),
+    ("report --out (a run's results)", "replace", "rep/report.md"),
 ]
 
 

@@ -123,6 +123,11 @@ def serve():
     answers = os.fdopen(os.dup(1), "w")
     for line in sys.stdin:
         req = json.loads(line)
+        if "preload" in req:  # imported here once, so that each fork finds it imported
+            __import__(req["preload"])
+            answers.write("0\n")
+            answers.flush()
+            continue
         sys.stdout.flush(); sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
@@ -173,6 +178,8 @@ class Server:
         self.scratch = Path(scratch)
         self.scratch.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        # matplotlib's font cache and config, outside every case's folder: its files, not the command's
+        env["MPLCONFIGDIR"] = str(self.scratch / "matplotlib")
         self.process = subprocess.Popen(
             [sys.executable, "-c", SEAM], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
         )
@@ -198,6 +205,13 @@ class Server:
         answer = self.process.stdout.readline()
         assert answer, "the fork server died"
         return Result(json.loads(answer), out.read_text(errors="replace"), err.read_text(errors="replace"))
+
+    def preload(self, module: str) -> None:
+        """Import ``module`` in the server itself (a library that takes seconds to import), once."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps({"preload": module}) + "\n")
+        self.process.stdin.flush()
+        assert self.process.stdout.readline(), "the fork server died"
 
     def count(self, args, *, cache: Path, root: Path, log: Path, cwd=None) -> tuple[Result, list]:
         """Run ``args`` with no fault; return the result and its write points ``[kind, path]`` in order."""

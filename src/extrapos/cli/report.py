@@ -93,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
         # the sweep's own title, baseline and tables, so a re-rendered report is byte-identical
         settings = json.loads((compare_dir / "report.json").read_text())
     title = args.title or settings.get("title") or "Length extrapolation"
+    if not (out / COMPARE_MARKER).exists() and (loss_rows(rows) or any(row.tasks for row in rows)):
+        # the marker before the first file: a report stopped part-way (a full disk, a kill) leaves a folder
+        # the same command fills again, not one it must refuse as someone else's
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / REPORT_MARKER, "made by extrapos report: a later report may replace its files\n")
     report = write_report(
         rows,
         out,
@@ -102,8 +107,6 @@ def run(args: argparse.Namespace) -> int:
         sequence_ppl=bool(settings.get("sequence_ppl", False)),
         tasks=list(registry().values()),  # each task column's own section
     )
-    if not (out / COMPARE_MARKER).exists():
-        atomic_write(out / REPORT_MARKER, "made by extrapos report: a later report may replace its files\n")
     if loss_rows(rows):
         print(markdown_table(loss_rows(rows)))
     print(f"-> {report}")

@@ -35,7 +35,7 @@ from extrapos.compare.tasks import score as score_task
 from extrapos.errors import UserError
 from extrapos.evaluate import EvalRequest, default_name
 from extrapos.evaluate.evaluator import Unsupported, loss_evaluator
-from extrapos.files import atomic_write
+from extrapos.files import ABANDONED_SECONDS, atomic_write, sweep_temporaries
 from extrapos.presets import find_sweep
 from extrapos.report.render import Row, loss_rows, markdown_table, write_report
 from extrapos.run.config import RunConfig, load_config
@@ -132,6 +132,9 @@ def compare(  # noqa: C901
     out.mkdir(parents=True, exist_ok=True)
     if main and not (out / OUT_MARKER).is_file():
         atomic_write(out / OUT_MARKER, json.dumps({"made_by": "extrapos compare"}) + "\n")
+    if main:  # what a killed compare left before a rename (its rows' runs sweep their own)
+        for folder in (out, out / "merged", *sorted(p for p in (out / "tasks").glob("*") if p.is_dir())):
+            sweep_temporaries(folder, older_than=ABANDONED_SECONDS)
     t0 = time.perf_counter()
     trained = [r for r in sweep.rows if not r.reuse and r.extend is None and r.run is None]
     seeds: list[int | None] = list(sweep.seeds) if sweep.seeds else [None]

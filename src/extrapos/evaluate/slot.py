@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from extrapos.errors import UserError
-from extrapos.files import atomic_write, ensure_writable_dir, finite_json
+from extrapos.files import atomic_write, ensure_writable_dir, finite_json, sweep_temporaries_of
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +176,8 @@ def open_slot(
         return slot
     ensure_writable_dir(out_path.parent, writes)
     slot.lock = _lock(out_path)
+    if slot.lock is not None:  # no other writer of this name now: what a killed one left before its rename
+        sweep_temporaries_of(out_path)
     try:
         saved = (
             None if overwrite or not out_path.is_file() else _read(out_path)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from extrapos.console import STDERR
 from extrapos.errors import UserError
-from extrapos.files import atomic_write
+from extrapos.files import ABANDONED_SECONDS, atomic_write, sweep_temporaries
 from extrapos.report import stats
 from extrapos.report.portable import portable
 
@@ -627,6 +627,7 @@ def write_report(
     if not rows and not task_rows:
         raise UserError("nothing to report: no evaluation results were found; run `extrapos eval` first.")
     out_dir.mkdir(parents=True, exist_ok=True)
+    sweep_temporaries(out_dir, older_than=ABANDONED_SECONDS)  # what a killed report left before a rename
     parts = [f"# {title}", ""]
     if facts:
         parts += [f"- {f}" for f in facts] + [""]
