@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -213,7 +214,7 @@ def run_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_push(args) -> None:
+def check_push(args: argparse.Namespace) -> None:
     """--private and --commit-message need --push-to-hub; its repository id is checked before the export."""
     from extrapos.errors import UserError
 
@@ -227,7 +228,7 @@ def check_push(args) -> None:
     check_repo_id(args.push_to_hub)
 
 
-def push(args, out) -> None:
+def push(args: argparse.Namespace, out: str | Path) -> None:
     if args.push_to_hub is None:
         return
     from extrapos.integrations.hf.hub import push_folder

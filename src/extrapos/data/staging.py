@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 from extrapos import locks
 
@@ -148,7 +149,7 @@ def terminate_raises() -> Iterator[None]:
         yield
         return
 
-    def raise_exit(signum, frame):
+    def raise_exit(signum: int, frame: object) -> NoReturn:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, raise_exit)

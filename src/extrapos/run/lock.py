@@ -36,7 +36,7 @@ class RunLock:
         locks.write_holder(self._fd)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
             locks.clear_holder(self._fd)  # no holder named once released
             locks.unlock(self._fd)

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +61,9 @@ from extrapos.training.start import (
     run_is_complete,
     saved_checkpoint_every,
 )
+
+if TYPE_CHECKING:
+    from extrapos.data.shards import TokenSplit
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +132,9 @@ def masked_loss_sum(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
 
 
 @torch.no_grad()
-def validation_loss(model: nn.Module, cfg: RunConfig, split, device: torch.device) -> float | None:
+def validation_loss(
+    model: nn.Module, cfg: RunConfig, split: TokenSplit, device: torch.device
+) -> float | None:
     """Mean token loss on the first ``eval_batches`` batches of the validation split, in a fixed order."""
     from extrapos.data import sampling
 
@@ -318,7 +324,7 @@ class Trainer:
 
     # ---- build ------------------------------------------------------------------------------
 
-    def _open_data(self):
+    def _open_data(self) -> tuple[Any, Path, TokenSplit, TokenSplit]:
         """Prepare (or reuse) the run's data and check that the tokenizer fits the model."""
         from extrapos.data import load_tokenizer, open_split
 
@@ -342,7 +348,7 @@ class Trainer:
             )
         return tokenizer, data_dir, train_split, val_split
 
-    def _write_run_files(self, tokenizer, data_dir: Path, config: bool = True) -> None:
+    def _write_run_files(self, tokenizer: Any, data_dir: Path, config: bool = True) -> None:
         """config.toml (unless ``config`` is False: a finished run's, written by ``HeldChanges``), the
         tokenizer and data.json: written atomically, and only when they change."""
         import tempfile
@@ -573,7 +579,7 @@ def _say_warning(message: str) -> None:
     logger.warning(message, extra=ABOVE_BARS)
 
 
-def _progress(total: int, initial: int, enabled: bool):
+def _progress(total: int, initial: int, enabled: bool) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=initial, disable=not enabled, unit="step", dynamic_ncols=True)

@@ -51,12 +51,12 @@ class ExtraposConfig(PreTrainedConfig):
         kwargs.setdefault("tie_word_embeddings", bool(m.get("tie_embeddings", True)))
         super().__init__(**kwargs)
 
-    def model_config(self):
+    def model_config(self) -> Any:
         """The library's ModelConfig (checked key by key as a run's config.toml is)."""
         return model_config_of(self)
 
 
-def model_config_of(config: Any):
+def model_config_of(config: Any) -> Any:
     """The ModelConfig of an ExtraposConfig, built by this module's own imports.
 
     The model classes call this rather than ``config.model_config()``: transformers loads an exported

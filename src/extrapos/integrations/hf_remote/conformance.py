@@ -19,7 +19,7 @@ from extrapos.tools.conformance import Line
 EXPORT_TOLERANCE = 1e-6
 
 
-def export_line(model, tokens: torch.Tensor, positions: torch.Tensor) -> Line:
+def export_line(model: torch.nn.Module, tokens: torch.Tensor, positions: torch.Tensor) -> Line:
     rule = (
         f"exported for transformers and loaded back, the same logits (float64, rel <= {EXPORT_TOLERANCE:g})"
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 CONFIG_FILE = "configuration_extrapos.py"
 MODELING_FILE = "modeling_extrapos.py"
@@ -36,7 +37,7 @@ def write_auto_map(directory: str | Path, causal: bool) -> None:
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def write_remote_code(directory: str | Path, cfg) -> None:
+def write_remote_code(directory: str | Path, cfg: Any) -> None:
     """Copy the Python files this module was loaded with (the two entry files and every file they import,
     as transformers collects them) into ``directory`` and write its auto_map."""
     from transformers.dynamic_module_utils import get_relative_import_files

@@ -13,7 +13,7 @@ from extrapos.integrations.hf_remote.configuration import ExtraposConfig
 
 
 def remote_config(
-    model_cfg,
+    model_cfg: Any,
     context: int,
     eot_id: int | None = None,
     *,
@@ -42,7 +42,7 @@ def remote_config(
 
 
 def write_remote_model(
-    model,
+    model: Any,
     directory: Path,
     context: int,
     eot_id: int | None = None,

@@ -10,13 +10,14 @@ saved again (``save_pretrained``, however it was loaded) writes the same files a
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from extrapos.integrations.hf_remote.copy_code import CONFIG_FILE, MODELING_FILE, auto_map, write_auto_map
 
 __all__ = ["CONFIG_FILE", "MODELING_FILE", "auto_map", "encoding_classes", "write_remote_code"]
 
 
-def encoding_classes(cfg) -> list[type]:
+def encoding_classes(cfg: Any) -> list[type]:
     """The classes of every encoding a ModelConfig's model builds: a layer schedule's two, and those an
     encoding builds by name inside itself (DAPE's base encoding). Read from the encodings built once,
     so an option naming another encoding is followed however it is spelled."""
@@ -29,7 +30,7 @@ def encoding_classes(cfg) -> list[type]:
     return [spec(name).cls for name in sorted(n for n in named if isinstance(n, str))]
 
 
-def write_remote_code(directory: str | Path, cfg) -> None:
+def write_remote_code(directory: str | Path, cfg: Any) -> None:
     """Write the folder's Python files into ``directory`` and point its config.json's auto_map at them."""
     from extrapos.integrations.hf_remote.vendor import write_folder_code
 

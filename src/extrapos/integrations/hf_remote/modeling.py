@@ -87,7 +87,7 @@ class ExtraposPreTrainedModel(PreTrainedModel):
         self.model = decoder if decoder is not None else Decoder(cfg)
         self.post_init()
 
-    def check_flavour(self, cfg) -> None:
+    def check_flavour(self, cfg: Any) -> None:
         """Refuse a run this class does not fit (a decoder loaded as a masked LM, ...)."""
 
     def _init_weights(self, module: Any) -> None:
@@ -218,7 +218,7 @@ class ExtraposModel(ExtraposPreTrainedModel):
 class ExtraposForCausalLM(ExtraposPreTrainedModel, GenerationMixin):
     """A decoder run: next-token logits, the shifted cross-entropy with ``labels``, and ``generate``."""
 
-    def check_flavour(self, cfg) -> None:
+    def check_flavour(self, cfg: Any) -> None:
         if not cfg.causal:
             raise ValueError(
                 "this is an extrapos encoder (masked LM); load it with AutoModelForMaskedLM or AutoModel."
@@ -265,7 +265,7 @@ class ExtraposForMaskedLM(ExtraposPreTrainedModel):
     """An encoder run: the MLM head's logits at every position, the cross-entropy with ``labels``
     (-100: not scored)."""
 
-    def check_flavour(self, cfg) -> None:
+    def check_flavour(self, cfg: Any) -> None:
         if cfg.causal:
             raise ValueError("this is an extrapos decoder; load it with AutoModelForCausalLM or AutoModel.")
 
