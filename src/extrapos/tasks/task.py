@@ -33,7 +33,6 @@ from collections.abc import Callable, Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from extrapos.errors import UserError
 from extrapos.report.task_tables import LengthReport
 
 if TYPE_CHECKING:
@@ -195,10 +194,10 @@ def _list_parser(item: type, flag: str) -> Callable[[str], list[Any]]:
         parts = [x.strip() for x in text.split(",") if x.strip()]
         try:
             return [item(x) for x in parts]
-        except ValueError:
+        except ValueError:  # argparse's own error: "argument --depths: ...", exit status 2
             example = "0,0.5,1" if item is float else "1,2,4"
-            raise UserError(
-                f"{flag} expects numbers separated by commas (e.g. {example}), got {text!r}."
+            raise argparse.ArgumentTypeError(
+                f"expects numbers separated by commas (e.g. {example}), got {text!r}"
             ) from None
 
     return parse
@@ -209,7 +208,7 @@ def _json(flag: str) -> Callable[[str], Any]:
         try:
             return json.loads(text)
         except ValueError:
-            raise UserError(f"{flag} must be JSON, got {text!r}.") from None
+            raise argparse.ArgumentTypeError(f"must be JSON, got {text!r}") from None
 
     return parse
 
