@@ -4,6 +4,7 @@ scores and the fields its result opens with (the result slot itself is ``evaluat
 from __future__ import annotations
 
 import dataclasses
+import io
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 
 from extrapos.errors import UserError
 from extrapos.evaluate.slot import ResultSlot
+from extrapos.files import atomic_write
 from extrapos.run.handle import Run
 
 if TYPE_CHECKING:
@@ -322,6 +324,8 @@ def accuracy_heatmap(
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    buf = io.BytesIO()  # written whole or not at all: savefig onto the path truncates the old picture first
+    fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
+    atomic_write(path, buf.getvalue())
     return path
