@@ -101,6 +101,16 @@ def atomic_write(path: str | Path, data: bytes | str, skip_unchanged: bool = Tru
     return True
 
 
+def save_png(fig: Any, path: str | Path, dpi: int = 120) -> None:
+    """A matplotlib figure's PNG written whole or not at all (``atomic_write``): ``savefig`` onto the path
+    itself truncates the old picture first, and a disk that fills part-way leaves a damaged one."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    atomic_write(path, buf.getvalue())
+
+
 # the name ``atomic_write`` gives its temporary file: ``.<name>.<mkstemp's 8 characters>.tmp``
 _TEMPORARY = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
 

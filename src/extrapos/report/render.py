@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from extrapos.console import STDERR
 from extrapos.errors import UserError
-from extrapos.files import ABANDONED_SECONDS, atomic_write, sweep_temporaries
+from extrapos.files import ABANDONED_SECONDS, atomic_write, save_png, sweep_temporaries
 from extrapos.report import stats
 from extrapos.report.portable import portable
 
@@ -540,7 +540,7 @@ def plot(
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     p = out_dir / "loss_vs_length.png"
-    _save_png(fig, p)
+    save_png(fig, p)
     plt.close(fig)
     written.append(p)
 
@@ -562,7 +562,7 @@ def plot(
     ax.legend(fontsize=8)
     fig.tight_layout()
     p = out_dir / "per_position.png"
-    _save_png(fig, p)
+    save_png(fig, p)
     plt.close(fig)
     written.append(p)
     return written
@@ -782,14 +782,6 @@ def _loss_sections(
     for p in plots:
         parts.append(f"![{p.stem}]({p.relative_to(out_dir).as_posix()})")
     return parts, cells
-
-
-def _save_png(fig: Any, path: Path) -> None:
-    """The figure's PNG written whole or not at all (``atomic_write``): ``savefig`` onto the path itself
-    truncates the old picture first, and a full disk part-way left a damaged one."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    atomic_write(path, buf.getvalue())
 
 
 def _atomic_write(path: Path, text: str) -> None:

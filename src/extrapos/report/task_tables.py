@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+from extrapos.files import save_png
+
 logger = logging.getLogger(__name__)
 
 
@@ -288,7 +290,7 @@ class LengthReport:
         axes[0][-1].legend(fontsize=8)
         fig.tight_layout()
         p = out_dir / f"{task}_vs_length.png"
-        fig.savefig(p, dpi=120)
+        save_png(fig, p)  # whole or not at all
         plt.close(fig)
         return p
 

@@ -4,7 +4,6 @@ scores and the fields its result opens with (the result slot itself is ``evaluat
 from __future__ import annotations
 
 import dataclasses
-import io
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -14,7 +13,7 @@ import torch.nn.functional as F
 
 from extrapos.errors import UserError
 from extrapos.evaluate.slot import ResultSlot
-from extrapos.files import atomic_write
+from extrapos.files import save_png
 from extrapos.run.handle import Run
 
 if TYPE_CHECKING:
@@ -324,8 +323,6 @@ def accuracy_heatmap(
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()  # written whole or not at all: savefig onto the path truncates the old picture first
-    fig.savefig(buf, format="png", dpi=120)
+    save_png(fig, path)  # written whole or not at all
     plt.close(fig)
-    atomic_write(path, buf.getvalue())
     return path
