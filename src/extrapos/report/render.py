@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from extrapos.errors import UserError
-from extrapos.files import ABANDONED_SECONDS, atomic_write, sweep_temporaries
+from extrapos.files import ABANDONED_SECONDS, atomic_write, sweep_temporaries, sweep_temporaries_of
 from extrapos.report import stats
 from extrapos.report.portable import portable
 
@@ -786,6 +786,7 @@ def _save_png(fig: Any, path: Path) -> None:
     truncates the old picture first, and a full disk part-way left a damaged one."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
+    sweep_temporaries_of(path, older_than=ABANDONED_SECONDS)  # what a killed report left before the rename
     atomic_write(path, buf.getvalue())
 
 

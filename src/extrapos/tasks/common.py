@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from extrapos.errors import UserError
 from extrapos.evaluate.slot import ResultSlot
-from extrapos.files import atomic_write
+from extrapos.files import ABANDONED_SECONDS, atomic_write, sweep_temporaries_of
 from extrapos.run.handle import Run
 
 if TYPE_CHECKING:
@@ -327,5 +327,6 @@ def accuracy_heatmap(
     buf = io.BytesIO()  # written whole or not at all: savefig onto the path truncates the old picture first
     fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
+    sweep_temporaries_of(path, older_than=ABANDONED_SECONDS)  # what a killed command left before the rename
     atomic_write(path, buf.getvalue())
     return path
