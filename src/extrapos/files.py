@@ -108,6 +108,8 @@ def save_png(fig: Any, path: str | Path, dpi: int = 120) -> None:
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
+    # what a killed command left before the rename: no lock guards a picture, so only once abandoned
+    sweep_temporaries_of(path, older_than=ABANDONED_SECONDS)
     atomic_write(path, buf.getvalue())
 
 
@@ -135,17 +137,18 @@ def sweep_temporaries(folder: str | Path, older_than: float = 0.0) -> list[Path]
     return _remove(found, older_than)
 
 
-def sweep_temporaries_of(path: str | Path) -> list[Path]:
+def sweep_temporaries_of(path: str | Path, older_than: float = 0.0) -> list[Path]:
     """Remove the temporaries ``atomic_write(path, ...)`` left beside ``path`` when killed before its rename
     (``.<name>.<8 characters>.tmp``); return them. Call it only while holding what keeps every other writer
-    of ``path`` out (a result's ``ResultLock``)."""
+    of ``path`` out (a result's ``ResultLock``), or with ``older_than=ABANDONED_SECONDS`` (a picture no
+    lock guards)."""
     path = Path(path)
     own = re.compile(re.escape(f".{path.name}.") + r"[a-z0-9_]{8}\.tmp")
     try:
         found = [p for p in path.parent.iterdir() if own.fullmatch(p.name)]
     except OSError:
         return []
-    return _remove(found, 0.0)
+    return _remove(found, older_than)
 
 
 def _remove(found: list[Path], older_than: float) -> list[Path]:

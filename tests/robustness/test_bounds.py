@@ -5,7 +5,7 @@ model is loaded; nothing is allocated by these tests (the estimates are integer 
 
 from __future__ import annotations
 
-import time
+import resource
 
 import pytest
 from harness import assert_user_error
@@ -25,9 +25,15 @@ def trained(tmp_path_factory, tiny_data):
 
 
 def refused_quickly(args, trained, cache, fragments, seconds=60):
-    t0 = time.perf_counter()
+    """The command's sentence, said within ``seconds`` of the child's CPU time: refused from the estimate,
+    not after trying. CPU time, not the wall clock (issue 48, item 8): two busy loops beside the suite at a
+    load of 11-15 stretched this child's import and refusal to 31-38 s of wall-clock time, past a 30 s bound
+    its work stays far within; a hang that waits is still caught by the harness's timeout."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     sentence = assert_user_error([str(a) for a in args], cache=cache, watch=[trained], fragments=fragments)
-    assert time.perf_counter() - t0 < seconds  # refused from the estimate, not after trying
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    assert cpu < seconds, f"{cpu:.1f} s of CPU time"
     assert not (trained / "eval").exists() or not any((trained / "eval").iterdir())
     return sentence
 

@@ -494,6 +494,7 @@ REGRESSIONS = [
     # (swept by the next report once abandoned, files.ABANDONED_SECONDS); compare's own in the slow matrix
     ("eval", "replace", "run/eval/test.json"),
     ("report --out (a run's results)", "replace", "rep/report.md"),
+    ("report --out (a run's results)", "replace", "rep/plots/per_position.png"),
 ]
 
 
