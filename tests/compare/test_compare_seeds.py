@@ -85,6 +85,45 @@ def test_seeded_report_gives_intervals_spread_and_differences(seeded):
     assert "loss_low" in csv_lines[0] and all(line.split(",")[15] for line in csv_lines[1:] if "RoPE" in line)
 
 
+def test_few_seeds_print_each_seed_and_the_t_interval_over_them(seeded):
+    """Below 5 seeds the report quotes each seed's difference (the same seed's baseline) and Student's t
+    interval over them, computed here by hand from the merged per-seed losses."""
+    import math
+    import statistics
+
+    text = (seeded / "report.md").read_text()
+    assert "Over the seeds alone, difference to the baseline (ExPE, the same seed)" in text
+    assert "Over the seeds alone, change with length" in text
+    rope = json.loads((seeded / "merged" / "rope.json").read_text())
+    expe = json.loads((seeded / "merged" / "expe.json").read_text())
+    diffs = [r["results"][1]["loss"] - e["results"][1]["loss"] for r, e in zip(rope["seeds"], expe["seeds"])]
+    half = 12.706 * statistics.stdev(diffs) / math.sqrt(2)  # t(0.975, 1 degree of freedom)
+    mean = statistics.fmean(diffs)
+    cell = f"{diffs[0]:+.3f}, {diffs[1]:+.3f}; t [{mean - half:+.3f}, {mean + half:+.3f}]"
+    section = text.split("Over the seeds alone, difference")[1].split("Over the seeds alone, change")[0]
+    line = next(line for line in section.splitlines() if line.startswith("| RoPE |"))
+    assert cell in line.split(" | ")[2]  # ev=2, after the name and ev=1
+    assert "| ExPE |" not in section  # the baseline has no difference to itself
+
+
+def test_five_seeds_or_one_print_no_t_interval():
+    from extrapos.report import render
+
+    def row(name, losses):
+        parts = [{"results": [{"ev": 1, "loss": v}, {"ev": 2, "loss": v + 0.1}]} for v in losses]
+        mean = sum(losses) / len(losses)
+        doc = {"results": [{"ev": 1, "loss": mean}, {"ev": 2, "loss": mean + 0.1}]}
+        return render.Row(name, {**doc, "seeds": parts if len(losses) > 1 else [], "seed_values": None})
+
+    five = [row("A", [1.0, 1.1, 1.2, 1.3, 1.4]), row("B", [2.0, 2.1, 2.2, 2.3, 2.4])]
+    assert render.seed_t_table(five, five[0]) is None and render.seed_t_table(five, None) is None
+    one = [row("A", [1.0]), row("B", [2.0])]
+    assert render.seed_t_table(one, one[0]) is None
+    three = [row("A", [1.0, 1.1, 1.2]), row("B", [2.0, 2.3, 2.2])]
+    table = render.seed_t_table(three, three[0])
+    assert table is not None and "| B | +1.000, +1.200, +1.000; t [" in table
+
+
 def test_report_rerenders_byte_identically(seeded):
     from extrapos.cli import main
 

@@ -427,6 +427,55 @@ def seed_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def _seed_values(row: Row, ev: int, ref_ev: int | None, base: Row | None) -> list[float] | None:
+    """One value per training seed: the row's loss at ``ev`` minus the baseline's (the same seed) or minus
+    its own loss at ``ref_ev``; None where a seed lacks one or the two rows' seeds are not the same."""
+    if base is not None and row.loss.get("seed_values") != base.loss.get("seed_values"):
+        return None
+    others = base.seeds if base is not None else row.seeds
+    if len(others) != len(row.seeds):
+        return None
+    values = []
+    for part, other in zip(row.seeds, others, strict=True):
+        mine = Row(row.name, part).metric(ev, "loss")
+        theirs = Row(row.name, other).metric(ev if ref_ev is None else ref_ev, "loss")
+        if not is_finite(mine) or not is_finite(theirs):
+            return None
+        values.append(mine - theirs)
+    return values
+
+
+def seed_t_table(rows: list[Row], base: Row | None) -> str | None:
+    """For rows trained on 2..4 seeds: each seed's difference (to the baseline's same seed, or, with
+    ``base`` None, to the row's own loss at the shortest length) and Student's t 95% interval over them.
+    With so few seeds the crossed bootstrap's seed part rests on a handful of numbers; the t-interval takes
+    the seed count at its word and is what a sentence about "S seeds" should quote. None when no row has
+    2..4 seeds."""
+    cols = _columns(rows)
+    shown = cols if base is not None else cols[1:]
+    if not shown:
+        return None
+    header = [f"ev={ev}" if base is not None else f"ev={ev} - ev={cols[0]}" for ev in shown]
+    lines = ["| model | " + " | ".join(header) + " |", "|---|" + "---:|" * len(shown)]
+    found = False
+    for row in rows:
+        if not 2 <= len(row.seeds) < stats.FEW_SEEDS or (base is not None and row.name == base.name):
+            continue
+        texts = []
+        for ev in shown:
+            values = _seed_values(row, ev, None if base is not None else cols[0], base)
+            interval = stats.t_interval(values) if values else None
+            if values is None or interval is None:
+                texts.append("–")
+                continue
+            found = True
+            within = " within noise" if interval[0] <= 0.0 <= interval[1] else ""
+            low, high = interval
+            texts.append(", ".join(f"{v:+.3f}" for v in values) + f"; t [{low:+.3f}, {high:+.3f}]{within}")
+        lines.append(f"| {row.name} | " + " | ".join(texts) + " |")
+    return "\n".join(lines) if found else None
+
+
 def rows_to_csv(rows: list[Row], cells: dict[tuple[str, int], Cell] | None = None) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
@@ -748,6 +797,20 @@ def _loss_sections(
             seed_table(rows),
             "",
         ]
+        for table, what in (
+            (seed_t_table(rows, base), f"difference to the baseline ({base.name}, the same seed)"),
+            (seed_t_table(rows, None), "change with length (ev = k minus the shortest length)"),
+        ):
+            if table is not None:
+                parts += [
+                    f"Over the seeds alone, {what}: each seed's value, then Student's t 95% interval over "
+                    f"them (fewer than {stats.FEW_SEEDS} seeds, so the crossed bootstrap above rests its "
+                    "seed part on a handful of numbers; the t-interval is the one a sentence about these "
+                    'seeds quotes; "within noise" when it contains 0):',
+                    "",
+                    table,
+                    "",
+                ]
     parts += [
         f"Perplexity, exp(mean {'masked-token' if mlm else 'token'} loss):",
         "",
