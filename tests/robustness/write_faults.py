@@ -124,7 +124,11 @@ def serve():
     for line in sys.stdin:
         req = json.loads(line)
         if "preload" in req:  # imported here once, so that each fork finds it imported
-            __import__(req["preload"])
+            sys.path.insert(0, req["path"])  # a helper module of the tests' folder, or a library
+            try:
+                __import__(req["preload"])
+            finally:
+                sys.path.remove(req["path"])
             answers.write("0\n")
             answers.flush()
             continue
@@ -180,6 +184,9 @@ class Server:
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "TOKENIZERS_PARALLELISM": "false"}
         # matplotlib's font cache and config, outside every case's folder: its files, not the command's
         env["MPLCONFIGDIR"] = str(self.scratch / "matplotlib")
+        # Hugging Face's caches (datasets' prepared copies of lm-eval's task data, hub and module caches) the
+        # same way: HOME is the case's folder, where they would count as the command's writes
+        env["HF_HOME"] = str(self.scratch / "huggingface")
         self.process = subprocess.Popen(
             [sys.executable, "-c", SEAM], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
         )
@@ -207,9 +214,11 @@ class Server:
         return Result(json.loads(answer), out.read_text(errors="replace"), err.read_text(errors="replace"))
 
     def preload(self, module: str) -> None:
-        """Import ``module`` in the server itself (a library that takes seconds to import), once."""
+        """Import ``module`` in the server itself (a library that takes seconds to import, or a module of this
+        folder that prepares one, ``lm_eval_index``), once."""
         assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(json.dumps({"preload": module}) + "\n")
+        request = {"preload": module, "path": str(Path(__file__).parent)}
+        self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         assert self.process.stdout.readline(), "the fork server died"
 
