@@ -56,6 +56,8 @@ BAD_TRAIN = [
     ({"model.positions.name": '"nosuch"'}, "unknown positional encoding"),
     ({"model.d_model": 30}, "not divisible"),
     ({"train.beta2": 1.5}, "train.beta2"),
+    ({"train.weight_decay": 1e30}, "train.weight_decay"),  # lr x decay >= 1: every weight zeroed at step 1
+    ({"train.weight_decay": -0.1}, "train.weight_decay"),
 ]
 
 

@@ -261,7 +261,14 @@ def _validate_train(t: TrainConfig) -> None:
     _require(0 <= t.lr <= 1, "train.lr", "a learning rate in [0, 1] (e.g. 3e-4)", t.lr)
     _require(0 <= t.end_lr <= 1, "train.end_lr", "a learning rate in [0, 1] (e.g. 3e-5)", t.end_lr)
     _require(t.warmup >= 0, "train.warmup", "a fraction of the steps (< 1) or a number of steps", t.warmup)
-    _require(t.weight_decay >= 0, "train.weight_decay", "non-negative", t.weight_decay)
+    # AdamW's decoupled decay multiplies each weight by 1 - lr x weight_decay a step: at 1 or more the first
+    # step zeroes or flips every weight (Loshchilov & Hutter 2019, Algorithm 2)
+    _require(
+        t.weight_decay >= 0 and t.lr * t.weight_decay < 1,
+        "train.weight_decay",
+        f"non-negative and below 1 / train.lr ({1 / t.lr:.6g})" if t.lr > 0 else "non-negative",
+        t.weight_decay,
+    )
     _require(0 <= t.beta1 < 1, "train.beta1", "in [0, 1)", t.beta1)
     _require(0 <= t.beta2 < 1, "train.beta2", "in [0, 1)", t.beta2)
     _require(t.eps > 0, "train.eps", "positive", t.eps)
