@@ -296,7 +296,7 @@ def test_the_cli_entry_point_registers_the_model():
 
 
 @pytest.mark.slow  # lm-eval's evaluator twice: about 10 s on top of the fixtures
-def test_stderr_is_computed_as_lm_eval_does_by_default(tiny_run, task_dir, capsys):
+def test_stderr_is_computed_as_lm_eval_does_by_default(tiny_run, task_dir, capsys, console):
     """`extrapos lm-eval` asks lm-eval for its default bootstrap_iters, so acc has its stderr (it used to
     say N/A); a result saved without stderr is scored again under the same name, not refused."""
     from extrapos.integrations.lm_eval import LM_EVAL_BOOTSTRAP_ITERS
