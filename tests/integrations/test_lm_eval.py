@@ -2,7 +2,9 @@
 request type, whose per-document responses must equal a direct computation with the model."""
 
 import json
+import logging
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -294,7 +296,7 @@ def test_the_cli_entry_point_registers_the_model():
 
 
 @pytest.mark.slow  # lm-eval's evaluator twice: about 10 s on top of the fixtures
-def test_stderr_is_computed_as_lm_eval_does_by_default(tiny_run, task_dir, capsys):
+def test_stderr_is_computed_as_lm_eval_does_by_default(tiny_run, task_dir, capsys, console):
     """`extrapos lm-eval` asks lm-eval for its default bootstrap_iters, so acc has its stderr (it used to
     say N/A); a result saved without stderr is scored again under the same name, not refused."""
     from extrapos.integrations.lm_eval import LM_EVAL_BOOTSTRAP_ITERS
@@ -384,3 +386,76 @@ def test_lm_evals_ruler_runs_with_the_exported_tokenizer(tiny_run, tmp_path):
     assert AutoTokenizer.from_pretrained(str(hf))(prompt).input_ids == run.tokenizer.encode(prompt)
     # lm-eval sized the document (prompt before its answer prefix + generation budget) within the length
     assert sample["doc"]["length"] <= 512 and kwargs["max_gen_toks"] == 128
+
+
+def test_lm_eval_under_no_progress_writes_only_its_own_lines(tiny_run, tmp_path, monkeypatch, capfd):
+    """`extrapos lm-eval ... --no-progress` on a local task: its result lines on stdout and nothing on stderr,
+    not lm-eval's task warnings, datasets' or lm-eval's progress bars, nor git's "fatal: not a git
+    repository" (issue 48: a failure's one sentence came below them)."""
+    import datasets.config
+    import lm_eval.tasks.manager
+    from lm_eval.tasks._index import TaskIndex
+
+    from extrapos.cli import main
+
+    # the harness's own 14,000 task files left unindexed (15 s); only --include-path's folder is read
+    bundled, build = Path(lm_eval.tasks.manager.__file__).parent, TaskIndex.build
+
+    def build_included(paths, **kw):
+        return build([p for p in paths if Path(p) != bundled], **kw)
+
+    monkeypatch.setattr(TaskIndex, "build", staticmethod(build_included))
+    # what the command meets: no handler on the root logger (pytest's own would hide lm-eval's warnings from
+    # logging's last-resort handler), datasets' data not yet prepared (its bar), a folder outside git
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "choice.jsonl").write_text("".join(json.dumps(x) + "\n" for x in CHOICE_DOCS))
+    (tasks / "xp_choice.yaml").write_text(YAML["xp_choice"].format(dir=tasks))
+    monkeypatch.chdir(tmp_path)
+    args = ["lm-eval", str(tiny_run), "--tasks", "xp_choice", "--include-path", str(tasks), "--limit", "2"]
+    assert main([*args, "--batch-size", "2", "--name", "quiet", "--no-progress"]) == 0
+    out, err = capfd.readouterr()
+    assert err == ""
+    assert out.startswith("xp_choice: acc,none ") and out.count("\n") == 1
+
+
+def test_quiet_harness_puts_everything_back_and_a_program_still_hears_lm_eval(caplog):
+    """What ``quiet_harness`` changes is put back on the way out; inside, lm-eval's warnings reach a program's
+    own handlers as before and extrapos' logger at DEBUG."""
+    import lm_eval.api.model
+    import lm_eval.api.task
+    import lm_eval.evaluator
+    from datasets.utils.tqdm import are_progress_bars_disabled
+
+    from extrapos.integrations.lm_eval_quiet import quiet_harness
+
+    def state():
+        return (
+            list(logging.getLogger("lm_eval").handlers),
+            logging.getLogger("datasets").level,
+            lm_eval.api.task.tqdm,
+            lm_eval.api.model.tqdm,
+            lm_eval.evaluator.get_git_commit_hash,
+            are_progress_bars_disabled(),
+        )
+
+    before = state()
+    with caplog.at_level(logging.DEBUG, logger="extrapos"), quiet_harness(progress=False):
+        assert (
+            logging.getLogger("datasets").getEffectiveLevel() == logging.ERROR
+            and are_progress_bars_disabled()
+        )
+        assert (
+            lm_eval.api.task.tqdm is not before[2] and lm_eval.evaluator.get_git_commit_hash is not before[4]
+        )
+        logging.getLogger("lm_eval.api.task").warning(
+            "[Task: t] metric acc is defined, but aggregation is not."
+        )
+    assert state() == before
+    heard = [(r.name, r.levelno) for r in caplog.records if "aggregation is not" in r.getMessage()]
+    assert sorted(heard) == [
+        ("extrapos.integrations.lm_eval_quiet", logging.DEBUG),
+        ("lm_eval.api.task", logging.WARNING),
+    ]

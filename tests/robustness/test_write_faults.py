@@ -69,13 +69,6 @@ def train_args(data_dir) -> tuple[str, ...]:
     return tuple(args)
 
 
-# what lm-eval itself prints on stderr as it scores, a fault or none: its task warnings (through logging's
-# last-resort handler), the progress bars of datasets, of its requests and of its tokenizing, and git's
-# "fatal: not a git repository" from the commit hash it records, asked of the working folder
-LM_EVAL_NOISE = (
-    r"^\s*$|^\[Task: \S+\] metric \S+ is defined, but \S+ is not\.|(it|examples)/s\]$"
-    r"|^fatal: not a git repository"
-)
 EXTEND = ("extend", "run", "--method", "chunk", "--factor", "2", "--tokens", "1024", "--no-progress")
 
 
@@ -200,11 +193,11 @@ def commands(data_dir) -> dict[str, Command]:
                 "2",
                 "--batch-size",
                 "2",
+                "--no-progress",
             ),
             ("run", "tasks"),
             preload="lm_eval_index",  # lm-eval's own tasks indexed once (15 s a case otherwise)
             needs="lm_eval",
-            stderr_noise=LM_EVAL_NOISE,  # lm-eval's warnings, progress bars and git's complaint (test below)
         ),  # fmt: skip
         "doctor --json": Command(
             ("doctor", "--encodings", "rope", "--no-speed", "--json", "doctor.json", "--no-progress"),
@@ -569,12 +562,6 @@ def test_remote_code_export_fault_is_one_line(server, templates, tiny_data, tmp_
 
 
 @pytest.mark.slow  # lm-eval's task index: 15 s before the first case
-@pytest.mark.xfail(
-    strict=True,
-    reason="known (issue 48): lm-eval prints its task warnings, datasets' and its own progress bars and "
-    "git's 'fatal: not a git repository' on stderr as it scores, so a write that fails after the scoring "
-    "ends below them (integrations/lm_eval, not fixed here)",
-)
 def test_lm_eval_fault_is_one_line(server, templates, tiny_data, tmp_path):
     pytest.importorskip("lm_eval")
     command = commands(tiny_data)["lm-eval"]

@@ -58,6 +58,7 @@ except ImportError as e:  # pragma: no cover - the eval extra is missing
 from extrapos.evaluate.driver import drive
 from extrapos.evaluate.evaluator import ColumnAt, Evaluator, Prepared, Scoring, column_name
 from extrapos.evaluate.slot import ABSENT, ResultSlot, check_result_name, jsonable, slug, task_slot
+from extrapos.integrations.lm_eval_quiet import quiet_harness
 from extrapos.run.handle import Run
 from extrapos.run.runtime import Shard
 from extrapos.tasks.common import check_lm_eval_request, greedy_batch, refuse_encoder
@@ -387,7 +388,9 @@ def run_lm_eval(
     The result goes through the slot every task result uses (``evaluate.slot.task_slot``): the same
     request on the same weights is reused without running the harness (said on the console unless
     ``quiet``), a different request under the same name is refused unless ``overwrite``; ``name`` is a file
-    name in ``RUN/eval/``, never a path.
+    name in ``RUN/eval/``, never a path. ``quiet`` also turns off datasets' and lm-eval's progress bars (a
+    sweep's columns pass it); lm-eval's warnings and git's are kept off stderr either way
+    (``lm_eval_quiet.py``).
     """
     opts = LmEvalOptions(
         list(tasks), num_fewshot, limit, max_length, batch_size, scale, rope_scaling, factor, include_path,
@@ -425,63 +428,66 @@ def score_lm_eval(prepared: Prepared, slot: ResultSlot, how: Scoring) -> dict[st
         rope_scaling=rope_scaling,
         factor=factor,
     )
-    manager = TaskManager(
-        include_path=str(include_path) if include_path else None,
-        include_defaults=include_defaults or not include_path,
-        metadata=metadata,
-    )
-    unknown = [t for t in tasks if t not in manager.all_tasks]
-    if unknown:
-        raise UserError(
-            f"lm-eval knows no task {', '.join(unknown)}; check the name (lm_eval ls tasks) or pass "
-            "include_path=DIR holding its YAML."
-        )
-    try:
-        raw = lm_eval.simple_evaluate(
-            model=lm,
-            tasks=list(tasks),
-            num_fewshot=num_fewshot,
-            limit=limit,
-            task_manager=manager,
-            bootstrap_iters=bootstrap_iters,
-            log_samples=log_samples,
-            random_seed=seed,
-            numpy_random_seed=seed,
-            torch_random_seed=seed,
-            fewshot_random_seed=seed,
+    # lm-eval's warnings, git's complaint and (under --no-progress) the bars of datasets and lm-eval kept off
+    # stderr, so a failure ends in its one sentence alone (lm_eval_quiet.py)
+    with quiet_harness(how.progress):
+        manager = TaskManager(
+            include_path=str(include_path) if include_path else None,
+            include_defaults=include_defaults or not include_path,
             metadata=metadata,
         )
-    except OSError as e:
-        if not _unreachable(e):
-            raise
-        # datasets / huggingface_hub say "Couldn't reach ..." with a ConnectionError (an OSError): left to
-        # the command line's file-system sentence it read as a path or free-space problem
-        reason = str(e).strip().splitlines()[0].rstrip(".").replace(". ", "; ") if str(e).strip() else ""
-        raise UserError(
-            f"lm-eval could not fetch the dataset of {', '.join(tasks)} ({reason or type(e).__name__}): "
-            "without a network it must already be in the Hugging Face datasets cache, so fetch it once "
-            "where there is one (then copy ~/.cache/huggingface, or point HF_HOME at the copy, and set "
-            "HF_DATASETS_OFFLINE=1) or give a local task with --include-path DIR."
-        ) from None
-    except AssertionError as e:
-        # RULER's tasks size their prompts with a Hugging Face tokenizer named in the task metadata; their
-        # own message asks for --model_args, which `extrapos lm-eval` does not take
-        if "No tokenizer or pretrained provided" not in str(e):
-            raise
-        raise UserError(
-            f"lm-eval's RULER tasks ({', '.join(tasks)}) size their prompts with a Hugging Face "
-            'tokenizer: add "tokenizer": "DIR" to --metadata (metadata={"tokenizer": DIR}), DIR the '
-            f"folder `extrapos export {run_dir} --out DIR` writes (transformers 5 reads the run folder "
-            "too)."
-        ) from None
-    except ValueError as e:
-        # the harness draws the few-shot examples with random.sample from the task's own split
-        if num_fewshot and "larger than population" in str(e):
+        unknown = [t for t in tasks if t not in manager.all_tasks]
+        if unknown:
             raise UserError(
-                f"--num-fewshot {num_fewshot} (num_fewshot) asks for more few-shot examples than "
-                f"{', '.join(tasks)} can draw from; lower --num-fewshot."
+                f"lm-eval knows no task {', '.join(unknown)}; check the name (lm_eval ls tasks) or pass "
+                "include_path=DIR holding its YAML."
+            )
+        try:
+            raw = lm_eval.simple_evaluate(
+                model=lm,
+                tasks=list(tasks),
+                num_fewshot=num_fewshot,
+                limit=limit,
+                task_manager=manager,
+                bootstrap_iters=bootstrap_iters,
+                log_samples=log_samples,
+                random_seed=seed,
+                numpy_random_seed=seed,
+                torch_random_seed=seed,
+                fewshot_random_seed=seed,
+                metadata=metadata,
+            )
+        except OSError as e:
+            if not _unreachable(e):
+                raise
+            # datasets / huggingface_hub say "Couldn't reach ..." with a ConnectionError (an OSError): left to
+            # the command line's file-system sentence it read as a path or free-space problem
+            reason = str(e).strip().splitlines()[0].rstrip(".").replace(". ", "; ") if str(e).strip() else ""
+            raise UserError(
+                f"lm-eval could not fetch the dataset of {', '.join(tasks)} ({reason or type(e).__name__}): "
+                "without a network it must already be in the Hugging Face datasets cache, so fetch it once "
+                "where there is one (then copy ~/.cache/huggingface, or point HF_HOME at the copy, and set "
+                "HF_DATASETS_OFFLINE=1) or give a local task with --include-path DIR."
             ) from None
-        raise
+        except AssertionError as e:
+            # RULER's tasks size their prompts with a Hugging Face tokenizer named in the task metadata; their
+            # own message asks for --model_args, which `extrapos lm-eval` does not take
+            if "No tokenizer or pretrained provided" not in str(e):
+                raise
+            raise UserError(
+                f"lm-eval's RULER tasks ({', '.join(tasks)}) size their prompts with a Hugging Face "
+                'tokenizer: add "tokenizer": "DIR" to --metadata (metadata={"tokenizer": DIR}), DIR the '
+                f"folder `extrapos export {run_dir} --out DIR` writes (transformers 5 reads the run folder "
+                "too)."
+            ) from None
+        except ValueError as e:
+            # the harness draws the few-shot examples with random.sample from the task's own split
+            if num_fewshot and "larger than population" in str(e):
+                raise UserError(
+                    f"--num-fewshot {num_fewshot} (num_fewshot) asks for more few-shot examples than "
+                    f"{', '.join(tasks)} can draw from; lower --num-fewshot."
+                ) from None
+            raise
     if raw is None:  # pragma: no cover - only non-zero ranks get None
         raise UserError("lm-eval returned no results.")
     result = {

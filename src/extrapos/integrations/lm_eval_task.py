@@ -89,6 +89,11 @@ class LmEvalTask(Task):
         m.add_argument("--overwrite", action="store_true", help="replace an existing different result")
         m.add_argument("--step", type=int, default=None)
         m.add_argument("--device", default="cpu")
+        m.add_argument(
+            "--no-progress",
+            action="store_true",
+            help="no progress bars (lm-eval's and datasets') and no note of a reused result",
+        )
 
     def run_command(self, args: argparse.Namespace, cmd: Command) -> list[str]:
         from extrapos.integrations.lm_eval import LM_EVAL_BOOTSTRAP_ITERS, LmEvalOptions
@@ -116,7 +121,7 @@ class LmEvalTask(Task):
             log_samples=args.log_samples,
             step=args.step,
         )
-        result = cmd.score(request, device, progress=True)
+        result = cmd.score(request, device, progress=not args.no_progress)
         return [
             f"{task}: {shown_metrics(metrics)}" for task, metrics in (result.get("results") or {}).items()
         ]
