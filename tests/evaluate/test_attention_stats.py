@@ -430,3 +430,38 @@ def test_figure_3_table_pairs_runs_over_the_same_documents():
     assert "other documents" in lines["other"]
     with pytest.raises(Exception, match="same --base-length"):
         check_comparable([runs[0], ("x", {**result(0.0), "train_length": 16})])
+
+
+def test_pictures_and_the_figure_sweep_what_a_killed_writer_abandoned(tiny_run, tmp_path):
+    """A result's plot and the Figure 3 folder's picture and table are written whole (``files.save_png``,
+    ``atomic_write``); no lock guards them, so the temporaries a killed writer left beside them are swept
+    by the next write once a minute old (``files.ABANDONED_SECONDS``), a fresh one (another writer's, still
+    writing) kept. Before, the two attention pictures wrote their bytes themselves and swept nothing."""
+    import os
+    import time
+
+    from extrapos.cli import main
+    from extrapos.files import ABANDONED_SECONDS
+
+    figure = tmp_path / "figure"
+    figure.mkdir()
+    # base length 4: a result of its own, so its plot is drawn by this call
+    names = {
+        tiny_run / "attention" / "test-base4.png",
+        figure / "median-weight.png",
+        figure / "median-weight.md",
+    }
+    old = time.time() - ABANDONED_SECONDS - 5
+    abandoned, fresh = [], figure / ".median-weight.png.fresh123.tmp"
+    for path in names:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        left = path.parent / f".{path.name}.killed12.tmp"
+        left.write_bytes(b"half a file")
+        os.utime(left, (old, old))
+        abandoned.append(left)
+    fresh.write_bytes(b"being written")
+    args = ["attention", str(tiny_run), "--lengths", "1,2", "--max-tokens", "64", "--no-progress"]
+    assert main([*args, "--base-length", "4", "--figure", str(figure)]) == 0
+    assert all(path.stat().st_size > 0 for path in names)
+    assert [p for p in abandoned if p.exists()] == []
+    assert fresh.is_file()

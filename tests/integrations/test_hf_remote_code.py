@@ -193,6 +193,21 @@ def test_an_encoder_exports_as_automodel_and_masked_lm(tmp_path):
         transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
 
 
+@pytest.mark.parametrize("bars", [True, False])
+def test_the_export_draws_no_progress_bar_and_leaves_the_setting_as_it_was(bars, tmp_path, capsys):
+    """save_pretrained's "Writing model shards" bar came before an export's line, and before the one sentence
+    of an export that failed (issue 48): it is off while the folder is written, the caller's setting back."""
+    from transformers.utils import logging as hf_logging
+
+    (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
+    try:
+        _export(tmp_path, positions={"name": "rope"})
+        assert hf_logging.is_progress_bar_enabled() is bars
+    finally:
+        hf_logging.enable_progress_bar()
+    assert "Writing model shards" not in capsys.readouterr().err
+
+
 def test_the_cli_exports_remote_code_and_the_default_names_it(tmp_path, capsys):
     from extrapos.cli import main
 

@@ -55,7 +55,6 @@ class Command:
     resumes: bool = False  # a kill at each point too, then `again`
     again: tuple[str, ...] | None = None  # what the sentence of `args` run again asks for (--resume)
     may_remove: tuple[str, ...] = ()  # files the command removes before it writes their new version
-    stderr_noise: str | None = None  # a known defect: lines on stderr beside the sentence (set aside)
     compare_values: bool = True  # False: compare a JSON report by its keys and non-float values
     preload: str | None = None  # a module the server imports once, before its first case (seconds to import)
     needs: str | None = None  # a library of an extra the command needs: its rows are skipped without it
@@ -107,9 +106,7 @@ def commands(data_dir) -> dict[str, Command]:
         "eval": Command(("eval", "run", "--lengths", "1", "--max-tokens", "256", "--no-progress"), ("run",)),
         "export --format hf": Command(("export", "run", "--out", "hf", "--format", "hf"), ("run",)),
         "export --format remote-code": Command(
-            ("export", "run", "--out", "rc", "--format", "remote-code"),
-            ("run",),
-            stderr_noise=r"^\s*$|^Writing model shards",  # transformers' progress bar (test below)
+            ("export", "run", "--out", "rc", "--format", "remote-code"), ("run",)
         ),
         "import": Command(("import", "hf", "--out", "imported"), ("hf",)),
         "extend": Command(
@@ -398,11 +395,6 @@ def check_point(server, name, command, ref, fault, k, templates, folder) -> tupl
         if kill:
             assert result.returncode == -signal.SIGKILL, f"exit {result.returncode}: {result.stderr[-500:]}"
         elif not coped:
-            if command.stderr_noise:
-                kept = [
-                    line for line in result.stderr.splitlines() if not re.search(command.stderr_noise, line)
-                ]
-                result.stderr = "\n".join(kept) + "\n"
             assert_one_sentence_error(result, WORDS[error])
         after = files(folder)
         for path, old in before.items():
@@ -480,15 +472,10 @@ def matrix(server, name: str, fault: str, budget: int | None, templates, data_di
 
 
 NAMES = ["data prepare", "train", "train --resume", "eval", "export --format hf", "doctor --json"]
-EXTEND_RNG = (
-    "known (issue 48): an extension failed or killed before its first checkpoint is whole and started over "
-    "ends with the same weights, optimizer and metrics as an uninterrupted one, but a different "
-    "rng.safetensors in its checkpoints (points 10, 18, 27 of 62), so continuing it later would diverge"
-)
 MORE = [  # in the slow matrix only
     "export --format remote-code",
     "import",
-    pytest.param("extend", marks=pytest.mark.xfail(reason=EXTEND_RNG, strict=False)),
+    "extend",
     "passkey",
     "compare",
     "report (a compare directory)",
@@ -542,11 +529,8 @@ def test_killed_between_a_temporary_and_its_rename(name, kind, where, server, te
     assert problem is None, problem
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known (issue 48): export --format remote-code prints transformers' 'Writing model shards' "
-    "progress bar on stderr before its one sentence (integrations/hf_remote, not fixed here)",
-)
+# a remote-code export that failed printed transformers' "Writing model shards" progress bar on stderr
+# before its one sentence (issue 48; now off while write_remote_model saves)
 def test_remote_code_export_fault_is_one_line(server, templates, tiny_data, tmp_path):
     command = commands(tiny_data)["export --format remote-code"]
     folder = tmp_path / "case"
@@ -576,3 +560,30 @@ def test_lm_eval_fault_is_one_line(server, templates, tiny_data, tmp_path):
         command.args, cache=folder / "cache", root=folder, at=k, error=errno.ENOSPC, cwd=folder
     )
     assert_one_sentence_error(result, WORDS[errno.ENOSPC])
+
+
+# an extension failed or killed before its first checkpoint is whole, then started over by the same command
+# (with --resume, as its sentence asks), saved another RNG state in its checkpoints than an uninterrupted
+# one: the plan's timed pass, said on a first start only, drew from the run's generator (now a fork of it,
+# training/extension_plan.py). The three points that showed it (of 62), each with another fault; one in
+# the default suite (about 16 s with its reference run), the other two with -m slow
+EXTEND_START_OVER = [
+    pytest.param("ENOSPC", "mkdir", "ext/.tokenizer-", marks=pytest.mark.slow),  # the tokenizer's copy
+    pytest.param("EIO", "open", "ext/metrics.jsonl", marks=pytest.mark.slow),  # the first metrics line
+    ("kill", "replace", "ext/checkpoints/step-"),  # the first checkpoint's rename
+]
+
+
+@pytest.mark.parametrize(("fault", "kind", "where"), EXTEND_START_OVER)
+def test_an_extension_started_over_is_an_uninterrupted_one(
+    fault, kind, where, server, templates, tiny_data, tmp_path
+):
+    command = commands(tiny_data)["extend"]
+    ref = reference(server, "extend", command, templates, tmp_path)
+    k = next(
+        i + 1
+        for i, (point_kind, path) in enumerate(ref.points)
+        if point_kind == kind and os.path.relpath(path, ref.root).startswith(where)
+    )
+    problem, _ = check_point(server, "extend", command, ref, fault, k, templates, tmp_path / "case")
+    assert problem is None, problem

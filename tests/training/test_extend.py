@@ -289,3 +289,17 @@ def test_pose_chunks_carry_to_a_pose_extension_only():
     assert extended_data(parent, "pose", None, 128)[0].pose_chunks == 4
     for method in ("chunk", "randompos", "full", "continue"):
         assert extended_data(parent, method, 0.25, 128)[0].pose_chunks == 2  # valid for their samplers
+
+
+def test_the_plans_measurement_leaves_the_run_rng_as_it_was():
+    """The plan's timed pass draws random weights and tokens from a fork of the generator: the run is seeded
+    before its plan is said, and an extension started over says none, so a draw from the run's own generator
+    made the RNG state its checkpoints save differ between the two (issue 48)."""
+    from extrapos.training.extension_plan import seconds_per_micro_batch
+
+    cfg = load_config("cpu/tiny", ['train.device="cpu"', "model.train_length=16", "train.batch_size=2"])
+    torch.manual_seed(1234)
+    before = torch.get_rng_state()
+    seconds, device = seconds_per_micro_batch(cfg)
+    assert seconds > 0 and device == "cpu"
+    assert torch.equal(torch.get_rng_state(), before)

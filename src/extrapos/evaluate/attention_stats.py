@@ -33,7 +33,6 @@ per held-out document, so intervals resample documents as they do for the loss (
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import math
@@ -54,7 +53,7 @@ from extrapos.evaluate.evaluator import ColumnAt, Evaluator, Prepared, Scoring, 
 from extrapos.evaluate.request import EvalRequest
 from extrapos.evaluate.slot import ResultSlot, check_result_name, open_slot
 from extrapos.evaluate.window_options import per_window_options
-from extrapos.files import atomic_write
+from extrapos.files import save_png
 from extrapos.positions.base import FoldedBias, LogitBias, PairwiseBias
 from extrapos.run.handle import Run
 from extrapos.run.runtime import Shard
@@ -613,10 +612,10 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
         f"{Path(result['run']).name}: {result['encoding']}, L_t={result['train_length']}", fontsize=10
     )
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    try:
+        save_png(fig, path, dpi=110)  # whole or not at all, an abandoned temporary of it swept
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -18,7 +18,6 @@ Both intervals cover the held-out documents of these trained models, not trainin
 
 from __future__ import annotations
 
-import io
 import logging
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from extrapos.errors import UserError
-from extrapos.files import atomic_write
+from extrapos.files import ABANDONED_SECONDS, atomic_write, save_png, sweep_temporaries_of
 
 logger = logging.getLogger(__name__)
 
@@ -147,10 +146,10 @@ def plot(results: list[tuple[str, dict[str, Any]]], evs: list[Any], path: Path) 
     L = results[0][1]["train_length"]
     fig.suptitle(f"Median attention weight past L_t = {L} (dotted: means; dashed: even weights)", fontsize=10)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    try:
+        save_png(fig, path, dpi=110)  # whole or not at all, an abandoned temporary of it swept
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -184,5 +183,7 @@ def write_figure(results: list[tuple[str, dict[str, Any]]], out_dir: Path) -> tu
         ]
     )
     md = out_dir / "median-weight.md"
+    # what a killed figure left before its rename: no lock guards the folder, so only once abandoned
+    sweep_temporaries_of(md, older_than=ABANDONED_SECONDS)
     atomic_write(md, text.encode())
     return md, png

@@ -38,21 +38,26 @@ def seconds_per_micro_batch(cfg: RunConfig) -> tuple[float, str]:
     from extrapos.run.runtime import resolve_device
 
     device = resolve_device(cfg.train.device, "train.device")
-    model = Decoder(cfg.model).to(device).train()
-    B, T = cfg.train.batch_size, cfg.seq_len
-    tokens = torch.randint(0, cfg.model.vocab_size, (B, T + 1), device=device)
-    positions = torch.arange(T, device=device).expand(B, T)
-    mask = torch.ones(B, T, device=device)
-    elapsed = 0.0
-    for timed in (False, True):
-        start = time.perf_counter()
-        loss = model(tokens[:, :-1], positions, targets=tokens[:, 1:], loss_mask=mask)
-        loss.backward()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if timed:
-            elapsed = time.perf_counter() - start
-        model.zero_grad(set_to_none=True)
+    # the random weights and tokens of this measurement come from a fork of the generators, never from the
+    # run's own: the run is seeded before the plan is said, so drawing here moved the RNG state its
+    # checkpoints save, and an extension started over (which says no plan) saved another one (issue 48)
+    accelerators = [] if device.type == "cpu" else [device]
+    with torch.random.fork_rng(devices=accelerators, device_type=device.type):
+        model = Decoder(cfg.model).to(device).train()
+        B, T = cfg.train.batch_size, cfg.seq_len
+        tokens = torch.randint(0, cfg.model.vocab_size, (B, T + 1), device=device)
+        positions = torch.arange(T, device=device).expand(B, T)
+        mask = torch.ones(B, T, device=device)
+        elapsed = 0.0
+        for timed in (False, True):
+            start = time.perf_counter()
+            loss = model(tokens[:, :-1], positions, targets=tokens[:, 1:], loss_mask=mask)
+            loss.backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if timed:
+                elapsed = time.perf_counter() - start
+            model.zero_grad(set_to_none=True)
     return elapsed, str(device)
 
 

@@ -52,8 +52,18 @@ def write_remote_model(
 ) -> None:
     """``model``: the run's Decoder (its weights are written as they are); ``context``: the context limit
     (integrations/hf/context_limit.py); ``train_length``: L_t, or L_e for an extended run."""
+    from transformers.utils import logging as hf_logging
+
     from extrapos.integrations.hf_remote.modeling import ExtraposForCausalLM, ExtraposForMaskedLM
 
     config = remote_config(model.cfg, context, eot_id, special=special, train_length=train_length)
     cls = ExtraposForCausalLM if model.cfg.causal else ExtraposForMaskedLM
-    cls(config, decoder=model).save_pretrained(directory)  # also writes the Python files (files.py)
+    # save_pretrained draws a "Writing model shards" bar on stderr (one shard here): an export says its one
+    # line, and one that fails its one sentence and nothing before it (issue 48); the caller's setting back
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        cls(config, decoder=model).save_pretrained(directory)  # also writes the Python files (files.py)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
