@@ -175,6 +175,56 @@ def test_passkey_columns_beside_the_loss_columns(tmp_path, tiny_data):
     assert _snapshot(out) == before
 
 
+def _passkey_sweep(
+    tmp_path, sets: list[str], lengths: str, row: str = 'positions = { name = "rope" }'
+) -> object:
+    f = tmp_path / "sweep.toml"
+    f.write_text(
+        f'train = "cpu/tiny"\nlengths = {lengths}\nloss = false\ntasks = ["passkey"]\n'
+        "passkey = { depths = [0.5], trials = 1, candidates = 2 }\n"
+        f'set = {json.dumps(sets)}\n[[rows]]\nname = "R"\n{row}\n'
+    )
+    return f
+
+
+def test_a_passkey_column_too_short_for_its_prompt_is_refused_before_any_row_trains(tmp_path, tiny_data):
+    """The shortest prompt (1 x 16 tokens) cannot hold the needle and the question: refused before the first
+    row trains, not by every row's scoring after its training."""
+    from extrapos.data import load_tokenizer
+    from extrapos.tasks.passkey import PasskeyBuilder
+
+    sets = tiny_overrides(tiny_data, **{"model.train_length": 16, "train.steps": 2})
+    need = PasskeyBuilder(load_tokenizer(tiny_data)).min_length()
+    assert need > 16
+    out = tmp_path / "out"
+    # the prepared data's tokenizer: the exact count, in the sentence the scoring says it
+    with pytest.raises(UserError) as e:
+        compare(str(_passkey_sweep(tmp_path, sets, "[1, 4]")), out, progress=False)
+    message = str(e.value)
+    assert "row 'R'" in message and "sweep's lengths" in message
+    assert (
+        f"shortest passkey prompt (1 x 16 tokens) cannot hold the needle and the question ({need} tokens)"
+        in (message)
+    )
+    assert not out.exists()
+    # bpe:N still to be trained on the corpus (no data.dir): GPT-2's pieces bound the count from below
+    untrained = [o for o in sets if not o.startswith("data.dir")]
+    untrained += ['data.corpus="sotu"', 'data.tokenizer="bpe:512"']
+    with pytest.raises(UserError, match=r"\(1 x 16 tokens\) cannot hold .*\(at least 34 tokens"):
+        compare(str(_passkey_sweep(tmp_path, untrained, "[1, 4]")), out, progress=False)
+    assert not out.exists()
+    # a run = ... row is counted with the run's own tokenizer
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
+
+    run_dir = tmp_path / "made"
+    train(load_config("cpu/tiny", sets), run_dir, progress=False)
+    made = _passkey_sweep(tmp_path, [], "[1, 4]", f'run = "{run_dir}"')
+    with pytest.raises(UserError, match=rf"row 'R'.*\(1 x 16 tokens\) cannot hold .*\({need} tokens\)"):
+        compare(str(made), out, progress=False)
+    assert not out.exists()
+
+
 @pytest.mark.slow  # lm-eval's evaluator: a few seconds per row on top of the training
 def test_lm_eval_columns_on_a_local_task(tmp_path, tiny_data, monkeypatch):
     pytest.importorskip("lm_eval")

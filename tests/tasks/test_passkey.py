@@ -2,6 +2,8 @@
 model chance, batched greedy decoding equal to the reference generator, and the end-to-end grid."""
 
 import json
+import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -255,7 +257,7 @@ def tiny_run(tiny_data, tmp_path_factory):
 
 def test_passkey_grid_on_a_trained_run(tiny_run, tmp_path):
     r = passkey(tiny_run, lengths=[4, 8], depths=[0, 0.5, 1], trials=2, mode="both", candidates=4)
-    path = tiny_run / "eval" / "passkey-both-filler.json"
+    (path,) = (tiny_run / "eval").glob("passkey-both-filler-ev4_8-*.json")  # the request's digest ends it
     assert json.loads(path.read_text()) == json.loads(json.dumps(r))
     assert [(c["ev"], c["length"], c["depth"]) for c in r["results"]] == [
         (k, 32 * k, d) for k in (4, 8) for d in (0.0, 0.5, 1.0)
@@ -275,8 +277,66 @@ def test_passkey_grid_on_a_trained_run(tiny_run, tmp_path):
     # the same request is reused; a different one under the same name is refused, and the file is kept
     assert passkey(tiny_run, lengths=[4, 8], depths=[0, 0.5, 1], trials=2, mode="both", candidates=4) == r
     with pytest.raises(UserError, match="different evaluation"):
-        passkey(tiny_run, lengths=[4], depths=[0], trials=1, mode="both", candidates=4)
+        passkey(tiny_run, lengths=[4], depths=[0], trials=1, mode="both", candidates=4, name=path.stem)
     assert json.loads(path.read_text()) == json.loads(json.dumps(r))
+
+
+def test_different_requests_on_one_run_get_their_own_default_names(tiny_run):
+    """A default name of the mode and haystack alone made a second, different request (other lengths, seed,
+    depths, ...) collide with the first and be refused; an equal request keeps its name and is reused."""
+    ask = {"depths": [0.5], "trials": 1, "candidates": 2}
+    eval_dir = tiny_run / "eval"
+    before = set(eval_dir.glob("passkey-*.json")) if eval_dir.is_dir() else set()
+    first = passkey(tiny_run, lengths=[8, 4], **ask)
+    second = passkey(tiny_run, lengths=[5], **ask)
+    third = passkey(tiny_run, lengths=[4, 8], **{**ask, "seed": 1})
+    names = [first["name"], second["name"], third["name"]]
+    assert len(set(names)) == 3, names
+    assert names[0].startswith("passkey-rank-filler-ev4_8-") and names[1].startswith(
+        "passkey-rank-filler-ev5-"
+    )
+    made = set(eval_dir.glob("passkey-*.json")) - before
+    assert {p.stem for p in made} == set(names)
+    written = (eval_dir / f"{first['name']}.json").stat().st_mtime_ns
+    # the same request (lengths in any order) keeps its name, and its result is reused, not written again
+    assert passkey(tiny_run, lengths=[4, 8], **ask) == first
+    assert (eval_dir / f"{first['name']}.json").stat().st_mtime_ns == written
+    assert set(eval_dir.glob("passkey-*.json")) - before == made
+    # the command line, as `extrapos passkey RUN --lengths 6` then `--lengths 6 --seed 2`: both succeed
+    from extrapos.cli import main
+
+    flags = ["passkey", str(tiny_run), "--lengths", "6", "--depths", "0.5", "--trials", "1"]
+    flags += ["--candidates", "2", "--no-progress"]
+    assert main(flags) == 0 and main([*flags, "--seed", "2"]) == 0
+    assert len(set(eval_dir.glob("passkey-rank-filler-ev6-*.json"))) == 2
+
+
+def test_default_names_tell_requests_apart():
+    from extrapos.evaluate import check_result_name
+    from extrapos.tasks.passkey import PasskeyOptions, default_name
+
+    base = PasskeyOptions(lengths=[1, 2]).checked()
+    others = [
+        replace(base, lengths=[1, 4]),
+        replace(base, seed=1),
+        replace(base, depths=[0.5]),
+        replace(base, trials=5),
+        replace(base, key_digits=4),
+        replace(base, candidates=4),
+        replace(base, mode="generate"),
+        replace(base, haystack="corpus"),
+        replace(base, haystack="corpus", split="val"),
+        replace(base, position_options={"scale": 0.5}),
+        replace(base, base_length=64),
+        replace(base, step=4),
+    ]
+    names = [default_name(o) for o in [base, *others]]
+    assert len(set(names)) == len(names), names
+    assert default_name(replace(base)) == names[0]  # an equal request keeps its name (it is reused)
+    assert names[0].startswith("passkey-rank-filler-ev1_2-")
+    assert default_name(replace(base, haystack="/data/My Corpus")).startswith("passkey-rank-My_Corpus-ev1_2-")
+    many = replace(base, lengths=list(range(1, 200)), position_options={f"k{i}": "v" * 50 for i in range(9)})
+    assert check_result_name(default_name(many)) and len(default_name(many)) <= 120
 
 
 def test_corpus_haystack_and_position_options_on_a_trained_run(tiny_run):
@@ -290,7 +350,8 @@ def test_corpus_haystack_and_position_options_on_a_trained_run(tiny_run):
         candidates=3,
         position_options={"scaling": "linear", "factor": 2.0},
     )
-    assert r["name"] == "passkey-rank-corpus-factor2.0-scalinglinear"
+    assert r["name"].startswith("passkey-rank-corpus-ev4-factor2.0-scalinglinear-")
+    assert re.fullmatch("[0-9a-f]{8}", r["name"].rsplit("-", 1)[1])  # the digest of the whole request
     assert r["applied"] == {"scaling": "linear", "factor": 2.0} and r["haystack_source"] != "filler"
     with pytest.raises(UserError, match="mode"):
         passkey(tiny_run, mode="guess")

@@ -234,7 +234,8 @@ def compare(  # noqa: C901
 def _check_row_options(sweep: Sweep, path: Path, specs: TaskSpecs, extra: list[str]) -> None:
     """Every row's ``eval`` options checked against the encoding it evaluates before the first row trains
     (``tasks.common.check_encoding_options``: unknown options, wrong types, values that make the loss
-    NaN), and against what the lm-eval column can apply; task columns refuse an encoder row."""
+    NaN), and against what the lm-eval column can apply; task columns refuse an encoder row, and lengths
+    too short for their prompts with the row's tokenizer (``_check_task_tokens``)."""
     from extrapos.run.config import load_run_config
     from extrapos.tasks.common import check_encoding_options
     from extrapos.tasks.task import task
@@ -246,10 +247,8 @@ def _check_row_options(sweep: Sweep, path: Path, specs: TaskSpecs, extra: list[s
         source = by_name[row.reuse] if row.reuse else row
         if source.extend is not None:
             source = by_name[source.extend.parent]
-        if source.run is not None:
-            cfg = load_run_config(existing_run(source))
-        else:
-            cfg = row_config(sweep, source, extra)
+        run_dir = existing_run(source) if source.run is not None else None
+        cfg = load_run_config(run_dir) if run_dir is not None else row_config(sweep, source, extra)
         _check_task_memory(sweep, path, specs, row, cfg)
         if specs.enabled() and cfg.train.objective == "mlm":
             raise UserError(
@@ -262,6 +261,7 @@ def _check_row_options(sweep: Sweep, path: Path, specs: TaskSpecs, extra: list[s
                 f"{path}: row '{row.name}' is an encoder (objective mlm), whose masked-LM evaluation uses "
                 f"the documents protocol only; drop protocol = {sweep.protocol!r} or that row."
             )
+        _check_task_tokens(sweep, path, specs, row, cfg, run_dir)
         check_encoding_options(cfg, dict(row.eval), f"{path}: row '{row.name}' eval options")
         for name in specs.enabled():
             refusal = task(name).refuse_row_options(specs.spec(name), dict(row.eval))
@@ -277,12 +277,31 @@ def _check_task_memory(sweep: Sweep, path: Path, specs: TaskSpecs, row: SweepRow
     it scores."""
     from extrapos.tasks.task import task
 
-    lengths = list(row.factors) if row.extend is not None else list(sweep.lengths)
     for name in specs.enabled():
         try:
-            task(name).check_row(specs.spec(name), cfg.model, lengths)
+            task(name).check_row(specs.spec(name), cfg.model, _task_lengths(sweep, row))
         except UserError as e:
             raise UserError(f"{path}: row '{row.name}': {e}") from None
+
+
+def _check_task_tokens(
+    sweep: Sweep, path: Path, specs: TaskSpecs, row: SweepRow, cfg: RunConfig, run_dir: Path | None
+) -> None:
+    """What each task column's prompts need of ``row``'s tokenizer (``Task.check_row_tokens``; ``run_dir``:
+    the run a ``run = ...`` row scores), before any row trains: a passkey length too short for its needle
+    was refused only by every row's scoring, after its training."""
+    from extrapos.tasks.task import task
+
+    for name in specs.enabled():
+        try:
+            task(name).check_row_tokens(specs.spec(name), cfg, run_dir, _task_lengths(sweep, row))
+        except UserError as e:
+            raise UserError(f"{path}: row '{row.name}': {e}") from None
+
+
+def _task_lengths(sweep: Sweep, row: SweepRow) -> list[int]:
+    """The lengths a row's task columns are scored at: an extension row's factors, else the sweep's."""
+    return list(row.factors) if row.extend is not None else list(sweep.lengths)
 
 
 def sweep_device(sweep: Sweep, extra: list[str]) -> str:

@@ -23,6 +23,8 @@ Two scorers:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 import time
@@ -37,7 +39,7 @@ import torch
 from extrapos.errors import UserError
 from extrapos.evaluate.driver import drive
 from extrapos.evaluate.evaluator import ColumnAt, Evaluator, Prepared, Scoring, column_name
-from extrapos.evaluate.slot import ResultSlot, check_result_name, slug, task_slot
+from extrapos.evaluate.slot import MAX_NAME, ResultSlot, check_result_name, slug, task_slot
 from extrapos.owned import check_owned_file
 from extrapos.run.handle import LoadedRun, Run
 from extrapos.run.memory import check_memory, forward_bytes
@@ -62,11 +64,13 @@ from extrapos.tasks.passkey_task import PasskeyColumns
 if TYPE_CHECKING:
     from extrapos.data.tokenizer import Tokenizer
     from extrapos.model import Decoder, ModelConfig
+    from extrapos.run.config import DataConfig
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = "What is the pass key? The pass key is"
 MODES = ("rank", "generate", "both")
+MARGIN = 8  # haystack tokens the shortest prompt holds besides the needle and the question
 
 
 @dataclass
@@ -140,7 +144,7 @@ class PasskeyBuilder:
 
     def min_length(self) -> int:
         """The shortest prompt that holds a needle and the question (the longest needle of this key size)."""
-        return len(self.needle("9" * self.key_digits)) + len(self.question) + 8
+        return len(self.needle("9" * self.key_digits)) + len(self.question) + MARGIN
 
     def hay_tokens(self, n: int, rng: np.random.Generator) -> list[int]:
         if self.haystack is None:
@@ -374,11 +378,7 @@ def score_passkey(
         (None, "filler") if opts.haystack == "filler" else _corpus_haystack(run, opts.haystack, opts.split)
     )
     builder = PasskeyBuilder(run.tokenizer, hay_tokens, opts.key_digits)
-    if min(lengths) * L < builder.min_length():
-        raise UserError(
-            f"the shortest passkey prompt ({min(lengths)} x {L} tokens) cannot hold the needle and the "
-            f"question ({builder.min_length()} tokens); drop the shortest lengths."
-        )
+    check_prompt_fits(lengths, L, builder.min_length(), True, "drop the shortest lengths")
 
     cells = []
     bar = tqdm(total=len(lengths) * len(depths), disable=not progress, desc=f"passkey {handle.path.name}")
@@ -416,6 +416,50 @@ def score_passkey(
         "wall_time": time.perf_counter() - t0,
     }
     return result
+
+
+def check_prompt_fits(lengths: Sequence[int], L: int, need: int, exact: bool, advice: str) -> None:
+    """Refuse ``lengths`` (multiples of ``L``) whose shortest prompt holds fewer than ``need`` tokens (the
+    needle, the question and ``MARGIN``; ``exact`` false: at least that many, ``prompt_floor``)."""
+    if min(lengths) * L < need:
+        tokens = f"{need} tokens" if exact else f"at least {need} tokens of this tokenizer"
+        raise UserError(
+            f"the shortest passkey prompt ({min(lengths)} x {L} tokens) cannot hold the needle and the "
+            f"question ({tokens}); {advice}."
+        )
+
+
+def prompt_floor(data: DataConfig, run_dir: Path | None, key_digits: int) -> tuple[int, bool]:
+    """The fewest tokens a passkey prompt needs with a sweep row's tokenizer, known before the row trains,
+    and whether that is exact (``PasskeyBuilder.min_length``): exact where the tokenizer exists already
+    (the row's run, a prepared ``data.dir``, a tokenizer file); a sweep prepares ``bpe:N`` data only after
+    its checks (and ``gpt2`` may not be fetched yet), so there a lower bound: both cut text with GPT-2's
+    pre-tokenizer regex (Radford et al. 2019) before merging bytes, no token crosses a piece, and the needle
+    and question take at least as many tokens as pieces. Any other tokenizer: one token each. A bound never
+    refuses a sweep whose prompts fit; ``score_passkey`` checks the exact count again."""
+    from tokenizers import pre_tokenizers
+
+    from extrapos.data.named_tokenizers import NAMED_TOKENIZERS
+    from extrapos.data.tokenizer import is_trained_spec, load_tokenizer
+    from extrapos.run.runtime import is_file_spec, run_tokenizer_file
+
+    spec = str(data.tokenizer).strip()
+    found = run_tokenizer_file(run_dir) if run_dir is not None else None
+    if found is None and data.dir and (Path(data.dir) / "manifest.json").is_file():
+        found = Path(data.dir)
+    if found is None and not data.dir and is_file_spec(spec) and Path(spec).is_file():
+        found = Path(spec)
+    if found is not None:
+        try:
+            return PasskeyBuilder(load_tokenizer(found), None, key_digits).min_length(), True
+        except UserError:  # an unreadable tokenizer is refused when the row trains, in its own words
+            pass
+    if data.dir or not (is_trained_spec(spec) or spec in NAMED_TOKENIZERS):
+        return 1 + 1 + MARGIN, False
+    pieces = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2's regex, as bpe:N trains with
+    needle = pieces.pre_tokenize_str(" " + NEEDLE.format(key="9" * key_digits) + " ")
+    question = pieces.pre_tokenize_str(" " + QUESTION)
+    return len(needle) + len(question) + MARGIN, False
 
 
 def check_candidates(mode: str, candidates: int, key_digits: int) -> None:
@@ -524,14 +568,23 @@ def primary_metric(mode: str) -> str:
     return "exact_match" if mode == "generate" else "rank_accuracy"
 
 
-def default_name(mode: str, haystack: str, position_options: dict[str, Any] | None = None) -> str:
+def default_name(opts: PasskeyOptions) -> str:
+    """The result's name when no --name is given: the mode, haystack, lengths and encoding options, then a
+    digest of the whole request (depths, trials, seed, key digits, candidates, split, checkpoint...). A name
+    of the mode, haystack and options alone made a second, different request (other lengths, seed or
+    depths) collide with the first, as RULER's did (issue 48); an equal request keeps its name, so its result
+    is reused. ``opts``: checked (``PasskeyOptions.checked``), so lengths in another order name the same."""
+    request = json.dumps(asdict(opts), sort_keys=True, default=str)
+    digest = hashlib.sha256(request.encode()).hexdigest()[:8]
     hay = (
         "filler"
-        if haystack == "filler"
-        else ("corpus" if haystack == "corpus" else slug(Path(haystack).name))
+        if opts.haystack == "filler"
+        else ("corpus" if opts.haystack == "corpus" else slug(Path(opts.haystack).name))
     )
-    parts = ["passkey", mode, hay] + [f"{k}{v}" for k, v in sorted((position_options or {}).items())]
-    return "-".join(slug(str(p)) for p in parts)
+    parts = ["passkey", opts.mode, hay, "ev" + "_".join(map(str, opts.lengths))]
+    parts += [f"{k}{v}" for k, v in sorted(opts.position_options.items())]
+    readable = "-".join(slug(str(p)) for p in parts)[: MAX_NAME - len(digest) - 1].rstrip("-")
+    return f"{readable}-{digest}"
 
 
 def _example(tokenizer: Tokenizer, builder: PasskeyBuilder, length: int) -> dict[str, Any]:
@@ -623,7 +676,7 @@ class PasskeyEvaluator(Evaluator[PasskeyOptions]):
         self, run: Run | str | Path, request: PasskeyOptions, how: Scoring
     ) -> Prepared[PasskeyOptions]:
         opts = request.checked()
-        name = check_result_name(how.name or default_name(opts.mode, opts.haystack, opts.position_options))
+        name = check_result_name(how.name or default_name(opts))
         handle = Run.open(run)
         refuse_encoder(handle, "passkey")
         return Prepared(handle, opts, name)

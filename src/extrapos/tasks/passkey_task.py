@@ -13,8 +13,10 @@ from extrapos.tasks.task import Command, Task, columns_of, option
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from pathlib import Path
 
     from extrapos.model import ModelConfig
+    from extrapos.run.config import RunConfig
 
 
 @dataclass
@@ -100,6 +102,15 @@ class PasskeyTask(Task):
             "cpu",
             advice="lower the sweep's lengths or passkey.trials",
         )
+
+    def check_row_tokens(self, spec: Any, cfg: RunConfig, run_dir: Path | None, lengths: list[int]) -> None:
+        """The shortest prompt must hold the needle and the question (``score_passkey`` refuses it after the
+        row trained otherwise): counted with the row's tokenizer where it exists, else a bound
+        (``passkey.prompt_floor``)."""
+        engine = self.module()
+        need, exact = engine.prompt_floor(cfg.data, run_dir, spec.key_digits)
+        advice = "drop the shortest of the sweep's lengths (an extension row: its smallest factor)"
+        engine.check_prompt_fits(lengths, cfg.model.train_length, need, exact, advice)
 
     # ---- the report ----------------------------------------------------------------------------------
 

@@ -12,9 +12,9 @@ researcher's own) is one ``Task`` subclass. The CLI (``cli/tasks.py``), a sweep 
 * ``evaluator``: its ``Evaluator`` (``evaluate/evaluator.py``) named ``"module:Class"`` and imported when
   asked, so this file stays free of torch (``extrapos --help`` never imports it);
 * the command (``command``, ``run_command``), the sweep's checks before any row trains (``check_columns``,
-  ``check_row``, ``refuse_row_options``) and the report (the ``LengthReport`` hooks it inherits: the
-  accuracy-per-length tables, intervals and plot every accuracy task shares, overridden where a task
-  reports otherwise).
+  ``check_row``, ``check_row_tokens``, ``refuse_row_options``) and the report (the ``LengthReport`` hooks it
+  inherits: the accuracy-per-length tables, intervals and plot every accuracy task shares, overridden where a
+  task reports otherwise).
 
 The registry holds the built-in tasks by name and the ``extrapos.tasks`` entry points of installed packages
 (``plugins.py``): a package declares ``[project.entry-points."extrapos.tasks"] toy = "mypkg.toy:ToyTask"``
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from extrapos.model import ModelConfig
+    from extrapos.run.config import RunConfig
 
 #: the fields a request adds to a task's columns: where a command or a sweep row scores it
 WHERE = ("lengths", "position_options", "base_length", "step")
@@ -171,6 +172,12 @@ class Task(LengthReport):
     def check_row(self, spec: Any, model: ModelConfig, lengths: list[int]) -> None:
         """What one row's scoring needs, checked from the config it will train with before any row trains
         (a memory estimate); a UserError."""
+
+    def check_row_tokens(self, spec: Any, cfg: RunConfig, run_dir: Path | None, lengths: list[int]) -> None:
+        """What one row's prompts need of its tokenizer, checked before any row trains from the config it
+        will train with (``cfg.data``: its tokenizer spec or prepared data, which a sweep may prepare only
+        later; ``run_dir``: the run a ``run = ...`` row scores, with its own tokenizer, else None); a
+        UserError. A check that cannot know the tokenizer yet uses a bound that never refuses what fits."""
 
     def refuse_row_options(self, spec: Any, options: dict[str, Any]) -> str | None:
         """The sentence refusing a row's ``eval`` options this column cannot apply (None: it applies them)."""
