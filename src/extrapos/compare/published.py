@@ -24,6 +24,7 @@ PUBLISHED = (
     "expe-ablation-code",
     "expe-ablation-length",
     "expe-ablation-size",
+    "expe-ablation-size-seeds",
     "expe-table2",
     "extension",
     "extension-methods",
