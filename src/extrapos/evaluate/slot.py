@@ -17,11 +17,12 @@ barrier until it is on disk.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,16 @@ def check_result_name(name: str) -> str:
             "path separators; choose another --name."
         )
     return name
+
+
+def request_name(parts: Sequence[str], request: Any) -> str:
+    """A default result name: the readable ``parts`` (slugged, joined by "-", cut to fit ``MAX_NAME``) and a
+    digest of the whole ``request`` dataclass, so an equal request keeps its name (its result is reused) and a
+    different one never takes another's (issue 48: passkey's and RULER's names of a few fields collided)."""
+    text = json.dumps(asdict(request), sort_keys=True, default=str)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    readable = "-".join(slug(str(p)) for p in parts)[: MAX_NAME - len(digest) - 1].rstrip("-")
+    return f"{readable}-{digest}"
 
 
 def results_dir(run_dir: Path, folder: str = "eval") -> Path:

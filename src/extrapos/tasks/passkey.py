@@ -23,8 +23,6 @@ Two scorers:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import re
 import time
@@ -39,7 +37,7 @@ import torch
 from extrapos.errors import UserError
 from extrapos.evaluate.driver import drive
 from extrapos.evaluate.evaluator import ColumnAt, Evaluator, Prepared, Scoring, column_name
-from extrapos.evaluate.slot import MAX_NAME, ResultSlot, check_result_name, slug, task_slot
+from extrapos.evaluate.slot import ResultSlot, check_result_name, request_name, slug, task_slot
 from extrapos.owned import check_owned_file
 from extrapos.run.handle import LoadedRun, Run
 from extrapos.run.memory import check_memory, forward_bytes
@@ -574,17 +572,13 @@ def default_name(opts: PasskeyOptions) -> str:
     of the mode, haystack and options alone made a second, different request (other lengths, seed or
     depths) collide with the first, as RULER's did (issue 48); an equal request keeps its name, so its result
     is reused. ``opts``: checked (``PasskeyOptions.checked``), so lengths in another order name the same."""
-    request = json.dumps(asdict(opts), sort_keys=True, default=str)
-    digest = hashlib.sha256(request.encode()).hexdigest()[:8]
     hay = (
         "filler"
         if opts.haystack == "filler"
         else ("corpus" if opts.haystack == "corpus" else slug(Path(opts.haystack).name))
     )
     parts = ["passkey", opts.mode, hay, "ev" + "_".join(map(str, opts.lengths))]
-    parts += [f"{k}{v}" for k, v in sorted(opts.position_options.items())]
-    readable = "-".join(slug(str(p)) for p in parts)[: MAX_NAME - len(digest) - 1].rstrip("-")
-    return f"{readable}-{digest}"
+    return request_name(parts + [f"{k}{v}" for k, v in sorted(opts.position_options.items())], opts)
 
 
 def _example(tokenizer: Tokenizer, builder: PasskeyBuilder, length: int) -> dict[str, Any]:

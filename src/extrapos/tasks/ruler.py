@@ -22,8 +22,6 @@ which the report's per-depth table (needle depth x length, as RULER's) is made.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -38,7 +36,14 @@ from extrapos.data.ruler_tasks import GENERATE, METRIC, TASK_NAMES, TASKS, Ruler
 from extrapos.errors import UserError
 from extrapos.evaluate.driver import drive
 from extrapos.evaluate.evaluator import ColumnAt, Evaluator, Prepared, Scoring, column_name
-from extrapos.evaluate.slot import ABSENT, MAX_NAME, ResultSlot, check_result_name, jsonable, slug, task_slot
+from extrapos.evaluate.slot import (
+    ABSENT,
+    ResultSlot,
+    check_result_name,
+    jsonable,
+    request_name,
+    task_slot,
+)
 from extrapos.run.handle import Run
 from extrapos.run.runtime import Shard
 from extrapos.tasks.common import (
@@ -362,12 +367,8 @@ def default_name(opts: RulerOptions) -> str:
     digest of the whole request (tasks, seed, trials, sizes, QA files, checkpoint...). A name of the mode and
     template alone made a second, different request (other lengths, seed or tasks) collide with the first
     (issue 48); an equal request keeps its name, so its result is reused."""
-    request = json.dumps(asdict(opts), sort_keys=True, default=str)
-    digest = hashlib.sha256(request.encode()).hexdigest()[:8]
     parts = ["ruler", opts.mode, opts.template, "ev" + "_".join(map(str, opts.lengths))]
-    parts += [f"{k}{v}" for k, v in sorted(opts.position_options.items())]
-    readable = "-".join(slug(str(p)) for p in parts)[: MAX_NAME - len(digest) - 1].rstrip("-")
-    return f"{readable}-{digest}"
+    return request_name(parts + [f"{k}{v}" for k, v in sorted(opts.position_options.items())], opts)
 
 
 def _example(tokenizer: Any, builder: RulerBuilder, task: str, length: int) -> dict[str, Any]:
