@@ -112,6 +112,10 @@ if spec:
             strike()
         return result
     setattr(owner, name, wrapper)
+peak = os.environ.pop("EXTRAPOS_TEST_PEAK_FLOPS", None)
+if peak:  # a machine of a fixed speed: estimates that do not depend on the one running the test
+    import extrapos.run.perf as perf
+    perf.matmul_peak_flops = lambda *args, **kwargs: float(peak)
 from extrapos.cli import main
 sys.argv[0] = "extrapos"
 raise SystemExit(main(sys.argv[1:]))
@@ -156,6 +160,8 @@ def _popen_kwargs(
         **(env or {}),
     }
     child_env.pop("EXTRAPOS_TEST_FAULT", None)
+    if not env or "EXTRAPOS_TEST_PEAK_FLOPS" not in env:
+        child_env.pop("EXTRAPOS_TEST_PEAK_FLOPS", None)
     if fault is not None:
         child_env["EXTRAPOS_TEST_FAULT"] = fault.spec()
     return {
