@@ -289,3 +289,25 @@ def test_a_failed_registration_warns_instead_of_failing_the_import():
 
     with pytest.warns(UserWarning, match="trust_remote_code=True"):
         run_safely(broken)
+
+
+def test_a_windowed_layers_cache_in_transformers_keeps_only_what_its_window_reaches(tmp_path):
+    """``generate``'s cache (ExtraposCache) drops the keys a sliding window can no longer see, as the
+    library's decoding does: the full layer keeps every key, the windowed one O(W), the logits unchanged."""
+    window = 6
+    out = _export(tmp_path, sliding_window=window, sliding_window_layers=[1])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    torch.manual_seed(3)
+    tokens = torch.randint(0, VOCAB, (1, L))
+    with torch.no_grad():
+        ref = hf(tokens).logits
+    name = hf_cache_name(hf)
+    with torch.no_grad():
+        past = getattr(hf(tokens[:, :4], use_cache=True), name)
+        for s in range(4, L):
+            step = hf(tokens[:, s : s + 1], use_cache=True, **{name: past})
+            assert (step.logits[0, -1] - ref[0, s]).abs().max() < TOL
+            past = getattr(step, name)
+    full, windowed = past.cache.layers
+    assert past.get_seq_length() == L and full.k.n == L
+    assert windowed.k.n < window - 1 + 16 and windowed.k.buf.shape[2] <= 2 * (window - 1) + 16 < L

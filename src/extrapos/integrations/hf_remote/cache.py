@@ -5,7 +5,9 @@ transformers' own caches hold one key and one value tensor per layer; extrapos' 
 bias encodings' key features and each layer's encoding state (T5's distance table, FoX's running gate
 sums, document numbers), so the model keeps its own and this class gives it the ``Cache`` interface:
 the number of tokens seen (``get_seq_length``), and plain refusals for what it cannot do (beam search's
-reordering, cropping), instead of silently wrong tokens.
+reordering, cropping), instead of silently wrong tokens. A layer with a sliding window keeps only the keys
+its window can still reach, as the library's own decoding does (``Decoder.new_cache``), so a windowed
+model's memory stays O(W) per layer however long ``generate`` runs.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from extrapos.model import KVCache
 
 
 class ExtraposCache(Cache):
-    """One extrapos ``KVCache`` for every layer of the model (``.cache``)."""
+    """One extrapos ``KVCache`` for every layer of the model (``.cache``); ``windows``: each layer's
+    sliding window (None: full attention), as ``ModelConfig.window_at`` gives them."""
 
-    def __init__(self, n_layers: int) -> None:
+    def __init__(self, n_layers: int, windows: list[int | None] | None = None) -> None:
         super().__init__(layers=[])
-        self.cache = KVCache(n_layers)
+        self.windows = windows
+        self.cache = KVCache(n_layers, windows)
         self.n_layers = n_layers
 
     def __repr__(self) -> str:
@@ -59,7 +63,7 @@ class ExtraposCache(Cache):
         self._refuse("selecting rows of a filled KV cache")
 
     def reset(self) -> None:
-        self.cache = KVCache(self.n_layers)
+        self.cache = KVCache(self.n_layers, self.windows)
 
     @property
     def is_compileable(self) -> bool:
@@ -75,6 +79,8 @@ class ExtraposCache(Cache):
 
     @property
     def is_sliding(self) -> list[bool]:
+        # False even on a windowed layer: the model builds its own window masks, and transformers' mask
+        # builders, which read this, would ask a sliding layer for sizes this cache does not keep
         return [False] * self.n_layers
 
     @property
