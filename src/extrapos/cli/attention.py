@@ -37,7 +37,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "the first as the baseline (the segmented-sequences paper's Figure 3; docs/attention-diagnostics.md)",
     )
     p.add_argument(
-        "--labels", default=None, help="comma-separated names of the runs in the figure (default: folders)"
+        "--labels",
+        default=None,
+        help="comma-separated names of the runs in the figure (default: folders); runs that share a label "
+        "are the seeds of one row: give every label once per seed, in the same seed order",
     )
     add_length_flags(
         p, "window lengths in tokens, e.g. 15360; alone or beside --lengths (as in `extrapos eval`)"
@@ -79,7 +82,10 @@ def run(args: argparse.Namespace) -> int:
     if args.base_length is not None and args.base_length < 1:
         raise UserError(f"--base-length must be a positive number of tokens, got {args.base_length}.")
     if args.figure is not None:
+        from extrapos.report.attention_figure import seed_groups
+
         check_figure_dir(Path(args.figure))
+        seed_groups(labels)  # runs that share a label are one row's seeds: refused before any is read
     lengths, tokens = eval_lengths(args)  # the lengths `extrapos eval` takes, parsed as it parses them
     device = str(resolve_device(args.device, "--device"))
     results = []
