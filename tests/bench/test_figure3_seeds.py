@@ -86,7 +86,13 @@ def test_two_seeds_of_three_runs_end_to_end_and_resumed(tiny_data, tmp_path):
     assert f"`{out / 'continue-seed1'}`" in text
     assert (out / "figure" / "median-weight.png").stat().st_size > 0
 
+    # killed after their last checkpoint, before their summary: those two resume, the rest are skipped
+    (out / "rope-seed1" / "summary.json").unlink()
+    (out / "chunk-seed0" / "summary.json").unlink()
     again = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.count("finished, skipped") == 6
-    assert (out / "figure" / "median-weight.md").read_text() == text
+    assert again.stdout.count("finished, skipped") == 4
+    assert f"== {out / 'rope-seed1'}: resuming" in again.stdout
+    assert f"== {out / 'chunk-seed0'}: resuming" in again.stdout
+    assert all((run / "summary.json").is_file() for run in runs)
+    assert (out / "figure" / "median-weight.md").read_text() == text  # the same weights: the same figure
