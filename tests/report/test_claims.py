@@ -147,3 +147,56 @@ def test_the_command_writes_and_checks_the_page(tmp_path, capsys):
     (folder / "claims.toml").write_text("not toml [")
     assert main(["--results", str(folder)]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def _cross_sweep_ledger(tmp_path: Path, seeds=None) -> Path:
+    """The one-claim ledger with two more readings: ExPE of medium-seeds minus RoPE of a second sweep (a copy
+    of medium-seeds' results, so the pairing is checkable: it must equal the within-sweep difference)."""
+    folder = ledger(tmp_path)
+    shutil.copytree(folder / "medium-seeds", folder / "other-seeds")
+    if seeds is not None:
+        import json
+
+        rows = json.loads((folder / "other-seeds" / "results.json").read_text())
+        for row in rows:
+            row["seed_values"] = seeds
+        (folder / "other-seeds" / "results.json").write_text(json.dumps(rows))
+    text = (folder / "claims.toml").read_text()
+    text = text.replace(
+        '[sources.medium-seeds]\npage = "medium.md"\ncommand = "extrapos compare medium-seeds"\n',
+        '[sources.medium-seeds]\npage = "medium.md"\ncommand = "extrapos compare medium-seeds"\n\n'
+        '[sources.other-seeds]\npage = "medium.md"\ncommand = "extrapos compare other-seeds"\n',
+    )
+    text += textwrap.dedent(
+        """
+        [[claims.readings]]
+        from = "medium-seeds"
+        row = "ExPE"
+        ev = 16
+        minus = "RoPE"
+        minus_from = "other-seeds"
+        [[claims.readings]]
+        from = "medium-seeds"
+        row = "ExPE"
+        ev = 16
+        minus = "RoPE"
+        """
+    )
+    (folder / "claims.toml").write_text(text)
+    return folder
+
+
+def test_a_row_of_another_sweep_pairs_by_seed_and_document(tmp_path):
+    """``minus_from``: a row minus another sweep's row of the same targets and seeds is the same paired
+    difference as within one sweep (here the other sweep is a copy, so both readings must agree exactly)."""
+    page = render(_cross_sweep_ledger(tmp_path))
+    lines = page.splitlines()
+    cross = next(line for line in lines if line.startswith("| ExPE - RoPE (other-seeds) at 16x |"))
+    within = next(line for line in lines if line.startswith("| ExPE - RoPE at 16x |"))
+    assert cross.split("|")[3:] == within.split("|")[3:]  # the same estimate, interval, seeds and t
+    assert "+2.461, +1.840, +0.692; t [-0.565, +3.894]" in cross
+
+
+def test_rows_of_other_seeds_are_not_paired(tmp_path):
+    with pytest.raises(ClaimsError, match=r"has seeds \[0, 1, 2\] and 'RoPE' \(other-seeds\) \[3, 4, 5\]"):
+        render(_cross_sweep_ledger(tmp_path, seeds=[3, 4, 5]))

@@ -286,9 +286,17 @@ def _documents_note(n: int) -> str:
     return f"{n} documents: a coarse interval" if n < stats.MIN_DOCUMENTS else ""
 
 
-def _sweep_reading(spec: dict[str, Any], source: Source, where: str) -> Reading:
-    """A row's loss at one length, or its paired difference to another row or another length."""
-    rows = {r["name"]: r for r in json.loads(source.path.read_text())}
+def _sweep_rows(source: Source) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in json.loads(source.path.read_text())}
+
+
+def _sweep_reading(
+    spec: dict[str, Any], source: Source, where: str, other_source: Source | None = None
+) -> Reading:
+    """A row's loss at one length, or its paired difference to another row or another length; the other
+    row from ``other_source`` (``minus_from``) when it is another sweep's: paired the same way, by seed and
+    by document, which holds when both scored the same targets with the same seeds (checked)."""
+    rows = _sweep_rows(source)
     name, ev = spec["row"], spec["ev"]
     result = _row(rows, name, source, where)
     mine = _samples(result, ev, name, where)
@@ -297,7 +305,15 @@ def _sweep_reading(spec: dict[str, Any], source: Source, where: str) -> Reading:
         per_seed, label, kind = _seed_losses(result, ev), f"{name} at {_ev_text(ev)}", "loss"
     else:
         minus, minus_ev = spec.get("minus", name), spec.get("minus_ev", ev)
-        other = _row(rows, minus, source, where)
+        if other_source is not None:
+            other = _row(_sweep_rows(other_source), minus, other_source, where)
+            if result.get("seed_values") != other.get("seed_values"):
+                raise ClaimsError(
+                    f"{where}: {name!r} ({source.key}) has seeds {result.get('seed_values')} and {minus!r} "
+                    f"({other_source.key}) {other.get('seed_values')}; pair rows of the same seeds."
+                )
+        else:
+            other = _row(rows, minus, source, where)
         ref = _samples(other, minus_ev, minus, where)
         digests = {
             r.get("targets")
@@ -320,6 +336,10 @@ def _sweep_reading(spec: dict[str, Any], source: Source, where: str) -> Reading:
         per_seed = [a - b for a, b in zip(_seed_losses(result, ev), _seed_losses(other, minus_ev))]
         if minus == name:
             label = f"{name}: {_ev_text(ev)} - {_ev_text(minus_ev)}"
+        elif other_source is not None:
+            label = f"{name} - {minus} ({other_source.key}) at {_ev_text(ev)}"
+            if minus_ev != ev:
+                label = f"{name} at {_ev_text(ev)} - {minus} ({other_source.key}) at {_ev_text(minus_ev)}"
         elif minus_ev == ev:
             label = f"{name} - {minus} at {_ev_text(ev)}"
         else:
@@ -398,10 +418,19 @@ def read(spec: dict[str, Any], sources: dict[str, Source], where: str) -> Readin
     missing = [key for key in _NEEDS[source.kind] if key not in spec]
     if missing:
         raise ClaimsError(f"{where}: a reading of {source.key!r} ({source.kind}) needs {', '.join(missing)}.")
-    measure = {"sweep": _sweep_reading, "attention": _attention_reading, "numbers": _numbers_reading}[
-        source.kind
-    ]
-    reading = measure(spec, source, where)
+    if "minus_from" in spec:
+        other = sources.get(spec["minus_from"])
+        if source.kind != "sweep" or other is None or other.kind != "sweep" or "minus" not in spec:
+            raise ClaimsError(
+                f"{where}: minus_from = {spec['minus_from']!r} pairs a sweep's row with another sweep's row "
+                "(minus); name a sweep source of claims.toml, from a sweep reading with minus."
+            )
+        reading = _sweep_reading(spec, source, where, other)
+    else:
+        measure = {"sweep": _sweep_reading, "attention": _attention_reading, "numbers": _numbers_reading}[
+            source.kind
+        ]
+        reading = measure(spec, source, where)
     expect = spec.get("expect")
     return replace(
         reading, expect=expect, status=judge(expect, reading.low, reading.high) if expect else None
