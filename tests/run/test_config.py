@@ -127,3 +127,18 @@ def test_the_expe_paper_presets_train_the_paper_s_models():
     assert scaling.train == "expe-app-c-m" and (m.n_layers, m.d_model, m.tie_embeddings) == (24, 1024, True)
     assert {r.eval.get("scale") for r in scaling.rows if r.reuse} == {0.5}
     assert (scaling.protocol, scaling.boundary) == ("stream", "cross")
+
+
+def test_unpacking_a_packed_preset_names_what_is_still_set():
+    """cpu/medium packs with a document mask and restarted positions: unpacking it names each setting that is
+    still on, and the message's fix is the one that works (both off)."""
+    with pytest.raises(UserError, match=r'^data\.document_positions = "restart" apply to packed rows only'):
+        load_config("cpu/medium", ["data.packed=false", "data.document_mask=false"])
+    with pytest.raises(
+        UserError, match=r"^data\.document_mask = true and data\.document_positions = \"restart\""
+    ):
+        load_config("cpu/medium", ["data.packed=false"])
+    fixed = load_config(
+        "cpu/medium", ["data.packed=false", "data.document_mask=false", 'data.document_positions="continue"']
+    )
+    assert not fixed.data.packed

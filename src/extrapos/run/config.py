@@ -319,9 +319,13 @@ def _validate_data(d: DataConfig) -> None:
         d.document_positions,
     )
     if not d.packed and (d.document_mask or d.document_positions != "continue"):
+        # name only what is set: a preset that packs (cpu/medium) leaves both, and unpacking it needs both off
+        offending = [f"data.document_mask = {str(d.document_mask).lower()}"] if d.document_mask else []
+        if d.document_positions != "continue":
+            offending.append(f'data.document_positions = "{d.document_positions}"')
         raise UserError(
-            "data.document_mask and data.document_positions apply to packed rows only (an unpacked "
-            "window holds one document); set data.packed = true or remove them."
+            f"{' and '.join(offending)} apply to packed rows only (an unpacked window holds one document); "
+            'set data.packed = true, or data.document_mask = false and data.document_positions = "continue".'
         )
     _require(d.min_doc_tokens >= 0, "data.min_doc_tokens", "non-negative", d.min_doc_tokens)
     for key in ("max_tokens", "max_docs", "extended_length"):
