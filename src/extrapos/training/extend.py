@@ -147,11 +147,16 @@ def extended_data(
     from extrapos.data.segmented import POSE_CHUNKS
 
     segmented = method in ("chunk", "prefix")
+    keeps_windows = method == "continue"
     new = replace(
         data,
-        sampler="contiguous" if method == "continue" else method,
+        sampler="contiguous" if keeps_windows else method,
         extended_length=L_e,
-        packed=data.packed if method == "continue" else False,
+        packed=data.packed if keeps_windows else False,
+        # the extension methods draw each example from one document, so a packed parent's document mask
+        # and restarted positions have nothing to act on (and an unpacked config refuses them)
+        document_mask=data.document_mask if keeps_windows else False,
+        document_positions=data.document_positions if keeps_windows else "continue",
         alpha=alpha if segmented and alpha is not None else data.alpha,
         pose_chunks=data.pose_chunks if method == "pose" else POSE_CHUNKS,  # a pose parent's, for pose only
     )
@@ -160,7 +165,13 @@ def extended_data(
         + (f" (alpha {alpha:g})" if segmented else "")
         + f", data.extended_length = {L_e}"
     )
-    return new, [change]
+    changes = [change]
+    if not keeps_windows and (data.document_mask or data.document_positions != "continue"):
+        changes.append(
+            "data.document_mask = false, data.document_positions = continue: each example is drawn from "
+            "one document"
+        )
+    return new, changes
 
 
 def extended_train(train: TrainConfig, method: str, L_t: int, L_e: int) -> tuple[TrainConfig, list[str]]:
