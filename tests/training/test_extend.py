@@ -67,7 +67,6 @@ def test_every_method_gets_the_same_tokens_and_steps(parents):
     assert a.train.tokens == 640
 
 
-
 def test_a_packed_document_masked_parent_extends_with_every_method(tiny_data, tmp_path):
     """cpu/medium packs with a document mask and restarted positions: the methods that draw each example from
     one document turn both off (an unpacked config refuses them, and extending such a parent failed with
@@ -87,6 +86,7 @@ def test_a_packed_document_masked_parent_extends_with_every_method(tiny_data, tm
             assert (d.packed, d.document_mask, d.document_positions) == (False, False, "continue"), method
     extend(parent, "chunk", factor=2, alpha=0.25, tokens=256, out=tmp_path / "chunk", progress=False)
     assert (tmp_path / "chunk" / "summary.json").exists()
+
 
 def test_learned_table_is_interpolated_and_the_rest_loaded(parents, tmp_path):
     out = tmp_path / "ext"
