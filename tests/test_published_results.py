@@ -29,6 +29,7 @@ PRESETS = {
     "quick-precision": "quick-precision",
     "medium": "medium",
     "medium-seeds": "medium-seeds",
+    "medium-seeds-others": "medium-seeds-others",
     "extension-methods": "extension-methods",
     "rehearsal": "rehearsal",
     "rehearsal-mask": "rehearsal-mask",

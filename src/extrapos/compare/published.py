@@ -30,6 +30,7 @@ PUBLISHED = (
     "extension-methods",
     "medium",
     "medium-seeds",
+    "medium-seeds-others",
     "mlm",
     "peers",
     "quick",
