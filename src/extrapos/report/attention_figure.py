@@ -103,15 +103,21 @@ def check_comparable(results: list[tuple[str, dict[str, Any]]]) -> list[Any]:
     return evs
 
 
+def _header(first: str, evs: list[Any], minus: str) -> list[str]:
+    """A table's header lines: ``first``, the value at each length, then each length's difference
+    (``minus``: what it subtracts, e.g. "- parent (paired)")."""
+    head = " | ".join(f"ev={ev}" for ev in evs)
+    diff_head = " | ".join(f"ev={ev}: {minus}" for ev in evs)
+    return [f"| {first} | {head} | {diff_head} |", "|---|" + "---:|" * (2 * len(evs))]
+
+
 def summary_table(results: list[tuple[str, dict[str, Any]]], evs: list[Any]) -> str:
     """Markdown: per run and length, the mean median weight x n past L_t [95% interval over documents], and
     the run minus the first run paired over the same documents."""
     from extrapos.report import stats
 
     base_label = results[0][0]
-    head = " | ".join(f"ev={ev}" for ev in evs)
-    diff_head = " | ".join(f"ev={ev}: - {base_label} (paired)" for ev in evs)
-    lines = [f"| run | {head} | {diff_head} |", "|---|" + "---:|" * (2 * len(evs))]
+    lines = _header("run", evs, f"- {base_label} (paired)")
     for label, result in results:
         cells, diffs = [], []
         for ev in evs:
@@ -221,9 +227,7 @@ def seeds_table(groups: list[tuple[str, list[dict[str, Any]]]], evs: list[Any]) 
     row minus the first row paired per seed (seed k's run minus the first row's seed k, over the same
     documents), each with Student's t 95% interval over the seeds."""
     base_label, base_runs = groups[0]
-    head = " | ".join(f"ev={ev}" for ev in evs)
-    diff_head = " | ".join(f"ev={ev}: - {base_label} (paired per seed)" for ev in evs)
-    lines = [f"| row | {head} | {diff_head} |", "|---|" + "---:|" * (2 * len(evs))]
+    lines = _header("row", evs, f"- {base_label} (paired per seed)")
     for label, runs in groups:
         cells, diffs = [], []
         for ev in evs:
@@ -250,9 +254,7 @@ def per_seed_table(groups: list[tuple[str, list[dict[str, Any]]]], evs: list[Any
     from extrapos.report import stats
 
     base_label, base_runs = groups[0]
-    head = " | ".join(f"ev={ev}" for ev in evs)
-    diff_head = " | ".join(f"ev={ev}: - {base_label}, same seed (paired)" for ev in evs)
-    lines = [f"| run | {head} | {diff_head} |", "|---|" + "---:|" * (2 * len(evs))]
+    lines = _header("run", evs, f"- {base_label}, same seed (paired)")
     for label, runs in groups:
         for k, (result, base) in enumerate(zip(runs, base_runs), 1):
             cells, diffs = [], []
