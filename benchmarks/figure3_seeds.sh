@@ -30,7 +30,14 @@ MAX_TOKENS=${MAX_TOKENS:-16384}
 EXTRA=${EXTRA:-}
 PY=${PYTHON:-python3}
 
-extrapos() { "$PY" -m extrapos "$@"; }
+# progress bars on a terminal only: a log written through nohup gets the commands' lines, not redrawn bars
+quiet=()
+[ -t 2 ] || quiet=(--no-progress)
+extrapos() {
+    local command=$1
+    shift
+    "$PY" -m extrapos "$command" "${quiet[@]}" "$@"
+}
 
 read -r -a seeds <<<"$SEEDS"
 read -r -a extra <<<"$EXTRA"
