@@ -12,6 +12,7 @@ model's memory stays O(W) per layer however long ``generate`` runs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from transformers.cache_utils import Cache
@@ -20,14 +21,14 @@ from extrapos.model import KVCache
 
 
 class ExtraposCache(Cache):
-    """One extrapos ``KVCache`` for every layer of the model (``.cache``); ``windows``: each layer's
-    sliding window (None: full attention), as ``ModelConfig.window_at`` gives them."""
+    """One extrapos ``KVCache`` for every layer of the model (``.cache``), made by ``fresh`` (the model's
+    ``Decoder.new_cache``: each layer with its sliding window) now and on ``reset``."""
 
-    def __init__(self, n_layers: int, windows: list[int | None] | None = None) -> None:
+    def __init__(self, fresh: Callable[[], KVCache]) -> None:
         super().__init__(layers=[])
-        self.windows = windows
-        self.cache = KVCache(n_layers, windows)
-        self.n_layers = n_layers
+        self.fresh = fresh
+        self.cache = fresh()
+        self.n_layers = len(self.cache.layers)
 
     def __repr__(self) -> str:
         return f"ExtraposCache(layers={self.n_layers}, tokens={self.cache.length})"
@@ -63,7 +64,7 @@ class ExtraposCache(Cache):
         self._refuse("selecting rows of a filled KV cache")
 
     def reset(self) -> None:
-        self.cache = KVCache(self.n_layers, self.windows)
+        self.cache = self.fresh()
 
     @property
     def is_compileable(self) -> bool:

@@ -193,11 +193,6 @@ def _cache_of(cache: ExtraposCache | None, past_key_values: Any) -> ExtraposCach
     return given
 
 
-def _new_cache(cfg: Any) -> ExtraposCache:
-    """An empty cache for a model of ``cfg``: each layer with its sliding window (None: full)."""
-    return ExtraposCache(cfg.n_layers, [cfg.window_at(i) for i in range(cfg.n_layers)])
-
-
 class ExtraposModel(ExtraposPreTrainedModel):
     """Final hidden states (``last_hidden_state``) of any extrapos run, decoder or encoder."""
 
@@ -214,7 +209,7 @@ class ExtraposModel(ExtraposPreTrainedModel):
     ) -> BaseModelOutputWithPast:
         cache = _cache_of(cache, past_key_values)
         if use_cache and cache is None and self.model.cfg.causal:
-            cache = _new_cache(self.model.cfg)
+            cache = ExtraposCache(self.model.new_cache)
         h, states = self.hidden(input_ids, attention_mask, position_ids, cache, inputs_embeds, kwargs)
         cached: dict[str, Any] = {CACHE_NAME: cache}
         return BaseModelOutputWithPast(last_hidden_state=h, hidden_states=states, **cached)
@@ -251,7 +246,7 @@ class ExtraposForCausalLM(ExtraposPreTrainedModel, GenerationMixin):
     ) -> CausalLMOutputWithPast:
         cache = _cache_of(cache, past_key_values)
         if cache is None and use_cache and labels is None:  # generate passes use_cache=True
-            cache = _new_cache(self.model.cfg)
+            cache = ExtraposCache(self.model.new_cache)
         h, states = self.hidden(input_ids, attention_mask, position_ids, cache, inputs_embeds, kwargs)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.model.logits(h[:, keep])
