@@ -145,3 +145,26 @@ def test_one_run_per_label_renders_the_committed_figure3_page_byte_for_byte(tmp_
     ]
     md, _ = attention_figure.write_figure(results, tmp_path)
     assert md.read_bytes() == (FIGURE3 / "median-weight.md").read_bytes()
+
+
+def test_the_committed_three_seed_figure3_page_is_what_its_nine_readings_render(tmp_path, monkeypatch):
+    """docs/results/segmented-figure3-seeds/median-weight.md (the medium RoPE parent, its chunk and continue
+    children, three seeds each) is what the nine committed attention results render today, labels repeated
+    per seed in the order benchmarks/figure3_seeds.sh gives them; their run paths were made relative to their
+    folder when committed, so they are put back as the page names them."""
+    monkeypatch.setattr(attention_figure, "plot", lambda groups, evs, path: path)
+    folder = FIGURE3.parent / "segmented-figure3-seeds"
+    labels = {"rope": "RoPE parent", "chunk": "chunk-0.25 x4", "continue": "continue"}
+    results = [
+        (
+            label,
+            {
+                **json.loads((folder / f"{name}-seed{s}.json").read_text()),
+                "run": f"runs/figure3-seeds/{name}-seed{s}",
+            },
+        )
+        for name, label in labels.items()
+        for s in range(3)
+    ]
+    md, _ = attention_figure.write_figure(results, tmp_path)
+    assert md.read_bytes() == (folder / "median-weight.md").read_bytes()

@@ -200,3 +200,89 @@ def test_a_row_of_another_sweep_pairs_by_seed_and_document(tmp_path):
 def test_rows_of_other_seeds_are_not_paired(tmp_path):
     with pytest.raises(ClaimsError, match=r"has seeds \[0, 1, 2\] and 'RoPE' \(other-seeds\) \[3, 4, 5\]"):
         render(_cross_sweep_ledger(tmp_path, seeds=[3, 4, 5]))
+
+
+def _attention_ledger(tmp_path: Path, readings: str) -> Path:
+    """A ledger whose attention source is a copy of the committed three-seed Figure 3 readings."""
+    folder = tmp_path / "results"
+    shutil.copytree(
+        RESULTS / "segmented-figure3-seeds", folder / "fig3", ignore=shutil.ignore_patterns("*.png")
+    )
+    text = textwrap.dedent(
+        """
+        title = "# Ledger"
+        intro = "Claims."
+        how = "How."
+
+        [papers.seg]
+        short = "segmented paper"
+        title = "Segmented"
+        note = "Note."
+
+        [tables.seg-f3]
+        paper = "seg"
+        where = "Figure 3"
+        setting = "no numbers printed"
+        unit = "none"
+        columns = []
+
+        [sources.fig3]
+        kind = "attention"
+        path = "fig3"
+        page = "segmented-figure3.md"
+        command = "extrapos attention"
+
+        [[claims]]
+        id = "f3"
+        table = "seg-f3"
+        claim = "It rises"
+        verdict = "inconclusive at this scale"
+        reason = "Readings."
+        readings = [
+        """
+    )
+    (folder / "claims.toml").write_text(text + readings + "\n]\n")
+    return folder
+
+
+SEEDS = '["{0}-seed0", "{0}-seed1", "{0}-seed2"]'
+
+
+def test_an_attention_reading_over_seeds_pairs_seed_by_seed(tmp_path):
+    """``row`` and ``minus`` as lists of readings, one per seed: the per-seed values and Student's t over them
+    are the three-seed Figure 3 page's (its seeds table prints +0.002 [-0.001, +0.005] for chunk at 4x), and
+    one seed alone given as a list reads exactly what the plain reading of that file does."""
+    readings = ",\n".join(
+        [
+            f'{{ from = "fig3", label = "chunk - parent, seeds", row = {SEEDS.format("chunk")}, '
+            f"minus = {SEEDS.format('rope')}, ev = 4 }}",
+            '{ from = "fig3", label = "one seed, a list", row = ["chunk-seed1"], minus = ["rope-seed1"], '
+            "ev = 4 }",
+            '{ from = "fig3", label = "one seed, plain", row = "chunk-seed1", minus = "rope-seed1", ev = 4 }',
+        ]
+    )
+    page = render(_attention_ledger(tmp_path, readings))
+    line = next(x for x in page.splitlines() if x.startswith("| chunk - parent, seeds |"))
+    assert "+0.002, +0.001, +0.003; t [-0.001, +0.005]" in line
+    listed = next(x for x in page.splitlines() if x.startswith("| one seed, a list |"))
+    plain = next(x for x in page.splitlines() if x.startswith("| one seed, plain |"))
+    assert listed.split("|")[2:] == plain.split("|")[2:]
+
+
+@pytest.mark.parametrize(
+    "reading, message",
+    [
+        (
+            f'{{ from = "fig3", row = {SEEDS.format("chunk")}, minus = {SEEDS.format("rope")}, ev = 4 }}',
+            "needs a label",
+        ),
+        (
+            f'{{ from = "fig3", label = "x", row = {SEEDS.format("chunk")}, minus = ["rope-seed0"], '
+            "ev = 4 }",
+            "row has 3 seeds and minus 1",
+        ),
+    ],
+)
+def test_an_attention_reading_over_seeds_is_refused_when_it_cannot_pair(tmp_path, reading, message):
+    with pytest.raises(ClaimsError, match=message):
+        render(_attention_ledger(tmp_path, reading))

@@ -354,7 +354,10 @@ def _sweep_reading(
 
 def _attention_reading(spec: dict[str, Any], source: Source, where: str) -> Reading:
     """The mean median attention weight (x n) past L_t of one reading, or its paired difference to another
-    (the segmented-sequences paper's Figure 3 statistic, ``report/attention_figure.py``)."""
+    (the segmented-sequences paper's Figure 3 statistic, ``report/attention_figure.py``). ``row`` and
+    ``minus`` may each name a list of readings, one per training seed (seed k of ``row`` paired with seed k of
+    ``minus``): the interval is then the crossed bootstrap over seeds and documents, as a sweep's, beside the
+    per-seed values and Student's t over them."""
 
     def sums(run: str) -> tuple[np.ndarray, np.ndarray, list[int]]:
         path = source.path / f"{run}.json"
@@ -368,18 +371,42 @@ def _attention_reading(spec: dict[str, Any], source: Source, where: str) -> Read
             raise ClaimsError(f"{where}: {path.name} has no queries past L_t at ev={spec['ev']}.")
         return got[0], got[1], row["doc_index"]
 
-    mine = sums(spec["row"])
+    def seeds(key: str) -> list[tuple[np.ndarray, np.ndarray, list[int]]]:
+        runs = spec[key] if isinstance(spec[key], list) else [spec[key]]
+        got = [sums(run) for run in runs]
+        if any(g[2] != got[0][2] or not np.array_equal(g[1], got[0][1]) for g in got):
+            raise ClaimsError(f"{where}: the seeds of {key} = {runs} read other documents.")
+        return got
+
+    def stacked(got: list[tuple[np.ndarray, np.ndarray, list[int]]]) -> tuple[np.ndarray, np.ndarray]:
+        return np.stack([g[0] for g in got]), np.stack([g[1] for g in got])
+
+    def mean(g: tuple[np.ndarray, np.ndarray, list[int]]) -> float:
+        return float(g[0].sum() / g[1].sum())
+
+    if "label" not in spec and any(isinstance(spec.get(k), list) for k in ("row", "minus")):
+        raise ClaimsError(f"{where}: a reading over seeds (row or minus a list) needs a label.")
+    mine = seeds("row")
+    name = spec["row"]
     if "minus" not in spec:
-        iv = stats.loss_interval(mine[0], mine[1])
-        label, kind = f"{spec['row']} at {_ev_text(spec['ev'])}", "loss"
+        iv = stats.loss_interval(*stacked(mine))
+        per_seed = [mean(g) for g in mine]
+        label, kind = f"{name} at {_ev_text(spec['ev'])}", "loss"
     else:
-        ref = sums(spec["minus"])
-        if mine[2] != ref[2] or not np.array_equal(mine[1], ref[1]):
+        ref = seeds("minus")
+        if len(ref) != len(mine):
+            raise ClaimsError(f"{where}: row has {len(mine)} seeds and minus {len(ref)}; pair seed by seed.")
+        if mine[0][2] != ref[0][2] or not np.array_equal(mine[0][1], ref[0][1]):
             raise ClaimsError(f"{where}: {spec['row']!r} and {spec['minus']!r} read other documents.")
-        iv = stats.paired_difference(mine[0], mine[1], ref[0], ref[1])
-        label, kind = f"{spec['row']} - {spec['minus']} at {_ev_text(spec['ev'])}", "difference"
-    note = _documents_note(len(mine[2]))
-    return Reading(spec.get("label", label), source, iv.estimate, iv.low, iv.high, kind, note=note)
+        iv = stats.paired_difference(*stacked(mine), *stacked(ref))
+        per_seed = [mean(a) - mean(b) for a, b in zip(mine, ref)]
+        label, kind = f"{name} - {spec['minus']} at {_ev_text(spec['ev'])}", "difference"
+    note = _documents_note(len(mine[0][2]))
+    several = tuple(per_seed) if len(per_seed) > 1 else ()
+    return Reading(
+        spec.get("label", label), source, iv.estimate, iv.low, iv.high, kind, several,
+        stats.t_interval(per_seed) if several else None, note,
+    )  # fmt: skip
 
 
 def _lookup(doc: Any, path: str, source: Source, where: str) -> float:
