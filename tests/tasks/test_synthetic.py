@@ -210,3 +210,38 @@ def test_train_on_a_synthetic_corpus_and_score_beyond_the_training_length(tmp_pa
     assert [x["length"] for x in r["results"]] == [16, 64]
     assert all(x["answer_tokens"] == 32 and 0 <= x["token_accuracy"] <= 1 for x in r["results"])
     assert "| 4 | 64 |" in format_synthetic(r)
+
+
+def test_validation_loss_of_a_synthetic_run_counts_the_answers_as_training_does(tmp_path, monkeypatch):
+    """A run on a synthetic corpus trains on whole examples with the loss on their answers; its validation
+    loss reads the validation split the same way. Windows across examples would score every token, the
+    random haystack too: a RULER run then printed training loss 1.85 beside validation loss 8.75."""
+    from extrapos.model import Decoder
+    from extrapos.run.config import load_config
+    from extrapos.training import trainer
+
+    spec = "synthetic:kv-recall:length=32,train=50,val=12,test=4,pairs=2,queries=1"
+    d = prepare_data(spec, "synthetic", tmp_path / "kv", progress=False)
+    cfg = load_config(
+        "cpu/tiny",
+        [
+            f'data.corpus="{spec}"',
+            'data.tokenizer="synthetic"',  # data.sampler left "contiguous": the corpus says it is a task
+            f'data.dir="{d}"',
+            f"model.vocab_size={len(VOCAB)}",
+            "model.train_length=32",
+            "train.batch_size=4",
+        ],
+    )
+    batches = []
+    scored = trainer.masked_loss_sum
+    monkeypatch.setattr(trainer, "masked_loss_sum", lambda logits, b: batches.append(b) or scored(logits, b))
+    torch.manual_seed(0)
+    loss = trainer.validation_loss(Decoder(cfg.model), cfg, open_split(d, "val"), torch.device("cpu"))
+    assert batches and loss is not None and np.isfinite(loss)
+    examples = [e[0] for e in SyntheticTask.parse(spec).split_examples("val")]
+    for b in batches:
+        assert b.loss_mask.sum(1).tolist() == [1] * b.tokens.shape[0]  # one query: one answer token a row
+        for row in range(b.tokens.shape[0]):  # every row is one whole example, from its first token
+            n = int((b.tokens[row] != PAD).sum())
+            assert any(np.array_equal(b.tokens[row, :n].numpy(), e[:n]) for e in examples)

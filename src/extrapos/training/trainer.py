@@ -135,20 +135,27 @@ def masked_loss_sum(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
 def validation_loss(
     model: nn.Module, cfg: RunConfig, split: TokenSplit, device: torch.device
 ) -> float | None:
-    """Mean token loss on the first ``eval_batches`` batches of the validation split, in a fixed order."""
-    from extrapos.data import sampling
+    """Mean token loss on the first ``eval_batches`` batches of the validation split, in a fixed order: over
+    the tokens the training loss counts (a synthetic task's answers, a text's every token)."""
+    from extrapos.data import sampling, synthetic
 
     try:
-        d = cfg.data  # a packed run is validated on packed windows of the same kind
-        sampler = sampling.ContiguousSampler(
-            split,
-            cfg.seq_len,
-            cfg.train.batch_size,
-            seed=1234,
-            packed=d.packed and d.sampler == "contiguous",
-            document_mask=d.document_mask and d.sampler == "contiguous",
-            document_positions=d.document_positions if d.sampler == "contiguous" else "continue",
-        )
+        d = cfg.data
+        if d.sampler == "synthetic" or synthetic.task_of(split.directory) is not None:
+            # the answers of whole examples, as the training sampler reads them (run/runtime.py's
+            # build_sampler): every token of windows across examples would score the random haystack,
+            # whose loss says nothing about the task and reads as if the model had overfitted
+            sampler: Any = synthetic.SyntheticSampler(split, cfg.seq_len, cfg.train.batch_size, seed=1234)
+        else:  # a packed run is validated on packed windows of the same kind
+            sampler = sampling.ContiguousSampler(
+                split,
+                cfg.seq_len,
+                cfg.train.batch_size,
+                seed=1234,
+                packed=d.packed and d.sampler == "contiguous",
+                document_mask=d.document_mask and d.sampler == "contiguous",
+                document_positions=d.document_positions if d.sampler == "contiguous" else "continue",
+            )
     except UserError:
         return None  # validation split too small for one window: nothing to report
     if sampler.windows_per_epoch == 0:
