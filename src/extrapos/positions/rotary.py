@@ -291,6 +291,12 @@ class RoPE(PositionalEncoding):
         return h
 
     def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        if torch.compiler.is_compiling():
+            # traced, the memo's identity and version checks would break the graph at every layer (Dynamo
+            # cannot trace ``_version``) and recompile each block on its own; the compiled graph computes
+            # cos/sin from the same positions once per layer instead, which is cheap beside attention
+            cos, sin = self.cos_sin(positions, q.dtype)
+            return self._rotate_one(q, cos, sin), self._rotate_one(k, cos, sin)
         # every block calls rotate with the same positions tensor: compute cos/sin once per forward
         version = None if positions.is_inference() else positions._version  # no counter in inference mode
         memo = self._memo

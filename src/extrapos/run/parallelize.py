@@ -87,6 +87,10 @@ class Parallel:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             stepped = ddp = DistributedDataParallel(model, device_ids=device_ids)
         if self.train.compile:
+            # Dynamo's caches are per code object, not per model: the graphs of an earlier run in this
+            # process (a sweep trains its rows one after another) are useless to this model but count
+            # toward torch's recompile limit (8), past which the step silently runs eager; start clean
+            torch.compiler.reset()
             stepped = cast(nn.Module, torch.compile(stepped))  # an OptimizedModule, an nn.Module
         return ParallelModel(self, model, stepped, ties, fsdp=fsdp, ddp=ddp)
 
