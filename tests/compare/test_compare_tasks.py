@@ -4,6 +4,7 @@ byte-identical re-rendering of the report with its task tables."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -280,3 +281,50 @@ def test_the_ruler_column_defaults_are_the_ruler_commands():
     names = [f.name for f in dataclasses.fields(RulerColumns)]
     assert names and set(names) <= {f.name for f in dataclasses.fields(RulerOptions)}
     assert {n: getattr(column, n) for n in names} == {n: getattr(command, n) for n in names}
+
+
+def test_a_ruler_shape_that_cannot_be_drawn_at_the_longest_length_is_refused_before_any_row_trains(tmp_path):
+    """2-digit values give 90 numbers and niah_multikey_2's haystack of needles at 8 x 128 tokens holds 128 of
+    them, each distinct: `compare ruler-medium` refused that only when scoring, after three rows had
+    trained (35 min). With the synthetic:ruler vocabulary known before training, every task is drawn at the
+    shortest and the longest length first; 3 digits pass the same check."""
+    from extrapos.run.config import load_config
+    from extrapos.tasks.ruler_task import RulerColumns, RulerTask
+
+    def sweep(digits: int) -> Path:
+        shape = "needles=2,hops=2,vt_digits=2,var_letters=1,common=3,coded_letters=1,uuid_hex=4"
+        corpus = f"synthetic:ruler:length=128,min_length=90,digits={digits},{shape},train=200,val=8,test=8"
+        sets = [f'data.corpus="{corpus}"', 'data.tokenizer="synthetic"', "model.vocab_size=448",
+                "model.train_length=128", "data.packed=false", "train.steps=2"]  # fmt: skip
+        f = tmp_path / f"ruler{digits}.toml"
+        f.write_text(
+            f'train = "cpu/tiny"\nlengths = [1, 8]\nloss = false\ntasks = ["ruler"]\n'
+            f'ruler = {{ trials = 1, mode = "both", candidates = 4, template = "short", digits = {digits}, '
+            "needles = 2, hops = 2, vt_digits = 2, var_letters = 1, common = 3, coded_letters = 1, "
+            "uuid_hex = 4 }\n"
+            f'set = {json.dumps(sets)}\n[[rows]]\nname = "R"\npositions = {{ name = "rope" }}\n'
+        )
+        return f
+
+    out = tmp_path / "out"
+    with pytest.raises(UserError) as e:
+        compare(str(sweep(2)), out, progress=False)
+    assert "row 'R': niah_multikey_2 at 8 x 128 tokens: could not draw 128 distinct numbers" in str(e.value)
+    assert not out.exists()
+    cfg = load_config("cpu/tiny", json.loads(sweep(3).read_text().split("set = ")[1].split("\n")[0]))
+    spec = RulerColumns(
+        trials=1, mode="both", candidates=4, template="short", digits=3, needles=2, hops=2, vt_digits=2,
+        var_letters=1, common=3, coded_letters=1, uuid_hex=4,
+    )  # fmt: skip
+    RulerTask().check_row_tokens(spec, cfg, None, [1, 8])  # drawn at 128 and 1,024 tokens: no refusal
+
+
+def test_the_shipped_ruler_presets_draw_every_task_at_their_longest_length():
+    """Each RULER preset's rows pass the draw check their sweep runs before training (the medium one failed
+    it with 2-digit values)."""
+    from extrapos.compare.run import _check_row_options
+    from extrapos.compare.sweep import find_sweep, task_specs
+
+    for name in ("ruler", "ruler-medium"):
+        sweep = load_sweep(name)
+        _check_row_options(sweep, find_sweep(name), task_specs(sweep, find_sweep(name)), [])

@@ -259,6 +259,41 @@ def score_cell(
 # ---- the command ---------------------------------------------------------------------------------------
 
 
+def check_draws(builder: RulerBuilder, opts: RulerOptions, L: int, tasks: Sequence[str]) -> None:
+    """One example of each of ``tasks`` in each form scored at the shortest length (every task must fit it)
+    and at the longest (a haystack of needles needs as many distinct values as it holds needles: 2-digit
+    numbers run out at 128), so a shape that cannot be drawn is refused before any cell is scored."""
+    decoys = opts.candidates - 1
+    forms = ([0] if opts.mode != "rank" else []) + ([decoys] if opts.mode != "generate" else [])
+    for k in sorted({min(opts.lengths), max(opts.lengths)}):
+        for task in tasks:
+            for d in forms:
+                try:
+                    builder.build(task, k * L, np.random.default_rng(0), d)
+                except UserError as e:
+                    raise UserError(f"{task} at {k} x {L} tokens: {e}") from None
+
+
+def row_tokenizer(data: Any, run_dir: Path | None) -> Any:
+    """A sweep row's tokenizer where it is known before the row trains (the run a ``run = ...`` row scores,
+    the ``synthetic:ruler`` vocabulary, a prepared ``data.dir``), else None."""
+    from extrapos.data.ruler_prompts import synthetic_tokenizer
+    from extrapos.data.tokenizer import load_tokenizer
+    from extrapos.run.runtime import run_tokenizer_file
+
+    found = run_tokenizer_file(run_dir) if run_dir is not None else None
+    if found is None and data.dir and (Path(data.dir) / "manifest.json").is_file():
+        found = Path(data.dir)
+    if found is not None:
+        try:
+            return load_tokenizer(found)
+        except UserError:  # an unreadable tokenizer is refused when the row trains, in its own words
+            return None
+    if str(data.corpus).startswith("synthetic:ruler") and str(data.tokenizer).strip() == "synthetic":
+        return synthetic_tokenizer()
+    return None
+
+
 def load_essay(tokenizer: Any, essay: str, synthetic: bool, longest: int) -> Essay:
     """The essay-like haystack: the built-in prose of the pools' words, the State of the Union addresses
     (enough of them for 4 prompts of the longest length) or a text file."""
@@ -315,10 +350,7 @@ def score_ruler(prepared: Prepared[RulerOptions], slot: ResultSlot, how: Scoring
     essay = load_essay(run.tokenizer, opts.essay, synthetic, max(opts.lengths) * L) if needs_essay else None
     builder = RulerBuilder(run.tokenizer, opts.shape, essay, qa)
     decoys = opts.candidates - 1
-    # every task must fit the shortest length: one example each before any scoring
-    for task in opts.tasks:
-        for d in ([0] if opts.mode != "rank" else []) + ([decoys] if opts.mode != "generate" else []):
-            builder.build(task, min(opts.lengths) * L, np.random.default_rng(0), d)
+    check_draws(builder, opts, L, opts.tasks)  # before any scoring: not after the shorter lengths' cells
     cells = []
     bar = tqdm(
         total=len(opts.lengths) * len(opts.tasks), disable=not progress, desc=f"ruler {handle.path.name}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from extrapos.data.ruler_names import SYNTHETIC_TASKS, TASK_NAMES
@@ -81,6 +82,28 @@ class RulerTask(Task):
 
     def check_columns(self, spec: Any) -> None:
         self.module().RulerOptions(**asdict(spec), lengths=[1]).checked()
+
+    def check_row_tokens(self, spec: Any, cfg: Any, run_dir: Path | None, lengths: list[int]) -> None:
+        """Every task's examples drawn once at the row's shortest and longest lengths, with its tokenizer
+        where it is known before the row trains (``ruler.row_tokenizer``): a shape that cannot be drawn
+        (2-digit values for a haystack of 128 needles) was refused only by the scoring, after every row
+        had trained. The essay and QA tasks are left to the scoring (their haystack and data are read
+        there, unless the essay is the built-in one); so is a row whose tokenizer a sweep makes only later."""
+        engine = self.module()
+        tokenizer = engine.row_tokenizer(cfg.data, run_dir)
+        if tokenizer is None:
+            return
+        from extrapos.data.ruler_prompts import RulerBuilder
+        from extrapos.data.ruler_tasks import TASKS
+
+        opts = engine.RulerOptions(**asdict(spec), lengths=lengths).checked()
+        L = cfg.model.train_length
+        synthetic = str(cfg.data.corpus).startswith("synthetic:ruler")
+        builtin = opts.essay == "builtin" or (opts.essay == "auto" and synthetic)  # no corpus to read
+        essay = engine.load_essay(tokenizer, "builtin", True, max(lengths) * L) if builtin else None
+        readable = [t for t in opts.tasks if TASKS[t].family != "qa"]
+        tasks = [t for t in readable if builtin or TASKS[t].haystack != "essay"]
+        engine.check_draws(RulerBuilder(tokenizer, opts.shape, essay), opts, L, tasks)
 
     # ---- the report ----------------------------------------------------------------------------------
 
