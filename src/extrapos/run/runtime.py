@@ -252,6 +252,15 @@ def coverage_note(sampler: ContiguousSampler, seq_len: int) -> tuple[str, bool]:
     )
 
 
+def trains_on_answers(cfg: RunConfig, split: TokenSplit) -> bool:
+    """Whether ``cfg`` trains on ``split``'s synthetic examples, the loss on their answers only
+    (``SyntheticSampler``), rather than on windows of its tokens: training and validation read it alike."""
+    from extrapos.data import synthetic
+
+    name = cfg.data.sampler
+    return name == "synthetic" or (name == "contiguous" and synthetic.task_of(split.directory) is not None)
+
+
 def build_sampler(
     cfg: RunConfig, split: TokenSplit, batch_size: int, seed: int, rank: int = 0, world: int = 1
 ) -> Any:
@@ -266,7 +275,7 @@ def build_sampler(
     from extrapos.data import sampling, segmented, synthetic
 
     name, d = cfg.data.sampler, cfg.data
-    if name == "synthetic" or (name == "contiguous" and synthetic.task_of(split.directory) is not None):
+    if trains_on_answers(cfg, split):
         # answer-masked examples of a synthetic: corpus; the contiguous sampler would train on every token
         return synthetic.SyntheticSampler(
             split, cfg.seq_len, batch_size, seed=seed, rank=rank, world_size=world

@@ -49,6 +49,7 @@ from extrapos.run.runtime import (
     prepare_run_data,
     resolve_device,
     step_plan,
+    trains_on_answers,
     warn_slow_bf16,
 )
 from extrapos.training.held import HeldChanges
@@ -141,10 +142,10 @@ def validation_loss(
 
     try:
         d = cfg.data
-        if d.sampler == "synthetic" or synthetic.task_of(split.directory) is not None:
-            # the answers of whole examples, as the training sampler reads them (run/runtime.py's
-            # build_sampler): every token of windows across examples would score the random haystack,
-            # whose loss says nothing about the task and reads as if the model had overfitted
+        if trains_on_answers(cfg, split):
+            # the answers of whole examples, as the training sampler reads them: every token of windows
+            # across examples would score the random haystack, whose loss says nothing about the task
+            # and reads as if the model had overfitted
             sampler: Any = synthetic.SyntheticSampler(split, cfg.seq_len, cfg.train.batch_size, seed=1234)
         else:  # a packed run is validated on packed windows of the same kind
             sampler = sampling.ContiguousSampler(
