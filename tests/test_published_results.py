@@ -232,6 +232,7 @@ def test_the_h200_step_times_in_prose_are_the_probes():
 _MODEL_FACT = re.compile(
     r"^- model: (?P<flavour>\w+), (?P<layers>\d+) layers, d=(?P<d>\d+), (?P<heads>\d+) heads"
 )
+_DATA_FACT = re.compile(r"^- data: corpus (?P<corpus>\S+), tokenizer (?P<tokenizer>[^;,\s]+)")
 _TRAINING_FACT = re.compile(
     r"^- training: L_t=(?P<lt>\d+), (?P<tokens>[\d,]+(?:, [\d,]+)*) tokens per model, batch (?P<batch>\d+), "
     r"lr (?P<lr>\S+) -> (?P<end_lr>\S+), (?P<precision>.+), (?P<seeds>seeds? [\d, ]+)$"
@@ -242,7 +243,7 @@ def training_mismatches(sweep, report: str, results: list[dict]) -> list[str]:
     """How the training settings ``sweep`` asks today differ from those the committed ``report`` states (its
     facts, written from the runs' configs and summaries) and the rows ``results`` holds: the model's
     flavour, layers, width and heads, L_t, the tokens per model, batch, learning rates, precision, seeds and
-    the rows themselves."""
+    the rows themselves, the corpus and tokenizer."""
     from extrapos.compare.sweep import row_config
 
     model = next((m for m in map(_MODEL_FACT.match, report.splitlines()) if m), None)
@@ -269,6 +270,15 @@ def training_mismatches(sweep, report: str, results: list[dict]) -> list[str]:
         differ += [
             f"{row.name}: {k} {got[k]!r}, the preset asks {w!r}" for k, w in want.items() if got[k] != w
         ]
+        data = next((d for d in map(_DATA_FACT.match, report.splitlines()) if d), None)
+        if data is None or (data["corpus"], data["tokenizer"]) != (
+            str(cfg.data.corpus),
+            str(cfg.data.tokenizer),
+        ):
+            shown = "none" if data is None else f"{data['corpus']} ({data['tokenizer']})"
+            differ.append(
+                f"{row.name}: corpus {shown}, the preset asks {cfg.data.corpus} ({cfg.data.tokenizer})"
+            )
         if (
             t.precision != "auto"
             and "/" not in training["precision"]
@@ -349,6 +359,47 @@ def test_a_preset_changed_after_its_table_fails_the_settings_check(tmp_path, edi
     (tmp_path / "changed.toml").write_text(text.replace(edit[0], edit[1]))
     differ = training_mismatches(load_sweep(str(tmp_path / "changed.toml")), report, results)
     assert differ and any(expect in d for d in differ), differ
+
+
+#: presets whose committed report has task columns only (``loss = false``): no results.json, rows in rows.json
+TASK_PRESETS = {"ruler-medium": "ruler-medium"}
+
+
+@pytest.mark.parametrize("folder", sorted(TASK_PRESETS))
+def test_committed_task_reports_trained_what_their_preset_trains_today(folder):
+    """The training check of the loss tables, for a report of task columns only; a copy of the preset with
+    its corpus changed (2-digit values, as ruler-medium was first set) fails it."""
+    from extrapos.compare import load_sweep
+
+    report = (RESULTS / folder / "report.md").read_text()
+    rows = json.loads((RESULTS / folder / "rows.json").read_text())
+    assert training_mismatches(load_sweep(TASK_PRESETS[folder]), report, rows) == []
+
+
+def test_a_task_preset_changed_after_its_report_fails_the_settings_check(tmp_path):
+    from extrapos.compare import load_sweep
+    from extrapos.compare.sweep import find_sweep
+
+    text = find_sweep("ruler-medium").read_text()
+    report = (RESULTS / "ruler-medium" / "report.md").read_text()
+    rows = json.loads((RESULTS / "ruler-medium" / "rows.json").read_text())
+    assert "min_length=180,digits=3," in text
+    (tmp_path / "changed.toml").write_text(
+        text.replace("min_length=180,digits=3,", "min_length=180,digits=2,")
+    )
+    differ = training_mismatches(load_sweep(str(tmp_path / "changed.toml")), report, rows)
+    assert differ and all("corpus synthetic:ruler:length=256,min_length=180,digits=3" in d for d in differ)
+
+
+@pytest.mark.parametrize("row", ["rope", "nope", "alibi"])
+def test_the_ruler_medium_row_pages_are_what_their_results_render(row):
+    """docs/results/ruler-medium/ROW.md (the per-task grids with intervals, the needle depth tables, the
+    copiers beside each cell) is ``extrapos ruler``'s rendering of the row's committed result."""
+    from extrapos.tasks.ruler_report import format_all
+
+    folder = RESULTS / "ruler-medium"
+    result = json.loads((folder / "tasks" / "ruler" / f"{row}.json").read_text())
+    assert (folder / f"{row}.md").read_text() == format_all(result) + "\n"
 
 
 def test_the_figure3_table_is_what_its_attention_results_render():
