@@ -310,6 +310,7 @@ def test_a_ruler_shape_that_cannot_be_drawn_at_the_longest_length_is_refused_bef
     with pytest.raises(UserError) as e:
         compare(str(sweep(2)), out, progress=False)
     assert "row 'R': niah_multikey_2 at 8 x 128 tokens: could not draw 128 distinct numbers" in str(e.value)
+    assert "(ruler.digits / ruler.uuid_hex)" in str(e.value)  # the sweep's keys, not the command's flags
     assert not out.exists()
     cfg = load_config("cpu/tiny", json.loads(sweep(3).read_text().split("set = ")[1].split("\n")[0]))
     spec = RulerColumns(

@@ -5,11 +5,13 @@ What's the Real Context Size of Your Long-Context Language Models?") per task an
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from extrapos.data.ruler_names import SYNTHETIC_TASKS, TASK_NAMES
+from extrapos.errors import UserError
 from extrapos.tasks.task import Command, Task, columns_of, option
 
 if TYPE_CHECKING:
@@ -103,7 +105,12 @@ class RulerTask(Task):
         essay = engine.load_essay(tokenizer, "builtin", True, max(lengths) * L) if builtin else None
         readable = [t for t in opts.tasks if TASKS[t].family != "qa"]
         tasks = [t for t in readable if builtin or TASKS[t].haystack != "essay"]
-        engine.check_draws(RulerBuilder(tokenizer, opts.shape, essay), opts, L, tasks)
+        try:
+            engine.check_draws(RulerBuilder(tokenizer, opts.shape, essay), opts, L, tasks)
+        except UserError as e:  # the fix in the sweep's words: ruler.digits, not the command's --digits
+            raise UserError(
+                re.sub(r"--([a-z-]+)", lambda m: "ruler." + m[1].replace("-", "_"), str(e))
+            ) from None
 
     # ---- the report ----------------------------------------------------------------------------------
 
