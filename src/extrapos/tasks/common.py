@@ -168,6 +168,28 @@ MAX_KEY_DIGITS = 18
 MAX_CANDIDATES = 10_000
 
 
+def known_tokenizer(data: Any, run_dir: Path | None) -> Any:
+    """A sweep row's tokenizer where it exists before the row trains: the run a ``run = ...`` row scores, a
+    prepared ``data.dir``, a tokenizer file named by ``data.tokenizer``; None otherwise (a ``bpe:N`` the
+    sweep trains later, a named tokenizer not fetched yet) or where it cannot be read (refused when the row
+    trains, in its own words)."""
+    from extrapos.data.tokenizer import load_tokenizer
+    from extrapos.run.runtime import is_file_spec, run_tokenizer_file
+
+    spec = str(data.tokenizer).strip()
+    found = run_tokenizer_file(run_dir) if run_dir is not None else None
+    if found is None and data.dir and (Path(data.dir) / "manifest.json").is_file():
+        found = Path(data.dir)
+    if found is None and not data.dir and is_file_spec(spec) and Path(spec).is_file():
+        found = Path(spec)
+    if found is None:
+        return None
+    try:
+        return load_tokenizer(found)
+    except UserError:
+        return None
+
+
 def check_seed(seed: int | None, flag: str = "--seed") -> None:
     """A seed numpy's generators accept: a non-negative integer (None: the default)."""
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):

@@ -438,20 +438,13 @@ def prompt_floor(data: DataConfig, run_dir: Path | None, key_digits: int) -> tup
     from tokenizers import pre_tokenizers
 
     from extrapos.data.named_tokenizers import NAMED_TOKENIZERS
-    from extrapos.data.tokenizer import is_trained_spec, load_tokenizer
-    from extrapos.run.runtime import is_file_spec, run_tokenizer_file
+    from extrapos.data.tokenizer import is_trained_spec
+    from extrapos.tasks.common import known_tokenizer
 
     spec = str(data.tokenizer).strip()
-    found = run_tokenizer_file(run_dir) if run_dir is not None else None
-    if found is None and data.dir and (Path(data.dir) / "manifest.json").is_file():
-        found = Path(data.dir)
-    if found is None and not data.dir and is_file_spec(spec) and Path(spec).is_file():
-        found = Path(spec)
-    if found is not None:
-        try:
-            return PasskeyBuilder(load_tokenizer(found), None, key_digits).min_length(), True
-        except UserError:  # an unreadable tokenizer is refused when the row trains, in its own words
-            pass
+    tokenizer = known_tokenizer(data, run_dir)
+    if tokenizer is not None:
+        return PasskeyBuilder(tokenizer, None, key_digits).min_length(), True
     if data.dir or not (is_trained_spec(spec) or spec in NAMED_TOKENIZERS):
         return 1 + 1 + MARGIN, False
     pieces = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2's regex, as bpe:N trains with

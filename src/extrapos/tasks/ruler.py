@@ -275,23 +275,19 @@ def check_draws(builder: RulerBuilder, opts: RulerOptions, L: int, tasks: Sequen
 
 
 def row_tokenizer(data: Any, run_dir: Path | None) -> Any:
-    """A sweep row's tokenizer where it is known before the row trains (the run a ``run = ...`` row scores,
-    the ``synthetic:ruler`` vocabulary, a prepared ``data.dir``), else None."""
+    """A sweep row's tokenizer where it is known before the row trains (``common.known_tokenizer``, or the
+    ``synthetic:ruler`` vocabulary), else None."""
     from extrapos.data.ruler_prompts import synthetic_tokenizer
-    from extrapos.data.tokenizer import load_tokenizer
-    from extrapos.run.runtime import run_tokenizer_file
+    from extrapos.tasks.common import known_tokenizer
 
-    found = run_tokenizer_file(run_dir) if run_dir is not None else None
-    if found is None and data.dir and (Path(data.dir) / "manifest.json").is_file():
-        found = Path(data.dir)
-    if found is not None:
-        try:
-            return load_tokenizer(found)
-        except UserError:  # an unreadable tokenizer is refused when the row trains, in its own words
-            return None
-    if str(data.corpus).startswith("synthetic:ruler") and str(data.tokenizer).strip() == "synthetic":
+    known = known_tokenizer(data, run_dir)
+    if (
+        known is None
+        and str(data.corpus).startswith("synthetic:ruler")
+        and str(data.tokenizer) == "synthetic"
+    ):
         return synthetic_tokenizer()
-    return None
+    return known
 
 
 def load_essay(tokenizer: Any, essay: str, synthetic: bool, longest: int) -> Essay:
