@@ -131,6 +131,12 @@ def check_args(args: argparse.Namespace) -> str | None:
     """What is wrong with the command line (one sentence), or None: a size below its minimum (0 is refused,
     never taken for the default), an --out inside a run's tree, or one that holds files gpu-check did not
     write."""
+    chosen = [x for x in getattr(args, "sections", "").split(",") if x]
+    unknown = sorted(set(chosen) - {key for key, _ in SECTIONS})
+    if unknown or not chosen:
+        return f"--sections takes some of {', '.join(key for key, _ in SECTIONS)}; got {args.sections!r}."
+    if "eval" in chosen and "runs" not in chosen:
+        return "--sections eval scores the short runs' checkpoints: add runs."
     for flag, least in MIN_STEPS.items():
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None and value < least:
@@ -337,6 +343,9 @@ def resume_check(out: Path, cuda: bool, steps: int, extra: dict[str, str], env: 
     kill_at = 2 * every
     section: dict[str, Any] = {"train__checkpoint_every": every, "train__keep_checkpoints": steps}
     section["model__dropout"] = 0.1  # dropout on: the restored RNG state matters too
+    # the first H200 showed two uninterrupted bf16 runs 7.6e-03 apart in loss: the check asks for
+    # torch's deterministic kernels, so that a difference after the resume is the resume's own
+    section["train__deterministic"] = "true"
     if not cuda:  # this process and the child compute with the same number of threads (summation order)
         section["train__threads"] = torch.get_num_threads()
     sets = run_sets("rope", steps, cuda, extra, **section)
@@ -376,8 +385,24 @@ def resume_check(out: Path, cuda: bool, steps: int, extra: dict[str, str], env: 
         train(load_config("cpu/tiny", sets), repeat, progress=False)
         row["repeat_max_loss_diff"] = max_diff([x for _, x in logged_losses(repeat)], [x for _, x in want])
         row["repeat_weights_identical"] = _compare_weights(reference / final, repeat / final)[0]
-    row["ok"] = row["died"] and row["losses_identical"] and row["weights_identical"]
+    row["criterion"] = resume_criterion(row)
+    row["ok"] = row["died"] and row["criterion"] is not None
     return row
+
+
+def resume_criterion(row: dict[str, Any]) -> str | None:
+    """Which test the resumed run passed: "identical" (losses and final weights bit for bit), or, where
+    even deterministic kernels leave two uninterrupted runs apart, "within the repeat's difference" (the
+    resumed run no farther from the reference in loss than the repeat is); None: it failed both."""
+    if row["losses_identical"] and row["weights_identical"]:
+        return "identical"
+    if (
+        "repeat_max_loss_diff" in row
+        and not row["repeat_weights_identical"]
+        and row["max_loss_diff"] <= row["repeat_max_loss_diff"]
+    ):
+        return "within the repeat's difference"
+    return None
 
 
 # ---- 5. DDP and FSDP2 ----------------------------------------------------------------------------
@@ -706,7 +731,8 @@ def md_resume(r: dict[str, Any]) -> list[str]:
         return lines
     lines += [
         f"`python -m extrapos train` (rope, {r['steps']} steps, a checkpoint every {r['checkpoint_every']}, "
-        f"dropout 0.1) SIGKILLed after its checkpoint at step {r['kill_after']} (died before the end: "
+        f"dropout 0.1, `train.deterministic`) SIGKILLed after its checkpoint at step {r['kill_after']} "
+        "(died before the end: "
         f"{'yes' if r['died'] else 'NO'}), resumed from step {r['resumed_from']} with `--resume` to the end, "
         "against the same config never interrupted:",
         "",
@@ -718,7 +744,13 @@ def md_resume(r: dict[str, Any]) -> list[str]:
     if "repeat_max_loss_diff" in r:
         lines.append(
             f"- two uninterrupted runs differ by {r['repeat_max_loss_diff']:.1e} in loss (weights "
-            f"identical: {'yes' if r['repeat_weights_identical'] else 'no'}): the kernels' own noise"
+            f"identical: {'yes' if r['repeat_weights_identical'] else 'no'}), deterministic kernels asked "
+            "for: the kernels' own noise"
+        )
+    if r.get("criterion") == "within the repeat's difference":
+        lines.append(
+            "- passed as **within the kernels' noise**, not as identical: the resumed run is no farther from "
+            "the reference than a second uninterrupted run"
         )
     return [*lines, ""]
 
@@ -824,6 +856,11 @@ def markdown(summary: dict[str, Any], doctor_text: str) -> str:
     """The summary so far: every section that ran, then the ones not reached (a check stopped at a
     deadline still says what it proved)."""
     v = summary["verdicts"]
+    asked = summary.get("sections") or list(v)
+
+    def not_run(key: str) -> str:
+        return "not run" if key in asked else "not asked (--sections)"
+
     state = (
         ""
         if summary["finished"]
@@ -833,13 +870,13 @@ def markdown(summary: dict[str, Any], doctor_text: str) -> str:
         f"# gpu-check: {summary['mode']}",
         "",
         f"Overall: **{_verdict(summary['ok'])}** in {summary['seconds']:.0f} s{state} ("
-        + ", ".join(f"{k} {_verdict(x)}" if x is not None else f"{k} not run" for k, x in v.items())
+        + ", ".join(f"{k} {_verdict(x)}" if x is not None else f"{k} {not_run(k)}" for k, x in v.items())
         + ").",
         "",
     ]
     for key, title in SECTIONS:
         if v[key] is None:
-            lines += [f"## {title}: not run", ""]
+            lines += [f"## {title}: {not_run(key)}", ""]
         elif key == "dependencies":
             lines += md_dependencies(summary["dependencies"])
         elif key == "doctor":
@@ -896,6 +933,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--doctor-encodings", default=None, help="comma-separated (default: every encoding)")
     ap.add_argument("--no-doctor-speed", action="store_true", help="skip doctor's timed GPT-2-small step")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="to every training run")
+    ap.add_argument(
+        "--sections",
+        default=",".join(key for key, _ in SECTIONS),
+        help="comma-separated sections to run (default: all; eval reads the short runs, so it needs runs)",
+    )
     args = ap.parse_args(argv)
     if importlib.util.find_spec("extrapos") is None and (ROOT / "src" / "extrapos").is_dir():
         sys.path.insert(0, str(ROOT / "src"))  # a source checkout that was never installed
@@ -941,6 +983,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
 
+    chosen = set(args.sections.split(","))
+    summary["sections"] = [key for key, _ in SECTIONS if key in chosen or key == "dependencies"]
     started = time.perf_counter()
     deps = guarded(dependencies)
     section("dependencies", deps, deps["ok"], started)
@@ -951,28 +995,32 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "ok" if check.ok else f"FAILED{': ' + check.error[:200] if check.error else ''}"
         print(f"gpu-check: doctor {check.name} {verdict} in {seconds:.0f} s", file=sys.stderr)
 
-    report = doctor(args.device, encodings, speed=not args.no_doctor_speed, on_check=heard)
-    doctor_text = format_report(report)
-    print(doctor_text, file=sys.stderr)
-    section("doctor", report.to_dict(), report.ok, started)
-    started = time.perf_counter()
-    runs: list[dict[str, Any]] = []
-    for name in families:
-        runs.append(guarded(family_run, name, out / "runs", s.steps, cuda, extra))
-        print(f"gpu-check: short run {name}: {runs[-1].get('seconds', 0):.0f} s", file=sys.stderr)
-    section("runs", runs, bool(runs) and all(r.get("fell", False) for r in runs), started)
+    if "doctor" in chosen:
+        report = doctor(args.device, encodings, speed=not args.no_doctor_speed, on_check=heard)
+        doctor_text = format_report(report)
+        print(doctor_text, file=sys.stderr)
+        section("doctor", report.to_dict(), report.ok, started)
+    if "runs" in chosen:
+        started = time.perf_counter()
+        runs: list[dict[str, Any]] = []
+        for name in families:
+            runs.append(guarded(family_run, name, out / "runs", s.steps, cuda, extra))
+            print(f"gpu-check: short run {name}: {runs[-1].get('seconds', 0):.0f} s", file=sys.stderr)
+        section("runs", runs, bool(runs) and all(r.get("fell", False) for r in runs), started)
     for key, fn, fn_args in (
         ("resume", resume_check, (out / "resume", cuda, s.resume_steps, extra, env)),
         ("parallel", parallel_check, (out / "parallel", cuda, s, extra, env)),
         ("eval", eval_check, (out / "runs", families, cuda, s)),
         ("bench", bench_check, (families, cuda)),
     ):
+        if key not in chosen:
+            continue
         started = time.perf_counter()
         print(f"gpu-check: {dict(SECTIONS)[key]}", file=sys.stderr)
         row = guarded(fn, *fn_args)
         section(key, row, row["ok"], started)
     summary["finished"] = True
-    summary["ok"] = all(summary["verdicts"].values())
+    summary["ok"] = all(summary["verdicts"][key] for key in chosen | {"dependencies"})
     write_summary(out, summary, doctor_text)
     print(markdown(summary, doctor_text))
     return 0 if summary["ok"] else 1

@@ -95,6 +95,9 @@ class TrainConfig:
     grad_clip: float = 1.0  # 0 disables
     precision: str = "fp32"  # fp32 | bf16 (autocast) | auto (by device and width: run/precision.py)
     compile: bool = False
+    # torch's deterministic kernels (use_deterministic_algorithms, warn_only) and cuBLAS's fixed
+    # workspace: a rerun or a resume on a GPU repeats the same losses, at some cost in speed
+    deterministic: bool = False
     parallel: str = "ddp"  # ddp | fsdp (FSDP2) across torchrun processes
     activation_checkpointing: bool = False  # recompute each block's activations in the backward
     seed: int = 0
@@ -138,7 +141,13 @@ class RunConfig:
 WRITTEN_WHEN_SET: dict[str, dict[str, Any]] = {
     "model": {"parallel_residual": False, "embed_norm": False, "post_norm": False},
     "data": {"pose_chunks": POSE_CHUNKS, "document_mask": False, "document_positions": "continue"},
-    "train": {"parallel": "ddp", "activation_checkpointing": False, "objective": "lm", "mask_rate": 0.15},
+    "train": {
+        "parallel": "ddp",
+        "activation_checkpointing": False,
+        "deterministic": False,
+        "objective": "lm",
+        "mask_rate": 0.15,
+    },
 }
 
 

@@ -52,6 +52,7 @@ from extrapos.run.runtime import (
     trains_on_answers,
     warn_slow_bf16,
 )
+from extrapos.training.determinism import deterministic_kernels
 from extrapos.training.held import HeldChanges
 from extrapos.training.placement import Placement
 from extrapos.training.start import (
@@ -232,17 +233,18 @@ def train(
         if start.kind is Kind.COMPLETE:
             result = TrainResult.from_summary(run_dir)
         else:
-            trainer = Trainer(
-                cfg,
-                run_dir,
-                resume=start.resume,
-                progress=progress,
-                init_from=init_from,
-                restore_from=restore_from,
-                before_start=before_start,
-                placement=placement,
-            )
-            result = trainer.run()
+            with deterministic_kernels(cfg.train.deterministic):  # torch's setting restored after the run
+                trainer = Trainer(
+                    cfg,
+                    run_dir,
+                    resume=start.resume,
+                    progress=progress,
+                    init_from=init_from,
+                    restore_from=restore_from,
+                    before_start=before_start,
+                    placement=placement,
+                )
+                result = trainer.run()
     barrier()  # every process returns once the run is complete on disk (compare reads it next)
     return result
 
