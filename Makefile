@@ -48,8 +48,9 @@ gpu-check: $(STAMP)
 # and the papers' first table (gpu/first-table), each with its own deadline -> at most 8 files in $(GPU_RUN_OUT);
 # without CUDA the same stages at CPU sizes (a stand-in). Needs no venv: the GPU machine's own python3 and torch.
 GPU_RUN_OUT ?= gpu-run
+STAGE ?= first
 gpu-run:
-	PYTHON=$(PYTHON) bash benchmarks/gpu_run.sh $(GPU_RUN_OUT)
+	PYTHON=$(PYTHON) bash benchmarks/gpu_run.sh $(GPU_RUN_OUT) --step $(STAGE)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -8,12 +8,17 @@ Stages, in order (the seconds are the CUDA deadlines; the whole command must fit
    (``pip install --no-index --no-deps --target``): nothing of the machine's Python changes. Every
    later stage imports from there; should the install fail, the checkout's ``src/`` serves instead
    (the row says so).
-1. **gpu-check** (150 s): benchmarks/gpu_check.py in a fast form: doctor, one short bf16 run per
+1. **gpu-check** (170 s): benchmarks/gpu_check.py in a fast form: doctor, one short bf16 run per
    encoding family, kill -9 and resume, DDP and FSDP2 at world size 1, evaluation at 1..16 x L_t with
    the peak memory, the bench's MFU.
-2. **compare** (360 s): `extrapos compare gpu/first-table`: the papers' first table (NoPE, RoPE, ALiBi,
+2. **compare** (340 s): `extrapos compare gpu/first-table`: the papers' first table (NoPE, RoPE, ALiBi,
    CABLE, ExPE) at GPT-2 small width, L_t = 1024, on the machine's own Python sources, in the
    sweep's training-time budget (``CUDA_BUDGET``, 100 s).
+
+Later sessions run the next step (``--step second`` / ``third``, ``make gpu-run STAGE=...``; ``STEPS``
+below): the table's seeds 1 and 2 on its pinned tokens; then Kerple and FIRE beside RoPE and RULER's
+ranking form on those runs (a **ruler** stage, which writes ruler.md and ruler.json in place of gpu-check's
+files).
 
 A stage that reaches its deadline is stopped (SIGTERM to its whole process group, SIGKILL 10 s later),
 recorded as ``deadline`` with how far it got (its last progress line; for compare the rows trained and
@@ -31,7 +36,7 @@ outputs at CPU sizes (cpu-tiny models, L_t 64, the python-stdlib corpus unless `
 otherwise, a few seconds of budget), so that the script itself is tested on every machine; nothing in it
 says anything about a GPU.
 
-    python benchmarks/gpu_run.py OUT [--set KEY=VALUE ...] [--check-seconds S] [--compare-seconds S]
+    python benchmarks/gpu_run.py OUT [--step first|second|third] [--set KEY=VALUE ...] [--STAGE-seconds S]
 """
 
 from __future__ import annotations
@@ -47,29 +52,66 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP = "gpu/first-table"
 #: CUDA deadlines in seconds: 530 in all, so that with a stopped stage's grace and the start the command
-#: ends within nine minutes. On the first H200 the install took 3.5 s; the comparison trained its five
-#: rows within 360 s but its evaluation did not fit (fixed since), hence 360 s and 100 s of training
-DEADLINES = {"install": 20, "gpu-check": 150, "compare": 360}
+#: ends within nine minutes. On the second H200 (docs/results/gpu/h200-second.md) the install took 2 s,
+#: gpu-check's sections 145 s before its bench (23 s), 47 of them Kerple-log's run and evaluation, now left
+#: to the second step, and the comparison 305 s with 100 s of training
+DEADLINES = {"install": 20, "gpu-check": 170, "compare": 340}
 #: the comparison's training time on CUDA (the preset's own is 120 s, for a session with more time)
 CUDA_BUDGET = 100.0
-STAGE_DIRS = {"install": "site", "gpu-check": "gpu-check", "compare": "compare"}  # under --work
+STAGE_DIRS = {
+    "install": "site",
+    "gpu-check": "gpu-check",
+    "compare": "compare",
+    "ruler": "ruler",
+}  # under --work
+
+
+@dataclass(frozen=True)
+class Step:
+    """One GPU session's command (`make gpu-run STAGE=<name>`): its stages in order with their CUDA
+    deadlines (530 s at most in all), the sweep its compare stage runs, and that stage's training time
+    (None: the sweep pins its tokens)."""
+
+    deadlines: dict[str, float]
+    sweep: str
+    budget: float | None
+
+
+#: the steps, each for a later session than the one before. Sized from the second H200 session
+#: (docs/results/gpu/h200-second.md): five rows of the first table trained in 126 s and were scored in
+#: about 70 s (NoPE, RoPE, ExPE a few seconds each, ALiBi and CABLE over 20), python-site prepared in
+#: under a minute. second: the same table, seeds 1 and 2, on its pinned tokens (~2 x 200 s + the data).
+#: third: Kerple and FIRE beside RoPE on those tokens (their compiled score_mod backward is the unmeasured
+#: part), then RULER's ranking form on each trained run at 1..4 x L_t
+STEPS = {
+    "first": Step(DEADLINES, SWEEP, CUDA_BUDGET),
+    "second": Step({"install": 20, "compare": 500}, "gpu/first-table-seeds", None),
+    "third": Step({"install": 20, "compare": 340, "ruler": 170}, "gpu/pairwise-table", None),
+}
+#: the ruler stage: RULER's data-free tasks in the ranking form (no generation: a likelihood per candidate)
+RANK = ["--mode", "rank", "--candidates", "4"]  # 4 candidates: the copiers score chance, 0.25
+RULER_CUDA = ["--lengths", "1,2,4", *RANK, "--trials", "25", "--template", "ruler"]
+RULER_STAND_IN = ["--lengths", "16", *RANK, "--trials", "2", "--template", "short"]
+RULER_STAND_IN += ["--tasks", "niah_single_1,niah_single_2", "--digits", "3"]
+RULER_NAME = "ruler-gpu-run"  # each run's result: RUN/eval/ruler-gpu-run.json
 GRACE = 10  # seconds between SIGTERM and SIGKILL of a stage past its deadline
 MAX_LOG_BYTES = 15 * 2**20  # the log stops growing here (a file comes back only up to 16 MiB)
 #: gpu_check's options on CUDA: its sections in about three minutes (its defaults are sized for ten). On
 #: the first H200 (docs/results/gpu/h200-first.md) the doctor of six encodings and short runs of five
 #: families filled 170 s; every pairwise bias compiles FlexAttention's forward and backward, and three of
 #: them (FIRE, K-CABLE, T5) took over 195 s in the doctor alone. So the fast form trains the table's
-#: families and one pairwise bias (Kerple), and its doctor leaves the pairwise biases to their run
+#: families with a position (NoPE has nothing to check), and pairwise biases are the second step's
 CHECK_CUDA = ["--steps", "20", "--resume-steps", "16", "--parallel-steps", "4", "--eval-tokens", "8192"]
 CHECK_CUDA += [
     "--families",
-    "rope,alibi,cable,kerple-log,expe",
+    "rope,alibi,cable,expe",
     "--doctor-encodings",
     "nope,rope,alibi,cable,expe",
 ]
@@ -93,6 +135,7 @@ PROGRESS = {
     "install": re.compile(r"^(Successfully installed|Processing|ERROR)"),
     "gpu-check": re.compile(r"^gpu-check: "),
     "compare": re.compile(r"^(\[(ext )?\d+/\d+\]|budget|extrapos |Prepared|Reusing|-> )"),
+    "ruler": re.compile(r"^ruler: "),
 }
 FILES = [
     "gpu-run.md",
@@ -104,6 +147,8 @@ FILES = [
     "compare.json",
     "loss_vs_length.png",
 ]
+#: the third step writes RULER's readings in place of gpu-check's summaries (still eight at most)
+RULER_FILES = ["ruler.md", "ruler.json"]
 
 
 def machine(cuda: bool, env: dict[str, str]) -> dict[str, Any]:
@@ -274,7 +319,8 @@ def collect_compare(work: Path, out: Path, row: dict[str, Any]) -> None:
 def markdown(state: dict[str, Any]) -> str:
     m = state["machine"]
     lines = [
-        f"# gpu-run: {state['mode']}",
+        f"# gpu-run: {state['mode']}"
+        + (f", step {state['step']}" if state.get("step", "first") != "first" else ""),
         "",
         f"{m['device']}; torch {m['torch']} (CUDA {m['cuda']}), Python {m['python']}; extrapos from "
         f"{m['extrapos']}. {state['seconds']:.0f} s so far"
@@ -285,6 +331,10 @@ def markdown(state: dict[str, Any]) -> str:
     ]
     for s in state["stages"]:
         far = s.get("last_progress") or (s["last_lines"][-1] if s.get("last_lines") else "no output")
+        if s["stage"] == "ruler" and "rows_scored" in s:
+            far = (
+                f"{len(s['rows_scored'])} runs scored ({', '.join(s['rows_scored']) or 'none'}); last: {far}"
+            )
         if s["stage"] == "compare" and "rows_started" in s:
             far = (
                 f"{len(s['rows_trained'])} rows trained, {len(s['rows_scored'])} scored"
@@ -296,7 +346,8 @@ def markdown(state: dict[str, Any]) -> str:
             )
         far = far.replace("|", "/")[:300]
         lines.append(f"| {s['stage']} | {s['status']} | {s['seconds']:.0f} | {s['deadline']:g} | {far} |")
-    lines += ["", "Files: " + ", ".join(f for f in FILES if (Path(state["out"]) / f).is_file()) + "."]
+    present = [f for f in FILES + RULER_FILES if (Path(state["out"]) / f).is_file()]
+    lines += ["", "Files: " + ", ".join(present) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -307,18 +358,22 @@ def flush(out: Path, state: dict[str, Any], t0: float) -> None:
 
 
 def stage_command(name: str, args: argparse.Namespace, cuda: bool, work: Path) -> list[str]:
+    step = STEPS[args.step]
     sets = [a for s in args.set for a in ("--set", s)]
     if name == "install":
         return install_command(Path(args.wheels).resolve(), work)
     if name == "gpu-check":
         cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(work / "gpu-check")]
         return cmd + (CHECK_CUDA if cuda else CHECK_STAND_IN) + sets
+    if name == "ruler":  # this script again, scoring every trained run of the compare stage in turn
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--ruler-stage", str(work / "compare" / "runs")]
+        return cmd + ["--", *(RULER_CUDA if cuda else RULER_STAND_IN)]
     cmd = [
         sys.executable,
         "-m",
         "extrapos",
         "compare",
-        SWEEP,
+        step.sweep,
         "--out",
         str(work / "compare"),
         "--no-progress",
@@ -326,8 +381,41 @@ def stage_command(name: str, args: argparse.Namespace, cuda: bool, work: Path) -
     if not cuda:
         cmd += [a for s in COMPARE_STAND_IN for a in ("--set", s)]
         cmd += ["--max-eval-tokens", str(STAND_IN_EVAL_TOKENS)]
-    budget = args.budget_seconds or (CUDA_BUDGET if cuda else STAND_IN_BUDGET)
+    budget = args.budget_seconds or (step.budget if cuda else STAND_IN_BUDGET)
     return cmd + (["--budget-seconds", f"{budget:g}"] if budget else []) + sets
+
+
+def ruler_stage(runs: Path, options: list[str]) -> int:
+    """The ruler stage: `extrapos ruler` on every trained run under ``runs`` in turn (each run's result is
+    saved in its folder, where ``collect_ruler`` reads it); the exit status is the worst of them."""
+    worst = 0
+    trained = sorted(p for p in runs.glob("*") if (p / "summary.json").is_file())
+    if not trained:
+        print("ruler: no trained run to score", flush=True)
+        return 1
+    for run in trained:
+        print(f"ruler: {run.name}", flush=True)
+        cmd = [sys.executable, "-m", "extrapos", "ruler", str(run), "--no-progress", "--name", RULER_NAME]
+        done = subprocess.run([*cmd, *options])
+        print(f"ruler: {run.name} exit {done.returncode}", flush=True)
+        worst = max(worst, done.returncode)
+    return worst
+
+
+def collect_ruler(work: Path, out: Path, row: dict[str, Any]) -> None:
+    """Every run's RULER result in one JSON ({run: result}) and its tables in one page."""
+    found = {
+        p.parent.parent.name: p for p in sorted((work / "compare" / "runs").glob(f"*/eval/{RULER_NAME}.json"))
+    }
+    row["rows_scored"] = sorted(found)
+    if not found:
+        return
+    from extrapos.tasks.ruler import format_all
+
+    results = {name: json.loads(path.read_text()) for name, path in found.items()}
+    write_text(out / "ruler.json", json.dumps(results, indent=1))
+    pages = [f"## {name}\n\n" + format_all(result) for name, result in results.items()]
+    write_text(out / "ruler.md", "# RULER, ranking form, on the trained runs\n\n" + "\n\n".join(pages) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -337,21 +425,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default=str(ROOT / ".gpu-run"), help="scratch: the install, the runs")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="to every training run")
     ap.add_argument("--budget-seconds", type=float, default=None, help="the comparison's training time")
-    ap.add_argument("--stages", default="install,gpu-check,compare", help="comma-separated, in this order")
-    for name in DEADLINES:
+    ap.add_argument("--step", choices=list(STEPS), default="first", help="which GPU step (STAGE= in make)")
+    ap.add_argument("--stages", default=None, help="comma-separated, in order (default: all of the step's)")
+    for name in STAGE_DIRS:
         ap.add_argument(f"--{name}-seconds", type=float, default=None, help=f"{name}'s deadline")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--ruler-stage"]:  # the ruler stage's own process: RUNS -- OPTIONS
+        return ruler_stage(Path(argv[1]), argv[3:] if argv[2:3] == ["--"] else argv[2:])
     args = ap.parse_args(argv)
-    stages = [s for s in args.stages.split(",") if s]
-    unknown = [s for s in stages if s not in DEADLINES]
+    step = STEPS[args.step]
+    stages = [s for s in (args.stages or ",".join(step.deadlines)).split(",") if s]
+    unknown = [s for s in stages if s not in step.deadlines]
     if unknown:
-        ap.error(f"unknown stage {unknown[0]!r}; the stages are {', '.join(DEADLINES)}")
+        ap.error(
+            f"unknown stage {unknown[0]!r} in step {args.step}; its stages are {', '.join(step.deadlines)}"
+        )
 
     import torch
 
     cuda = torch.cuda.is_available()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    for name in FILES:  # what an earlier command left here would be read as this one's
+    for name in FILES + RULER_FILES:  # what an earlier command left here would be read as this one's
         (out / name).unlink(missing_ok=True)
     work = Path(args.work).resolve()
     for name in stages:  # each stage starts from nothing; a stage not run keeps its folder (the install)
@@ -365,12 +460,13 @@ def main(argv: list[str] | None = None) -> int:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (first, env.get("PYTHONPATH")) if p)
     mode = "GPU" if cuda else "STAND-IN (no CUDA device: CPU paths at CPU sizes; nothing here is about a GPU)"
     state: dict[str, Any] = {"mode": mode, "out": str(out), "machine": machine(cuda, env), "stages": []}
+    state["step"] = args.step
     state["finished"] = False
     t0 = time.perf_counter()
     flush(out, state, t0)
     with open(out / "gpu-run.log", "w") as log:
         for name in stages:
-            deadline = getattr(args, f"{name.replace('-', '_')}_seconds") or DEADLINES[name]
+            deadline = getattr(args, f"{name.replace('-', '_')}_seconds") or step.deadlines[name]
             row = run_stage(name, stage_command(name, args, cuda, work), deadline, log, env)
             if name == "install":
                 if row["status"] == "ok":  # the installed package first; gpu_check's children add src/ anew
@@ -385,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
                 state["machine"] = machine(cuda, env)
             elif name == "gpu-check":
                 collect_check(work, out, row)
+            elif name == "ruler":
+                collect_ruler(work, out, row)
             else:
                 collect_compare(work, out, row)
             state["stages"].append(row)

@@ -107,12 +107,7 @@ def test_a_stage_past_its_deadline_is_stopped_and_the_next_one_runs(tmp_path, ti
 def test_a_comparison_stopped_before_its_report_keeps_the_rows_it_scored(tmp_path):
     """On the first GPU the comparison reached its deadline with two of five rows scored: their own
     evaluation files go into compare.json (``scored_rows``) when the sweep's results.json is missing."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_run", ROOT / "benchmarks" / "gpu_run.py")
-    assert spec and spec.loader
-    gr = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gr)
+    gr = _gpu_run_module()
     work, out = tmp_path / "work", tmp_path / "out"
     for name, scored in (("nope", True), ("rope", True), ("alibi", False)):
         run = work / "compare" / "runs" / name
@@ -131,3 +126,93 @@ def test_a_comparison_stopped_before_its_report_keeps_the_rows_it_scored(tmp_pat
     assert got["scored_rows"] == {
         r: {"stream.json": {"name": "stream", "loss": [3.1, 3.4]}} for r in ("nope", "rope")
     }
+
+
+def _gpu_run_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_run_steps", ROOT / "benchmarks" / "gpu_run.py")
+    assert spec and spec.loader
+    gr = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = gr  # its dataclass looks its module up
+    spec.loader.exec_module(gr)
+    return gr
+
+
+def test_each_step_fits_nine_minutes_and_runs_its_own_sweep(tmp_path):
+    """`make gpu-run STAGE=second|third`: the later GPU sessions' steps. Each step's deadlines add up to
+    at most the first step's 530 s, its sweep is a shipped preset, and on CUDA the later steps train on
+    the first table's pinned tokens (no budget probe, so their rows join the published seed 0)."""
+    import argparse
+
+    from extrapos.compare import load_sweep
+
+    gr = _gpu_run_module()
+    assert list(gr.STEPS) == ["first", "second", "third"]
+    for name, step in gr.STEPS.items():
+        assert sum(step.deadlines.values()) <= 530, name
+        assert list(step.deadlines)[0] == "install", name
+        load_sweep(step.sweep)
+    first = load_sweep("gpu/first-table")
+    seeds = load_sweep("gpu/first-table-seeds")
+    assert seeds.seeds == [1, 2] and [r.name for r in seeds.rows] == [r.name for r in first.rows]
+    assert "train.tokens=3_473_408" in seeds.set and seeds.budget_seconds is None
+    # the published seed 0 trained on exactly these tokens (docs/results/gpu-first-table/budget.json)
+    published = json.loads((ROOT / "docs" / "results" / "gpu-first-table" / "budget.json").read_text())
+    assert published["tokens_per_run"] == 3_473_408
+    assert [r.name for r in load_sweep("gpu/pairwise-table").rows] == ["RoPE", "Kerple", "FIRE"]
+    work = tmp_path / "work"
+
+    def command(step: str, stage: str, cuda: bool) -> list[str]:
+        args = argparse.Namespace(step=step, set=[], wheels=str(tmp_path), budget_seconds=None)
+        return gr.stage_command(stage, args, cuda, work)
+
+    assert "gpu/first-table-seeds" in command("second", "compare", True)
+    assert "--budget-seconds" not in command("second", "compare", True)  # pinned tokens on CUDA
+    assert command("first", "compare", True)[-2:] == ["--budget-seconds", "100"]
+    assert command("second", "compare", False)[-2:] == ["--budget-seconds", "4"]  # the stand-in's size
+    ruler = command("third", "ruler", True)
+    assert ruler[2:4] == ["--ruler-stage", str(work / "compare" / "runs")]
+    assert ruler[ruler.index("--lengths") + 1] == "1,2,4" and "rank" in ruler
+
+
+def test_the_ruler_stage_scores_every_trained_run_into_two_files(tmp_path, tiny_data):
+    """The third step's last stage on two trained tiny runs (a third, untrained, is skipped): each run's
+    ranking-form result is saved in its folder and gathered into ruler.json and ruler.md."""
+    from extrapos.run.config import load_config
+    from extrapos.training.trainer import train
+    from tests.conftest import tiny_overrides
+
+    runs = tmp_path / "work" / "compare" / "runs"
+    for name in ("rope", "alibi"):
+        sets = tiny_overrides(tiny_data, **{"train.steps": 2, "model.positions.name": f'"{name}"'})
+        train(load_config("cpu/tiny", sets), runs / name, progress=False)
+    (runs / "fire").mkdir()  # started, never trained
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_run.py"), str(out), "--step", "third"]
+    cmd += ["--stages", "ruler", "--work", str(tmp_path / "work")]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    state = json.loads((out / "gpu-run.json").read_text())
+    assert state["step"] == "third" and [(s["stage"], s["status"]) for s in state["stages"]] == [
+        ("ruler", "ok")
+    ]
+    assert state["stages"][0]["rows_scored"] == ["alibi", "rope"]
+    results = json.loads((out / "ruler.json").read_text())
+    assert sorted(results) == ["alibi", "rope"]
+    md = (out / "ruler.md").read_text()
+    assert "## alibi" in md and "## rope" in md and "copiers" in md
+    assert {p.name for p in out.iterdir()} == {
+        "gpu-run.md",
+        "gpu-run.json",
+        "gpu-run.log",
+        "ruler.md",
+        "ruler.json",
+    }
+    assert "step third" in (out / "gpu-run.md").read_text()
+    refused = subprocess.run(
+        [*cmd[:3], "--step", "second", "--stages", "ruler"], capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "its stages are install, compare" in refused.stderr
