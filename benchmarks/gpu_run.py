@@ -301,6 +301,11 @@ def collect_compare(work: Path, out: Path, row: dict[str, Any]) -> None:
     for name in ("results.json", "facts.json", "budget.json"):
         if (folder / name).is_file():
             parts[name.removesuffix(".json")] = json.loads((folder / name).read_text())
+    summaries = {
+        p.name: json.loads((p / "summary.json").read_text()) for p in runs if p.name in row["rows_trained"]
+    }
+    if summaries:  # each run's steps, tokens and training wall time (compilation included): its speed
+        parts["run_summaries"] = summaries
     if "results" not in parts:  # stopped before its report: each scored row's own evaluation, as saved
         scored = {
             p.name: {f.name: json.loads(f.read_text()) for f in sorted((p / "eval").glob("*.json"))}

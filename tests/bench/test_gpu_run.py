@@ -123,6 +123,7 @@ def test_a_comparison_stopped_before_its_report_keeps_the_rows_it_scored(tmp_pat
     assert row["rows_trained"] == ["alibi", "nope", "rope"] and row["rows_scored"] == ["nope", "rope"]
     got = json.loads((out / "compare.json").read_text())
     assert got["budget"] == {"budget_seconds": 100}
+    assert sorted(got["run_summaries"]) == ["alibi", "nope", "rope"]  # every trained run's summary
     assert got["scored_rows"] == {
         r: {"stream.json": {"name": "stream", "loss": [3.1, 3.4]}} for r in ("nope", "rope")
     }
