@@ -628,6 +628,10 @@ def _host_device(device):
     return Host(device)
 
 
+#: the families whose bias is folded (FoldedBias): timed both ways by the bench on CUDA
+FOLDED_FAMILIES = ("alibi", "cable")
+
+
 def bench_check(families: list[str], cuda: bool) -> dict:
     """The bench's training step per family (``bench.gpu_training``: warm-up, then medians of timed
     repeats) with MFU against the matmul peak measured here, now, in the step's precision."""
@@ -648,13 +652,20 @@ def bench_check(families: list[str], cuda: bool) -> dict:
     peak = matmul_peak_flops(str(device), precision, n=n)
     sheet = gpu_bf16_peak(torch.cuda.get_device_name(device)) if cuda else None
     dev = CudaDevice(device) if cuda else _host_device(device)
+    from extrapos.attention import folded_training_through_flex
+
+    runs = [(name, name, False) for name in families]
+    # a folded bias (ALiBi, CABLE) also through flex's compiled backward, timed beside its default route
+    # (SDPA on the fold in fp32): the measurement that decides which one training takes (attention/flex.py)
+    runs += [(f"{name} (flex)", name, True) for name in families if cuda and name in FOLDED_FAMILIES]
     rows = []
-    for name in families:
-        r = gpu_training(name, s, precision, dev, peak)
+    for label, name, through_flex in runs:
+        with folded_training_through_flex(through_flex):
+            r = gpu_training(name, s, precision, dev, peak)
         dev.free()
         rows.append(
             {
-                "encoding": name,
+                "encoding": label,
                 "step_ms": r["step_ms"],
                 "tokens_per_s": r["tokens_per_s"],
                 "spread": r["spread"],

@@ -82,6 +82,8 @@ class Step:
     deadlines: dict[str, float]
     sweep: str
     budget: float | None
+    gpu_check: tuple[str, ...] = ()  # gpu_check's options on CUDA when the step has that stage
+    leaves_out: frozenset[str] = frozenset()  # files not brought back, to stay at eight
 
 
 #: the steps, each for a later session than the one before. Sized from the second H200 session
@@ -89,11 +91,18 @@ class Step:
 #: about 70 s (NoPE, RoPE, ExPE a few seconds each, ALiBi and CABLE over 20), python-site prepared in
 #: under a minute. second: the same table, seeds 1 and 2, on its pinned tokens (~2 x 200 s + the data).
 #: third: Kerple and FIRE beside RoPE on those tokens (their compiled score_mod backward is the unmeasured
-#: part), then RULER's ranking form on each trained run at 1..4 x L_t
+#: part), then RULER's ranking form on each trained run at 1..4 x L_t; first, the bench of NoPE, ALiBi and
+#: CABLE with ALiBi and CABLE also trained through flex (folded_training_through_flex), side by side
 STEPS = {
     "first": Step(DEADLINES, SWEEP, CUDA_BUDGET),
     "second": Step({"install": 20, "compare": 500}, "gpu/first-table-seeds", None),
-    "third": Step({"install": 20, "compare": 340, "ruler": 170}, "gpu/pairwise-table", None),
+    "third": Step(
+        {"install": 20, "gpu-check": 70, "compare": 300, "ruler": 140},
+        "gpu/pairwise-table",
+        None,
+        gpu_check=("--sections", "bench", "--families", "nope,alibi,cable"),
+        leaves_out=frozenset({"gpu-check.md", "loss_vs_length.png"}),
+    ),
 }
 #: the ruler stage: RULER's data-free tasks in the ranking form (no generation: a likelihood per candidate)
 RANK = ["--mode", "rank", "--candidates", "4"]  # 4 candidates: the copiers score chance, 0.25
@@ -286,7 +295,8 @@ def collect_check(work: Path, out: Path, row: dict[str, Any]) -> None:
     ]
     if got[1]:
         summary = json.loads((out / "gpu-check.json").read_text())
-        row["verdicts"] = summary.get("verdicts")
+        asked = summary.get("sections") or list(summary.get("verdicts") or {})  # --sections: the others
+        row["verdicts"] = {k: v for k, v in (summary.get("verdicts") or {}).items() if k in asked}
         row["check_ok"] = summary.get("ok")
 
 
@@ -369,6 +379,8 @@ def stage_command(name: str, args: argparse.Namespace, cuda: bool, work: Path) -
         return install_command(Path(args.wheels).resolve(), work)
     if name == "gpu-check":
         cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(work / "gpu-check")]
+        if step.gpu_check:  # the step's own sections (the bench sizes itself: GPT-2 small, or cpu-tiny)
+            return cmd + list(step.gpu_check) + sets
         return cmd + (CHECK_CUDA if cuda else CHECK_STAND_IN) + sets
     if name == "ruler":  # this script again, scoring every trained run of the compare stage in turn
         cmd = [sys.executable, str(Path(__file__).resolve()), "--ruler-stage", str(work / "compare" / "runs")]
@@ -490,6 +502,8 @@ def main(argv: list[str] | None = None) -> int:
                 collect_ruler(work, out, row)
             else:
                 collect_compare(work, out, row)
+            for left_out in step.leaves_out:  # at most eight files come back from a lent machine
+                (out / left_out).unlink(missing_ok=True)
             state["stages"].append(row)
             flush(out, state, t0)
     state["finished"] = True

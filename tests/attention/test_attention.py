@@ -508,6 +508,39 @@ def test_flex_training_path_equals_reference_with_gradients(flex_with_backward_o
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 
 
+@pytest.mark.parametrize("name", ["alibi", "cable"])
+@pytest.mark.parametrize("layout,Tq", [("contiguous", 19), ("sorted-gaps", 19), ("contiguous", 6)])
+def test_flex_training_path_of_folded_biases_equals_reference_with_gradients(
+    flex_with_backward_on_cpu, name, layout, Tq
+):
+    """What CUDA training runs for ALiBi and CABLE inside ``folded_training_through_flex`` (their rank-one
+    bias q_feat[i] * k_feat[j] as the score_mod), under eager flex on CPU in fp64: outputs and gradients
+    w.r.t. q, k, v and the block input x (CABLE's learned bias reads it) equal the materialized
+    reference's."""
+    from extrapos.attention import flex_forward as _flex
+    from extrapos.positions.base import FoldedBias
+
+    flex = flex_with_backward_on_cpu
+    enc, x, pos, (q, k, v) = _flex_training_case(name, layout, Tq=Tq)
+    leaves = [q, k, v, x]
+    Tk = pos.shape[1]
+
+    def bias():
+        full = enc.bias(x, pos, 1, None)
+        assert isinstance(full, FoldedBias)
+        return FoldedBias(full.q_feat[:, :, Tk - Tq :], full.k_feat)
+
+    out = _flex(q, k, v, bias(), flex.flex_attention, flex.create_block_mask)
+    ref = attention_reference(q, k, v, bias())
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    got, want = _grads(out, leaves), _grads(ref, leaves)
+    assert all(g is not None for g in want[:3]) and (want[3] is not None) == (name == "cable")
+    for a, b in zip(got, want):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
 @pytest.mark.parametrize("name", ["kerple-log", "t5", "k-cable", "alibi"])
 def test_flex_training_path_bidirectional(flex_with_backward_on_cpu, name):
     """The encoder flavour (no mask): the bidirectional per-pair forms, with gradients."""
@@ -572,7 +605,7 @@ class _IndexReads(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("name", ["kerple-log", "kerple-power", "fire", "t5", "k-cable"])
+@pytest.mark.parametrize("name", ["kerple-log", "kerple-power", "fire", "t5", "k-cable", "cable"])
 def test_flex_score_mods_read_each_differentiable_tensor_once(flex_with_backward_on_cpu, monkeypatch, name):
     """Flex's compiled CUDA backward refuses a score_mod that indexes one captured tensor requiring grad
     twice (inductor's validate_joint_graph, seen on an H200 for FIRE's unrolled MLP): every training
@@ -703,3 +736,25 @@ def test_a_failing_flex_backward_falls_back_before_training_uses_it(flex_with_ba
     monkeypatch.setitem(flex_mod._flex_state, "fn", flex_attention)
     enc, x, pos, (q, k, v) = _flex_training_case("t5", "contiguous")
     assert flex_mod.flex_or_none(q, k, v, enc.bias(x, pos, 0, None)) is not None
+
+
+def test_folded_biases_train_through_flex_only_when_asked_and_in_half_precision():
+    """ALiBi's and CABLE's fold trains through SDPA in fp32 (fold.py); flex's compiled backward is the
+    faster route on a GPU only once measured (gpu_check's bench times both side by side), so it is taken
+    inside ``folded_training_through_flex`` alone, in bf16 / fp16, on CUDA; inference is unchanged."""
+    from extrapos.attention import flex_wanted, folded_training_through_flex
+    from extrapos.positions.base import FoldedBias
+
+    bias = FoldedBias(torch.ones(1, 4, 1), torch.arange(8.0).view(1, 1, 8))
+
+    def wanted(grad, dtype=torch.bfloat16, device="cuda"):
+        return flex_wanted(device, grad, 0.0, 512, dtype, bias)
+
+    assert not wanted(True) and wanted(False)  # training: the fold; a long bf16 forward: flex
+    with folded_training_through_flex():
+        assert wanted(True) and wanted(True, torch.float16)
+        assert not wanted(True, torch.float32) and not wanted(True, device="cpu")
+        with folded_training_through_flex(False):
+            assert not wanted(True)
+        assert wanted(True)
+    assert not wanted(True)

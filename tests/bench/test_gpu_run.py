@@ -172,6 +172,13 @@ def test_each_step_fits_nine_minutes_and_runs_its_own_sweep(tmp_path):
     assert "--budget-seconds" not in command("second", "compare", True)  # pinned tokens on CUDA
     assert command("first", "compare", True)[-2:] == ["--budget-seconds", "100"]
     assert command("second", "compare", False)[-2:] == ["--budget-seconds", "4"]  # the stand-in's size
+    check = command("third", "gpu-check", True)  # the bench alone, ALiBi and CABLE timed both ways
+    assert check[check.index("--sections") + 1] == "bench" and "nope,alibi,cable" in check
+    assert "--resume-steps" in command("first", "gpu-check", True)  # the first step's fast form
+    made = {"gpu-check": 2, "compare": 3, "ruler": 2}  # the files each stage brings back
+    for name, step in gr.STEPS.items():  # at most eight files come back from a lent machine
+        files = 3 + sum(made.get(stage, 0) for stage in step.deadlines) - len(step.leaves_out)
+        assert files <= 8, name
     ruler = command("third", "ruler", True)
     assert ruler[2:4] == ["--ruler-stage", str(work / "compare" / "runs")]
     assert ruler[ruler.index("--lengths") + 1] == "1,2,4" and "rank" in ruler

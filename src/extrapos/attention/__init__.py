@@ -29,7 +29,14 @@ from extrapos.attention.chunked import (
 )
 from extrapos.attention.common import check_shapes, expand_kv, softmax_dtype
 from extrapos.attention.dispatch import attention
-from extrapos.attention.flex import FLEX_MIN_QUERIES, flex_forward, flex_or_none, flex_score_mod, flex_wanted
+from extrapos.attention.flex import (
+    FLEX_MIN_QUERIES,
+    flex_forward,
+    flex_or_none,
+    flex_score_mod,
+    flex_wanted,
+    folded_training_through_flex,
+)
 from extrapos.attention.fold import FOLD_BLOCK, folded_attention
 from extrapos.attention.mask import (
     DOCUMENT_BLOCK,
@@ -73,6 +80,7 @@ __all__ = [
     "flex_or_none",
     "flex_score_mod",
     "flex_wanted",
+    "folded_training_through_flex",
     "folded_attention",
     "softmax_dtype",
     "toeplitz_block",

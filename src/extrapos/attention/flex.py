@@ -39,6 +39,23 @@ _flex_state: dict[str, Any] = {}
 
 _NO_BIAS = {"NoneType": "a document mask or window without a bias"}  # how a failure names its kind
 
+#: folded biases (ALiBi, CABLE) in half-precision training through flex's compiled backward, instead of
+#: the fold's SDPA, which runs in fp32 to keep the bias exact (fold.py's _fold_dtype): on the second H200
+#: that made ALiBi's and CABLE's bf16 steps 2.2-2.6x NoPE's. Off until a GPU has timed both side by side
+#: (gpu_check's bench does, under ``folded_training_through_flex``); docs/attention.md
+_FOLDED_TRAINING = [False]
+
+
+@contextlib.contextmanager
+def folded_training_through_flex(enabled: bool = True) -> Any:
+    """Inside the block, half-precision training of a folded bias takes FlexAttention on CUDA."""
+    was = _FOLDED_TRAINING[0]
+    _FOLDED_TRAINING[0] = enabled
+    try:
+        yield
+    finally:
+        _FOLDED_TRAINING[0] = was
+
 
 def _kind(bias: Bias | None, grad: bool) -> tuple:
     """What a failure is remembered by: the bias's type and per-pair function, with or without autograd
@@ -96,6 +113,8 @@ def flex_wanted(
     if bias is None:
         return documents and (grad or n_queries >= FLEX_MIN_QUERIES)
     if grad:
+        if isinstance(bias, FoldedBias):
+            return _FOLDED_TRAINING[0] and dtype in (torch.float16, torch.bfloat16)
         return isinstance(bias, PairwiseBias) and bias.pair is not None
     if n_queries < FLEX_MIN_QUERIES:
         return False
@@ -171,8 +190,11 @@ def flex_score_mod(bias: Bias | None, B: int, H: int, Tq: int, Tk: int) -> Calla
     if bias is None:
         return None
     if isinstance(bias, FoldedBias):
-        kf = bias.k_feat.float()
-        qf = bias.q_feat.float().expand(B, H, Tq)
+        # the features in at least fp32 (exact positions up to 2^24; fp64 stays fp64), differentiable
+        # (CABLE learns them), each read once by the score_mod, as flex's compiled backward needs
+        dtype = torch.promote_types(bias.k_feat.dtype, torch.float32)
+        kf = bias.k_feat.to(dtype)
+        qf = bias.q_feat.to(dtype).expand(B, H, Tq)
         kf = (kf - kf[..., -1:].detach()).expand(B, H, Tk)
 
         def folded(score: Tensor, b: Tensor, h: Tensor, qi: Tensor, kj: Tensor) -> Tensor:
