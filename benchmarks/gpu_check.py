@@ -131,10 +131,11 @@ def check_args(args: argparse.Namespace) -> str | None:
     """What is wrong with the command line (one sentence), or None: a size below its minimum (0 is refused,
     never taken for the default), an --out inside a run's tree, or one that holds files gpu-check did not
     write."""
-    chosen = [x for x in getattr(args, "sections", "").split(",") if x]
+    sections = getattr(args, "sections", None)  # None: a caller that asks for every section
+    chosen = [x for x in (sections or "").split(",") if x]
     unknown = sorted(set(chosen) - {key for key, _ in SECTIONS})
-    if unknown or not chosen:
-        return f"--sections takes some of {', '.join(key for key, _ in SECTIONS)}; got {args.sections!r}."
+    if sections is not None and (unknown or not chosen):
+        return f"--sections takes some of {', '.join(key for key, _ in SECTIONS)}; got {sections!r}."
     if "eval" in chosen and "runs" not in chosen:
         return "--sections eval scores the short runs' checkpoints: add runs."
     for flag, least in MIN_STEPS.items():
