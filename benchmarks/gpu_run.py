@@ -87,9 +87,9 @@ class Step:
 
 
 #: the steps, each for a later session than the one before. Sized from the second H200 session
-#: (docs/results/gpu/h200-second.md): five rows of the first table trained in 126 s and were scored in
-#: about 70 s (NoPE, RoPE, ExPE a few seconds each, ALiBi and CABLE over 20), python-site prepared in
-#: under a minute. second: the same table, seeds 1 and 2, on its pinned tokens (~2 x 200 s + the data).
+#: (docs/results/gpu/h200-second.md), whose compare stage took 305 s: the probe 42 s, five rows' training
+#: 126 s, preparing python-site and scoring the five rows 137 s together. second: the same table, seeds 1
+#: and 2, on its pinned tokens (no probe: at most 2 x 126 + 2 x 137 s, less the second preparation).
 #: third: Kerple and FIRE beside RoPE on those tokens (their compiled score_mod backward is the unmeasured
 #: part), then RULER's ranking form on each trained run at 1..4 x L_t; first, the bench of NoPE, ALiBi and
 #: CABLE with ALiBi and CABLE also trained through flex (folded_training_through_flex), side by side
