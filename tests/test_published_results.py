@@ -206,12 +206,12 @@ def test_committed_reports_request_what_their_preset_requests_today(folder):
 
 def ran_in(sweep, folder: str) -> str:
     """The precision the preset's ``eval_precision`` meant where the report was made: "auto" is bf16 on a
-    bf16 GPU (budget.json names the device of a budgeted sweep), fp32 on a CPU."""
+    CUDA device (budget.json names it, "cpu" otherwise; every GPU lent here has bf16), fp32 on a CPU."""
     if sweep.eval_precision != "auto":
         return sweep.eval_precision
     budget = RESULTS / folder / "budget.json"
     device = json.loads(budget.read_text()).get("device", "") if budget.is_file() else ""
-    return "bf16" if device.startswith(("NVIDIA H", "NVIDIA A100")) else "fp32"
+    return "fp32" if device in ("", "cpu") else "bf16"
 
 
 #: a request saved before a field existed holds the value that reproduces it (docs/evaluation.md)
