@@ -1,10 +1,10 @@
 """Every measured number a results page prints is tied to the committed file it came from (issue 47).
 
-The pages (README.md, docs/results/*.md and the README.md of each folder under docs/results/) copy numbers
-out of committed results by hand; a re-run, or a typo, can leave one behind. This guard finds every number
-that counts as a measurement on a page and fails, naming ``file:line``, for one that is neither generated
-nor tied by a marker to the value it copies. The rule, also in docs/results/README.md ("How a number is
-tied"):
+The pages (README.md, docs/results/*.md, the README.md of each folder under docs/results/ and the
+hand-written GPU session pages, docs/results/gpu/h200-*.md) copy numbers out of committed results by hand; a
+re-run, or a typo, can leave one behind. This guard finds every number that counts as a measurement on a
+page and fails, naming ``file:line``, for one that is neither generated nor tied by a marker to the value it
+copies. The rule, also in docs/results/README.md ("How a number is tied"):
 
 **What counts.** Outside code (fenced blocks and `inline code`), HTML comments, link targets and headings: a
 number with decimals (``5.442``, ``1.84M``, ``2.5x``), a percentage (``15%``, ``70 %``), a number with a unit
@@ -586,11 +586,17 @@ def _same_row(cells: list[str], source: list[str], others: list[list[str]]) -> b
     return True
 
 
-#: the pages whose numbers the guard ties: the README, the results pages and the README of each results
-#: folder (a folder's hand-written reading: attention/, ruler/; or its generated report: peers-bench/)
+#: the pages whose numbers the guard ties: the README, the results pages, the README of each results
+#: folder (a folder's hand-written reading: attention/, ruler/; or its generated report: peers-bench/) and
+#: the hand-written GPU session pages (gpu/h200-*.md; the other files of gpu/ are raw tool outputs)
 def pages(root: Path) -> list[Path]:
     results = root / "docs" / "results"
-    return [root / "README.md", *sorted(results.glob("*.md")), *sorted(results.glob("*/README.md"))]
+    return [
+        root / "README.md",
+        *sorted(results.glob("*.md")),
+        *sorted(results.glob("*/README.md")),
+        *sorted(results.glob("gpu/h200-*.md")),
+    ]
 
 
 def check_page(page: Path, root: Path) -> Checked:
