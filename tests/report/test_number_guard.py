@@ -20,7 +20,7 @@ UNTIED = "tied to nothing"
 #: page leaves this list when it reaches 0 (issue 47 item 5: every docs/results/*.md page has left it; a new
 #: page starts tied). The folders' READMEs joined the guard later; ruler/'s, being rewritten, entered with
 #: the count it had then
-PENDING: dict[str, int] = {"docs/results/ruler/README.md": 751}
+PENDING: dict[str, int] = {"docs/results/ruler/README.md": 38}
 #: numbers marked ``untied`` (measured, but no committed file holds them), per page: may only fall
 UNTIED_MARKED = {
     "README.md": 12,
@@ -35,6 +35,9 @@ UNTIED_MARKED = {
     "docs/results/quick-precision.md": 3,
     "docs/results/quick.md": 6,
     "docs/results/retrieval.md": 17,
+    # the bootstrap intervals and paired differences (recomputable from the JSON files' per-example scores,
+    # not committed), training times and load averages of the run summaries, estimates
+    "docs/results/ruler/README.md": 131,
     "docs/results/segmented-figure3.md": 2,
 }
 
@@ -236,18 +239,21 @@ def test_a_confidence_level_split_over_two_lines_is_not_a_measurement():
         ("docs/results/attention/README.md", "96%"),  # a ratio to a number of the page ('over')
         ("docs/results/attention/README.md", "73 s"),  # a wall time, a JSON key
         ("docs/results/gpu/h200-second.md", "31.2 %"),  # a table cell, a JSON key scaled (*100)
+        ("docs/results/ruler/README.md", "0.29-0.42"),  # prose tied to depth cells of a row's .md
     ],
 )
 def test_a_changed_digit_on_a_results_page_fails_naming_its_line(page, number):
     """A copy of a results page with one digit of a tied number changed fails, naming the page's line (issue
-    47's "done when": changing any number of a results page fails a default test)."""
+    47's "done when": changing any number of a results page fails a default test). A page still in PENDING
+    has numbers tied to nothing before the change; the change adds an error of its own."""
     text = (ROOT / page).read_text()
-    assert check_text(text, page, ROOT).errors == []
+    before = check_text(text, page, ROOT).errors
+    assert all(UNTIED in e for e in before) if page in PENDING else before == []
     at = text.index(number)
     digit_at = at + max(i for i, c in enumerate(number) if c.isdigit())  # the quoted text's last digit
     changed = text[:digit_at] + ("1" if text[digit_at] != "1" else "2") + text[digit_at + 1 :]
     line = text[:at].count("\n") + 1
-    errors = check_text(changed, page, ROOT).errors
+    errors = [e for e in check_text(changed, page, ROOT).errors if e not in before]
     assert errors and any(e.startswith(f"{page}:{line}:") for e in errors), errors
 
 
