@@ -397,15 +397,37 @@ def test_a_task_preset_changed_after_its_report_fails_the_settings_check(tmp_pat
     assert differ and all("corpus synthetic:ruler:length=256,min_length=180,digits=3" in d for d in differ)
 
 
-@pytest.mark.parametrize("row", ["rope", "nope", "alibi"])
-def test_the_ruler_medium_row_pages_are_what_their_results_render(row):
-    """docs/results/ruler-medium/ROW.md (the per-task grids with intervals, the needle depth tables, the
-    copiers beside each cell) is ``extrapos ruler``'s rendering of the row's committed result."""
+def _task_rows(folder: str) -> list[tuple[str, str]]:
+    return [
+        (folder, Path(row["tasks"]["ruler"]).stem)
+        for row in json.loads((RESULTS / folder / "rows.json").read_text())
+    ]
+
+
+@pytest.mark.parametrize("folder, row", [fr for folder in sorted(TASK_PRESETS) for fr in _task_rows(folder)])
+def test_the_ruler_row_pages_are_what_their_results_render(folder, row):
+    """docs/results/FOLDER/ROW.md (the per-task grids with intervals, the needle depth tables, the copiers
+    beside each cell) is ``extrapos ruler``'s rendering of the row's committed result."""
     from extrapos.tasks.ruler_report import format_all
 
-    folder = RESULTS / "ruler-medium"
-    result = json.loads((folder / "tasks" / "ruler" / f"{row}.json").read_text())
-    assert (folder / f"{row}.md").read_text() == format_all(result) + "\n"
+    result = json.loads((RESULTS / folder / "tasks" / "ruler" / f"{row}.json").read_text())
+    assert (RESULTS / folder / f"{row}.md").read_text() == format_all(result) + "\n"
+
+
+@pytest.mark.parametrize("folder", sorted(TASK_PRESETS))
+def test_a_committed_task_report_is_what_extrapos_report_renders_from_its_folder(folder, tmp_path):
+    """``extrapos report`` on a copy of the committed folder (rows.json, tasks/, facts.json, report.json;
+    no run, no model) writes its report.md byte for byte: no number of a task report can drift from the
+    results it reads, and the bootstrap intervals are recomputed, not copied."""
+    import shutil
+
+    from extrapos.cli import main
+
+    copy = tmp_path / folder
+    shutil.copytree(RESULTS / folder, copy)
+    (copy / "report.md").unlink()
+    assert main(["report", str(copy)]) == 0
+    assert (copy / "report.md").read_text() == (RESULTS / folder / "report.md").read_text()
 
 
 def test_the_figure3_table_is_what_its_attention_results_render():
