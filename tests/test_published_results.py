@@ -368,7 +368,7 @@ def test_a_preset_changed_after_its_table_fails_the_settings_check(tmp_path, edi
 
 
 #: presets whose committed report has task columns only (``loss = false``): no results.json, rows in rows.json
-TASK_PRESETS = {"ruler-medium": "ruler-medium"}
+TASK_PRESETS = {"ruler": "ruler", "ruler-medium": "ruler-medium"}
 
 
 @pytest.mark.parametrize("folder", sorted(TASK_PRESETS))
