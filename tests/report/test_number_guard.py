@@ -18,9 +18,8 @@ UNTIED = "tied to nothing"
 
 #: pages whose numbers are not all tied yet, with how many are tied to nothing: the count may only fall, and a
 #: page leaves this list when it reaches 0 (issue 47 item 5: every docs/results/*.md page has left it; a new
-#: page starts tied). The folders' READMEs joined the guard later; ruler/'s, being rewritten, entered with
-#: the count it had then
-PENDING: dict[str, int] = {"docs/results/ruler/README.md": 38}
+#: page starts tied). The folders' READMEs joined the guard later and are tied through too
+PENDING: dict[str, int] = {}
 #: numbers marked ``untied`` (measured, but no committed file holds them), per page: may only fall
 UNTIED_MARKED = {
     "README.md": 12,
@@ -37,7 +36,7 @@ UNTIED_MARKED = {
     "docs/results/retrieval.md": 17,
     # the bootstrap intervals and paired differences (recomputable from the JSON files' per-example scores,
     # not committed), training times and load averages of the run summaries, estimates
-    "docs/results/ruler/README.md": 49,
+    "docs/results/ruler/README.md": 52,
     "docs/results/segmented-figure3.md": 2,
 }
 
