@@ -261,7 +261,8 @@ def test_lm_eval_columns_on_a_local_task(tmp_path, tiny_data, monkeypatch):
     def no_second_run(*args, **kwargs):
         raise AssertionError("the harness ran again for a request whose result is saved")
 
-    monkeypatch.setattr(adapter, "run_lm_eval", no_second_run)
+    # the harness itself: the column calls run_lm_eval, whose result slot answers a saved request before it
+    monkeypatch.setattr(adapter, "score_lm_eval", no_second_run)
     compare(str(f), out, progress=False)  # a resumed sweep reuses the saved lm-eval results
     assert {k: v for k, v in _snapshot(out).items() if k.startswith("tasks/")} == {
         k: v for k, v in before.items() if k.startswith("tasks/")
