@@ -18,9 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from extrapos.report.number_guard import pages
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
-PAGES = [ROOT / "README.md", *sorted(RESULTS.glob("*.md")), *sorted(RESULTS.glob("*/README.md"))]
+#: the pages the number guard reads (a table under its "table from" marker is checked here)
+PAGES = pages(ROOT)
 
 #: committed sweep reports and the preset whose command made them
 PRESETS = {
